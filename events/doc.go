@@ -1,0 +1,13 @@
+// Package events defines baton's facts: one Go type per thing that happened to a
+// request or a worker, and their encoding as CloudEvents in binary content mode
+// on NATS messages (attributes as ce-* headers, JSON data).
+//
+// Invariants:
+//   - Event types are past-tense, versioned facts ("baton.request.routed.v1").
+//   - The CloudEvents id doubles as the Nats-Msg-Id header, so a retried append
+//     of the same fact is deduplicated by JetStream.
+//   - Decoding an unknown type returns ErrUnknownType, which readers skip, so an
+//     old build survives a newer producer.
+//
+// The package is pure: no I/O, no logging, no clocks (callers set Time).
+package events

@@ -1,0 +1,199 @@
+package events
+
+import "fmt"
+
+// Request event types. Lifecycle decisions live on a request's events subject;
+// what a worker produces for dispatch attempt k lives on its tokens subject k.
+const (
+	TypeRequestAccepted  = "baton.request.accepted.v1"
+	TypeRequestRouted    = "baton.request.routed.v1"
+	TypeTokensGenerated  = "baton.request.tokens.v1"
+	TypeRequestCompleted = "baton.request.completed.v1"
+	TypeAttemptFailed    = "baton.request.attempt_failed.v1"
+	TypeRequestMigrated  = "baton.request.migrated.v1"
+	TypeRequestFailed    = "baton.request.failed.v1"
+	TypeRequestAttached  = "baton.request.attached.v1"
+	TypeRequestCancelled = "baton.request.cancelled.v1"
+)
+
+// Endpoints a request can arrive on.
+const (
+	EndpointChat        = "chat_completions"
+	EndpointCompletions = "completions"
+)
+
+// Message is one chat message of a request.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// RequestAccepted records a request the frontend took on: everything needed to
+// run it again from scratch, so the log alone can rebuild and resume it.
+type RequestAccepted struct {
+	RequestID    string    `json:"request_id"`
+	Model        string    `json:"model"`
+	Endpoint     string    `json:"endpoint"`
+	Messages     []Message `json:"messages,omitempty"` // chat only
+	Prompt       string    `json:"prompt"`             // the text the engine sees
+	PromptTokens int       `json:"prompt_tokens"`
+	MaxTokens    int       `json:"max_tokens"`
+	Stream       bool      `json:"stream"`
+	IncludeUsage bool      `json:"include_usage,omitempty"`
+	Created      int64     `json:"created"` // unix seconds, the OpenAI "created" field
+	Frontend     string    `json:"frontend"`
+	ParentID     string    `json:"parent_id,omitempty"`
+	PinnedWorker string    `json:"pinned_worker,omitempty"`
+	Resumable    bool      `json:"resumable,omitempty"`
+}
+
+func (RequestAccepted) EventType() string { return TypeRequestAccepted }
+
+func (e *RequestAccepted) validate() error {
+	if e.RequestID == "" || e.Model == "" {
+		return fmt.Errorf("missing request_id or model")
+	}
+	if e.MaxTokens < 0 || e.PromptTokens < 0 {
+		return fmt.Errorf("negative token count")
+	}
+	return nil
+}
+
+// RequestRouted records that dispatch attempt Attempt went to WorkerID and
+// starts producing at token offset StartOffset.
+type RequestRouted struct {
+	RequestID   string `json:"request_id"`
+	Attempt     int    `json:"attempt"`
+	WorkerID    string `json:"worker_id"`
+	StartOffset int    `json:"start_offset"`
+}
+
+func (RequestRouted) EventType() string { return TypeRequestRouted }
+
+func (e *RequestRouted) validate() error {
+	if e.Attempt < 0 || e.StartOffset < 0 || e.WorkerID == "" {
+		return fmt.Errorf("bad attempt, offset or worker")
+	}
+	return nil
+}
+
+// TokensGenerated is a delta: the tokens of attempt Attempt starting at
+// absolute token offset Offset. Deltas coalesce several tokens.
+type TokensGenerated struct {
+	RequestID string   `json:"request_id"`
+	Attempt   int      `json:"attempt"`
+	Offset    int      `json:"offset"`
+	Tokens    []string `json:"tokens"`
+}
+
+func (TokensGenerated) EventType() string { return TypeTokensGenerated }
+
+func (e *TokensGenerated) validate() error {
+	if e.Attempt < 0 || e.Offset < 0 {
+		return fmt.Errorf("negative attempt or offset")
+	}
+	return nil
+}
+
+// RequestCompleted records that attempt Attempt finished generating; the
+// request's output is Total tokens long.
+type RequestCompleted struct {
+	RequestID        string `json:"request_id"`
+	Attempt          int    `json:"attempt"`
+	FinishReason     string `json:"finish_reason"`
+	PromptTokens     int    `json:"prompt_tokens"`
+	CompletionTokens int    `json:"completion_tokens"`
+}
+
+func (RequestCompleted) EventType() string { return TypeRequestCompleted }
+
+func (e *RequestCompleted) validate() error {
+	if e.Attempt < 0 || e.CompletionTokens < 0 {
+		return fmt.Errorf("negative attempt or token count")
+	}
+	return nil
+}
+
+// AttemptFailed records that the worker of attempt Attempt could not go on
+// (engine error, hand-off at shutdown). It is a worker's report, not a decision:
+// the owning frontend decides whether to migrate.
+type AttemptFailed struct {
+	RequestID string `json:"request_id"`
+	Attempt   int    `json:"attempt"`
+	WorkerID  string `json:"worker_id"`
+	Offset    int    `json:"offset"` // tokens produced when it stopped
+	Reason    string `json:"reason"`
+}
+
+func (AttemptFailed) EventType() string { return TypeAttemptFailed }
+
+// Migration types, as in Dynamo's dynamo_frontend_model_migration_total.
+const (
+	MigrationNewRequest     = "new_request"
+	MigrationOngoingRequest = "ongoing_request"
+)
+
+// RequestMigrated records the decision to abandon attempt FromAttempt at token
+// offset Cut and continue as attempt FromAttempt+1. Tokens of FromAttempt at or
+// past Cut are never read (fencing).
+type RequestMigrated struct {
+	RequestID     string `json:"request_id"`
+	FromAttempt   int    `json:"from_attempt"`
+	FromWorker    string `json:"from_worker"`
+	Cut           int    `json:"cut"`
+	MigrationType string `json:"migration_type"`
+	Reason        string `json:"reason"`
+	Frontend      string `json:"frontend"`
+}
+
+func (RequestMigrated) EventType() string { return TypeRequestMigrated }
+
+// RequestFailed records the terminal failure of a request: no further tokens
+// will be accepted for it.
+type RequestFailed struct {
+	RequestID string `json:"request_id"`
+	Code      string `json:"code"`    // machine-readable cause, e.g. "migration_exhausted"
+	Message   string `json:"message"` // for people
+	Status    int    `json:"status"`  // HTTP status a non-streaming client gets
+	Offset    int    `json:"offset"`  // tokens delivered before the failure
+}
+
+func (RequestFailed) EventType() string { return TypeRequestFailed }
+
+// RequestAttached records that Frontend took ownership of the request: it
+// serves a client and makes the request's migration decisions.
+type RequestAttached struct {
+	RequestID string `json:"request_id"`
+	Frontend  string `json:"frontend"`
+	Offset    int    `json:"offset"` // the client's resume point
+}
+
+func (RequestAttached) EventType() string { return TypeRequestAttached }
+
+// Cancellation modes.
+const (
+	CancelStop = "stop"
+	CancelKill = "kill"
+)
+
+// RequestCancelled records a cancel command: stop ends at the next token
+// boundary, kill aborts at once.
+type RequestCancelled struct {
+	RequestID string `json:"request_id"`
+	Mode      string `json:"mode"`
+	Reason    string `json:"reason"`
+}
+
+func (RequestCancelled) EventType() string { return TypeRequestCancelled }
+
+func init() {
+	register[RequestAccepted]()
+	register[RequestRouted]()
+	register[TokensGenerated]()
+	register[RequestCompleted]()
+	register[AttemptFailed]()
+	register[RequestMigrated]()
+	register[RequestFailed]()
+	register[RequestAttached]()
+	register[RequestCancelled]()
+}

@@ -1,0 +1,83 @@
+package events
+
+// Worker event types, appended to a worker's events subject.
+const (
+	TypeWorkerRegistered   = "baton.worker.registered.v1"
+	TypeWorkerDraining     = "baton.worker.draining.v1"
+	TypeWorkerDeregistered = "baton.worker.deregistered.v1"
+	TypeWorkerLost         = "baton.worker.lost.v1"
+)
+
+// WorkerRegistered records a worker that took a lease and serves Model.
+type WorkerRegistered struct {
+	WorkerID      string `json:"worker_id"`
+	LeaseID       string `json:"lease_id"`
+	Model         string `json:"model"`
+	PID           int    `json:"pid"`
+	Host          string `json:"host"`
+	LeaseTTLMS    int64  `json:"lease_ttl_ms"`
+	KVBlocks      int    `json:"kv_blocks"`
+	BlockSize     int    `json:"block_size"`
+	MaxConcurrent int    `json:"max_concurrent,omitempty"`
+}
+
+func (WorkerRegistered) EventType() string { return TypeWorkerRegistered }
+
+// WorkerDraining records that a worker stopped taking new requests.
+type WorkerDraining struct {
+	WorkerID string `json:"worker_id"`
+	LeaseID  string `json:"lease_id"`
+	Reason   string `json:"reason"`
+}
+
+func (WorkerDraining) EventType() string { return TypeWorkerDraining }
+
+// WorkerDeregistered records a worker that left cleanly.
+type WorkerDeregistered struct {
+	WorkerID string `json:"worker_id"`
+	LeaseID  string `json:"lease_id"`
+}
+
+func (WorkerDeregistered) EventType() string { return TypeWorkerDeregistered }
+
+// WorkerLost records a worker that vanished without deregistering: its lease
+// expired or the server saw its connection drop.
+type WorkerLost struct {
+	WorkerID string `json:"worker_id"`
+	LeaseID  string `json:"lease_id"`
+	Reason   string `json:"reason"`
+}
+
+func (WorkerLost) EventType() string { return TypeWorkerLost }
+
+// Lease is the value of a worker's key in the leases bucket. The key's TTL is
+// the lease: while the key exists, the worker is live.
+type Lease struct {
+	WorkerID string `json:"worker_id"`
+	LeaseID  string `json:"lease_id"` // new on every registration
+	Model    string `json:"model"`
+	PID      int    `json:"pid"`
+	Host     string `json:"host"`
+	TTLMS    int64  `json:"ttl_ms"`
+	Draining bool   `json:"draining,omitempty"`
+	// ClientID is the worker's NATS client id on its server, matched against
+	// disconnect advisories.
+	ClientID uint64 `json:"client_id,omitempty"`
+	Server   string `json:"server,omitempty"`
+}
+
+// Load is the value of a worker's key in the load bucket.
+type Load struct {
+	WorkerID            string `json:"worker_id"`
+	ActiveRequests      int    `json:"active_requests"`
+	KVBlocksUsed        int    `json:"kv_blocks_used"`
+	KVBlocksTotal       int    `json:"kv_blocks_total"`
+	QueuedPrefillTokens int    `json:"queued_prefill_tokens"`
+}
+
+func init() {
+	register[WorkerRegistered]()
+	register[WorkerDraining]()
+	register[WorkerDeregistered]()
+	register[WorkerLost]()
+}

@@ -1,0 +1,8 @@
+// Package projections folds baton's events into read models: the discovery
+// view of workers (Discovery) and the replay state of one request (Request).
+//
+// Projections are pure: no I/O, no logging, time taken from events. Apply is
+// idempotent on the stream sequence (what is not newer than the last applied
+// sequence is skipped), so replaying a log, or replaying it twice, gives the
+// same state as having followed it live. Reads return copies.
+package projections

@@ -1,0 +1,234 @@
+package projections
+
+import (
+	"slices"
+
+	"github.com/baton-dev/baton/events"
+)
+
+// Status of a request.
+type Status string
+
+// Request statuses.
+const (
+	StatusUnknown   Status = ""
+	StatusPending   Status = "pending"   // accepted, not yet routed
+	StatusRunning   Status = "running"   // an attempt is generating
+	StatusCompleted Status = "completed" // finished; FinishReason says why
+	StatusFailed    Status = "failed"    // ended by RequestFailed
+	StatusCancelled Status = "cancelled" // ended by a kill
+)
+
+// Terminal reports whether no further tokens will be accepted.
+func (s Status) Terminal() bool {
+	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
+}
+
+// Attempt is one dispatch of a request to a worker.
+type Attempt struct {
+	Attempt     int    `json:"attempt"`
+	WorkerID    string `json:"worker_id"`
+	StartOffset int    `json:"start_offset"`
+	// Closed is set once the attempt was fenced (AttemptFailed on its subject):
+	// nothing it stores afterwards is read.
+	Closed bool `json:"closed,omitempty"`
+	// Cut is the token offset at which the attempt was closed (valid if Closed).
+	Cut         int    `json:"cut,omitempty"`
+	CloseReason string `json:"close_reason,omitempty"`
+}
+
+// Migration is one re-dispatch of a request.
+type Migration struct {
+	FromAttempt   int    `json:"from_attempt"`
+	FromWorker    string `json:"from_worker"`
+	MigrationType string `json:"migration_type"`
+	Offset        int    `json:"offset"`
+	Reason        string `json:"reason"`
+}
+
+// Request is the replay state of one request, folded from the events on its
+// subjects in stream order. The fold implements fencing: an attempt contributes
+// tokens only while it is the current attempt and until its AttemptFailed
+// marker, so every reader of the log, live or replaying, accepts exactly the
+// same tokens in the same order, once.
+//
+// A Request is not safe for concurrent use.
+type Request struct {
+	lastSeq uint64
+
+	Accepted     events.RequestAccepted
+	Status       Status
+	Owner        string
+	Attempts     []Attempt
+	Migrations   []Migration
+	FinishReason string
+	Failure      *events.RequestFailed
+	Cancel       *events.RequestCancelled
+	CompletedAt  int64 // unix seconds, from the completion event's time
+
+	tokens []string
+	// Skipped counts deltas that could not be applied in order (a gap); a
+	// correct log has none.
+	Skipped int
+}
+
+// NewRequest returns an empty projection.
+func NewRequest() *Request { return &Request{} }
+
+// LastSeq is the stream sequence of the last applied event.
+func (r *Request) LastSeq() uint64 { return r.lastSeq }
+
+// Known reports whether the request's accepted event has been applied.
+func (r *Request) Known() bool { return r.Accepted.RequestID != "" }
+
+// Len is the number of tokens accepted so far (the token offset).
+func (r *Request) Len() int { return len(r.tokens) }
+
+// Tokens returns a copy of the tokens at offsets [from, Len()).
+func (r *Request) Tokens(from int) []string {
+	if from < 0 {
+		from = 0
+	}
+	if from >= len(r.tokens) {
+		return nil
+	}
+	return slices.Clone(r.tokens[from:])
+}
+
+// Text is the output so far.
+func (r *Request) Text() string {
+	n := 0
+	for _, t := range r.tokens {
+		n += len(t)
+	}
+	b := make([]byte, 0, n)
+	for _, t := range r.tokens {
+		b = append(b, t...)
+	}
+	return string(b)
+}
+
+// Current returns the current attempt, if any.
+func (r *Request) Current() (Attempt, bool) {
+	if len(r.Attempts) == 0 {
+		return Attempt{}, false
+	}
+	return r.Attempts[len(r.Attempts)-1], true
+}
+
+// Apply folds e into the state and reports whether anything changed. Events
+// with a sequence not newer than the last applied one are skipped (replays and
+// redeliveries); events with Seq 0 (not yet stored, e.g. just appended by this
+// process) are applied as they come.
+func (r *Request) Apply(e events.Envelope) (changed bool) {
+	if e.Seq != 0 {
+		if e.Seq <= r.lastSeq {
+			return false
+		}
+		r.lastSeq = e.Seq
+	}
+	switch ev := e.Event.(type) {
+	case events.RequestAccepted:
+		if r.Known() {
+			return false
+		}
+		r.Accepted = ev
+		r.Owner = ev.Frontend
+		r.Status = StatusPending
+		return true
+	case events.RequestRouted:
+		if ev.Attempt != len(r.Attempts) || r.Status.Terminal() {
+			return false
+		}
+		r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset})
+		r.Status = StatusRunning
+		return true
+	case events.TokensGenerated:
+		return r.applyTokens(ev)
+	case events.RequestCompleted:
+		if !r.open(ev.Attempt) {
+			return false
+		}
+		r.Status = StatusCompleted
+		r.FinishReason = ev.FinishReason
+		r.CompletedAt = e.Time.Unix()
+		return true
+	case events.AttemptFailed:
+		if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) || r.Attempts[ev.Attempt].Closed {
+			return false
+		}
+		a := &r.Attempts[ev.Attempt]
+		a.Closed = true
+		a.Cut = len(r.tokens)
+		a.CloseReason = ev.Reason
+		return true
+	case events.RequestMigrated:
+		if r.Status.Terminal() {
+			return false
+		}
+		r.Migrations = append(r.Migrations, Migration{
+			FromAttempt: ev.FromAttempt, FromWorker: ev.FromWorker,
+			MigrationType: ev.MigrationType, Offset: ev.Cut, Reason: ev.Reason,
+		})
+		if ev.Frontend != "" {
+			r.Owner = ev.Frontend
+		}
+		r.Status = StatusPending
+		return true
+	case events.RequestFailed:
+		if r.Status.Terminal() {
+			return false
+		}
+		f := ev
+		r.Failure = &f
+		r.Status = StatusFailed
+		return true
+	case events.RequestAttached:
+		if r.Owner == ev.Frontend {
+			return false
+		}
+		r.Owner = ev.Frontend
+		return true
+	case events.RequestCancelled:
+		if r.Cancel != nil || r.Status.Terminal() {
+			return false
+		}
+		c := ev
+		r.Cancel = &c
+		if ev.Mode == events.CancelKill {
+			r.Status = StatusCancelled
+		}
+		return true
+	}
+	return false
+}
+
+// open reports whether attempt k may still contribute: it is the current
+// attempt, it was not fenced, and the request has not ended.
+func (r *Request) open(k int) bool {
+	return k >= 0 && k == len(r.Attempts)-1 && !r.Attempts[k].Closed && !r.Status.Terminal()
+}
+
+func (r *Request) applyTokens(ev events.TokensGenerated) bool {
+	if !r.open(ev.Attempt) {
+		return false
+	}
+	have := len(r.tokens)
+	if ev.Offset > have {
+		r.Skipped++ // a gap: never accept tokens out of order
+		return false
+	}
+	skip := have - ev.Offset // already accepted (a retried or overlapping delta)
+	if skip >= len(ev.Tokens) {
+		return false
+	}
+	add := ev.Tokens[skip:]
+	if limit := r.Accepted.MaxTokens; limit > 0 && have+len(add) > limit {
+		add = add[:max(0, limit-have)]
+	}
+	if len(add) == 0 {
+		return false
+	}
+	r.tokens = append(r.tokens, add...)
+	return true
+}

@@ -1,0 +1,38 @@
+package streams
+
+import "errors"
+
+// Dispatch is the command a frontend sends to a worker over core NATS request
+// /reply on Dispatch(workerID): run attempt Attempt of a request, producing tokens
+// from StartOffset on. It is a command, not a fact: the facts (routed, tokens,
+// completed) are in the log.
+type Dispatch struct {
+	RequestID    string `json:"request_id"`
+	Attempt      int    `json:"attempt"`
+	Model        string `json:"model"`
+	Prompt       string `json:"prompt"`
+	PromptTokens int    `json:"prompt_tokens"`
+	// Generated is the text of the tokens produced by earlier attempts, for an
+	// engine that continues from prompt + generated text.
+	Generated   string `json:"generated,omitempty"`
+	StartOffset int    `json:"start_offset"` // tokens already produced
+	MaxTokens   int    `json:"max_tokens"`   // total budget, including StartOffset
+	Frontend    string `json:"frontend"`
+}
+
+// DispatchReply is a worker's answer to a Dispatch.
+type DispatchReply struct {
+	Accepted bool   `json:"accepted"`
+	Reason   string `json:"reason,omitempty"` // why it refused: RefusedBusy, RefusedDraining, ...
+}
+
+// Reasons a worker refuses a dispatch.
+const (
+	RefusedBusy       = "busy"        // at --max-concurrent-requests
+	RefusedDraining   = "draining"    // shutting down
+	RefusedWrongModel = "wrong_model" // does not serve the model
+	RefusedBadRequest = "bad_request" // malformed dispatch
+)
+
+// ErrRefused marks a dispatch the worker declined.
+var ErrRefused = errors.New("streams: dispatch refused")

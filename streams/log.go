@@ -1,0 +1,194 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"strconv"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
+)
+
+// DefaultTimeout bounds a network call whose ctx has no deadline.
+const DefaultTimeout = 5 * time.Second
+
+// Errors translated at the package edge.
+var (
+	// ErrConflict means an expected-sequence append lost: someone else wrote
+	// the subject first (another frontend decided).
+	ErrConflict = errors.New("streams: conflicting append")
+	// ErrNotFound means the request has no events in the log (never existed,
+	// or its retention expired).
+	ErrNotFound = errors.New("streams: not found")
+	// ErrStreamFull means the stream refused a write because a limit is reached.
+	ErrStreamFull = errors.New("streams: stream full")
+)
+
+// NewMsg builds the NATS message of an event on subject.
+func NewMsg(subject string, e events.Envelope) (*nats.Msg, error) {
+	h, data, err := events.Marshal(e)
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: subject, Header: nats.Header(h), Data: data}, nil
+}
+
+// Decode reads an event from a stored message, a direct-get reply or a
+// republished copy, filling in Seq and LastSeq from JetStream headers when present.
+func Decode(m *nats.Msg) (events.Envelope, error) {
+	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
+	if h := m.Header; h != nil {
+		if v := h.Get(jetstream.SequenceHeader); v != "" {
+			e.Seq, _ = strconv.ParseUint(v, 10, 64)
+		}
+		if v := h.Get("Nats-Last-Sequence"); v != "" {
+			e.LastSeq, _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return e, err
+}
+
+// DecodeRaw reads an event from a message fetched with (batch) direct get.
+func DecodeRaw(m *jetstream.RawStreamMsg) (events.Envelope, error) {
+	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
+	e.Seq = m.Sequence
+	return e, err
+}
+
+// Log appends events to baton's streams. It is safe for concurrent use.
+type Log struct {
+	js     jetstream.JetStream
+	source string
+}
+
+// NewLog returns a Log whose events name source as their producer
+// (e.g. "baton/frontend/fe-1").
+func NewLog(js jetstream.JetStream, source string) *Log {
+	return &Log{js: js, source: source}
+}
+
+// JetStream returns the underlying JetStream context.
+func (l *Log) JetStream() jetstream.JetStream { return l.js }
+
+// Source returns the producer name stamped on events.
+func (l *Log) Source() string { return l.source }
+
+// Envelope wraps ev with this log's source, the given id and subject, and now.
+func (l *Log) Envelope(id, subject string, ev events.Event) events.Envelope {
+	return events.Envelope{ID: id, Source: l.source, Subject: subject, Time: time.Now(), Event: ev}
+}
+
+// Append stores e on subject and waits for the acknowledgement. With
+// expectLast >= 0 the append succeeds only if the subject's last sequence is
+// expectLast (0: the subject is empty); otherwise it returns ErrConflict.
+func (l *Log) Append(ctx context.Context, subject string, e events.Envelope, expectLast int64) (uint64, error) {
+	m, err := NewMsg(subject, e)
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
+		defer cancel()
+	}
+	var opts []jetstream.PublishOpt
+	if expectLast >= 0 {
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(uint64(expectLast)))
+	}
+	ack, err := l.js.PublishMsg(ctx, m, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("append %s to %s: %w", e.Type(), subject, translate(err))
+	}
+	return ack.Sequence, nil
+}
+
+// AppendAsync stores e on subject without waiting; the future reports the
+// outcome. The number of unacknowledged appends is bounded by the JetStream
+// context's async window.
+func (l *Log) AppendAsync(subject string, e events.Envelope) (jetstream.PubAckFuture, error) {
+	m, err := NewMsg(subject, e)
+	if err != nil {
+		return nil, err
+	}
+	f, err := l.js.PublishMsgAsync(m)
+	if err != nil {
+		return nil, fmt.Errorf("append %s to %s: %w", e.Type(), subject, translate(err))
+	}
+	return f, nil
+}
+
+func translate(err error) error {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
+			return fmt.Errorf("%w: %w", ErrConflict, err)
+		case 10077, 10078: // maximum messages / bytes exceeded
+			return fmt.Errorf("%w: %w", ErrStreamFull, err)
+		}
+	}
+	return err
+}
+
+// batchSize is how many messages one batch direct get asks for.
+const batchSize = 1000
+
+// ReadRequest yields the stored events of request id in stream order, starting
+// at stream sequence from (1 for the whole history), using batch direct get: no
+// consumer is created. Messages that are not baton events are skipped; events
+// of unknown types are skipped too. It returns ErrNotFound (as the iterator's
+// error) when nothing is stored at or after from.
+func ReadRequest(ctx context.Context, js jetstream.JetStream, id string, from uint64) iter.Seq2[events.Envelope, error] {
+	return readSubject(ctx, js, RequestsStream, RequestAll(id), from)
+}
+
+func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64) iter.Seq2[events.Envelope, error] {
+	return func(yield func(events.Envelope, error) bool) {
+		if from == 0 {
+			from = 1
+		}
+		any := false
+		for {
+			msgs, err := jetstreamext.GetBatch(ctx, js, stream, batchSize,
+				jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(from))
+			if err != nil {
+				yield(events.Envelope{}, fmt.Errorf("read %s: %w", subject, err))
+				return
+			}
+			n, pending := 0, ""
+			for m, err := range msgs {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				if err != nil {
+					yield(events.Envelope{}, fmt.Errorf("read %s: %w", subject, err))
+					return
+				}
+				n++
+				any = true
+				from = m.Sequence + 1
+				pending = m.Header.Get("Nats-Num-Pending")
+				e, err := DecodeRaw(m)
+				if err != nil {
+					continue // not ours, or a type this build does not know
+				}
+				if !yield(e, nil) {
+					return
+				}
+			}
+			// The server may cut a batch short (max bytes); only an empty batch
+			// or nothing pending past the last message ends the read.
+			if n == 0 || pending == "0" {
+				if !any {
+					yield(events.Envelope{}, ErrNotFound)
+				}
+				return
+			}
+		}
+	}
+}

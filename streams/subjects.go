@@ -1,0 +1,79 @@
+package streams
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// Names of the streams and buckets, part of the external contract.
+const (
+	RequestsStream = "BATON_REQUESTS"
+	WorkersStream  = "BATON_WORKERS"
+	LeasesBucket   = "baton_leases"
+	LoadBucket     = "baton_load"
+
+	requestsPrefix = "baton.requests."
+	livePrefix     = "baton.live.requests."
+	workersPrefix  = "baton.workers."
+	dispatchPrefix = "baton.dispatch."
+)
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// ValidID reports whether id can name a request or worker: 1 to 128 letters,
+// digits, '-' or '_' (it becomes a NATS subject token).
+func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// RequestEvents is the subject of a request's lifecycle decisions.
+func RequestEvents(id string) string { return requestsPrefix + id + ".events" }
+
+// RequestTokens is the subject of what attempt k of a request produces.
+func RequestTokens(id string, attempt int) string {
+	return requestsPrefix + id + ".tokens." + strconv.Itoa(attempt)
+}
+
+// RequestAll matches every stored subject of a request.
+func RequestAll(id string) string { return requestsPrefix + id + ".>" }
+
+// RequestLive matches the republished copies of a request's stored messages.
+func RequestLive(id string) string { return livePrefix + id + ".>" }
+
+// WorkerEvents is the subject of a worker's lifecycle events.
+func WorkerEvents(id string) string { return workersPrefix + id + ".events" }
+
+// Dispatch is the core-NATS request subject on which a worker accepts work.
+func Dispatch(workerID string) string { return dispatchPrefix + workerID }
+
+// ParseRequestSubject splits a stored (or republished) request subject into its
+// request id, kind ("events" or "tokens") and attempt (-1 for events).
+func ParseRequestSubject(subj string) (id, kind string, attempt int, err error) {
+	rest, ok := strings.CutPrefix(subj, requestsPrefix)
+	if !ok {
+		rest, ok = strings.CutPrefix(subj, livePrefix)
+	}
+	if !ok {
+		return "", "", 0, fmt.Errorf("streams: not a request subject: %q", subj)
+	}
+	parts := strings.Split(rest, ".")
+	switch {
+	case len(parts) == 2 && parts[1] == "events":
+		return parts[0], "events", -1, nil
+	case len(parts) == 3 && parts[1] == "tokens":
+		k, err := strconv.Atoi(parts[2])
+		if err != nil || k < 0 {
+			return "", "", 0, fmt.Errorf("streams: bad attempt in %q", subj)
+		}
+		return parts[0], "tokens", k, nil
+	}
+	return "", "", 0, fmt.Errorf("streams: not a request subject: %q", subj)
+}
+
+// StoredSubject maps a republished subject back to the stored one.
+func StoredSubject(subj string) string {
+	if rest, ok := strings.CutPrefix(subj, livePrefix); ok {
+		return requestsPrefix + rest
+	}
+	return subj
+}
