@@ -43,8 +43,8 @@ func RequestLive(id string) string { return livePrefix + id + ".>" }
 // WorkerEvents is the subject of a worker's lifecycle events.
 func WorkerEvents(id string) string { return workersPrefix + id + ".events" }
 
-// Dispatch is the core-NATS request subject on which a worker accepts work.
-func Dispatch(workerID string) string { return dispatchPrefix + workerID }
+// DispatchSubject is the core-NATS request subject on which a worker accepts work.
+func DispatchSubject(workerID string) string { return dispatchPrefix + workerID }
 
 // ParseRequestSubject splits a stored (or republished) request subject into its
 // request id, kind ("events" or "tokens") and attempt (-1 for events).

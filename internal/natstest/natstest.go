@@ -1,0 +1,69 @@
+// Package natstest starts an embedded NATS server with JetStream for package
+// tests: real JetStream, in memory, on a random port, about 0.1 s to start.
+package natstest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/natsserver"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Server is a running test server.
+type Server struct {
+	*server.Server
+	URL string
+}
+
+// Start starts a server that stops when the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := natsserver.Start(natsserver.Config{Port: -1, StoreDir: t.TempDir()}, nil)
+	if err != nil {
+		t.Fatalf("start nats: %v", err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	return &Server{Server: s, URL: s.ClientURL()}
+}
+
+// Connect opens a connection that closes when the test ends.
+func (s *Server) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL, opts...)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream connects and returns a JetStream context.
+func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(s.Connect(t))
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	return js
+}
+
+// Provision connects, provisions baton's streams in memory, and returns the
+// JetStream context.
+func (s *Server) Provision(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	js := s.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true}); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	return js
+}

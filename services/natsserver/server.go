@@ -1,0 +1,175 @@
+// Package natsserver runs the embedded NATS server with JetStream that backs
+// `baton nats` and `baton up`.
+//
+// The server has two accounts: BATON, where every component lives (clients
+// that present no credentials land there, as user "baton"), with JetStream;
+// and SYS, the system account, whose user "sys" sees the server's connect and
+// disconnect advisories: baton's fast path for detecting a crashed worker.
+package natsserver
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Defaults of Config.
+const (
+	DefaultPort        = 4222
+	DefaultSysUser     = "sys"
+	DefaultSysPassword = "baton-sys"
+	AppUser            = "baton"
+	AppAccount         = "BATON"
+	SysAccount         = "SYS"
+)
+
+// Config describes an embedded server. Zero values mean the defaults.
+type Config struct {
+	Host        string   // listen address; default 127.0.0.1
+	Port        int      // client port; default 4222, -1 for a random port
+	StoreDir    string   // JetStream store; required unless InMemory
+	InMemory    bool     // no store directory: streams must use memory storage
+	ServerName  string   // unique in a cluster; default derived from the port
+	ClusterName string   // joins a cluster when set
+	ClusterPort int      // route port (with ClusterName)
+	Routes      []string // nats-route://host:port of the other nodes
+	HTTPPort    int      // monitoring port; 0 off
+	SysUser     string   // system-account user; default "sys"
+	SysPassword string   // its password; default "baton-sys"
+}
+
+// Validate reports every problem with c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.StoreDir == "" && !c.InMemory {
+		errs = append(errs, errors.New("a store directory is required"))
+	}
+	if c.Port < -1 || c.Port > 65535 {
+		errs = append(errs, fmt.Errorf("port %d out of range", c.Port))
+	}
+	if c.ClusterName != "" && (c.ClusterPort <= 0 || c.ClusterPort > 65535) {
+		errs = append(errs, errors.New("a cluster needs --cluster-port"))
+	}
+	if c.ClusterName == "" && len(c.Routes) > 0 {
+		errs = append(errs, errors.New("--routes needs --cluster-name"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.Host == "" {
+		c.Host = "127.0.0.1"
+	}
+	if c.Port == 0 {
+		c.Port = DefaultPort
+	}
+	if c.SysUser == "" {
+		c.SysUser = DefaultSysUser
+	}
+	if c.SysPassword == "" {
+		c.SysPassword = DefaultSysPassword
+	}
+	if c.ServerName == "" {
+		c.ServerName = "baton-" + strconv.Itoa(c.Port)
+		if c.Port == -1 {
+			c.ServerName = "baton-embedded"
+		}
+	}
+	return c
+}
+
+func (c Config) configString() string {
+	q := strconv.Quote
+	var b strings.Builder
+	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [{user: %s, password: %s}] }\n", AppAccount, AppUser, AppUser)
+	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(c.SysPassword))
+	fmt.Fprintf(&b, "system_account: %s\nno_auth_user: %s\n", SysAccount, AppUser)
+	if c.ClusterName != "" {
+		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: %s\n", q(c.ClusterName), q(net.JoinHostPort(c.Host, strconv.Itoa(c.ClusterPort))))
+		if len(c.Routes) > 0 {
+			b.WriteString("  routes: [")
+			for i, r := range c.Routes {
+				if i > 0 {
+					b.WriteString(", ")
+				}
+				b.WriteString(q(r))
+			}
+			b.WriteString("]\n")
+		}
+		b.WriteString("}\n")
+	}
+	return b.String()
+}
+
+// Start starts a server and waits until it accepts connections. Stop it with
+// Shutdown and WaitForShutdown.
+func Start(cfg Config, log *slog.Logger) (*server.Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	opts := &server.Options{}
+	if err := opts.ProcessConfigString(cfg.configString()); err != nil {
+		return nil, fmt.Errorf("natsserver: config: %w", err)
+	}
+	opts.Host = cfg.Host
+	opts.Port = cfg.Port
+	opts.ServerName = cfg.ServerName
+	opts.JetStream = true
+	opts.StoreDir = cfg.StoreDir
+	if cfg.InMemory {
+		opts.JetStreamMaxStore = 0
+		opts.StoreDir = ""
+	}
+	opts.HTTPPort = cfg.HTTPPort
+	opts.HTTPHost = cfg.Host
+	opts.NoSigs = true
+	opts.DisableJetStreamBanner = true
+	if cfg.ClusterName != "" {
+		// Give routes a moment in a fresh cluster; JetStream needs a quorum.
+		opts.Cluster.ConnectRetries = 120
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("natsserver: %w", err)
+	}
+	if log != nil {
+		s.SetLoggerV2(&slogAdapter{log: log}, false, false, false)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("natsserver: not ready for connections after 30s")
+	}
+	return s, nil
+}
+
+// SysURL returns a client URL for the system-account user of a server at url.
+func SysURL(clientURL, user, password string) string {
+	if user == "" {
+		user = DefaultSysUser
+	}
+	if password == "" {
+		password = DefaultSysPassword
+	}
+	rest, ok := strings.CutPrefix(clientURL, "nats://")
+	if !ok {
+		return clientURL
+	}
+	return "nats://" + user + ":" + password + "@" + rest
+}
+
+type slogAdapter struct{ log *slog.Logger }
+
+func (a *slogAdapter) Noticef(format string, v ...any) { a.log.Info(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Warnf(format string, v ...any)   { a.log.Warn(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Fatalf(format string, v ...any)  { a.log.Error(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Errorf(format string, v ...any)  { a.log.Error(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Debugf(format string, v ...any)  { a.log.Debug(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Tracef(format string, v ...any)  { a.log.Debug(fmt.Sprintf(format, v...)) }

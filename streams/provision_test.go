@@ -1,0 +1,89 @@
+package streams_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+)
+
+func TestProvisionIsIdempotent(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.JetStream(t)
+	ctx := context.Background()
+	for i := range 3 {
+		if err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true}); err != nil {
+			t.Fatalf("provision #%d: %v", i, err)
+		}
+	}
+	for _, name := range []string{streams.RequestsStream, streams.WorkersStream, "KV_" + streams.LeasesBucket, "KV_" + streams.LoadBucket} {
+		if _, err := js.Stream(ctx, name); err != nil {
+			t.Errorf("stream %s: %v", name, err)
+		}
+	}
+}
+
+func TestAppendRepublishesWithLastSequence(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	nc := s.Connect(t)
+	ctx := context.Background()
+	sub, err := nc.SubscribeSync(streams.RequestLive("r1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := streams.NewLog(js, "test")
+	ev := events.TokensGenerated{RequestID: "r1", Attempt: 0, Offset: 0, Tokens: []string{"a ", "b "}}
+	seq1, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.0", "r1", ev), -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Offset = 2
+	seq2, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.2", "r1", ev), int64(seq1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A retry of the same id is deduplicated, not stored twice.
+	if _, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.2", "r1", ev), -1); err != nil {
+		t.Fatal(err)
+	}
+	// A stale expectation conflicts.
+	if _, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.9", "r1", ev), int64(seq1)); err == nil {
+		t.Fatal("stale expected sequence: got nil error, want conflict")
+	}
+	var got []*nats.Msg
+	for range 2 {
+		m, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m)
+	}
+	e, err := streams.Decode(got[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Seq != seq2 || e.LastSeq != seq1 {
+		t.Errorf("republished seq/last = %d/%d, want %d/%d", e.Seq, e.LastSeq, seq2, seq1)
+	}
+	if m, err := sub.NextMsg(100 * time.Millisecond); err == nil {
+		t.Errorf("unexpected extra republish: %v", m.Header)
+	}
+	var n int
+	for e, err := range streams.ReadRequest(ctx, js, "r1", 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if e.Type() != events.TypeTokensGenerated {
+			t.Errorf("type %s", e.Type())
+		}
+	}
+	if n != 2 {
+		t.Errorf("read %d events, want 2", n)
+	}
+}
