@@ -67,21 +67,14 @@ type Header = map[string][]string
 
 // Marshal encodes e in CloudEvents binary content mode: attributes as headers,
 // the event as JSON data. The attributes are validated against the
-// CloudEvents 1.0 specification.
+// CloudEvents 1.0 specification, and the time must be representable in
+// RFC 3339 (years 0 to 9999), so that whatever Marshal writes Unmarshal reads.
 func Marshal(e Envelope) (Header, []byte, error) {
 	if e.Event == nil {
 		return nil, nil, fmt.Errorf("events: marshal: nil event")
 	}
-	ce := cloudevent.New(cloudevent.CloudEventsVersionV1)
-	ce.SetID(e.ID)
-	ce.SetType(e.Event.EventType())
-	ce.SetSource(e.Source)
-	if e.Subject != "" {
-		ce.SetSubject(e.Subject)
-	}
-	ce.SetTime(e.Time)
-	ce.SetDataContentType(contentTypeJSON)
-	if err := ce.Validate(); err != nil {
+	ts, err := attributes(e, e.Event.EventType())
+	if err != nil {
 		return nil, nil, fmt.Errorf("events: marshal %s: %w", e.Event.EventType(), err)
 	}
 	data, err := json.Marshal(e.Event)
@@ -93,7 +86,7 @@ func Marshal(e Envelope) (Header, []byte, error) {
 		HeaderID:          {e.ID},
 		HeaderType:        {e.Event.EventType()},
 		HeaderSource:      {e.Source},
-		HeaderTime:        {ce.Time().UTC().Format(time.RFC3339Nano)},
+		HeaderTime:        {ts},
 		HeaderContentType: {contentTypeJSON},
 		HeaderMsgID:       {e.ID},
 	}
@@ -101,6 +94,29 @@ func Marshal(e Envelope) (Header, []byte, error) {
 		h[HeaderSubject] = []string{e.Subject}
 	}
 	return h, data, nil
+}
+
+// attributes validates the CloudEvents attributes of e with type typ and
+// returns the ce-time header value. Marshal and Unmarshal share it, so a
+// decoded envelope always encodes again.
+func attributes(e Envelope, typ string) (string, error) {
+	ce := cloudevent.New(cloudevent.CloudEventsVersionV1)
+	ce.SetID(e.ID)
+	ce.SetType(typ)
+	ce.SetSource(e.Source)
+	if e.Subject != "" {
+		ce.SetSubject(e.Subject)
+	}
+	ce.SetTime(e.Time)
+	ce.SetDataContentType(contentTypeJSON)
+	if err := ce.Validate(); err != nil {
+		return "", err
+	}
+	ts, err := e.Time.UTC().MarshalText() // RFC 3339 with nanoseconds; fails outside years 0-9999
+	if err != nil {
+		return "", fmt.Errorf("time: %w", err)
+	}
+	return string(ts), nil
 }
 
 // Unmarshal decodes a message written by Marshal. It returns ErrNotEvent for a
@@ -127,6 +143,9 @@ func Unmarshal(h Header, data []byte) (Envelope, error) {
 			return Envelope{}, fmt.Errorf("events: bad %s %q: %w", HeaderTime, ts, err)
 		}
 		e.Time = t
+	}
+	if _, err := attributes(e, typ); err != nil {
+		return Envelope{}, fmt.Errorf("%w: %w", ErrNotEvent, err)
 	}
 	newEvent, ok := registry[typ]
 	if !ok {

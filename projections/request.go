@@ -163,8 +163,16 @@ func (r *Request) Apply(e events.Envelope) (changed bool) {
 		a.CloseReason = ev.Reason
 		return true
 	case events.RequestMigrated:
-		if r.Status.Terminal() {
+		if r.Status.Terminal() || r.migrated(ev.FromAttempt) {
 			return false
+		}
+		// The decision fences the attempt it abandons, whether or not its
+		// AttemptFailed marker came first: nothing it stores later is read.
+		if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
+			a := &r.Attempts[k]
+			a.Closed = true
+			a.Cut = len(r.tokens)
+			a.CloseReason = ev.Reason
 		}
 		r.Migrations = append(r.Migrations, Migration{
 			FromAttempt: ev.FromAttempt, FromWorker: ev.FromWorker,
@@ -190,7 +198,9 @@ func (r *Request) Apply(e events.Envelope) (changed bool) {
 		r.Owner = ev.Frontend
 		return true
 	case events.RequestCancelled:
-		if r.Cancel != nil || r.Status.Terminal() {
+		// A kill escalates an earlier stop; anything else repeats a cancel.
+		escalates := r.Cancel != nil && r.Cancel.Mode == events.CancelStop && ev.Mode == events.CancelKill
+		if (r.Cancel != nil && !escalates) || r.Status.Terminal() {
 			return false
 		}
 		c := ev
@@ -201,6 +211,12 @@ func (r *Request) Apply(e events.Envelope) (changed bool) {
 		return true
 	}
 	return false
+}
+
+// migrated reports whether a migration away from attempt k was already
+// applied (an event applied twice, e.g. once as appended and once as stored).
+func (r *Request) migrated(k int) bool {
+	return slices.ContainsFunc(r.Migrations, func(m Migration) bool { return m.FromAttempt == k })
 }
 
 // open reports whether attempt k may still contribute: it is the current

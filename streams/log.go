@@ -122,14 +122,30 @@ func (l *Log) AppendAsync(subject string, e events.Envelope) (jetstream.PubAckFu
 	return f, nil
 }
 
+// jsErrCodeStoreFailed is the server's JSStreamStoreFailedF: a publish the
+// stream refused to store, with the store's error as the description.
+const jsErrCodeStoreFailed jetstream.ErrorCode = 10077
+
+// streamLimits are the store errors of a DiscardNew stream at a limit
+// (nats-server ErrMaxMsgs, ErrMaxBytes, ErrMaxMsgsPerSubject).
+var streamLimits = map[string]bool{
+	"maximum messages exceeded":             true,
+	"maximum bytes exceeded":                true,
+	"maximum messages per subject exceeded": true,
+}
+
 func translate(err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
 			return fmt.Errorf("%w: %w", ErrConflict, err)
-		case 10077, 10078: // maximum messages / bytes exceeded
-			return fmt.Errorf("%w: %w", ErrStreamFull, err)
+		case jsErrCodeStoreFailed:
+			// The server reports every refused store with this code; only the
+			// limits (not an oversized message or a storage fault) mean full.
+			if streamLimits[apiErr.Description] {
+				return fmt.Errorf("%w: %w", ErrStreamFull, err)
+			}
 		}
 	}
 	return err

@@ -106,17 +106,17 @@ func (c Config) RequestsConfig() jetstream.StreamConfig {
 func (c Config) WorkersConfig() jetstream.StreamConfig {
 	c = c.withDefaults()
 	return jetstream.StreamConfig{
-		Name:                 WorkersStream,
-		Description:          "baton workers: registration, draining, deregistration, loss",
-		Subjects:             []string{workersPrefix + ">"},
-		Storage:              c.storage(),
-		Replicas:             c.Replicas,
-		MaxAge:               c.WorkersMaxAge,
-		MaxMsgsPerSubject:    10_000,
-		Discard:              jetstream.DiscardOld,
-		MaxMsgSize:           c.MaxMsgSize,
-		Duplicates:           2 * time.Minute,
-		AllowDirect:          true,
+		Name:              WorkersStream,
+		Description:       "baton workers: registration, draining, deregistration, loss",
+		Subjects:          []string{workersPrefix + ">"},
+		Storage:           c.storage(),
+		Replicas:          c.Replicas,
+		MaxAge:            c.WorkersMaxAge,
+		MaxMsgsPerSubject: 10_000,
+		Discard:           jetstream.DiscardOld,
+		MaxMsgSize:        c.MaxMsgSize,
+		Duplicates:        2 * time.Minute,
+		AllowDirect:       true,
 	}
 }
 

@@ -1,0 +1,224 @@
+package events_test
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+)
+
+var when = time.Date(2026, 3, 14, 15, 9, 26, 535897932, time.UTC)
+
+// samples holds one populated value of every registered event type.
+func samples() map[string]events.Event {
+	return map[string]events.Event{
+		events.TypeRequestAccepted: events.RequestAccepted{
+			RequestID: "r1", Model: "mock", Endpoint: events.EndpointChat,
+			Messages: []events.Message{{Role: "user", Content: "hi"}}, Prompt: "user: hi",
+			PromptTokens: 3, MaxTokens: 16, Stream: true, IncludeUsage: true, Created: 1700000000,
+			Frontend: "fe-1", ParentID: "p0", PinnedWorker: "w1", Resumable: true,
+		},
+		events.TypeRequestRouted:    events.RequestRouted{RequestID: "r1", Attempt: 1, WorkerID: "w2", StartOffset: 4},
+		events.TypeTokensGenerated:  events.TokensGenerated{RequestID: "r1", Attempt: 1, Offset: 4, Tokens: []string{"a ", "b", "\u00e9"}},
+		events.TypeRequestCompleted: events.RequestCompleted{RequestID: "r1", Attempt: 1, FinishReason: "stop", PromptTokens: 3, CompletionTokens: 7},
+		events.TypeAttemptFailed:    events.AttemptFailed{RequestID: "r1", Attempt: 0, WorkerID: "w1", Offset: 4, Reason: "engine error"},
+		events.TypeRequestMigrated: events.RequestMigrated{RequestID: "r1", FromAttempt: 0, FromWorker: "w1", Cut: 4,
+			MigrationType: events.MigrationOngoingRequest, Reason: "lease lost", Frontend: "fe-2"},
+		events.TypeRequestFailed:      events.RequestFailed{RequestID: "r1", Code: "migration_exhausted", Message: "no", Status: 503, Offset: 4},
+		events.TypeRequestAttached:    events.RequestAttached{RequestID: "r1", Frontend: "fe-2", Offset: 2},
+		events.TypeRequestCancelled:   events.RequestCancelled{RequestID: "r1", Mode: events.CancelKill, Reason: "client"},
+		events.TypeWorkerRegistered:   events.WorkerRegistered{WorkerID: "w1", LeaseID: "l1", Model: "mock", PID: 42, Host: "h", LeaseTTLMS: 3000, KVBlocks: 64, BlockSize: 16, MaxConcurrent: 8},
+		events.TypeWorkerDraining:     events.WorkerDraining{WorkerID: "w1", LeaseID: "l1", Reason: "sigterm"},
+		events.TypeWorkerDeregistered: events.WorkerDeregistered{WorkerID: "w1", LeaseID: "l1"},
+		events.TypeWorkerLost:         events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: "lease expired"},
+	}
+}
+
+func TestSamplesCoverRegistry(t *testing.T) {
+	got := events.Types()
+	slices.Sort(got)
+	var want []string
+	for typ := range samples() {
+		want = append(want, typ)
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("registered types = %v, want samples for exactly %v", got, want)
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for typ, ev := range samples() {
+		t.Run(typ, func(t *testing.T) {
+			if got := ev.EventType(); got != typ {
+				t.Fatalf("EventType() = %q, want %q", got, typ)
+			}
+			in := events.Envelope{ID: events.ID("r1", 1, uint64(4)), Source: "baton/test/t-1", Subject: "r1", Time: when, Event: ev}
+			h, data, err := events.Marshal(in)
+			if err != nil {
+				t.Fatalf("marshal: %v", err)
+			}
+			wantHeaders := map[string]string{
+				events.HeaderSpecVersion: "1.0",
+				events.HeaderID:          "r1.1.4",
+				events.HeaderType:        typ,
+				events.HeaderSource:      "baton/test/t-1",
+				events.HeaderSubject:     "r1",
+				events.HeaderTime:        "2026-03-14T15:09:26.535897932Z",
+				events.HeaderContentType: "application/json",
+				events.HeaderMsgID:       "r1.1.4",
+			}
+			for k, want := range wantHeaders {
+				if got := h[k]; len(got) != 1 || got[0] != want {
+					t.Errorf("header %s = %q, want [%q]", k, got, want)
+				}
+			}
+			if len(h) != len(wantHeaders) {
+				t.Errorf("got %d headers %v, want %d", len(h), h, len(wantHeaders))
+			}
+			out, err := events.Unmarshal(h, data)
+			if err != nil {
+				t.Fatalf("unmarshal: %v", err)
+			}
+			if !out.Time.Equal(in.Time) {
+				t.Errorf("time = %v, want %v", out.Time, in.Time)
+			}
+			out.Time = in.Time
+			if !reflect.DeepEqual(out, in) {
+				t.Errorf("round trip:\n got %#v\nwant %#v", out, in)
+			}
+		})
+	}
+}
+
+func TestRoundTripOptionalAttributes(t *testing.T) {
+	// No subject and no time: ce-subject is left out, ce-time is the zero time.
+	in := events.Envelope{ID: "x", Source: "s", Event: events.WorkerDeregistered{WorkerID: "w"}}
+	h, data, err := events.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h[events.HeaderSubject]; ok {
+		t.Errorf("got ce-subject %q, want none", h[events.HeaderSubject])
+	}
+	out, err := events.Unmarshal(h, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(out, in) {
+		t.Errorf("got %#v, want %#v", out, in)
+	}
+}
+
+func TestUnmarshalUnknownType(t *testing.T) {
+	h, data, err := events.Marshal(events.Envelope{ID: "id-1", Source: "src", Subject: "sub", Time: when, Event: events.WorkerLost{WorkerID: "w"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h[events.HeaderType] = []string{"baton.worker.teleported.v9"}
+	e, err := events.Unmarshal(h, data)
+	if !errors.Is(err, events.ErrUnknownType) {
+		t.Fatalf("got err %v, want ErrUnknownType", err)
+	}
+	if e.ID != "id-1" || e.Source != "src" || e.Subject != "sub" || !e.Time.Equal(when) || e.Event != nil {
+		t.Errorf("got envelope %#v, want attributes filled and no event", e)
+	}
+}
+
+func TestUnmarshalRejects(t *testing.T) {
+	good := func() events.Header {
+		h, _, err := events.Marshal(events.Envelope{ID: "id", Source: "src", Time: when, Event: events.WorkerLost{WorkerID: "w"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	tests := []struct {
+		name    string
+		edit    func(events.Header)
+		data    string
+		wantErr error // nil: any non-nil error that is neither sentinel
+	}{
+		{"no headers", func(h events.Header) { clear(h) }, `{}`, events.ErrNotEvent},
+		{"no specversion", func(h events.Header) { delete(h, events.HeaderSpecVersion) }, `{}`, events.ErrNotEvent},
+		{"empty specversion", func(h events.Header) { h[events.HeaderSpecVersion] = []string{""} }, `{}`, events.ErrNotEvent},
+		{"no id", func(h events.Header) { delete(h, events.HeaderID) }, `{}`, events.ErrNotEvent},
+		{"no source", func(h events.Header) { delete(h, events.HeaderSource) }, `{}`, events.ErrNotEvent},
+		{"no type", func(h events.Header) { delete(h, events.HeaderType) }, `{}`, events.ErrNotEvent},
+		{"bad time", func(h events.Header) { h[events.HeaderTime] = []string{"yesterday"} }, `{}`, nil},
+		// Regressions found by FuzzUnmarshal: attributes Marshal would refuse.
+		{"source not a URI-reference", func(h events.Header) { h[events.HeaderSource] = []string{"#"} }, `{}`, events.ErrNotEvent},
+		{"blank id", func(h events.Header) { h[events.HeaderID] = []string{" \t"} }, `{}`, events.ErrNotEvent},
+		{"time before year 0 in UTC", func(h events.Header) { h[events.HeaderTime] = []string{"0000-01-01T00:30:00+01:00"} }, `{}`, events.ErrNotEvent},
+		{"bad json", func(events.Header) {}, `{"worker_id":`, nil},
+		{"invalid routed", func(h events.Header) { h[events.HeaderType] = []string{events.TypeRequestRouted} }, `{"attempt":-1,"worker_id":"w"}`, nil},
+		{"invalid accepted", func(h events.Header) { h[events.HeaderType] = []string{events.TypeRequestAccepted} }, `{"model":"m"}`, nil},
+		{"negative tokens offset", func(h events.Header) { h[events.HeaderType] = []string{events.TypeTokensGenerated} }, `{"offset":-2}`, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := good()
+			tt.edit(h)
+			_, err := events.Unmarshal(h, []byte(tt.data))
+			switch {
+			case err == nil:
+				t.Fatal("got nil error")
+			case tt.wantErr != nil && !errors.Is(err, tt.wantErr):
+				t.Errorf("got err %v, want %v", err, tt.wantErr)
+			case tt.wantErr == nil && (errors.Is(err, events.ErrNotEvent) || errors.Is(err, events.ErrUnknownType)):
+				t.Errorf("got err %v, want a decode error", err)
+			}
+		})
+	}
+}
+
+func TestMarshalRejectsInvalidEnvelopes(t *testing.T) {
+	ev := events.WorkerLost{WorkerID: "w"}
+	tests := []struct {
+		name string
+		in   events.Envelope
+	}{
+		{"nil event", events.Envelope{ID: "id", Source: "src"}},
+		{"empty id", events.Envelope{Source: "src", Event: ev}},
+		{"blank id", events.Envelope{ID: "  ", Source: "src", Event: ev}},
+		{"empty source", events.Envelope{ID: "id", Event: ev}},
+		{"unparsable source", events.Envelope{ID: "id", Source: "%zz", Event: ev}},
+		{"year out of range", events.Envelope{ID: "id", Source: "src", Time: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), Event: ev}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if h, data, err := events.Marshal(tt.in); err == nil {
+				t.Errorf("got headers %v data %s, want error", h, data)
+			}
+		})
+	}
+}
+
+func TestID(t *testing.T) {
+	tests := []struct {
+		name  string
+		parts []any
+		want  string
+	}{
+		{"none", nil, ""},
+		{"string", []any{"r1"}, "r1"},
+		{"token delta", []any{"r1", 2, 130}, "r1.2.130"},
+		{"uint64", []any{"w", uint64(18446744073709551615)}, "w.18446744073709551615"},
+		{"negative int", []any{"r", -1}, "r.-1"},
+		{"other types", []any{"r", true, int64(7), 1.5}, "r.true.7.1.5"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := events.ID(tt.parts...)
+			if got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+			if again := events.ID(tt.parts...); again != got {
+				t.Errorf("second call got %q, want %q (deterministic)", again, got)
+			}
+		})
+	}
+}

@@ -1,0 +1,434 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// batonBin is the binary under test, built once by TestMain.
+var batonBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "baton-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	batonBin = filepath.Join(dir, "baton")
+	args := []string{"build", "-o", batonBin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "../cmd/baton")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build baton:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running baton process.
+type proc struct {
+	t    testing.TB
+	name string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	mu   *sync.Mutex
+	done chan struct{}
+	err  error
+}
+
+type syncWriter struct {
+	mu *sync.Mutex
+	b  *bytes.Buffer
+}
+
+func (w syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// start runs baton with args; the process is killed when the test ends, and
+// its output is shown if the test failed.
+func start(t testing.TB, name string, env []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
+	p.cmd = exec.Command(batonBin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
+	w := syncWriter{mu: p.mu, b: p.log}
+	p.cmd.Stdout, p.cmd.Stderr = w, w
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		if p.running() {
+			_ = p.cmd.Process.Signal(syscall.SIGCONT)
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("---- %s (pid %d) output ----\n%s", p.name, p.cmd.Process.Pid, p.output())
+		}
+	})
+	return p
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) running() bool {
+	select {
+	case <-p.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %v to %s: %v", sig, p.name, err)
+	}
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(timeout time.Duration) int {
+	p.t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		p.t.Fatalf("%s did not exit within %v", p.name, timeout)
+	}
+	if p.err == nil {
+		return 0
+	}
+	if ee, ok := p.err.(*exec.ExitError); ok {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// freePort returns a TCP port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stack is a set of baton processes sharing one NATS server.
+type stack struct {
+	t         testing.TB
+	dir       string
+	natsURL   string
+	nats      *proc
+	fronts    []*frontend
+	workers   map[string]*proc
+	workerEnv []string
+}
+
+type frontend struct {
+	*proc
+	url string
+}
+
+// newStack starts a NATS server.
+func newStack(t testing.TB) *stack {
+	t.Helper()
+	s := &stack{t: t, dir: t.TempDir(), workers: map[string]*proc{}}
+	port := freePort(t)
+	s.natsURL = "nats://127.0.0.1:" + strconv.Itoa(port)
+	s.nats = start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(s.dir, "nats"))
+	waitFor(t, 20*time.Second, "nats to listen", func() bool {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	return s
+}
+
+// frontend starts a frontend with extra args and env.
+func (s *stack) frontend(env []string, args ...string) *frontend {
+	s.t.Helper()
+	port := freePort(s.t)
+	name := fmt.Sprintf("frontend-%d", len(s.fronts)+1)
+	all := append([]string{"frontend", "--nats", s.natsURL, "--http-port", strconv.Itoa(port), "--frontend-id", name}, args...)
+	f := &frontend{proc: start(s.t, name, env, all...), url: "http://127.0.0.1:" + strconv.Itoa(port)}
+	waitFor(s.t, 20*time.Second, name+" to serve", func() bool {
+		resp, err := http.Get(f.url + "/live")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	s.fronts = append(s.fronts, f)
+	return f
+}
+
+// worker starts a mock worker with the given id and extra args.
+func (s *stack) worker(id string, args ...string) *proc {
+	s.t.Helper()
+	all := append([]string{"worker", "--nats", s.natsURL, "--worker-id", id}, args...)
+	p := start(s.t, "worker-"+id, s.workerEnv, all...)
+	s.workers[id] = p
+	return p
+}
+
+// waitRoutable waits until frontend f sees exactly the given workers ready.
+func (f *frontend) waitRoutable(t testing.TB, ids ...string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, fmt.Sprintf("workers %v routable on %s", ids, f.name), func() bool {
+		ws, err := f.workers()
+		if err != nil {
+			return false
+		}
+		ready := map[string]bool{}
+		for _, w := range ws {
+			if w.State == "ready" {
+				ready[w.ID] = true
+			}
+		}
+		for _, id := range ids {
+			if !ready[id] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+type workerInfo struct {
+	ID    string `json:"id"`
+	State string `json:"state"`
+	Model string `json:"model"`
+	PID   int    `json:"pid"`
+	Load  struct {
+		ActiveRequests int `json:"active_requests"`
+	} `json:"load"`
+}
+
+func (f *frontend) workers() ([]workerInfo, error) {
+	resp, err := http.Get(f.url + "/v1/workers")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Data []workerInfo `json:"data"`
+	}
+	return out.Data, json.NewDecoder(resp.Body).Decode(&out)
+}
+
+// metric returns the sum of the samples of a metric whose labels contain
+// every given label pair.
+func (f *frontend) metric(t testing.TB, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get(f.url + "/metrics")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
+			continue
+		}
+		rest := line[len(name):]
+		if !strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ") {
+			continue
+		}
+		ok := true
+		for i := 0; i+1 < len(labels); i += 2 {
+			if !strings.Contains(rest, labels[i]+`="`+labels[i+1]+`"`) {
+				ok = false
+			}
+		}
+		if !ok {
+			continue
+		}
+		fields := strings.Fields(rest)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// sseEvent is one server-sent event.
+type sseEvent struct {
+	id   string
+	data string
+}
+
+// sseResult is a whole stream as a client saw it.
+type sseResult struct {
+	status    int
+	requestID string
+	events    []sseEvent
+	text      string // concatenated content
+	done      bool   // ended with [DONE]
+	errorBody string // data of an error event, if any
+	finish    string
+	header    http.Header
+}
+
+// postStream sends a streaming request and reads the whole stream. onEvent,
+// if set, is called after each event (to inject faults mid-stream).
+func postStream(t testing.TB, url, path string, body map[string]any, header map[string]string, onEvent func(sseEvent)) sseResult {
+	t.Helper()
+	body["stream"] = true
+	resp := post(t, url+path, body, header)
+	defer resp.Body.Close()
+	return readStream(t, resp, onEvent)
+}
+
+func post(t testing.TB, url string, body map[string]any, header map[string]string) *http.Response {
+	t.Helper()
+	data, _ := json.Marshal(body)
+	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(data))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", url, err)
+	}
+	return resp
+}
+
+func readStream(t testing.TB, resp *http.Response, onEvent func(sseEvent)) sseResult {
+	t.Helper()
+	res := sseResult{status: resp.StatusCode, requestID: resp.Header.Get("X-Request-Id"), header: resp.Header}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		res.errorBody = string(b)
+		return res
+	}
+	rd := bufio.NewReader(resp.Body)
+	var cur sseEvent
+	var text strings.Builder
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			break
+		}
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			cur.id = line[4:]
+		case strings.HasPrefix(line, "data: "):
+			cur.data = line[6:]
+		case line == "":
+			if cur.data == "" {
+				continue
+			}
+			res.events = append(res.events, cur)
+			switch {
+			case cur.data == "[DONE]":
+				res.done = true
+			case strings.HasPrefix(cur.data, `{"error"`):
+				res.errorBody = cur.data
+			default:
+				var chunk struct {
+					Choices []struct {
+						Text  string `json:"text"`
+						Delta struct {
+							Content string `json:"content"`
+						} `json:"delta"`
+						FinishReason *string `json:"finish_reason"`
+					} `json:"choices"`
+				}
+				if err := json.Unmarshal([]byte(cur.data), &chunk); err != nil {
+					t.Errorf("bad chunk %q: %v", cur.data, err)
+				}
+				for _, c := range chunk.Choices {
+					text.WriteString(c.Text)
+					text.WriteString(c.Delta.Content)
+					if c.FinishReason != nil {
+						res.finish = *c.FinishReason
+					}
+				}
+			}
+			if onEvent != nil {
+				onEvent(cur)
+			}
+			cur = sseEvent{}
+		}
+	}
+	res.text = text.String()
+	return res
+}
+
+// checkContiguous checks the stream's ids: non-decreasing token offsets that
+// advance by exactly the tokens each event carried, starting after from.
+func checkIDs(t testing.TB, res sseResult, from int) {
+	t.Helper()
+	prev := from
+	for _, e := range res.events {
+		n, err := strconv.Atoi(e.id)
+		if err != nil {
+			t.Fatalf("event without a numeric id: %+v", e)
+		}
+		if n < prev {
+			t.Fatalf("ids go backwards: %d after %d", n, prev)
+		}
+		prev = n
+	}
+	if got, want := prev-from, len(strings.Fields(res.text)); got != want {
+		t.Fatalf("ids advance by %d tokens, but %d tokens arrived", got, want)
+	}
+}

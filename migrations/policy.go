@@ -1,0 +1,66 @@
+package migrations
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+)
+
+// Reasons a request may not migrate.
+var (
+	ErrDisabled          = errors.New("migrations: migration is disabled (--migration-limit 0)")
+	ErrLimitExhausted    = errors.New("migrations: migration limit exhausted")
+	ErrMaxSeqLenExceeded = errors.New("migrations: sequence length exceeds --migration-max-seq-len")
+	ErrPinned            = errors.New("migrations: request is pinned to a worker (X-Worker-Id)")
+)
+
+// Policy decides whether a failed request may be re-dispatched. It mirrors
+// Dynamo: Limit re-dispatches per request, shared by both migration types
+// (0 disables); MaxSeqLen, when set, disables migration once prompt +
+// generated tokens strictly exceed it (exactly at the limit still migrates).
+type Policy struct {
+	Limit     int
+	MaxSeqLen int // 0: unset
+}
+
+// SeqLen is a request's prompt plus generated tokens.
+func SeqLen(r *projections.Request) int { return r.Accepted.PromptTokens + r.Len() }
+
+// ExceedsMaxSeqLen reports whether r is past the max-seq-len limit.
+func (p Policy) ExceedsMaxSeqLen(r *projections.Request) bool {
+	return p.MaxSeqLen > 0 && SeqLen(r) > p.MaxSeqLen
+}
+
+// Allow returns nil if r may migrate once more, or the reason it may not.
+func (p Policy) Allow(r *projections.Request) error {
+	switch {
+	case r.Accepted.PinnedWorker != "":
+		return ErrPinned
+	case p.Limit <= 0:
+		return ErrDisabled
+	case len(r.Migrations) >= p.Limit:
+		return ErrLimitExhausted
+	case p.ExceedsMaxSeqLen(r):
+		return ErrMaxSeqLenExceeded
+	}
+	return nil
+}
+
+// Continuation builds the dispatch of the next attempt of r: the original
+// prompt, the text generated so far, and the remaining budget, continuing at
+// the current token offset.
+func Continuation(r *projections.Request, attempt int, frontend string) streams.Dispatch {
+	return streams.Dispatch{
+		RequestID:    r.Accepted.RequestID,
+		Attempt:      attempt,
+		Model:        r.Accepted.Model,
+		Prompt:       r.Accepted.Prompt,
+		PromptTokens: r.Accepted.PromptTokens,
+		Generated:    strings.Join(r.Tokens(0), ""),
+		StartOffset:  r.Len(),
+		MaxTokens:    r.Accepted.MaxTokens,
+		Frontend:     frontend,
+	}
+}

@@ -1,0 +1,192 @@
+package projections_test
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+)
+
+func lease(worker, leaseID, model string) *events.Lease {
+	return &events.Lease{WorkerID: worker, LeaseID: leaseID, Model: model, PID: 7, Host: "h", TTLMS: 3000}
+}
+
+// step is one input to a Discovery: exactly one field is set.
+type step struct {
+	lease *projections.LeaseUpdate
+	load  *projections.LoadUpdate
+	event events.Event
+}
+
+func put(rev uint64, l *events.Lease) step {
+	return step{lease: &projections.LeaseUpdate{Key: l.WorkerID, Revision: rev, Lease: l}}
+}
+
+func del(rev uint64, key string) step {
+	return step{lease: &projections.LeaseUpdate{Key: key, Revision: rev}}
+}
+
+func load(key string, active int) step {
+	return step{load: &projections.LoadUpdate{Key: key, Load: &events.Load{WorkerID: key, ActiveRequests: active}}}
+}
+
+func ev(e events.Event) step { return step{event: e} }
+
+func discover(steps ...step) *projections.Discovery {
+	d := projections.NewDiscovery()
+	var seq uint64
+	for _, s := range steps {
+		switch {
+		case s.lease != nil:
+			d.ApplyLease(*s.lease)
+		case s.load != nil:
+			d.ApplyLoad(*s.load)
+		default:
+			seq++
+			d.Apply(events.Envelope{ID: events.ID("w", seq), Source: "test", Event: s.event, Seq: seq})
+		}
+	}
+	return d
+}
+
+func TestDiscovery(t *testing.T) {
+	tests := []struct {
+		name         string
+		steps        []step
+		wantListed   []string // worker ids, sorted
+		wantRoutable []string // routable for model "m"
+	}{
+		{"lease put is routable", []step{put(1, lease("w1", "l1", "m"))}, []string{"w1"}, []string{"w1"}},
+		{"lease delete removes", []step{put(1, lease("w1", "l1", "m")), del(2, "w1")}, nil, nil},
+		{"delete of an unknown key", []step{del(1, "w9")}, nil, nil},
+		{"draining lease listed not routable", []step{put(1, func() *events.Lease { l := lease("w1", "l1", "m"); l.Draining = true; return l }())}, []string{"w1"}, nil},
+		{"draining event listed not routable", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerDraining{WorkerID: "w1", LeaseID: "l1"})}, []string{"w1"}, nil},
+		{"lost event listed not routable", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1"})}, []string{"w1"}, nil},
+		{"deregistered event listed not routable", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerDeregistered{WorkerID: "w1", LeaseID: "l1"})}, []string{"w1"}, nil},
+		{"event before lease put still ends it", []step{ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1"}), put(1, lease("w1", "l1", "m"))}, []string{"w1"}, nil},
+		{"lease renewal keeps an ended lease out", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerDraining{WorkerID: "w1", LeaseID: "l1"}), put(2, lease("w1", "l1", "m"))}, []string{"w1"}, nil},
+		{"event for an older lease ignored", []step{put(1, lease("w1", "l2", "m")), ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1"})}, []string{"w1"}, []string{"w1"}},
+		{"new lease after loss is routable", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1"}), put(2, lease("w1", "l2", "m"))}, []string{"w1"}, []string{"w1"}},
+		{"new lease after delete is routable", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1"}), del(2, "w1"), put(3, lease("w1", "l2", "m"))}, []string{"w1"}, []string{"w1"}},
+		{"stale lease revision ignored", []step{put(1, lease("w1", "l1", "m")), del(3, "w1"), put(2, lease("w1", "l1", "m"))}, nil, nil},
+		{"other models not routable for m", []step{put(1, lease("w2", "l2", "other")), put(2, lease("w1", "l1", "m"))}, []string{"w1", "w2"}, []string{"w1"}},
+		{"non-lifecycle event ignored", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerRegistered{WorkerID: "w1", LeaseID: "l1"})}, []string{"w1"}, []string{"w1"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := discover(tt.steps...)
+			if got := ids(d.Workers()); !slices.Equal(got, tt.wantListed) {
+				t.Errorf("got workers %v, want %v", got, tt.wantListed)
+			}
+			if got := ids(d.Routable("m")); !slices.Equal(got, tt.wantRoutable) {
+				t.Errorf("got routable %v, want %v", got, tt.wantRoutable)
+			}
+			for _, w := range d.Workers() {
+				if want := slices.Contains(tt.wantRoutable, w.ID); w.Model == "m" && w.Routable() != want {
+					t.Errorf("worker %s: got Routable() %v (state %s), want %v", w.ID, w.Routable(), w.State, want)
+				}
+			}
+		})
+	}
+}
+
+func ids(ws []projections.Worker) []string {
+	var out []string
+	for _, w := range ws {
+		out = append(out, w.ID)
+	}
+	return out
+}
+
+func TestDiscoveryLoad(t *testing.T) {
+	tests := []struct {
+		name  string
+		steps []step
+		want  int // active requests on w1
+	}{
+		{"load after lease", []step{put(1, lease("w1", "l1", "m")), load("w1", 3)}, 3},
+		{"load before lease", []step{load("w1", 2), put(1, lease("w1", "l1", "m"))}, 2},
+		{"latest load wins", []step{put(1, lease("w1", "l1", "m")), load("w1", 3), load("w1", 5)}, 5},
+		{"load survives lease renewal", []step{put(1, lease("w1", "l1", "m")), load("w1", 4), put(2, lease("w1", "l1", "m"))}, 4},
+		{"other worker's load", []step{put(1, lease("w1", "l1", "m")), load("w2", 9)}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w, ok := discover(tt.steps...).Get("w1")
+			if !ok {
+				t.Fatal("w1 not found")
+			}
+			if got := w.Load.ActiveRequests; got != tt.want {
+				t.Errorf("got active requests %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDiscoveryWorkerFields(t *testing.T) {
+	l := lease("w1", "l1", "m")
+	l.ClientID, l.Server = 12, "srv"
+	d := discover(put(7, l), load("w1", 1))
+	got, ok := d.Get("w1")
+	want := projections.Worker{ID: "w1", LeaseID: "l1", Model: "m", State: projections.WorkerReady, PID: 7, Host: "h",
+		LeaseTTL: "3s", LeaseRevision: 7, ClientID: 12, Server: "srv", Load: events.Load{WorkerID: "w1", ActiveRequests: 1}}
+	if !ok || !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v %v, want %+v", got, ok, want)
+	}
+	got.State = projections.WorkerDraining
+	if w, _ := d.Get("w1"); !w.Routable() {
+		t.Error("Get returned an alias: editing the copy changed the view")
+	}
+	if _, ok := d.Get("w9"); ok {
+		t.Error("got unknown worker w9, want none")
+	}
+}
+
+func TestDiscoveryModels(t *testing.T) {
+	draining := lease("w3", "l3", "c")
+	draining.Draining = true
+	d := discover(put(1, lease("w2", "l2", "b")), put(2, lease("w1", "l1", "a")), put(3, lease("w4", "l4", "a")), put(4, draining))
+	if got, want := d.Models(), []string{"a", "b", "c"}; !slices.Equal(got, want) {
+		t.Errorf("got models %v, want %v", got, want)
+	}
+	if got, want := ids(d.Routable("a")), []string{"w1", "w4"}; !slices.Equal(got, want) {
+		t.Errorf("got routable a %v, want %v", got, want)
+	}
+	if got := d.Routable("c"); len(got) != 0 {
+		t.Errorf("got routable c %v, want none (draining)", ids(got))
+	}
+	if got := d.Routable("z"); len(got) != 0 {
+		t.Errorf("got routable z %v, want none", ids(got))
+	}
+	if got := projections.NewDiscovery().Models(); len(got) != 0 {
+		t.Errorf("empty view: got models %v, want none", got)
+	}
+}
+
+func TestDiscoveryApplyIdempotent(t *testing.T) {
+	d := discover(put(1, lease("w1", "l1", "m")))
+	lost := events.Envelope{ID: "x", Source: "test", Seq: 5, Event: events.WorkerLost{WorkerID: "w1", LeaseID: "l1"}}
+	if !d.Apply(lost) {
+		t.Fatal("first apply: got unchanged, want changed")
+	}
+	// A new lease, then a replay of the old event: the replay is skipped.
+	d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 2, Lease: lease("w1", "l1", "m")})
+	d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 3, Lease: lease("w1", "l2", "m")})
+	if d.Apply(lost) {
+		t.Error("replayed event: got changed, want unchanged")
+	}
+	older := lost
+	older.Seq = 4
+	older.Event = events.WorkerDraining{WorkerID: "w1", LeaseID: "l2"}
+	if d.Apply(older) {
+		t.Error("older event: got changed, want unchanged")
+	}
+	if w, _ := d.Get("w1"); !w.Routable() {
+		t.Errorf("got state %s, want ready", w.State)
+	}
+	if d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 3, Lease: lease("w1", "l3", "m")}) {
+		t.Error("replayed lease revision: got changed, want unchanged")
+	}
+}

@@ -1,0 +1,391 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
+	"github.com/google/uuid"
+)
+
+// Headers of the API.
+const (
+	headerRequestID   = "X-Request-Id"
+	headerParentID    = "X-Parent-Request-Id"
+	headerWorkerID    = "X-Worker-Id"
+	headerResumable   = "X-Resumable"
+	headerLastEventID = "Last-Event-ID"
+)
+
+const busyMessage = "Service temporarily unavailable: All workers are busy, please retry later"
+
+func endpointOf(r *http.Request) string {
+	if strings.HasSuffix(r.URL.Path, "/chat/completions") {
+		return events.EndpointChat
+	}
+	return events.EndpointCompletions
+}
+
+// handleCompletion serves POST /v1/chat/completions and /v1/completions.
+func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	endpoint := endpointOf(r)
+	id := r.Header.Get(headerRequestID)
+	clientID := id != ""
+	if !clientID {
+		id = uuid.NewString()
+	}
+	w.Header().Set(headerRequestID, id)
+	if clientID && !streams.ValidID(id) {
+		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
+		return
+	}
+	if fe.isDraining() {
+		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "draining", "Service temporarily unavailable: this frontend is shutting down, please retry")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, fe.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes))
+			return
+		}
+		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
+		return
+	}
+	p, apiErr := fe.parseRequest(endpoint, body)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	from, apiErr := parseOffset(r)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	if clientID {
+		// Idempotent retry: a known id attaches to the existing request.
+		if t, err := fe.attach(r.Context(), id); err == nil {
+			fe.serveExisting(w, r, t, from, p.stream)
+			return
+		} else if !errors.Is(err, streams.ErrNotFound) {
+			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+			return
+		}
+	}
+	promptTokens := engine.CountTokens(p.prompt)
+	if promptTokens > fe.cfg.MaxPromptTokens {
+		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
+			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens))
+		return
+	}
+	pinned := r.Header.Get(headerWorkerID)
+	if apiErr := fe.admit(p.model, endpoint, pinned); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	parent := r.Header.Get(headerParentID)
+	if parent != "" && !streams.ValidID(parent) {
+		writeAPIError(w, badRequest("invalid_parent_id", "%s must be a request id", headerParentID))
+		return
+	}
+	acc := events.RequestAccepted{
+		RequestID: id, Model: p.model, Endpoint: endpoint, Messages: p.messages, Prompt: p.prompt,
+		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
+		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
+		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
+	}
+	t, err := fe.start(r.Context(), acc)
+	if errors.Is(err, errExists) {
+		if t, err = fe.attach(r.Context(), id); err == nil {
+			fe.serveExisting(w, r, t, from, p.stream)
+			return
+		}
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", fmt.Sprintf("could not record the request: %v", err))
+		return
+	}
+	defer fe.release(t)
+	fe.metrics.active.WithLabelValues(p.model).Inc()
+	defer fe.metrics.active.WithLabelValues(p.model).Dec()
+
+	// Wait until the first dispatch settles, so that "no worker" is still a
+	// plain 503 rather than a broken stream.
+	select {
+	case <-t.dispatched:
+	case <-r.Context().Done():
+	}
+	out := fe.respond(w, r, t, 0, p.stream, start)
+	fe.countRequest(p.model, endpoint, p.stream, out)
+}
+
+// admit checks that the model is served and that some worker can take the
+// request, before anything is written to the log.
+func (fe *Frontend) admit(model, endpoint, pinned string) *apiError {
+	var known, routable bool
+	var pinnedWorker projections.Worker
+	var pinnedOK bool
+	var cands []projections.Worker
+	fe.disc.read(func(v *projections.Discovery) {
+		for _, w := range v.Workers() {
+			if w.Model == model {
+				known = true
+			}
+		}
+		cands = v.Routable(model)
+		routable = len(cands) > 0
+		if pinned != "" {
+			pinnedWorker, pinnedOK = v.Get(pinned)
+		}
+	})
+	if !known {
+		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
+			message: fmt.Sprintf("The model '%s' does not exist or no worker serves it", model)}
+	}
+	if pinned != "" {
+		if !pinnedOK || pinnedWorker.Model != model {
+			return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found",
+				message: fmt.Sprintf("worker '%s' (%s) is not in discovery for model '%s'", pinned, headerWorkerID, model)}
+		}
+		return nil
+	}
+	if !routable {
+		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "no_workers",
+			message: fmt.Sprintf("Service temporarily unavailable: no worker is ready for model '%s', please retry later", model)}
+	}
+	if _, err := fe.router.pick(cands, nil); errors.Is(err, errAllBusy) {
+		fe.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "all_workers_busy", message: busyMessage}
+	}
+	return nil
+}
+
+// parseOffset reads the client's resume point: Last-Event-ID or ?starting_after.
+func parseOffset(r *http.Request) (int, *apiError) {
+	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
+	if q := r.URL.Query().Get("starting_after"); q != "" {
+		name, v = "starting_after", q
+	}
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil {
+		return 0, badRequest("invalid_offset", "%s must be a token offset (a whole number), got %q", name, v)
+	}
+	if n < 0 {
+		return 0, badRequest("invalid_offset", "%s must not be negative, got %d", name, n)
+	}
+	return n, nil
+}
+
+// serveExisting answers a retry or resume of a request already in the log.
+func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tracked, from int, stream bool) {
+	defer fe.release(t)
+	var model string
+	var n int
+	var terminal bool
+	t.f.view(func(p *projections.Request) { model, n, terminal = p.Accepted.Model, p.Len(), p.Status.Terminal() })
+	w.Header().Set(headerRequestID, t.id)
+	if from > n && terminal {
+		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens)", from, t.id, n))
+		return
+	}
+	fe.metrics.resumes.WithLabelValues(model).Inc()
+	fe.respond(w, r, t, from, stream, time.Now())
+}
+
+// handleResume serves GET /v1/requests/{id}/stream.
+func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	w.Header().Set(headerRequestID, id)
+	if !streams.ValidID(id) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found", fmt.Sprintf("no request %q", id))
+		return
+	}
+	from, apiErr := parseOffset(r)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	t, err := fe.attach(r.Context(), id)
+	if errors.Is(err, streams.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
+			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		return
+	}
+	var n int
+	t.f.view(func(p *projections.Request) { n = p.Len() })
+	if from > n {
+		fe.release(t)
+		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens so far)", from, id, n))
+		return
+	}
+	fe.serveExisting(w, r, t, from, true)
+}
+
+// handleRequest serves GET /v1/requests/{id}: the request's state from the log.
+func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	w.Header().Set(headerRequestID, id)
+	if !streams.ValidID(id) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found", fmt.Sprintf("no request %q", id))
+		return
+	}
+	t, err := fe.attach(r.Context(), id)
+	if errors.Is(err, streams.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
+			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		return
+	}
+	defer fe.release(t)
+	var state RequestState
+	t.f.view(func(p *projections.Request) { state = stateOf(p) })
+	writeJSON(w, http.StatusOK, state)
+}
+
+// RequestState is the JSON of GET /v1/requests/{id}.
+type RequestState struct {
+	ID              string                  `json:"id"`
+	Object          string                  `json:"object"`
+	Status          string                  `json:"status"`
+	Model           string                  `json:"model"`
+	Endpoint        string                  `json:"endpoint"`
+	Created         int64                   `json:"created"`
+	Worker          string                  `json:"worker,omitempty"`
+	Owner           string                  `json:"owner"`
+	PromptTokens    int                     `json:"prompt_tokens"`
+	MaxTokens       int                     `json:"max_tokens"`
+	TokensGenerated int                     `json:"tokens_generated"`
+	FinishReason    string                  `json:"finish_reason,omitempty"`
+	Attempts        []projections.Attempt   `json:"attempts"`
+	Migrations      []projections.Migration `json:"migrations"`
+	ParentID        string                  `json:"parent_id,omitempty"`
+	Error           map[string]any          `json:"error,omitempty"`
+}
+
+func stateOf(p *projections.Request) RequestState {
+	s := RequestState{
+		ID: p.Accepted.RequestID, Object: "request", Status: string(p.Status), Model: p.Accepted.Model,
+		Endpoint: p.Accepted.Endpoint, Created: p.Accepted.Created, Owner: p.Owner,
+		PromptTokens: p.Accepted.PromptTokens, MaxTokens: p.Accepted.MaxTokens, TokensGenerated: p.Len(),
+		FinishReason: p.FinishReason, Attempts: append([]projections.Attempt{}, p.Attempts...),
+		Migrations: append([]projections.Migration{}, p.Migrations...), ParentID: p.Accepted.ParentID,
+	}
+	if c, ok := p.Current(); ok {
+		s.Worker = c.WorkerID
+	}
+	if f := p.Failure; f != nil {
+		s.Error = errorBody("server_error", f.Code, f.Message)
+	}
+	return s
+}
+
+// handleModels serves GET /v1/models.
+func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
+	var models []string
+	fe.disc.read(func(v *projections.Discovery) { models = v.Models() })
+	data := make([]map[string]any, 0, len(models))
+	for _, m := range models {
+		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "baton"})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// handleWorkers serves GET /v1/workers: the discovery view.
+func (fe *Frontend) handleWorkers(w http.ResponseWriter, r *http.Request) {
+	var ws []projections.Worker
+	fe.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": ws})
+}
+
+// handleLive serves GET /live.
+func (fe *Frontend) handleLive(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"status": "live"})
+}
+
+// handleHealth serves GET /health: healthy while connected, not draining, and
+// at least one worker is routable.
+func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
+	var ws []projections.Worker
+	fe.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	instances := make([]map[string]any, 0, len(ws))
+	routable := 0
+	for _, wk := range ws {
+		if wk.Routable() {
+			routable++
+		}
+		instances = append(instances, map[string]any{"worker_id": wk.ID, "model": wk.Model, "state": wk.State})
+	}
+	reason := ""
+	switch {
+	case fe.isDraining():
+		reason = "draining"
+	case !fe.nc.IsConnected():
+		reason = "nats_disconnected"
+	case routable == 0:
+		reason = "no_routable_workers"
+	}
+	if reason != "" {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not_ready", "reason": reason, "instances": instances})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "healthy", "instances": instances})
+}
+
+func (fe *Frontend) countRequest(model, endpoint string, stream bool, ok bool) {
+	status := "success"
+	if !ok {
+		status = "error"
+	}
+	fe.metrics.requests.WithLabelValues(model, endpoint, requestType(stream), status).Inc()
+}
+
+func requestType(stream bool) string {
+	if stream {
+		return "stream"
+	}
+	return "unary"
+}
+
+// onClientGone handles a client that left before its response ended: a
+// non-resumable request is cancelled (kill); a resumable one keeps generating.
+func (fe *Frontend) onClientGone(t *tracked) {
+	fe.metrics.disconnected.Inc()
+	var resumable, terminal bool
+	var model, endpoint string
+	var stream bool
+	t.f.view(func(p *projections.Request) {
+		resumable, terminal = p.Accepted.Resumable, p.Status.Terminal()
+		model, endpoint, stream = p.Accepted.Model, p.Accepted.Endpoint, p.Accepted.Stream
+	})
+	if resumable || terminal {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(fe.ctx), streams.DefaultTimeout)
+	defer cancel()
+	if err := fe.cancel(ctx, t.id, events.CancelKill, "client_disconnected"); err != nil {
+		fe.log.Warn("cancel after client disconnect", "request_id", t.id, "err", err)
+		return
+	}
+	fe.metrics.cancellations.WithLabelValues(model, endpoint, requestType(stream)).Inc()
+}

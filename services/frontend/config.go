@@ -1,0 +1,148 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/baton-dev/baton/streams"
+)
+
+// Config configures a frontend. Zero values mean the documented defaults
+// (CONTRACT.md); flags and DYN_* environment variables map onto it in cmd/baton.
+type Config struct {
+	// ID names this replica in events (owner, source); default "fe-" + random.
+	ID string
+	// HTTPAddr is the listen address of the API; default ":8000".
+	HTTPAddr string
+
+	// MigrationLimit is how many times one request may be re-dispatched; 0
+	// disables migration (DYN_MIGRATION_LIMIT).
+	MigrationLimit int
+	// MigrationMaxSeqLen disables migration for a request once prompt +
+	// generated tokens strictly exceed it; 0 means unset
+	// (DYN_MIGRATION_MAX_SEQ_LEN).
+	MigrationMaxSeqLen int
+	// InhibitedDuration is how long a worker that failed on the request path
+	// leaves this frontend's routing set (DYN_RUNTIME_INHIBITED_DURATION_SECS,
+	// default 5s; negative disables).
+	InhibitedDuration time.Duration
+	// ActiveDecodeBlocksThreshold marks a worker busy when used / total KV
+	// blocks exceeds it (0..1); nil means unset.
+	ActiveDecodeBlocksThreshold *float64
+	// ActivePrefillTokensThreshold marks a worker busy when its queued prefill
+	// tokens exceed it; nil means unset.
+	ActivePrefillTokensThreshold *int
+
+	// StallTimeout treats an in-flight request whose worker produces nothing
+	// for this long as a worker failure; default 30s.
+	StallTimeout time.Duration
+	// DetachTimeout is how long a request with no attached client keeps
+	// generating before it is cancelled; default 120s.
+	DetachTimeout time.Duration
+	// ShutdownTimeout is how long open streams may continue after SIGTERM;
+	// default 5s (DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS).
+	ShutdownTimeout time.Duration
+	// DispatchTimeout bounds a worker's answer to a dispatch; default 2s.
+	DispatchTimeout time.Duration
+
+	// DefaultMaxTokens is max_tokens when a request does not set it; default 64.
+	DefaultMaxTokens int
+	// MaxTokensLimit is the largest max_tokens accepted; default 32768.
+	MaxTokensLimit int
+	// MaxPromptTokens is the largest prompt, in whitespace-separated words,
+	// accepted (413 beyond); default 32768.
+	MaxPromptTokens int
+	// MaxBodyBytes is the largest request body accepted (413 beyond); default 1 MiB.
+	MaxBodyBytes int64
+
+	// SystemURL, if set, is a NATS URL with system-account credentials used to
+	// receive disconnect advisories (the fast path for worker crashes).
+	SystemURL string
+
+	// Streams sets provisioning and retention of the log.
+	Streams streams.Config
+}
+
+// Defaults of Config.
+const (
+	DefaultHTTPAddr          = ":8000"
+	DefaultInhibitedDuration = 5 * time.Second
+	DefaultStallTimeout      = 30 * time.Second
+	DefaultDetachTimeout     = 120 * time.Second
+	DefaultShutdownTimeout   = 5 * time.Second
+	DefaultDispatchTimeout   = 2 * time.Second
+	DefaultMaxTokens         = 64
+	DefaultMaxTokensLimit    = 32768
+	DefaultMaxPromptTokens   = 32768
+	DefaultMaxBodyBytes      = 1 << 20
+)
+
+func (c Config) withDefaults() Config {
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = DefaultHTTPAddr
+	}
+	if c.InhibitedDuration == 0 {
+		c.InhibitedDuration = DefaultInhibitedDuration
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = DefaultStallTimeout
+	}
+	if c.DetachTimeout == 0 {
+		c.DetachTimeout = DefaultDetachTimeout
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.DispatchTimeout == 0 {
+		c.DispatchTimeout = DefaultDispatchTimeout
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if c.MaxTokensLimit == 0 {
+		c.MaxTokensLimit = DefaultMaxTokensLimit
+	}
+	if c.MaxPromptTokens == 0 {
+		c.MaxPromptTokens = DefaultMaxPromptTokens
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return c
+}
+
+// Validate reports every problem with c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ID != "" && !streams.ValidID(c.ID) {
+		errs = append(errs, fmt.Errorf("frontend id %q: want letters, digits, '-' or '_'", c.ID))
+	}
+	if c.MigrationLimit < 0 {
+		errs = append(errs, fmt.Errorf("migration limit %d: must not be negative", c.MigrationLimit))
+	}
+	if c.MigrationMaxSeqLen < 0 {
+		errs = append(errs, fmt.Errorf("migration max seq len %d: must not be negative", c.MigrationMaxSeqLen))
+	}
+	if t := c.ActiveDecodeBlocksThreshold; t != nil && (*t < 0 || *t > 1) {
+		errs = append(errs, fmt.Errorf("active decode blocks threshold %v: want 0 to 1", *t))
+	}
+	if t := c.ActivePrefillTokensThreshold; t != nil && *t < 0 {
+		errs = append(errs, fmt.Errorf("active prefill tokens threshold %d: must not be negative", *t))
+	}
+	for name, d := range map[string]time.Duration{
+		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout,
+		"shutdown timeout": c.ShutdownTimeout, "dispatch timeout": c.DispatchTimeout,
+	} {
+		if d < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must not be negative", name, d))
+		}
+	}
+	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 {
+		errs = append(errs, errors.New("size limits must not be negative"))
+	}
+	if err := c.Streams.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,194 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// discovery keeps a projections.Discovery current from the leases and load
+// buckets and the workers stream, and tells waiters when it changes.
+type discovery struct {
+	log     *slog.Logger
+	leases  jetstream.KeyValue
+	changed *signal
+
+	mu    sync.Mutex
+	view  *projections.Discovery
+	ready bool // the initial state of the leases bucket has been applied
+}
+
+func newDiscovery(log *slog.Logger) *discovery {
+	return &discovery{log: log, changed: newSignal(), view: projections.NewDiscovery()}
+}
+
+// run watches until ctx is done. It returns once the initial lease state is
+// loaded (ready) and keeps watching in the background goroutines it starts on wg.
+func (d *discovery) start(ctx context.Context, js jetstream.JetStream, wg *sync.WaitGroup) error {
+	leases, err := js.KeyValue(ctx, streams.LeasesBucket)
+	if err != nil {
+		return fmt.Errorf("open bucket %s: %w", streams.LeasesBucket, err)
+	}
+	d.leases = leases
+	load, err := js.KeyValue(ctx, streams.LoadBucket)
+	if err != nil {
+		return fmt.Errorf("open bucket %s: %w", streams.LoadBucket, err)
+	}
+	lw, err := leases.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", streams.LeasesBucket, err)
+	}
+	ldw, err := load.WatchAll(ctx)
+	if err != nil {
+		lw.Stop()
+		return fmt.Errorf("watch %s: %w", streams.LoadBucket, err)
+	}
+	cons, err := js.OrderedConsumer(ctx, streams.WorkersStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		lw.Stop()
+		ldw.Stop()
+		return fmt.Errorf("follow %s: %w", streams.WorkersStream, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		e, err := events.Unmarshal(events.Header(m.Headers()), m.Data())
+		if err != nil {
+			return
+		}
+		if md, err := m.Metadata(); err == nil {
+			e.Seq = md.Sequence.Stream
+		}
+		d.update(func(v *projections.Discovery) bool { return v.Apply(e) })
+	})
+	if err != nil {
+		lw.Stop()
+		ldw.Stop()
+		return fmt.Errorf("follow %s: %w", streams.WorkersStream, err)
+	}
+
+	initial := make(chan struct{})
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		defer lw.Stop()
+		d.watchLeases(ctx, lw, initial)
+	}()
+	go func() {
+		defer wg.Done()
+		defer ldw.Stop()
+		d.watchLoad(ctx, ldw)
+	}()
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		cc.Stop()
+	}()
+	select {
+	case <-initial:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (d *discovery) watchLeases(ctx context.Context, w jetstream.KeyWatcher, initial chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case entry, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if entry == nil { // end of the initial values
+				d.mu.Lock()
+				d.ready = true
+				d.mu.Unlock()
+				close(initial)
+				d.changed.Notify()
+				continue
+			}
+			u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision()}
+			if entry.Operation() == jetstream.KeyValuePut {
+				var l events.Lease
+				if err := json.Unmarshal(entry.Value(), &l); err != nil {
+					d.log.Warn("skip malformed lease", "worker_id", entry.Key(), "err", err)
+					continue
+				}
+				u.Lease = &l
+			}
+			d.update(func(v *projections.Discovery) bool { return v.ApplyLease(u) })
+		}
+	}
+}
+
+func (d *discovery) watchLoad(ctx context.Context, w jetstream.KeyWatcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case entry, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if entry == nil {
+				continue
+			}
+			u := projections.LoadUpdate{Key: entry.Key(), Revision: entry.Revision()}
+			if entry.Operation() == jetstream.KeyValuePut {
+				var l events.Load
+				if err := json.Unmarshal(entry.Value(), &l); err != nil {
+					continue
+				}
+				u.Load = &l
+			}
+			d.update(func(v *projections.Discovery) bool { return v.ApplyLoad(u) })
+		}
+	}
+}
+
+func (d *discovery) update(f func(*projections.Discovery) bool) {
+	d.mu.Lock()
+	changed := f(d.view)
+	d.mu.Unlock()
+	if changed {
+		d.changed.Notify()
+	}
+}
+
+// read runs f on the view under the lock; f must not keep references.
+func (d *discovery) read(f func(*projections.Discovery)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	f(d.view)
+}
+
+// get returns a copy of worker id.
+func (d *discovery) get(id string) (projections.Worker, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.view.Get(id)
+}
+
+// revoke deletes a worker's lease key if it still holds the given revision, so
+// every watcher sees the worker go at once (the crash fast path).
+func (d *discovery) revoke(ctx context.Context, w projections.Worker) error {
+	err := d.leases.Delete(ctx, w.ID, jetstream.LastRevision(w.LeaseRevision))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return nil // the lease moved on (renewed by a live worker, or gone)
+		}
+		return fmt.Errorf("revoke lease of %s: %w", w.ID, err)
+	}
+	return nil
+}

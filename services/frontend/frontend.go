@@ -1,0 +1,193 @@
+// Package frontend is baton's OpenAI-compatible HTTP API. It accepts requests
+// into the log, routes and dispatches them to workers, streams their tokens
+// from the log to clients, and migrates them when a worker fails.
+//
+// A frontend is stateless apart from caches rebuilt from the log: the
+// discovery view, and one follower per request it serves.
+package frontend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/migrations"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Frontend serves the HTTP API. Create it with New and run it with Run.
+type Frontend struct {
+	id       string
+	cfg      Config
+	log      *slog.Logger
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	events   *streams.Log
+	metrics  *metrics
+	gatherer prometheus.Gatherer
+	disc     *discovery
+	router   *router
+	policy   migrations.Policy
+
+	ctx      context.Context // the frontend's lifetime, set by Run
+	wg       sync.WaitGroup  // supervisors and watchers
+	draining chan struct{}   // closed when shutdown starts
+	listener net.Listener
+
+	mu       sync.Mutex
+	requests map[string]*tracked
+}
+
+// New builds a frontend on connection nc. reg receives its metrics; if it is
+// also a prometheus.Gatherer, /metrics serves it.
+func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Frontend, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("frontend: config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if cfg.ID == "" {
+		cfg.ID = "fe-" + randomHex(4)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("frontend_id", cfg.ID)
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: metrics: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: jetstream: %w", err)
+	}
+	fe := &Frontend{
+		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js,
+		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
+		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
+		policy:   migrations.Policy{Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen},
+		draining: make(chan struct{}), requests: map[string]*tracked{},
+	}
+	if g, ok := reg.(prometheus.Gatherer); ok {
+		fe.gatherer = g
+	} else {
+		fe.gatherer = prometheus.DefaultGatherer
+	}
+	return fe, nil
+}
+
+// ID is this replica's name.
+func (fe *Frontend) ID() string { return fe.id }
+
+// Listen binds the HTTP address now (so callers learn the port before Run);
+// Run calls it if it was not called.
+func (fe *Frontend) Listen() (net.Addr, error) {
+	if fe.listener != nil {
+		return fe.listener.Addr(), nil
+	}
+	l, err := net.Listen("tcp", fe.cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
+	}
+	fe.listener = l
+	return l.Addr(), nil
+}
+
+// Run serves until ctx is done, then shuts down within the configured budget
+// and returns nil. A non-nil error means the frontend cannot do its job.
+func (fe *Frontend) Run(ctx context.Context) error {
+	if _, err := fe.Listen(); err != nil {
+		return err
+	}
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRun()
+	fe.ctx = runCtx
+
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
+	if err == nil {
+		err = fe.disc.start(pctx, fe.js, &fe.wg)
+	}
+	cancel()
+	if err != nil {
+		fe.listener.Close()
+		cancelRun()
+		fe.wg.Wait()
+		return fmt.Errorf("frontend: start: %w", err)
+	}
+
+	srv := &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(fe.listener) }()
+	fe.log.Info("frontend serving", "addr", fe.listener.Addr().String())
+
+	select {
+	case err := <-serveErr:
+		cancelRun()
+		fe.wg.Wait()
+		return fmt.Errorf("frontend: serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	// Shutdown order: (1) turn /health to 503 and refuse new requests; (2) let
+	// open streams run for the graceful budget; (3) close what is left (their
+	// requests keep generating in the log and stay resumable elsewhere);
+	// (4) stop supervisors and watchers.
+	close(fe.draining)
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
+	defer scancel()
+	err = srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
+	cancelRun()
+	fe.wg.Wait()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("frontend: shutdown: %w", err)
+	}
+	fe.log.Info("frontend stopped")
+	return nil
+}
+
+// Handler returns the HTTP API.
+func (fe *Frontend) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", fe.handleCompletion)
+	mux.HandleFunc("POST /v1/completions", fe.handleCompletion)
+	mux.HandleFunc("GET /v1/models", fe.handleModels)
+	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
+	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
+	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.handleResume)
+	mux.HandleFunc("GET /health", fe.handleHealth)
+	mux.HandleFunc("GET /live", fe.handleLive)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+func (fe *Frontend) isDraining() bool {
+	select {
+	case <-fe.draining:
+		return true
+	default:
+		return false
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,237 @@
+package frontend
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/baton-dev/baton/events"
+)
+
+// apiError is an error answered with OpenAI's error shape.
+type apiError struct {
+	status  int
+	typ     string
+	code    string
+	message string
+}
+
+func (e *apiError) Error() string { return e.message }
+
+func badRequest(code, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", code: code, message: fmt.Sprintf(format, args...)}
+}
+
+// writeError answers with {"error":{"message","type","code"}}.
+func writeError(w http.ResponseWriter, status int, typ, code, message string) {
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, map[string]any{"error": errorBody(typ, code, message)})
+}
+
+func errorBody(typ, code, message string) map[string]any {
+	return map[string]any{"message": message, "type": typ, "code": code}
+}
+
+func writeAPIError(w http.ResponseWriter, e *apiError) {
+	writeError(w, e.status, e.typ, e.code, e.message)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// completionRequest is the subset of OpenAI's chat completion and completion
+// requests that baton reads; other fields are accepted and ignored.
+type completionRequest struct {
+	Model               *string         `json:"model"`
+	Messages            json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              *bool           `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage *bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N *int `json:"n"`
+}
+
+// parsed is a validated request.
+type parsed struct {
+	model        string
+	messages     []events.Message
+	prompt       string
+	maxTokens    int
+	stream       bool
+	includeUsage bool
+}
+
+// parseRequest decodes and validates a request body for endpoint.
+func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiError) {
+	var req completionRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return parsed{}, badRequest("invalid_type", "invalid type for '%s': expected %s, got %s", typeErr.Field, jsonKind(typeErr.Type.String()), typeErr.Value)
+		}
+		return parsed{}, badRequest("invalid_json", "request body is not valid JSON: %v", err)
+	}
+	if dec.More() {
+		return parsed{}, badRequest("invalid_json", "request body has data after the JSON object")
+	}
+	var p parsed
+	if req.Model == nil || *req.Model == "" {
+		return p, badRequest("missing_model", "'model' is required")
+	}
+	p.model = *req.Model
+	switch endpoint {
+	case events.EndpointChat:
+		msgs, err := parseMessages(req.Messages)
+		if err != nil {
+			return p, err
+		}
+		p.messages = msgs
+		p.prompt = renderChat(msgs)
+	default:
+		prompt, err := parsePrompt(req.Prompt)
+		if err != nil {
+			return p, err
+		}
+		p.prompt = prompt
+	}
+	p.maxTokens = fe.cfg.DefaultMaxTokens
+	for _, mt := range []struct {
+		name string
+		v    *int
+	}{{"max_tokens", req.MaxTokens}, {"max_completion_tokens", req.MaxCompletionTokens}} {
+		if mt.v == nil {
+			continue
+		}
+		if *mt.v < 1 {
+			return p, badRequest("invalid_value", "'%s' must be at least 1, got %d", mt.name, *mt.v)
+		}
+		if *mt.v > fe.cfg.MaxTokensLimit {
+			return p, badRequest("invalid_value", "'%s' is %d, more than the limit %d", mt.name, *mt.v, fe.cfg.MaxTokensLimit)
+		}
+		p.maxTokens = *mt.v
+	}
+	if req.N != nil && *req.N != 1 {
+		return p, badRequest("unsupported_value", "'n' must be 1 (got %d): one choice per request is supported", *req.N)
+	}
+	p.stream = req.Stream != nil && *req.Stream
+	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil {
+		p.includeUsage = *req.StreamOptions.IncludeUsage
+	}
+	return p, nil
+}
+
+func jsonKind(goType string) string {
+	switch {
+	case strings.Contains(goType, "int"), strings.Contains(goType, "float"):
+		return "a number"
+	case strings.Contains(goType, "bool"):
+		return "a boolean"
+	case strings.Contains(goType, "string"):
+		return "a string"
+	}
+	return goType
+}
+
+func parseMessages(raw json.RawMessage) ([]events.Message, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, badRequest("missing_messages", "'messages' is required")
+	}
+	var items []struct {
+		Role    *string         `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, badRequest("invalid_type", "'messages' must be an array of {role, content} objects")
+	}
+	if len(items) == 0 {
+		return nil, badRequest("invalid_value", "'messages' must not be empty")
+	}
+	out := make([]events.Message, 0, len(items))
+	for i, m := range items {
+		if m.Role == nil || *m.Role == "" {
+			return nil, badRequest("invalid_value", "'messages[%d].role' is required", i)
+		}
+		switch *m.Role {
+		case "system", "developer", "user", "assistant", "tool":
+		default:
+			return nil, badRequest("invalid_value", "'messages[%d].role' %q is not one of system, developer, user, assistant, tool", i, *m.Role)
+		}
+		content, err := parseContent(m.Content)
+		if err != nil {
+			return nil, badRequest("invalid_type", "'messages[%d].content': %v", i, err)
+		}
+		out = append(out, events.Message{Role: *m.Role, Content: content})
+	}
+	return out, nil
+}
+
+// parseContent accepts a string, null, or an array of text parts.
+func parseContent(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("must be a string or an array of text parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type != "text" {
+			return "", fmt.Errorf("content part type %q is not supported (only text)", p.Type)
+		}
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+// renderChat is the prompt text the engine sees for a chat: one
+// "role: content" line per message.
+func renderChat(msgs []events.Message) string {
+	var b strings.Builder
+	for i, m := range msgs {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(m.Role)
+		b.WriteString(": ")
+		b.WriteString(m.Content)
+	}
+	return b.String()
+}
+
+func parsePrompt(raw json.RawMessage) (string, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", badRequest("missing_prompt", "'prompt' is required")
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var list []string
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return "", badRequest("invalid_type", "'prompt' must be a string or an array of one string")
+	}
+	if len(list) != 1 {
+		return "", badRequest("unsupported_value", "'prompt' must hold exactly one string (got %d): batched prompts are not supported", len(list))
+	}
+	return list[0], nil
+}

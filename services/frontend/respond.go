@@ -1,0 +1,246 @@
+package frontend
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+)
+
+// snapshot is what a client stream needs from the projection at one moment.
+type snapshot struct {
+	acc          events.RequestAccepted
+	tokens       []string // from the client's offset on
+	total        int
+	status       projections.Status
+	finishReason string
+	failure      *events.RequestFailed
+	cancel       *events.RequestCancelled
+}
+
+func (t *tracked) snapshot(from int) snapshot {
+	var s snapshot
+	t.f.view(func(p *projections.Request) {
+		s = snapshot{
+			acc: p.Accepted, tokens: p.Tokens(from), total: p.Len(), status: p.Status,
+			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
+		}
+	})
+	return s
+}
+
+// respond writes request t to the client from token offset from, streaming
+// (SSE) or not, and reports whether it ended in success.
+func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, t *tracked, from int, stream bool, start time.Time) bool {
+	if stream {
+		return fe.stream(w, r, t, from, start)
+	}
+	for {
+		ch := t.f.changed.C()
+		s := t.snapshot(0)
+		if s.status.Terminal() {
+			return fe.writeUnary(w, s)
+		}
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			fe.onClientGone(t)
+			return false
+		}
+	}
+}
+
+func (fe *Frontend) writeUnary(w http.ResponseWriter, s snapshot) bool {
+	switch s.status {
+	case projections.StatusFailed:
+		status := s.failure.Status
+		if status == 0 {
+			status = http.StatusInternalServerError
+		}
+		typ := "server_error"
+		if status == http.StatusServiceUnavailable {
+			typ = "service_unavailable"
+		}
+		writeError(w, status, typ, s.failure.Code, s.failure.Message)
+		return false
+	case projections.StatusCancelled:
+		writeError(w, 499, "cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
+		return false
+	}
+	text := strings.Join(s.tokens, "")
+	usage := usageOf(s)
+	var body map[string]any
+	if s.acc.Endpoint == events.EndpointChat {
+		body = map[string]any{
+			"id": "chatcmpl-" + s.acc.RequestID, "object": "chat.completion", "created": s.acc.Created, "model": s.acc.Model,
+			"choices": []map[string]any{{
+				"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": s.finishReason,
+			}},
+			"usage": usage,
+		}
+	} else {
+		body = map[string]any{
+			"id": "cmpl-" + s.acc.RequestID, "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model,
+			"choices": []map[string]any{{"index": 0, "text": text, "logprobs": nil, "finish_reason": s.finishReason}},
+			"usage":   usage,
+		}
+	}
+	writeJSON(w, http.StatusOK, body)
+	return true
+}
+
+func usageOf(s snapshot) map[string]any {
+	return map[string]any{
+		"prompt_tokens": s.acc.PromptTokens, "completion_tokens": s.total, "total_tokens": s.acc.PromptTokens + s.total,
+	}
+}
+
+// stream writes request t as server-sent events from token offset from. Every
+// event's id is the token offset after it, so a client that reconnects with
+// Last-Event-ID resumes exactly where it stopped. The stream ends with
+// [DONE] only on success; a failure ends with an error event.
+func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, from int, start time.Time) bool {
+	flusher, _ := w.(http.Flusher)
+	s := t.snapshot(from)
+	if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
+		// Nothing was streamed yet: answer as a plain error (e.g. 503 no worker).
+		return fe.writeUnary(w, s)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	sse := &sseWriter{w: w, acc: s.acc}
+	model := s.acc.Model
+	sent := from
+	var last time.Time
+	first := true
+	for {
+		ch := t.f.changed.C()
+		s := t.snapshot(sent)
+		if len(s.tokens) > 0 {
+			sent += len(s.tokens)
+			sse.content(sent, strings.Join(s.tokens, ""), first)
+			now := time.Now()
+			if first {
+				fe.metrics.ttft.WithLabelValues(model).Observe(now.Sub(start).Seconds())
+			} else if n := len(s.tokens); n > 0 {
+				per := now.Sub(last).Seconds() / float64(n)
+				for range n {
+					fe.metrics.itl.WithLabelValues(model).Observe(per)
+				}
+			}
+			fe.metrics.outputTokens.WithLabelValues(model).Add(float64(len(s.tokens)))
+			first, last = false, now
+		}
+		if s.status.Terminal() && sent >= s.total {
+			ok := false
+			switch s.status {
+			case projections.StatusCompleted:
+				sse.finish(sent, s.finishReason)
+				if s.acc.IncludeUsage {
+					sse.usage(sent, usageOf(s))
+				}
+				sse.done(sent)
+				ok = true
+			case projections.StatusFailed:
+				sse.error(sent, errorBody("server_error", s.failure.Code, s.failure.Message))
+			case projections.StatusCancelled:
+				sse.error(sent, errorBody("cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")"))
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+			fe.metrics.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
+			return ok
+		}
+		if sse.err != nil {
+			fe.onClientGone(t)
+			return false
+		}
+		if flusher != nil {
+			flusher.Flush()
+		}
+		select {
+		case <-ch:
+		case <-r.Context().Done():
+			fe.onClientGone(t)
+			return false
+		}
+	}
+}
+
+// sseWriter formats OpenAI stream chunks as server-sent events.
+type sseWriter struct {
+	w   http.ResponseWriter
+	acc events.RequestAccepted
+	err error
+	buf []byte
+}
+
+func (s *sseWriter) event(id int, data []byte) {
+	if s.err != nil {
+		return
+	}
+	s.buf = s.buf[:0]
+	s.buf = append(s.buf, "id: "...)
+	s.buf = strconv.AppendInt(s.buf, int64(id), 10)
+	s.buf = append(s.buf, "\ndata: "...)
+	s.buf = append(s.buf, data...)
+	s.buf = append(s.buf, "\n\n"...)
+	_, s.err = s.w.Write(s.buf)
+}
+
+func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
+	var body map[string]any
+	if s.acc.Endpoint == events.EndpointChat {
+		body = map[string]any{"id": "chatcmpl-" + s.acc.RequestID, "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
+	} else {
+		body = map[string]any{"id": "cmpl-" + s.acc.RequestID, "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
+	}
+	if choice != nil {
+		body["choices"] = []map[string]any{choice}
+	} else {
+		body["choices"] = []map[string]any{}
+	}
+	if usage != nil {
+		body["usage"] = usage
+	}
+	data, _ := json.Marshal(body)
+	s.event(id, data)
+}
+
+func (s *sseWriter) content(id int, text string, first bool) {
+	if s.acc.Endpoint == events.EndpointChat {
+		delta := map[string]any{"content": text}
+		if first {
+			delta["role"] = "assistant"
+		}
+		s.chunk(id, map[string]any{"index": 0, "delta": delta, "finish_reason": nil}, nil)
+		return
+	}
+	s.chunk(id, map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": nil}, nil)
+}
+
+func (s *sseWriter) finish(id int, reason string) {
+	if s.acc.Endpoint == events.EndpointChat {
+		s.chunk(id, map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": reason}, nil)
+		return
+	}
+	s.chunk(id, map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": reason}, nil)
+}
+
+func (s *sseWriter) usage(id int, usage map[string]any) { s.chunk(id, nil, usage) }
+
+func (s *sseWriter) done(id int) { s.event(id, []byte("[DONE]")) }
+
+func (s *sseWriter) error(id int, body map[string]any) {
+	data, _ := json.Marshal(map[string]any{"error": body})
+	s.event(id, data)
+}

@@ -1,0 +1,136 @@
+package frontend
+
+import (
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/projections"
+)
+
+// Routing errors.
+var (
+	errNoWorkers = errors.New("frontend: no worker serves this model")
+	errAllBusy   = errors.New("frontend: all workers are busy")
+	errNotPinned = errors.New("frontend: pinned worker is not in discovery")
+)
+
+// router picks a worker for a dispatch: the least loaded routable worker of
+// the model that this frontend has not inhibited. Inhibition is local: after a
+// request-path failure the worker leaves this frontend's routing set for
+// inhibitFor, unless it re-registers (a new lease id) first.
+type router struct {
+	inhibitFor       time.Duration // <= 0 disables inhibition
+	decodeThreshold  *float64
+	prefillThreshold *int
+	now              func() time.Time
+
+	mu        sync.Mutex
+	inhibited map[string]inhibition
+	active    map[string]int // this frontend's in-flight dispatches per worker
+}
+
+type inhibition struct {
+	leaseID string
+	until   time.Time
+}
+
+func newRouter(cfg Config, now func() time.Time) *router {
+	return &router{
+		inhibitFor: cfg.InhibitedDuration, decodeThreshold: cfg.ActiveDecodeBlocksThreshold,
+		prefillThreshold: cfg.ActivePrefillTokensThreshold, now: now,
+		inhibited: map[string]inhibition{}, active: map[string]int{},
+	}
+}
+
+// inhibit drops w from routing for the inhibition window.
+func (r *router) inhibit(w projections.Worker) {
+	if r.inhibitFor <= 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inhibited[w.ID] = inhibition{leaseID: w.LeaseID, until: r.now().Add(r.inhibitFor)}
+}
+
+// isInhibited reports whether w is inhibited now. A worker that re-registered
+// with a new lease since it was inhibited is not.
+func (r *router) isInhibited(w projections.Worker) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	in, ok := r.inhibited[w.ID]
+	if !ok {
+		return false
+	}
+	if in.leaseID != w.LeaseID || !r.now().Before(in.until) {
+		delete(r.inhibited, w.ID)
+		return false
+	}
+	return true
+}
+
+// busy reports whether w is over a configured load threshold.
+func (r *router) busy(w projections.Worker) bool {
+	l := w.Load
+	if t := r.decodeThreshold; t != nil && l.KVBlocksTotal > 0 && float64(l.KVBlocksUsed)/float64(l.KVBlocksTotal) > *t {
+		return true
+	}
+	if t := r.prefillThreshold; t != nil && l.QueuedPrefillTokens > *t {
+		return true
+	}
+	return false
+}
+
+// pick chooses among candidates (the routable workers of a model), skipping
+// excluded and inhibited ones. It returns errNoWorkers when none is left and
+// errAllBusy when every one left is busy.
+func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
+	var best []projections.Worker
+	bestScore := -1
+	anyFree := false
+	for _, w := range candidates {
+		if exclude[w.ID] || r.isInhibited(w) {
+			continue
+		}
+		if r.busy(w) {
+			continue
+		}
+		anyFree = true
+		r.mu.Lock()
+		score := max(w.Load.ActiveRequests, r.active[w.ID])
+		r.mu.Unlock()
+		switch {
+		case bestScore < 0 || score < bestScore:
+			best, bestScore = []projections.Worker{w}, score
+		case score == bestScore:
+			best = append(best, w)
+		}
+	}
+	if !anyFree {
+		for _, w := range candidates {
+			if !exclude[w.ID] && !r.isInhibited(w) {
+				return projections.Worker{}, errAllBusy
+			}
+		}
+		return projections.Worker{}, errNoWorkers
+	}
+	return best[rand.IntN(len(best))], nil
+}
+
+// track counts a dispatch to worker id until the returned func is called.
+func (r *router) track(id string) (done func()) {
+	r.mu.Lock()
+	r.active[id]++
+	r.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			if r.active[id]--; r.active[id] <= 0 {
+				delete(r.active, id)
+			}
+			r.mu.Unlock()
+		})
+	}
+}

@@ -1,0 +1,328 @@
+package streams_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// readAll reads request id from the log, failing the test on error.
+func readAll(t *testing.T, ctx context.Context, js jetstream.JetStream, id string, from uint64) []events.Envelope {
+	t.Helper()
+	var out []events.Envelope
+	for e, err := range streams.ReadRequest(ctx, js, id, from) {
+		if err != nil {
+			t.Fatalf("read %s: %v", id, err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// TestLiveFoldEqualsReplay proves invariant 1: a projection folded from the
+// republished live messages equals one folded from the stored log.
+func TestLiveFoldEqualsReplay(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	nc := s.Connect(t)
+	ctx := testCtx(t)
+	const id = "req-1"
+	sub, err := nc.SubscribeSync(streams.RequestLive(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil { // the subscription is in place before the first append
+		t.Fatal(err)
+	}
+	fe := streams.NewLog(js, "baton/frontend/fe-1")
+	wk := [2]*streams.Log{streams.NewLog(js, "baton/worker/w1"), streams.NewLog(js, "baton/worker/w2")}
+	tokens := func(k, offset int, toks ...string) events.TokensGenerated {
+		return events.TokensGenerated{RequestID: id, Attempt: k, Offset: offset, Tokens: toks}
+	}
+	type step struct {
+		log     *streams.Log
+		subject string
+		ev      events.Event
+		evID    string
+	}
+	evSubj := streams.RequestEvents(id)
+	history := []step{
+		{fe, evSubj, events.RequestAccepted{RequestID: id, Model: "mock", Endpoint: events.EndpointChat, Prompt: "hi", PromptTokens: 1, MaxTokens: 32, Stream: true, Frontend: "fe-1"}, "accepted"},
+		{fe, evSubj, events.RequestRouted{RequestID: id, Attempt: 0, WorkerID: "w1", StartOffset: 0}, "routed.0"},
+		{wk[0], streams.RequestTokens(id, 0), tokens(0, 0, "The", " quick"), events.ID(id, 0, 0)},
+		{wk[0], streams.RequestTokens(id, 0), tokens(0, 2, " brown"), events.ID(id, 0, 2)},
+		{wk[0], streams.RequestTokens(id, 0), tokens(0, 2, " brown"), events.ID(id, 0, 2)}, // retried append: deduplicated
+		{wk[0], streams.RequestTokens(id, 0), tokens(0, 3, " fox"), events.ID(id, 0, 3)},
+		{fe, streams.RequestTokens(id, 0), events.AttemptFailed{RequestID: id, Attempt: 0, WorkerID: "w1", Offset: 4, Reason: "lease lost"}, "fence.0"},
+		{wk[0], streams.RequestTokens(id, 0), tokens(0, 4, " ZOMBIE"), events.ID(id, 0, 4)},
+		{fe, evSubj, events.RequestMigrated{RequestID: id, FromAttempt: 0, FromWorker: "w1", Cut: 4, MigrationType: events.MigrationOngoingRequest, Reason: "lease lost", Frontend: "fe-1"}, "migrated.0"},
+		{fe, evSubj, events.RequestRouted{RequestID: id, Attempt: 1, WorkerID: "w2", StartOffset: 4}, "routed.1"},
+		{wk[1], streams.RequestTokens(id, 1), tokens(1, 4, " jumps", " over"), events.ID(id, 1, 4)},
+		{wk[1], streams.RequestTokens(id, 1), tokens(1, 6, " the", " lazy", " dog"), events.ID(id, 1, 6)},
+		{wk[1], streams.RequestTokens(id, 1), events.RequestCompleted{RequestID: id, Attempt: 1, FinishReason: "stop", PromptTokens: 1, CompletionTokens: 9}, "completed.1"},
+	}
+	stored := map[uint64]bool{}
+	for i, st := range history {
+		seq, err := st.log.Append(ctx, st.subject, st.log.Envelope(st.evID, id, st.ev), -1)
+		if err != nil {
+			t.Fatalf("append #%d %s: %v", i, st.ev.EventType(), err)
+		}
+		stored[seq] = true
+	}
+	if got, want := len(stored), len(history)-1; got != want {
+		t.Fatalf("got %d stored messages, want %d (one retry deduplicated)", got, want)
+	}
+
+	live := projections.NewRequest()
+	for range stored {
+		m, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("live message: %v", err)
+		}
+		e, err := streams.Decode(m)
+		if err != nil {
+			t.Fatalf("decode live %s: %v", m.Subject, err)
+		}
+		if !stored[e.Seq] {
+			t.Errorf("live message seq %d was not acknowledged as stored", e.Seq)
+		}
+		live.Apply(e)
+	}
+	replay := projections.NewRequest()
+	for _, e := range readAll(t, ctx, js, id, 1) {
+		replay.Apply(e)
+	}
+	if !reflect.DeepEqual(live, replay) {
+		t.Errorf("live and replayed projections differ:\n live %+v\nreplay %+v", live, replay)
+	}
+	if got, want := replay.Text(), "The quick brown fox jumps over the lazy dog"; got != want {
+		t.Errorf("got text %q, want %q", got, want)
+	}
+	if replay.Status != projections.StatusCompleted || replay.Skipped != 0 || len(replay.Attempts) != 2 {
+		t.Errorf("got status %s skipped %d attempts %d, want completed, 0, 2", replay.Status, replay.Skipped, len(replay.Attempts))
+	}
+}
+
+func TestReadRequestNotFound(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(js, "test")
+	if _, err := log.Append(ctx, streams.RequestEvents("other"), log.Envelope("x", "other", events.RequestAttached{RequestID: "other", Frontend: "fe"}), -1); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		id   string
+		from uint64
+	}{{"unknown id", "nobody", 1}, {"past the end", "other", 2}} {
+		t.Run(tt.name, func(t *testing.T) {
+			var n int
+			var last error
+			for _, err := range streams.ReadRequest(ctx, js, tt.id, tt.from) {
+				n++
+				last = err
+			}
+			if n != 1 || !errors.Is(last, streams.ErrNotFound) {
+				t.Errorf("got %d items, last err %v, want one ErrNotFound", n, last)
+			}
+		})
+	}
+}
+
+// TestReadRequestAcrossBatches reads a history longer than one batch direct
+// get (1000 messages), interleaved with another request's messages.
+func TestReadRequestAcrossBatches(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(js, "test")
+	const n = 2345
+	var futures []jetstream.PubAckFuture
+	for i := range n {
+		f, err := log.AppendAsync(streams.RequestTokens("big", 0), log.Envelope(events.ID("big", 0, i), "big",
+			events.TokensGenerated{RequestID: "big", Offset: i, Tokens: []string{fmt.Sprint(i % 10)}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+		if i%3 == 0 {
+			f, err := log.AppendAsync(streams.RequestTokens("noise", 0), log.Envelope(events.ID("noise", 0, i), "noise",
+				events.TokensGenerated{RequestID: "noise", Offset: i, Tokens: []string{"x"}}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			futures = append(futures, f)
+		}
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("append: %v", err)
+		case <-ctx.Done():
+			t.Fatal("timed out waiting for acks")
+		}
+	}
+
+	got := readAll(t, ctx, js, "big", 1)
+	if len(got) != n {
+		t.Fatalf("read %d events, want %d", len(got), n)
+	}
+	for i, e := range got {
+		if off := e.Event.(events.TokensGenerated).Offset; off != i {
+			t.Fatalf("event %d: got offset %d, want %d", i, off, i)
+		}
+		if i > 0 && e.Seq <= got[i-1].Seq {
+			t.Fatalf("event %d: seq %d not after %d", i, e.Seq, got[i-1].Seq)
+		}
+	}
+	// Resuming from the middle returns exactly the rest.
+	mid := got[1500]
+	rest := readAll(t, ctx, js, "big", mid.Seq)
+	if len(rest) != n-1500 || rest[0].Seq != mid.Seq {
+		t.Errorf("read from seq %d: got %d events, want %d starting there", mid.Seq, len(rest), n-1500)
+	}
+	r := projections.NewRequest()
+	r.Apply(events.Envelope{Seq: 0, Event: events.RequestAccepted{RequestID: "big", Model: "m"}})
+	r.Apply(events.Envelope{Seq: 0, Event: events.RequestRouted{RequestID: "big", WorkerID: "w"}})
+	for _, e := range got {
+		r.Apply(e)
+	}
+	if r.Len() != n || r.Skipped != 0 {
+		t.Errorf("folded %d tokens with %d skipped, want %d and 0", r.Len(), r.Skipped, n)
+	}
+}
+
+func TestProvisionKeepsFirstDefinition(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.JetStream(t)
+	ctx := testCtx(t)
+	first := streams.Config{MemoryStorage: true, RequestsMaxAge: time.Hour, MaxMsgsPerSubject: 500}
+	second := streams.Config{MemoryStorage: true, RequestsMaxAge: time.Minute, MaxMsgsPerSubject: 5}
+	for _, cfg := range []streams.Config{first, second} {
+		if err := streams.Provision(ctx, js, cfg); err != nil {
+			t.Fatalf("provision %+v: %v", cfg, err)
+		}
+	}
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := st.CachedInfo().Config
+	if got.MaxAge != time.Hour || got.MaxMsgsPerSubject != 500 {
+		t.Errorf("got max age %v, max msgs per subject %d, want the first definition's 1h, 500", got.MaxAge, got.MaxMsgsPerSubject)
+	}
+	if got.Discard != jetstream.DiscardNew || !got.DiscardNewPerSubject {
+		t.Errorf("got discard %v per subject %v, want DiscardNew per subject", got.Discard, got.DiscardNewPerSubject)
+	}
+}
+
+func TestProvisionRejectsBadConfig(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.JetStream(t)
+	err := streams.Provision(testCtx(t), js, streams.Config{Replicas: 7, RequestsMaxAge: -time.Second})
+	if err == nil {
+		t.Fatal("got nil error, want config error")
+	}
+	for _, want := range []string{"replicas", "negative"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want it to mention %q", err, want)
+		}
+	}
+}
+
+// TestSubjectLimitRefusesNewWrites checks that a full subject keeps its
+// oldest messages (a live request's first tokens) and refuses the new one.
+func TestSubjectLimitRefusesNewWrites(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.JetStream(t)
+	ctx := testCtx(t)
+	if err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, MaxMsgsPerSubject: 3}); err != nil {
+		t.Fatal(err)
+	}
+	log := streams.NewLog(js, "test")
+	subj := streams.RequestTokens("full", 0)
+	appendDelta := func(subject string, i int) error {
+		_, err := log.Append(ctx, subject, log.Envelope(events.ID(subject, i), "full",
+			events.TokensGenerated{RequestID: "full", Offset: i, Tokens: []string{"t"}}), -1)
+		return err
+	}
+	for i := range 3 {
+		if err := appendDelta(subj, i); err != nil {
+			t.Fatalf("append %d: %v", i, err)
+		}
+	}
+	err := appendDelta(subj, 3)
+	if !errors.Is(err, streams.ErrStreamFull) {
+		var apiErr *jetstream.APIError
+		errors.As(err, &apiErr)
+		t.Fatalf("got err %v (api error %+v), want ErrStreamFull", err, apiErr)
+	}
+	got := readAll(t, ctx, js, "full", 1)
+	var offsets []int
+	for _, e := range got {
+		offsets = append(offsets, e.Event.(events.TokensGenerated).Offset)
+	}
+	if !reflect.DeepEqual(offsets, []int{0, 1, 2}) {
+		t.Errorf("got stored offsets %v, want [0 1 2] (oldest kept)", offsets)
+	}
+	// The limit is per subject: the next attempt's subject still takes writes.
+	if err := appendDelta(streams.RequestTokens("full", 1), 0); err != nil {
+		t.Errorf("append to another subject: %v", err)
+	}
+}
+
+func TestStreamLimitErrors(t *testing.T) {
+	big := strings.Repeat("x", 600)
+	tests := []struct {
+		name     string
+		cfg      streams.Config
+		tokens   string // of each append
+		appends  int    // at most this many before one fails
+		wantFull bool
+	}{
+		{"messages per subject", streams.Config{MaxMsgsPerSubject: 2}, "t", 3, true},
+		{"stream bytes", streams.Config{RequestsMaxBytes: 4096}, big, 10, true},
+		{"message too large is not full", streams.Config{MaxMsgSize: 512}, big, 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := natstest.Start(t)
+			js := s.JetStream(t)
+			ctx := testCtx(t)
+			tt.cfg.MemoryStorage = true
+			if err := streams.Provision(ctx, js, tt.cfg); err != nil {
+				t.Fatal(err)
+			}
+			log := streams.NewLog(js, "test")
+			var err error
+			for i := 0; err == nil && i < tt.appends; i++ {
+				_, err = log.Append(ctx, streams.RequestTokens("r", 0), log.Envelope(events.ID("r", i), "r",
+					events.TokensGenerated{RequestID: "r", Offset: i, Tokens: []string{tt.tokens}}), -1)
+			}
+			if err == nil {
+				t.Fatalf("%d appends: got nil error, want a refusal", tt.appends)
+			}
+			if got := errors.Is(err, streams.ErrStreamFull); got != tt.wantFull {
+				t.Errorf("got errors.Is(%v, ErrStreamFull) = %v, want %v", err, got, tt.wantFull)
+			}
+		})
+	}
+}
