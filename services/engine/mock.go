@@ -1,0 +1,271 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Defaults of MockConfig.
+const (
+	DefaultMockTokensPerSec = 100
+	DefaultMockTTFT         = 50 * time.Millisecond
+	DefaultMockKVBlocks     = 16384
+	DefaultMockBlockSize    = 64
+)
+
+// MockConfig sets the mock engine's simulated timing, KV cache and scripted
+// faults. Zero values mean the documented defaults.
+type MockConfig struct {
+	TokensPerSec float64       // decode rate per request; default 100
+	TTFT         time.Duration // time to first token; default 50ms
+	KVBlocks     int           // KV-cache blocks; default 16384
+	BlockSize    int           // tokens per KV block; default 64
+	// SpeedupRatio divides every delay; default 1. A very large value (or
+	// +Inf) runs at full speed, with no timers at all.
+	SpeedupRatio float64
+	// CrashAfterTokens > 0 kills the process with SIGKILL right after it has
+	// emitted that many tokens in total, across requests.
+	CrashAfterTokens int
+	// StallAfterTokens > 0 stops emitting after that many tokens in total:
+	// Generate blocks until its ctx is done, the process stays alive.
+	StallAfterTokens int
+	// EngineErrorAfter > 0 serves that many requests; every later Generate
+	// fails at once with an error wrapping ErrFatal.
+	EngineErrorAfter int
+}
+
+func (c MockConfig) withDefaults() MockConfig {
+	if c.TokensPerSec == 0 {
+		c.TokensPerSec = DefaultMockTokensPerSec
+	}
+	if c.TTFT == 0 {
+		c.TTFT = DefaultMockTTFT
+	}
+	if c.KVBlocks == 0 {
+		c.KVBlocks = DefaultMockKVBlocks
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultMockBlockSize
+	}
+	if c.SpeedupRatio == 0 {
+		c.SpeedupRatio = 1
+	}
+	return c
+}
+
+// Validate reports every problem with c. Zero values are valid (defaults).
+func (c MockConfig) Validate() error {
+	var errs []error
+	if c.TokensPerSec < 0 || math.IsNaN(c.TokensPerSec) || math.IsInf(c.TokensPerSec, 0) {
+		errs = append(errs, fmt.Errorf("mock tokens per second %v: want a positive number", c.TokensPerSec))
+	}
+	if c.TTFT < 0 {
+		errs = append(errs, fmt.Errorf("mock ttft %v: must not be negative", c.TTFT))
+	}
+	if c.KVBlocks < 0 {
+		errs = append(errs, fmt.Errorf("mock kv blocks %d: must not be negative", c.KVBlocks))
+	}
+	if c.BlockSize < 0 {
+		errs = append(errs, fmt.Errorf("mock block size %d: must not be negative", c.BlockSize))
+	}
+	if c.SpeedupRatio < 0 || math.IsNaN(c.SpeedupRatio) {
+		errs = append(errs, fmt.Errorf("mock speedup ratio %v: want a positive number", c.SpeedupRatio))
+	}
+	if c.CrashAfterTokens < 0 || c.StallAfterTokens < 0 || c.EngineErrorAfter < 0 {
+		errs = append(errs, errors.New("mock fault thresholds must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Mock is a deterministic engine: token i of a request is MockToken(prompt, i).
+// It simulates time to first token, decode rate and KV-cache occupancy, and
+// can crash, stall or fail on script. It is safe for concurrent use.
+type Mock struct {
+	cfg  MockConfig
+	ttft time.Duration // TTFT / speedup
+	itl  time.Duration // inter-token latency / speedup
+
+	emitted atomic.Int64 // tokens emitted, all requests
+	started atomic.Int64 // Generate calls
+
+	mu     sync.Mutex
+	active map[*mockRequest]struct{}
+}
+
+// mockRequest is the KV state of one running generation.
+type mockRequest struct {
+	prefill   int          // tokens in the KV cache before decoding (prompt + continued text)
+	generated atomic.Int64 // tokens emitted so far
+}
+
+// NewMock returns a mock engine; cfg's zero values mean the defaults.
+func NewMock(cfg MockConfig) (*Mock, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("engine: mock config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	return &Mock{
+		cfg:    cfg,
+		ttft:   scale(cfg.TTFT, cfg.SpeedupRatio),
+		itl:    scale(time.Duration(float64(time.Second)/cfg.TokensPerSec), cfg.SpeedupRatio),
+		active: map[*mockRequest]struct{}{},
+	}, nil
+}
+
+func scale(d time.Duration, speedup float64) time.Duration {
+	v := float64(d) / speedup
+	if v < 1 { // includes +Inf speedup
+		return 0
+	}
+	return time.Duration(v)
+}
+
+// Generate emits the tokens at offsets [StartOffset, MaxTokens) of req's
+// output, waiting TTFT before the first and the inter-token latency between
+// tokens. It finishes with FinishLength, ctx's error when cancelled, or an
+// error wrapping ErrFatal when the script says so.
+func (m *Mock) Generate(ctx context.Context, req Request, emit func(token string) error) (string, error) {
+	if req.StartOffset < 0 || req.MaxTokens < req.StartOffset {
+		return "", fmt.Errorf("engine: mock: bad token range [%d, %d)", req.StartOffset, req.MaxTokens)
+	}
+	n := m.started.Add(1)
+	if lim := m.cfg.EngineErrorAfter; lim > 0 && n > int64(lim) {
+		return "", fmt.Errorf("%w: mock scripted failure after %d requests", ErrFatal, lim)
+	}
+	prompt := req.PromptTokens
+	if prompt <= 0 {
+		prompt = CountTokens(req.Prompt)
+	}
+	r := &mockRequest{prefill: prompt + req.StartOffset}
+	m.mu.Lock()
+	m.active[r] = struct{}{}
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.active, r)
+		m.mu.Unlock()
+	}()
+
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	wait := func(d time.Duration) error {
+		if d <= 0 {
+			return ctx.Err()
+		}
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+			return nil
+		}
+	}
+
+	h := promptHash(req.Prompt)
+	for i := req.StartOffset; i < req.MaxTokens; i++ {
+		d := m.itl
+		if i == req.StartOffset {
+			d = m.ttft
+		}
+		if err := wait(d); err != nil {
+			return "", err
+		}
+		total := m.emitted.Add(1)
+		if lim := m.cfg.StallAfterTokens; lim > 0 && total > int64(lim) {
+			<-ctx.Done() // stalled: alive, leased, silent
+			return "", ctx.Err()
+		}
+		if err := emit(tokenAt(h, i)); err != nil {
+			return "", err
+		}
+		r.generated.Add(1)
+		if lim := m.cfg.CrashAfterTokens; lim > 0 && total == int64(lim) {
+			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
+				return "", fmt.Errorf("%w: mock crash: %w", ErrFatal, err)
+			}
+			select {} // SIGKILL cannot be caught: the process is going
+		}
+	}
+	return FinishLength, nil
+}
+
+// Stats reports the simulated load: each active request holds
+// ceil((prefill + generated) / BlockSize) KV blocks; a request that has not
+// emitted its first token counts its prefill as queued.
+func (m *Mock) Stats() Stats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := Stats{ActiveRequests: len(m.active), KVBlocksTotal: m.cfg.KVBlocks}
+	bs := m.cfg.BlockSize
+	for r := range m.active {
+		g := int(r.generated.Load())
+		s.KVBlocksUsed += (r.prefill + g + bs - 1) / bs
+		if g == 0 {
+			s.QueuedPrefillTokens += r.prefill
+		}
+	}
+	s.KVBlocksUsed = min(s.KVBlocksUsed, s.KVBlocksTotal)
+	return s
+}
+
+// CountTokens is the mock's tokenizer: the number of whitespace-separated words.
+func CountTokens(s string) int { return len(strings.Fields(s)) }
+
+// FNV-1a 64 parameters.
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+func promptHash(prompt string) uint64 {
+	h := uint64(fnvOffset64)
+	for i := 0; i < len(prompt); i++ {
+		h ^= uint64(prompt[i])
+		h *= fnvPrime64
+	}
+	return h
+}
+
+// tokenAt continues the prompt's FNV-1a hash with i as 8 little-endian bytes.
+func tokenAt(promptHash uint64, i int) string {
+	h := promptHash
+	v := uint64(i)
+	for range 8 {
+		h ^= v & 0xff
+		h *= fnvPrime64
+		v >>= 8
+	}
+	return mockWords[h%uint64(len(mockWords))] + " "
+}
+
+// MockToken is token i of the mock's output for prompt: a word chosen by the
+// FNV-1a 64 hash of (prompt, i), followed by a space. It depends on nothing
+// else, so every mock worker produces the same output for the same prompt.
+func MockToken(prompt string, i int) string { return tokenAt(promptHash(prompt), i) }
+
+// MockText is the mock's output for prompt at token offsets [from, to): what
+// a fault-free run produces there.
+func MockText(prompt string, from, to int) string {
+	h := promptHash(prompt)
+	var b strings.Builder
+	for i := from; i < to; i++ {
+		b.WriteString(tokenAt(h, i))
+	}
+	return b.String()
+}

@@ -1,0 +1,310 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+)
+
+var fullSpeed = engine.MockConfig{SpeedupRatio: math.Inf(1)}
+
+func newMock(t *testing.T, cfg engine.MockConfig) *engine.Mock {
+	t.Helper()
+	m, err := engine.NewMock(cfg)
+	if err != nil {
+		t.Fatalf("NewMock: %v", err)
+	}
+	return m
+}
+
+func collect(t *testing.T, m *engine.Mock, req engine.Request) ([]string, string, error) {
+	t.Helper()
+	var toks []string
+	reason, err := m.Generate(context.Background(), req, func(tok string) error {
+		toks = append(toks, tok)
+		return nil
+	})
+	return toks, reason, err
+}
+
+func TestMockDeterministic(t *testing.T) {
+	const prompt = "tell me a story about a lighthouse"
+	m := newMock(t, fullSpeed)
+	full, reason, err := collect(t, m, engine.Request{Prompt: prompt, MaxTokens: 40})
+	if err != nil || reason != engine.FinishLength {
+		t.Fatalf("Generate: reason %q err %v, want %q nil", reason, err, engine.FinishLength)
+	}
+	if len(full) != 40 {
+		t.Fatalf("got %d tokens, want 40", len(full))
+	}
+	again, _, _ := collect(t, newMock(t, fullSpeed), engine.Request{Prompt: prompt, MaxTokens: 40})
+	if got, want := strings.Join(again, ""), strings.Join(full, ""); got != want {
+		t.Errorf("second run differs:\ngot  %q\nwant %q", got, want)
+	}
+	if got, want := strings.Join(full, ""), engine.MockText(prompt, 0, 40); got != want {
+		t.Errorf("MockText differs:\ngot  %q\nwant %q", got, want)
+	}
+	for _, k := range []int{1, 17, 39, 40} {
+		cont, _, err := collect(t, m, engine.Request{Prompt: prompt, StartOffset: k, MaxTokens: 40, Generated: strings.Join(full[:k], "")})
+		if err != nil {
+			t.Fatalf("continuation at %d: %v", k, err)
+		}
+		if got, want := strings.Join(cont, ""), strings.Join(full[k:], ""); got != want {
+			t.Errorf("continuation at %d:\ngot  %q\nwant %q", k, got, want)
+		}
+	}
+	for i, tok := range full {
+		if !strings.HasSuffix(tok, " ") || strings.Count(tok, " ") != 1 || len(tok) < 2 {
+			t.Errorf("token %d = %q, want one word and a space", i, tok)
+		}
+	}
+	distinct := map[string]bool{}
+	for _, tok := range full {
+		distinct[tok] = true
+	}
+	if len(distinct) < 10 {
+		t.Errorf("only %d distinct words in 40 tokens", len(distinct))
+	}
+}
+
+func TestMockPromptsDiffer(t *testing.T) {
+	a := engine.MockText("hello world", 0, 32)
+	b := engine.MockText("hello world!", 0, 32)
+	if a == b {
+		t.Errorf("different prompts gave the same output %q", a)
+	}
+}
+
+func TestCountTokens(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{{"", 0}, {"   ", 0}, {"one", 1}, {" two  words\n", 2}, {"a\tb\nc d", 4}} {
+		if got := engine.CountTokens(tc.in); got != tc.want {
+			t.Errorf("CountTokens(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestMockConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  engine.MockConfig
+		ok   bool
+	}{
+		{"zero is defaults", engine.MockConfig{}, true},
+		{"full speed", fullSpeed, true},
+		{"negative rate", engine.MockConfig{TokensPerSec: -1}, false},
+		{"nan speedup", engine.MockConfig{SpeedupRatio: math.NaN()}, false},
+		{"negative ttft", engine.MockConfig{TTFT: -time.Second}, false},
+		{"negative blocks", engine.MockConfig{KVBlocks: -1, BlockSize: -2}, false},
+		{"negative faults", engine.MockConfig{CrashAfterTokens: -1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.Validate()
+			if (err == nil) != tc.ok {
+				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+			if _, err := engine.NewMock(tc.cfg); (err == nil) != tc.ok {
+				t.Errorf("NewMock() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+	err := engine.MockConfig{TokensPerSec: -1, TTFT: -1}.Validate()
+	if err == nil || !strings.Contains(err.Error(), "tokens per second") || !strings.Contains(err.Error(), "ttft") {
+		t.Errorf("Validate() = %v, want every problem", err)
+	}
+}
+
+func TestMockTiming(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{TokensPerSec: 10, TTFT: time.Second, SpeedupRatio: 2})
+		start := time.Now()
+		var at []time.Duration
+		_, err := m.Generate(t.Context(), engine.Request{Prompt: "a b", MaxTokens: 3}, func(string) error {
+			at = append(at, time.Since(start))
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []time.Duration{500 * time.Millisecond, 550 * time.Millisecond, 600 * time.Millisecond}
+		for i := range want {
+			if at[i] != want[i] {
+				t.Errorf("token %d at %v, want %v", i, at[i], want[i])
+			}
+		}
+	})
+}
+
+func TestMockStats(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{TokensPerSec: 1, TTFT: time.Second, KVBlocks: 3, BlockSize: 4})
+		if got, want := m.Stats(), (engine.Stats{KVBlocksTotal: 3}); got != want {
+			t.Errorf("idle stats %+v, want %+v", got, want)
+		}
+		var wg sync.WaitGroup
+		gen := func(prompt string) {
+			wg.Go(func() {
+				_, _ = m.Generate(t.Context(), engine.Request{Prompt: prompt, MaxTokens: 5}, func(string) error { return nil })
+			})
+		}
+		gen("one two three") // 3 prompt tokens
+		gen("a b c d e f g") // 7 prompt tokens
+		synctest.Wait()
+		if got, want := m.Stats(), (engine.Stats{ActiveRequests: 2, KVBlocksUsed: 3, KVBlocksTotal: 3, QueuedPrefillTokens: 10}); got != want {
+			t.Errorf("prefill stats %+v, want %+v", got, want)
+		}
+		time.Sleep(1500 * time.Millisecond) // fake time: one token each
+		synctest.Wait()
+		// ceil(4/4) + ceil(8/4) = 3 blocks, capped at 3 total.
+		if got, want := m.Stats(), (engine.Stats{ActiveRequests: 2, KVBlocksUsed: 3, KVBlocksTotal: 3}); got != want {
+			t.Errorf("decode stats %+v, want %+v", got, want)
+		}
+		wg.Wait()
+		if got, want := m.Stats(), (engine.Stats{KVBlocksTotal: 3}); got != want {
+			t.Errorf("final stats %+v, want %+v", got, want)
+		}
+	})
+}
+
+func TestMockKVBlocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{TokensPerSec: 1, TTFT: time.Second, BlockSize: 4})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = m.Generate(t.Context(), engine.Request{Prompt: "a b c", MaxTokens: 10}, func(string) error { return nil })
+		}()
+		for _, tc := range []struct {
+			after time.Duration
+			want  int
+		}{{0, 1}, {time.Second, 1}, {time.Second, 2}, {4 * time.Second, 3}} {
+			time.Sleep(tc.after)
+			synctest.Wait()
+			if got := m.Stats().KVBlocksUsed; got != tc.want {
+				t.Errorf("after +%v: %d blocks, want %d", tc.after, got, tc.want)
+			}
+		}
+		<-done
+	})
+}
+
+func TestMockCancel(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{TokensPerSec: 1, TTFT: time.Second})
+		ctx, cancel := context.WithCancel(t.Context())
+		n := 0
+		done := make(chan error)
+		go func() {
+			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 1000}, func(string) error { n++; return nil })
+			done <- err
+		}()
+		time.Sleep(2100 * time.Millisecond)
+		start := time.Now()
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Generate after cancel = %v, want context.Canceled", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("cancel took %v of fake time, want 0", d)
+		}
+		if n != 2 {
+			t.Errorf("emitted %d tokens, want 2", n)
+		}
+		if got := m.Stats().ActiveRequests; got != 0 {
+			t.Errorf("active after cancel = %d, want 0", got)
+		}
+	})
+}
+
+func TestMockEmitError(t *testing.T) {
+	m := newMock(t, fullSpeed)
+	boom := errors.New("boom")
+	_, err := m.Generate(context.Background(), engine.Request{Prompt: "x", MaxTokens: 10}, func(string) error { return boom })
+	if !errors.Is(err, boom) {
+		t.Errorf("got %v, want the emit error", err)
+	}
+}
+
+func TestMockEngineErrorAfter(t *testing.T) {
+	m := newMock(t, engine.MockConfig{SpeedupRatio: math.Inf(1), EngineErrorAfter: 2})
+	for i := range 4 {
+		_, _, err := collect(t, m, engine.Request{Prompt: "x", MaxTokens: 3})
+		if wantFail := i >= 2; wantFail != errors.Is(err, engine.ErrFatal) {
+			t.Errorf("request %d: err %v, want fatal=%v", i, err, wantFail)
+		}
+	}
+}
+
+func TestMockStallAfterTokens(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{SpeedupRatio: math.Inf(1), StallAfterTokens: 5})
+		ctx, cancel := context.WithCancel(t.Context())
+		var got []string
+		done := make(chan error)
+		go func() {
+			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 3}, func(s string) error { got = append(got, s); return nil })
+			if err != nil {
+				done <- err
+				return
+			}
+			_, err = m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 10}, func(s string) error { got = append(got, s); return nil })
+			done <- err
+		}()
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			t.Fatalf("stalled engine returned %v", err)
+		default:
+		}
+		if len(got) != 5 {
+			t.Errorf("emitted %d tokens before the stall, want 5", len(got))
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("stalled Generate after cancel = %v, want context.Canceled", err)
+		}
+	})
+}
+
+// TestMockCrashAfterTokens runs the crash in a child process (this test
+// binary) and checks that it dies by SIGKILL after exactly N tokens.
+func TestMockCrashAfterTokens(t *testing.T) {
+	if os.Getenv("BATON_MOCK_CRASH_CHILD") == "1" {
+		m, err := engine.NewMock(engine.MockConfig{SpeedupRatio: math.Inf(1), CrashAfterTokens: 7})
+		if err != nil {
+			os.Exit(3)
+		}
+		_, _ = m.Generate(context.Background(), engine.Request{Prompt: "x", MaxTokens: 100}, func(s string) error {
+			os.Stdout.WriteString(s + "\n")
+			return nil
+		})
+		os.Exit(0) // not reached
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMockCrashAfterTokens$")
+	cmd.Env = append(os.Environ(), "BATON_MOCK_CRASH_CHILD=1")
+	out, err := cmd.Output()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) {
+		t.Fatalf("child: %v, want killed", err)
+	}
+	ws, ok := exitErr.Sys().(syscall.WaitStatus)
+	if !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		t.Errorf("child ended with %v, want SIGKILL", exitErr)
+	}
+	if n := strings.Count(string(out), "\n"); n != 7 {
+		t.Errorf("child emitted %d tokens, want 7", n)
+	}
+}

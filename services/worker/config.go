@@ -1,0 +1,99 @@
+package worker
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/baton-dev/baton/streams"
+)
+
+// Defaults of Config.
+const (
+	DefaultModel           = "mock"
+	DefaultLeaseTTL        = 10 * time.Second
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultDeltaMaxTokens  = 16
+	DefaultDeltaMaxDelay   = 5 * time.Millisecond
+	DefaultLoadInterval    = 100 * time.Millisecond
+
+	minLeaseTTL = time.Second
+)
+
+// Config describes a worker. Zero values mean the documented defaults.
+type Config struct {
+	ID                    string         // worker id; default "w-" + 8 random hex digits; must satisfy streams.ValidID
+	Model                 string         // model served; default "mock"
+	LeaseTTL              time.Duration  // lease TTL, renewed at a third of it; default 10s
+	MaxConcurrentRequests int            // refuse more in-flight requests than this; 0 unlimited
+	ShutdownTimeout       time.Duration  // total shutdown budget, drain included; default 30s
+	DeltaMaxTokens        int            // flush a delta at this many tokens; default 16
+	DeltaMaxDelay         time.Duration  // flush a delta this long after its first token; default 5ms
+	LoadInterval          time.Duration  // minimum spacing of load reports; default 100ms
+	Streams               streams.Config // provisioning of streams and buckets
+	Host                  string         // reported host name; default os.Hostname()
+}
+
+func (c Config) withDefaults() Config {
+	if c.ID == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.ID = "w-" + hex.EncodeToString(b[:])
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.DeltaMaxTokens == 0 {
+		c.DeltaMaxTokens = DefaultDeltaMaxTokens
+	}
+	if c.DeltaMaxDelay == 0 {
+		c.DeltaMaxDelay = DefaultDeltaMaxDelay
+	}
+	if c.LoadInterval == 0 {
+		c.LoadInterval = DefaultLoadInterval
+	}
+	if c.Host == "" {
+		c.Host, _ = os.Hostname()
+	}
+	return c
+}
+
+// Validate reports every problem with c. Zero values are valid (defaults).
+func (c Config) Validate() error {
+	var errs []error
+	if c.ID != "" && !streams.ValidID(c.ID) {
+		errs = append(errs, fmt.Errorf("worker id %q: want 1 to 128 letters, digits, '-' or '_'", c.ID))
+	}
+	if c.LeaseTTL < 0 || (c.LeaseTTL > 0 && c.LeaseTTL < minLeaseTTL) {
+		// The server keeps per-message TTLs in whole seconds, at least one.
+		errs = append(errs, fmt.Errorf("lease ttl %v: want at least %v", c.LeaseTTL, minLeaseTTL))
+	}
+	if c.MaxConcurrentRequests < 0 {
+		errs = append(errs, fmt.Errorf("max concurrent requests %d: must not be negative", c.MaxConcurrentRequests))
+	}
+	if c.ShutdownTimeout < 0 {
+		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))
+	}
+	if c.DeltaMaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("delta max tokens %d: must not be negative", c.DeltaMaxTokens))
+	}
+	if c.DeltaMaxDelay < 0 {
+		errs = append(errs, fmt.Errorf("delta max delay %v: must not be negative", c.DeltaMaxDelay))
+	}
+	if c.LoadInterval < 0 {
+		errs = append(errs, fmt.Errorf("load interval %v: must not be negative", c.LoadInterval))
+	}
+	if err := c.Streams.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,320 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// FinishCancelled is the finish reason of a request stopped by a cancel
+// command in "stop" mode.
+const FinishCancelled = "cancelled"
+
+// Why a generation was stopped (context causes).
+var (
+	errHandOff    = errors.New("worker: handed off at shutdown")
+	errCancelStop = errors.New("worker: cancelled (stop)")
+	errCancelKill = errors.New("worker: cancelled (kill)")
+	errFenced     = errors.New("worker: attempt fenced by a migration")
+)
+
+type jobKey struct {
+	requestID string
+	attempt   int
+}
+
+// job is one accepted dispatch.
+type job struct {
+	d      streams.Dispatch
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// onDispatch answers a dispatch: refuse it, or accept it and start generating.
+// It runs on the subscription's goroutine and never blocks on the network.
+func (w *Worker) onDispatch(m *nats.Msg) {
+	var d streams.Dispatch
+	if err := json.Unmarshal(m.Data, &d); err != nil || !validDispatch(d) {
+		w.log.Warn("malformed dispatch", "err", err)
+		w.reply(m, d, streams.RefusedBadRequest)
+		return
+	}
+	if d.Model != w.cfg.Model {
+		w.reply(m, d, streams.RefusedWrongModel)
+		return
+	}
+	key := jobKey{d.RequestID, d.Attempt}
+	w.mu.Lock()
+	_, dup := w.jobs[key]
+	switch {
+	case w.draining:
+		w.mu.Unlock()
+		w.reply(m, d, streams.RefusedDraining)
+		return
+	case dup: // a retried dispatch of what already runs: accept it again
+		w.mu.Unlock()
+		w.reply(m, d, "")
+		return
+	case w.cfg.MaxConcurrentRequests > 0 && len(w.jobs) >= w.cfg.MaxConcurrentRequests:
+		w.mu.Unlock()
+		w.reply(m, d, streams.RefusedBusy)
+		return
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	j := &job{d: d, ctx: ctx, cancel: cancel}
+	w.jobs[key] = j
+	w.gens.Add(1)
+	w.mu.Unlock()
+
+	w.metrics.inflight.WithLabelValues(w.cfg.Model).Inc()
+	w.reply(m, d, "")
+	go w.generate(j)
+}
+
+func validDispatch(d streams.Dispatch) bool {
+	return streams.ValidID(d.RequestID) && d.Attempt >= 0 && d.StartOffset >= 0 &&
+		d.MaxTokens >= d.StartOffset && d.PromptTokens >= 0
+}
+
+func (w *Worker) reply(m *nats.Msg, d streams.Dispatch, refused string) {
+	r := streams.DispatchReply{Accepted: refused == "", Reason: refused}
+	if refused != "" {
+		w.metrics.refused.WithLabelValues(w.cfg.Model, refused).Inc()
+		w.log.Debug("refused dispatch", "request_id", d.RequestID, "attempt", d.Attempt, "reason", refused)
+	}
+	data, _ := json.Marshal(r)
+	if err := m.Respond(data); err != nil {
+		w.log.Debug("reply to dispatch", "request_id", d.RequestID, "err", err)
+	}
+}
+
+// generate runs one accepted dispatch to its end and records the outcome on
+// the attempt's tokens subject.
+func (w *Worker) generate(j *job) {
+	d := j.d
+	log := w.log.With("request_id", d.RequestID, "attempt", d.Attempt)
+	defer func() {
+		j.cancel(nil)
+		w.mu.Lock()
+		delete(w.jobs, jobKey{d.RequestID, d.Attempt})
+		w.mu.Unlock()
+		w.metrics.inflight.WithLabelValues(w.cfg.Model).Dec()
+		w.notifyLoad()
+		w.gens.Done()
+	}()
+	w.notifyLoad()
+	if sub, err := w.watchCommands(j); err != nil {
+		log.Warn("watch cancel commands", "err", err)
+	} else {
+		defer func() { _ = sub.Unsubscribe() }()
+	}
+
+	out := &deltas{
+		log: w.events, subject: streams.RequestTokens(d.RequestID, d.Attempt),
+		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset,
+	}
+	req := engine.Request{
+		RequestID: d.RequestID, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
+		Generated: d.Generated, StartOffset: d.StartOffset, MaxTokens: d.MaxTokens,
+	}
+	reason, genErr := w.produce(j.ctx, req, out)
+
+	// Appends below outlive the job's context: they record how it ended.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*streams.DefaultTimeout)
+	defer cancel()
+	var final events.Event
+	status := statusCompleted
+	cause := context.Cause(j.ctx)
+	completed := func(reason string) events.Event {
+		return events.RequestCompleted{RequestID: d.RequestID, Attempt: d.Attempt, FinishReason: reason,
+			PromptTokens: d.PromptTokens, CompletionTokens: out.offset()}
+	}
+	failed := func(reason string) events.Event {
+		return events.AttemptFailed{RequestID: d.RequestID, Attempt: d.Attempt, WorkerID: w.cfg.ID,
+			Offset: out.offset(), Reason: reason}
+	}
+	switch {
+	case genErr == nil:
+		final = completed(reason)
+	case errors.Is(cause, errCancelStop):
+		w.metrics.cancellation.WithLabelValues(w.cfg.Model, events.CancelStop).Inc()
+		final = completed(FinishCancelled)
+	case errors.Is(cause, errCancelKill):
+		w.metrics.cancellation.WithLabelValues(w.cfg.Model, events.CancelKill).Inc()
+		status = statusCancelled // the cancelled event already ended the request
+	case errors.Is(cause, errFenced):
+		status = statusHandedOff // the frontend fenced this attempt already
+	case errors.Is(cause, errHandOff):
+		status, final = statusHandedOff, failed("shutdown")
+	default:
+		status, final = statusFailed, failed("engine_error")
+		if errors.Is(genErr, engine.ErrFatal) {
+			defer w.fail(genErr) // after the attempt_failed is stored
+		}
+		log.Error("generation failed", "err", genErr)
+	}
+
+	if err := out.settle(ctx); err != nil {
+		log.Error("store token deltas", "err", err)
+		status, final = statusFailed, failed("append_failed")
+	}
+	if final != nil {
+		id := events.ID(d.RequestID, d.Attempt, "completed")
+		if _, ok := final.(events.AttemptFailed); ok {
+			id = events.ID(d.RequestID, d.Attempt, "failed")
+		}
+		if _, err := w.events.Append(ctx, out.subject, w.events.Envelope(id, d.RequestID, final), -1); err != nil {
+			log.Error("store outcome", "event", final.EventType(), "err", err)
+			status = statusFailed
+		}
+	}
+	w.metrics.requests.WithLabelValues(w.cfg.Model, status).Inc()
+	log.Debug("generation ended", "status", status, "tokens", out.offset())
+}
+
+// watchCommands subscribes to the request's republished lifecycle events and
+// stops the job on a cancel command or a migration away from its attempt.
+func (w *Worker) watchCommands(j *job) (*nats.Subscription, error) {
+	subj := strings.TrimSuffix(streams.RequestLive(j.d.RequestID), ">") + "events"
+	return w.nc.Subscribe(subj, func(m *nats.Msg) {
+		e, err := streams.Decode(m)
+		if err != nil {
+			return
+		}
+		switch ev := e.Event.(type) {
+		case events.RequestCancelled:
+			if ev.Mode == events.CancelKill {
+				j.cancel(errCancelKill)
+			} else {
+				j.cancel(errCancelStop)
+			}
+		case events.RequestMigrated:
+			if ev.FromAttempt == j.d.Attempt {
+				j.cancel(errFenced)
+			}
+		case events.RequestFailed:
+			j.cancel(errFenced)
+		}
+	})
+}
+
+// produce runs the engine and coalesces its tokens into deltas: a delta is
+// flushed at DeltaMaxTokens tokens or DeltaMaxDelay after its first token,
+// and at the end.
+func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (string, error) {
+	toks := make(chan string, w.cfg.DeltaMaxTokens)
+	var reason string
+	var genErr error
+	go func() {
+		defer close(toks)
+		reason, genErr = w.eng.Generate(ctx, req, func(t string) error {
+			select {
+			case toks <- t:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var timerC <-chan time.Time
+	flush := func() {
+		timer.Stop()
+		timerC = nil
+		out.flush()
+		w.notifyLoad()
+	}
+	for {
+		select {
+		case t, ok := <-toks:
+			if !ok {
+				flush()
+				return reason, genErr
+			}
+			out.add(t)
+			switch n := out.pending(); {
+			case n >= w.cfg.DeltaMaxTokens:
+				flush()
+			case n == 1:
+				timer.Reset(w.cfg.DeltaMaxDelay)
+				timerC = timer.C
+			}
+		case <-timerC:
+			flush()
+		}
+	}
+}
+
+// deltas is the token output of one attempt: what was produced, and the
+// appends that carry it to the log.
+type deltas struct {
+	log       *streams.Log
+	subject   string
+	requestID string
+	attempt   int
+	start     int      // StartOffset of the attempt
+	tokens    []string // every token produced, from start
+	flushed   int      // tokens already handed to an append
+	sent      []sentDelta
+}
+
+type sentDelta struct {
+	offset int
+	future jetstream.PubAckFuture
+	err    error
+}
+
+func (d *deltas) add(t string)      { d.tokens = append(d.tokens, t) }
+func (d *deltas) pending() int      { return len(d.tokens) - d.flushed }
+func (d *deltas) offset() int       { return d.start + len(d.tokens) }
+func (d *deltas) id(off int) string { return events.ID(d.requestID, d.attempt, off) }
+
+// flush appends the pending tokens asynchronously.
+func (d *deltas) flush() {
+	if d.pending() == 0 {
+		return
+	}
+	off := d.start + d.flushed
+	ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: off, Tokens: d.tokens[d.flushed:]}
+	f, err := d.log.AppendAsync(d.subject, d.log.Envelope(d.id(off), d.requestID, ev))
+	d.sent = append(d.sent, sentDelta{offset: off, future: f, err: err})
+	d.flushed = len(d.tokens)
+}
+
+// settle waits for every append's acknowledgement. A failed one is retried
+// once, synchronously, with the same id (so a stored original deduplicates
+// it) and every token from its offset to the end, so that the log has a
+// contiguous run of tokens even if later deltas were stored before it.
+func (d *deltas) settle(ctx context.Context) error {
+	for _, s := range d.sent {
+		err := s.err
+		if err == nil {
+			select {
+			case <-s.future.Ok():
+			case err = <-s.future.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if err == nil {
+			continue
+		}
+		ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: s.offset, Tokens: d.tokens[s.offset-d.start:]}
+		if _, rerr := d.log.Append(ctx, d.subject, d.log.Envelope(d.id(s.offset), d.requestID, ev), -1); rerr != nil {
+			return fmt.Errorf("tokens at offset %d: %w (first try: %w)", s.offset, rerr, err)
+		}
+	}
+	d.sent = nil
+	return nil
+}

@@ -1,0 +1,443 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// asyncWindow bounds the unacknowledged token appends of one worker.
+const asyncWindow = 4096
+
+// Worker serves one engine behind a lease. Create it with New and run it once
+// with Run.
+type Worker struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	eng     engine.Engine
+	log     *slog.Logger
+	cfg     Config
+	metrics *metrics
+	events  *streams.Log
+	leases  jetstream.KeyValue
+	loadKV  jetstream.KeyValue
+
+	loadCh chan struct{} // capacity 1: load changed, coalesced
+
+	mu       sync.Mutex
+	running  bool
+	draining bool
+	jobs     map[jobKey]*job
+	lease    *lease // current lease; nil while re-registering
+	gens     sync.WaitGroup
+
+	fatalOnce sync.Once
+	fatalCh   chan struct{}
+	fatalErr  error // set once, before fatalCh closes
+}
+
+// New returns a worker for eng on nc. cfg's zero values mean the defaults.
+// Metrics are registered on reg (nil: not registered).
+func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Worker, error) {
+	if nc == nil || eng == nil {
+		return nil, errors.New("worker: a NATS connection and an engine are required")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("worker: config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg, cfg.ID)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(asyncWindow),
+		jetstream.WithPublishAsyncTimeout(streams.DefaultTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("worker: jetstream: %w", err)
+	}
+	return &Worker{
+		nc: nc, js: js, eng: eng, cfg: cfg, metrics: m,
+		log:     log.With("worker_id", cfg.ID),
+		events:  streams.NewLog(js, "baton/worker/"+cfg.ID),
+		loadCh:  make(chan struct{}, 1),
+		jobs:    map[jobKey]*job{},
+		fatalCh: make(chan struct{}),
+	}, nil
+}
+
+// ID is the worker's id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Run registers the worker and serves dispatches until ctx is done or the
+// engine fails, then shuts down within Config.ShutdownTimeout. It returns nil
+// after a shutdown on ctx, an error wrapping engine.ErrFatal after an engine
+// failure, and other errors when the worker cannot start (the process should
+// exit 1). Run may be called once.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.running {
+		w.mu.Unlock()
+		return errors.New("worker: Run called twice")
+	}
+	w.running = true
+	w.mu.Unlock()
+
+	if err := w.open(ctx); err != nil {
+		return err
+	}
+	// Listen before the lease exists, so nobody can dispatch to a worker that
+	// is not yet listening.
+	sub, err := w.nc.Subscribe(streams.DispatchSubject(w.cfg.ID), w.onDispatch)
+	if err != nil {
+		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
+	}
+	fctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if err := w.nc.FlushWithContext(fctx); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
+	}
+	l, err := w.registerFirst(ctx)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return err
+	}
+
+	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	background.Go(func() { w.keepRegistered(bg, l) })
+	background.Go(func() { w.reportLoad(bg) })
+	w.notifyLoad()
+
+	reason := "shutdown"
+	select {
+	case <-ctx.Done():
+	case <-w.fatalCh:
+		reason = "engine_error"
+	}
+	w.shutdown(ctx, reason, sub, stopBackground, &background)
+	select {
+	case <-w.fatalCh:
+		return fmt.Errorf("worker %s: %w", w.cfg.ID, w.fatalErr)
+	default:
+		return nil
+	}
+}
+
+// open provisions the streams and binds the buckets.
+func (w *Worker) open(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*streams.DefaultTimeout)
+	defer cancel()
+	if err := streams.Provision(ctx, w.js, w.cfg.Streams); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	var err error
+	if w.leases, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {
+		return fmt.Errorf("worker: bind %s: %w", streams.LeasesBucket, err)
+	}
+	if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
+		return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
+	}
+	return nil
+}
+
+// shutdown drains and leaves, in this order:
+//  1. refuse new dispatches (RefusedDraining), then mark the lease draining
+//     and append worker_draining, so discovery stops routing here at once;
+//  2. wait for in-flight generations until the drain deadline (the budget
+//     minus a reserve for the steps below);
+//  3. hand off what is still running: stop it and append attempt_failed
+//     "shutdown", so the owning frontend migrates it;
+//  4. stop renewing, delete the lease key, stop load reports and delete the
+//     load key, append worker_deregistered;
+//  5. unsubscribe from dispatches (until then late dispatches are refused
+//     rather than timing out).
+//
+// Every step runs on context.WithTimeout(context.WithoutCancel(ctx), budget).
+func (w *Worker) shutdown(ctx context.Context, reason string, sub *nats.Subscription, stopBackground context.CancelFunc, background *sync.WaitGroup) {
+	budget := w.cfg.ShutdownTimeout
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
+	defer cancel()
+	reserve := min(budget/4, 2*time.Second)
+	drainCtx, cancelDrain := context.WithTimeout(sctx, budget-reserve)
+	defer cancelDrain()
+
+	// 1. Refuse, then announce.
+	w.mu.Lock()
+	w.draining = true
+	n := len(w.jobs)
+	w.mu.Unlock()
+	w.log.Info("draining", "reason", reason, "in_flight", n, "budget", budget)
+	stopBackground() // no re-registration from here on; load reports stop too
+	background.Wait()
+	l := w.currentLease()
+	leaseID := ""
+	if l != nil {
+		leaseID = l.ID()
+		if err := l.setDraining(); err != nil {
+			w.log.Warn("mark lease draining", "lease_id", leaseID, "err", err)
+		}
+	}
+	w.appendWorker(sctx, "draining", events.WorkerDraining{WorkerID: w.cfg.ID, LeaseID: leaseID, Reason: reason})
+
+	// 2. Drain.
+	if !waitGroup(drainCtx, &w.gens) {
+		// 3. Hand off.
+		w.mu.Lock()
+		left := len(w.jobs)
+		for _, j := range w.jobs {
+			j.cancel(errHandOff)
+		}
+		w.mu.Unlock()
+		w.log.Warn("drain budget spent; handing off", "in_flight", left)
+		if !waitGroup(sctx, &w.gens) {
+			w.log.Error("hand-off did not finish within the shutdown budget")
+		}
+	}
+
+	// 4. Leave.
+	if l != nil {
+		if err := l.revoke(sctx); err != nil {
+			w.log.Warn("revoke lease", "lease_id", leaseID, "err", err)
+		}
+	}
+	w.metrics.leaseLive.Set(0)
+	if err := w.loadKV.Delete(sctx, w.cfg.ID); err != nil {
+		w.log.Warn("delete load key", "err", err)
+	}
+	w.appendWorker(sctx, "deregistered", events.WorkerDeregistered{WorkerID: w.cfg.ID, LeaseID: leaseID})
+
+	// 5. Stop listening.
+	if err := sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		w.log.Warn("unsubscribe from dispatches", "err", err)
+	}
+	w.log.Info("stopped", "lease_id", leaseID)
+}
+
+// fail records a fatal engine error and starts the shutdown.
+func (w *Worker) fail(err error) {
+	w.fatalOnce.Do(func() {
+		w.fatalErr = err
+		close(w.fatalCh)
+	})
+}
+
+// registerFirst grants the first lease, waiting up to two TTLs for a key
+// held by an earlier incarnation with the same id to expire.
+func (w *Worker) registerFirst(ctx context.Context) (*lease, error) {
+	deadline := time.Now().Add(2 * w.cfg.LeaseTTL)
+	for {
+		l, err := w.register(ctx, "")
+		if err == nil {
+			return l, nil
+		}
+		if !errors.Is(err, ErrIDInUse) || time.Now().After(deadline) {
+			return nil, err
+		}
+		w.log.Info("worker id still leased; waiting for it to expire", "err", err)
+		if !sleep(ctx, w.cfg.LeaseTTL/10) {
+			return nil, fmt.Errorf("worker: register: %w", ctx.Err())
+		}
+	}
+}
+
+// keepRegistered grants a new lease whenever the current one is lost, until
+// ctx is done.
+func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.Done():
+		}
+		w.metrics.leaseLive.Set(0)
+		w.log.Warn("lease lost; registering again", "lease_id", l.ID(), "err", l.Err())
+		w.mu.Lock()
+		w.lease = nil
+		w.mu.Unlock()
+		prev := l.ID()
+		l.close()
+		for {
+			var err error
+			if l, err = w.register(ctx, prev); err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("register again", "err", err)
+			if !sleep(ctx, w.cfg.LeaseTTL/3) {
+				return
+			}
+		}
+		w.notifyLoad()
+	}
+}
+
+// register grants a new lease with a new lease id and appends worker_registered.
+func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
+	v := events.Lease{
+		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
+		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
+	}
+	w.connInfo(&v)
+	rctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	l, err := grantLease(rctx, w.js, w.leases, v, w.cfg.LeaseTTL, ownedLeaseID, w.connInfo, w.log)
+	if err != nil {
+		return nil, fmt.Errorf("worker: register %s: %w", w.cfg.ID, err)
+	}
+	st := w.eng.Stats()
+	reg := events.WorkerRegistered{
+		WorkerID: w.cfg.ID, LeaseID: v.LeaseID, Model: w.cfg.Model, PID: v.PID, Host: v.Host,
+		LeaseTTLMS: v.TTLMS, KVBlocks: st.KVBlocksTotal, MaxConcurrent: w.cfg.MaxConcurrentRequests,
+	}
+	if _, err := w.events.Append(rctx, streams.WorkerEvents(w.cfg.ID), w.events.Envelope(events.ID(w.cfg.ID, "registered", v.LeaseID), w.cfg.ID, reg), -1); err != nil {
+		dctx, cancel := withDefaultTimeout(context.WithoutCancel(ctx))
+		defer cancel()
+		_ = l.revoke(dctx)
+		return nil, fmt.Errorf("worker: register %s: %w", w.cfg.ID, err)
+	}
+	w.mu.Lock()
+	w.lease = l
+	w.mu.Unlock()
+	w.metrics.leaseLive.Set(1)
+	w.log.Info("registered", "lease_id", v.LeaseID, "model", w.cfg.Model, "lease_ttl", w.cfg.LeaseTTL)
+	return l, nil
+}
+
+// connInfo fills in the connection's current client id and server, which
+// change on a reconnect.
+func (w *Worker) connInfo(v *events.Lease) {
+	if id, err := w.nc.GetClientID(); err == nil {
+		v.ClientID = id
+	}
+	v.Server = w.nc.ConnectedServerId()
+}
+
+func (w *Worker) currentLease() *lease {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lease
+}
+
+// appendWorker appends a lifecycle event; failures are logged, since the
+// lease (not the event) is the authority on liveness.
+func (w *Worker) appendWorker(ctx context.Context, what string, ev events.Event) {
+	id := events.ID(w.cfg.ID, what, uuid.NewString())
+	if _, err := w.events.Append(ctx, streams.WorkerEvents(w.cfg.ID), w.events.Envelope(id, w.cfg.ID, ev), -1); err != nil {
+		w.log.Warn("append worker event", "event", ev.EventType(), "err", err)
+	}
+}
+
+// reportLoad publishes the engine's load when it changes, at most once per
+// LoadInterval, and refreshes it every LeaseTTL/3. The load key has the
+// lease's TTL, so a crashed worker's load disappears with its lease.
+func (w *Worker) reportLoad(ctx context.Context) {
+	refresh := time.NewTicker(w.cfg.LeaseTTL / 3)
+	defer refresh.Stop()
+	var last events.Load
+	have := false
+	for {
+		force := false
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.loadCh:
+		case <-refresh.C:
+			force = true
+		}
+		st := w.eng.Stats()
+		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
+			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
+		if force || !have || l != last {
+			if err := w.putLoad(ctx, l); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				w.log.Warn("report load", "err", err)
+			} else {
+				last, have = l, true
+			}
+		}
+		if !sleep(ctx, w.cfg.LoadInterval) {
+			return
+		}
+	}
+}
+
+func (w *Worker) putLoad(ctx context.Context, l events.Load) error {
+	data, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	_, err = w.js.Publish(ctx, "$KV."+streams.LoadBucket+"."+w.cfg.ID, data, jetstream.WithMsgTTL(w.cfg.LeaseTTL))
+	return err
+}
+
+// notifyLoad tells the load reporter that the load may have changed; it
+// never blocks, notifications coalesce.
+func (w *Worker) notifyLoad() {
+	select {
+	case w.loadCh <- struct{}{}:
+	default:
+	}
+}
+
+// withDefaultTimeout bounds ctx by streams.DefaultTimeout when it has no
+// deadline.
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, streams.DefaultTimeout)
+}
+
+// sleep waits d or until ctx is done; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// waitGroup waits for wg until ctx is done; it reports whether wg finished.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,558 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"math"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/services/worker"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type env struct {
+	t   *testing.T
+	s   *natstest.Server
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *streams.Log
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	s := natstest.Start(t)
+	nc := s.Connect(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, s: s, nc: nc, js: js, log: streams.NewLog(js, "baton/test")}
+}
+
+type running struct {
+	w      *worker.Worker
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// start runs a worker on its own connection until the test ends.
+func (e *env) start(nc *nats.Conn, mock engine.MockConfig, cfg worker.Config) *running {
+	e.t.Helper()
+	if nc == nil {
+		nc = e.s.Connect(e.t)
+	}
+	eng, err := engine.NewMock(mock)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cfg.Streams.MemoryStorage = true
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = time.Second
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 5 * time.Second
+	}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	w, err := worker.New(nc, eng, log, reg, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{w: w, reg: reg, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- w.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(20 * time.Second):
+			e.t.Error("worker did not stop")
+		}
+	})
+	e.waitFor("lease of "+w.ID(), func() bool { _, ok := e.lease(w.ID()); return ok })
+	return r
+}
+
+// stop cancels the worker and returns Run's result.
+func (r *running) stop(t *testing.T) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+		return nil
+	}
+}
+
+func (e *env) waitFor(what string, cond func() bool) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (e *env) kv(bucket string) jetstream.KeyValue {
+	e.t.Helper()
+	kv, err := e.js.KeyValue(context.Background(), bucket)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return kv
+}
+
+// lease returns the worker's lease value if its key exists.
+func (e *env) lease(id string) (events.Lease, bool) {
+	kv, err := e.js.KeyValue(context.Background(), streams.LeasesBucket)
+	if err != nil {
+		return events.Lease{}, false
+	}
+	entry, err := kv.Get(context.Background(), id)
+	if err != nil {
+		return events.Lease{}, false
+	}
+	var l events.Lease
+	if err := json.Unmarshal(entry.Value(), &l); err != nil {
+		e.t.Fatalf("lease value %q: %v", entry.Value(), err)
+	}
+	return l, true
+}
+
+// workerEvents lists the worker's lifecycle events.
+func (e *env) workerEvents(id string) []events.Envelope {
+	e.t.Helper()
+	ctx := context.Background()
+	c, err := e.js.OrderedConsumer(ctx, streams.WorkersStream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{streams.WorkerEvents(id)}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []events.Envelope
+	if info.NumPending == 0 {
+		return nil
+	}
+	batch, err := c.FetchNoWait(int(info.NumPending))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		ev, err := events.Unmarshal(events.Header(m.Headers()), m.Data())
+		if err != nil {
+			e.t.Fatalf("decode worker event: %v", err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+func types(es []events.Envelope) []string {
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Type())
+	}
+	return out
+}
+
+// request reads a request's log.
+func (e *env) request(id string) []events.Envelope {
+	e.t.Helper()
+	var out []events.Envelope
+	for ev, err := range streams.ReadRequest(context.Background(), e.js, id, 1) {
+		if errors.Is(err, streams.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// ended reports whether attempt's tokens subject has a completion or failure.
+func ended(es []events.Envelope) (events.Envelope, bool) {
+	for _, ev := range es {
+		switch ev.Event.(type) {
+		case events.RequestCompleted, events.AttemptFailed:
+			return ev, true
+		}
+	}
+	return events.Envelope{}, false
+}
+
+// accept appends the frontend's accepted and routed events for a request.
+func (e *env) accept(id, prompt string, maxTokens int, workerID string) {
+	e.t.Helper()
+	ctx := context.Background()
+	acc := events.RequestAccepted{RequestID: id, Model: "mock", Endpoint: events.EndpointCompletions, Prompt: prompt,
+		PromptTokens: engine.CountTokens(prompt), MaxTokens: maxTokens, Frontend: "fe-test"}
+	if _, err := e.log.Append(ctx, streams.RequestEvents(id), e.log.Envelope(id+".accepted", id, acc), 0); err != nil {
+		e.t.Fatal(err)
+	}
+	routed := events.RequestRouted{RequestID: id, Attempt: 0, WorkerID: workerID}
+	if _, err := e.log.Append(ctx, streams.RequestEvents(id), e.log.Envelope(id+".routed.0", id, routed), -1); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) dispatch(workerID string, d streams.Dispatch) streams.DispatchReply {
+	e.t.Helper()
+	data, _ := json.Marshal(d)
+	m, err := e.nc.Request(streams.DispatchSubject(workerID), data, 5*time.Second)
+	if err != nil {
+		e.t.Fatalf("dispatch %s: %v", d.RequestID, err)
+	}
+	var r streams.DispatchReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		e.t.Fatalf("dispatch reply %q: %v", m.Data, err)
+	}
+	return r
+}
+
+func newDispatch(id, prompt string, maxTokens int) streams.Dispatch {
+	return streams.Dispatch{RequestID: id, Model: "mock", Prompt: prompt, PromptTokens: engine.CountTokens(prompt),
+		MaxTokens: maxTokens, Frontend: "fe-test"}
+}
+
+var fullSpeed = engine.MockConfig{SpeedupRatio: math.Inf(1)}
+
+// slow emits a token every 100ms, after a 10ms TTFT.
+var slow = engine.MockConfig{TokensPerSec: 10, TTFT: 10 * time.Millisecond}
+
+func TestRegisterAndDeregister(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil, fullSpeed, worker.Config{ID: "w-reg", Model: "mock"})
+	l, _ := e.lease("w-reg")
+	if l.WorkerID != "w-reg" || l.LeaseID == "" || l.Model != "mock" || l.PID != os.Getpid() || l.TTLMS != 1000 || l.Draining || l.ClientID == 0 || l.Server == "" {
+		t.Errorf("lease value %+v", l)
+	}
+	msg, err := e.js.Conn().Request("$JS.API.DIRECT.GET.KV_"+streams.LeasesBucket, []byte(`{"last_by_subj":"$KV.baton_leases.w-reg"}`), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := msg.Header.Get("Nats-TTL"); got != "1s" {
+		t.Errorf("lease message TTL %q, want 1s", got)
+	}
+	evs := e.workerEvents("w-reg")
+	if len(evs) != 1 || evs[0].Type() != events.TypeWorkerRegistered {
+		t.Fatalf("worker events %v, want registered", types(evs))
+	}
+	if reg := evs[0].Event.(events.WorkerRegistered); reg.LeaseID != l.LeaseID || reg.KVBlocks != engine.DefaultMockKVBlocks {
+		t.Errorf("registered %+v, want lease %s", reg, l.LeaseID)
+	}
+	e.waitFor("load report", func() bool {
+		entry, err := e.kv(streams.LoadBucket).Get(context.Background(), "w-reg")
+		return err == nil && len(entry.Value()) > 0
+	})
+
+	if err := r.stop(t); err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	if _, ok := e.lease("w-reg"); ok {
+		t.Error("lease key still there after shutdown")
+	}
+	if _, err := e.kv(streams.LoadBucket).Get(context.Background(), "w-reg"); err == nil {
+		t.Error("load key still there after shutdown")
+	}
+	want := []string{events.TypeWorkerRegistered, events.TypeWorkerDraining, events.TypeWorkerDeregistered}
+	if got := types(e.workerEvents("w-reg")); !equal(got, want) {
+		t.Errorf("worker events %v, want %v", got, want)
+	}
+}
+
+func equal(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestLeaseExpiresWithoutRenewal(t *testing.T) {
+	e := newEnv(t)
+	nc := e.s.Connect(t)
+	r := e.start(nc, fullSpeed, worker.Config{ID: "w-gone", ShutdownTimeout: time.Second})
+	l, _ := e.lease("w-gone")
+	// Let it renew past its TTL first: renewal keeps the key alive.
+	time.Sleep(1500 * time.Millisecond)
+	if got, ok := e.lease("w-gone"); !ok || got.LeaseID != l.LeaseID {
+		t.Fatalf("lease after 1.5 TTL: %+v %v, want the same lease alive", got, ok)
+	}
+	nc.Close() // the worker can no longer renew, as if partitioned or stopped
+	start := time.Now()
+	e.waitFor("lease expiry", func() bool { _, ok := e.lease("w-gone"); return !ok })
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("lease expired after %v, want about the 1s TTL", d)
+	}
+	if err := r.stop(t); err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
+func TestReRegistersAfterLeaseLoss(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil, fullSpeed, worker.Config{ID: "w-back"})
+	first, _ := e.lease("w-back")
+	if err := e.kv(streams.LeasesBucket).Delete(context.Background(), "w-back"); err != nil {
+		t.Fatal(err)
+	}
+	var second events.Lease
+	e.waitFor("a new lease", func() bool {
+		l, ok := e.lease("w-back")
+		second = l
+		return ok && l.LeaseID != first.LeaseID
+	})
+	if got := value(t, r.reg, "baton_worker_lease_live"); got != 1 {
+		t.Errorf("lease_live = %v, want 1", got)
+	}
+	e.waitFor("second registered event", func() bool { return len(e.workerEvents("w-back")) == 2 })
+	evs := e.workerEvents("w-back")
+	if reg, ok := evs[1].Event.(events.WorkerRegistered); !ok || reg.LeaseID != second.LeaseID {
+		t.Errorf("second event %+v, want registered with lease %s", evs[1].Event, second.LeaseID)
+	}
+}
+
+// value sums the series of a gauge or counter.
+func value(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+func TestDispatchProducesDeterministicText(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil, fullSpeed, worker.Config{ID: "w-gen", DeltaMaxTokens: 4})
+	const prompt, n = "the quick brown fox jumps", 37
+	e.accept("req-1", prompt, n, "w-gen")
+	if rep := e.dispatch("w-gen", newDispatch("req-1", prompt, n)); !rep.Accepted {
+		t.Fatalf("dispatch refused: %+v", rep)
+	}
+	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-1")); return ok })
+
+	log := e.request("req-1")
+	proj := projections.NewRequest()
+	next := 0
+	for _, ev := range log {
+		proj.Apply(ev)
+		if d, ok := ev.Event.(events.TokensGenerated); ok {
+			if d.Offset != next || len(d.Tokens) == 0 || len(d.Tokens) > 4 {
+				t.Errorf("delta at offset %d with %d tokens, want offset %d and 1-4 tokens", d.Offset, len(d.Tokens), next)
+			}
+			if ev.ID != events.ID("req-1", 0, d.Offset) || ev.Subject != "req-1" {
+				t.Errorf("delta id %q subject %q", ev.ID, ev.Subject)
+			}
+			next = d.Offset + len(d.Tokens)
+		}
+	}
+	if next != n {
+		t.Errorf("deltas end at %d, want %d", next, n)
+	}
+	last := log[len(log)-1]
+	c, ok := last.Event.(events.RequestCompleted)
+	if !ok {
+		t.Fatalf("last event %s, want completed", last.Type())
+	}
+	if c.FinishReason != engine.FinishLength || c.CompletionTokens != n || c.PromptTokens != 5 || last.ID != events.ID("req-1", 0, "completed") {
+		t.Errorf("completed %+v id %q", c, last.ID)
+	}
+	if proj.Status != projections.StatusCompleted || proj.Skipped != 0 {
+		t.Errorf("projection status %s skipped %d", proj.Status, proj.Skipped)
+	}
+	if got, want := proj.Text(), engine.MockText(prompt, 0, n); got != want {
+		t.Errorf("text:\ngot  %q\nwant %q", got, want)
+	}
+	if got := value(t, r.reg, "dynamo_component_requests_total"); got != 1 {
+		t.Errorf("requests_total = %v, want 1", got)
+	}
+	e.waitFor("inflight back to 0", func() bool {
+		return value(t, r.reg, "dynamo_component_inflight_requests") == 0
+	})
+}
+
+func TestDeltasFlushOnDelay(t *testing.T) {
+	e := newEnv(t)
+	e.start(nil, slow, worker.Config{ID: "w-delay", DeltaMaxTokens: 1000})
+	e.accept("req-d", "a b", 3, "w-delay")
+	e.dispatch("w-delay", newDispatch("req-d", "a b", 3))
+	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-d")); return ok })
+	deltas := 0
+	for _, ev := range e.request("req-d") {
+		if _, ok := ev.Event.(events.TokensGenerated); ok {
+			deltas++
+		}
+	}
+	// Tokens 100ms apart with a 5ms delay bound: one delta each.
+	if deltas != 3 {
+		t.Errorf("%d deltas, want 3", deltas)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	e := newEnv(t)
+	e.start(nil, slow, worker.Config{ID: "w-ref", MaxConcurrentRequests: 1, ShutdownTimeout: 500 * time.Millisecond})
+	if rep := e.dispatch("w-ref", streams.Dispatch{RequestID: "r-x", Model: "other", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedWrongModel {
+		t.Errorf("wrong model: %+v", rep)
+	}
+	if rep := e.dispatch("w-ref", streams.Dispatch{RequestID: "bad id!", Model: "mock", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedBadRequest {
+		t.Errorf("bad id: %+v", rep)
+	}
+	m, err := e.nc.Request(streams.DispatchSubject("w-ref"), []byte("{not json"), 5*time.Second)
+	if err != nil || string(m.Data) != `{"accepted":false,"reason":"bad_request"}` {
+		t.Errorf("malformed: %q %v", m.Data, err)
+	}
+	e.accept("r-1", "x", 1000, "w-ref")
+	if rep := e.dispatch("w-ref", newDispatch("r-1", "x", 1000)); !rep.Accepted {
+		t.Fatalf("first: %+v", rep)
+	}
+	if rep := e.dispatch("w-ref", newDispatch("r-1", "x", 1000)); !rep.Accepted {
+		t.Errorf("retried dispatch of a running attempt: %+v, want accepted", rep)
+	}
+	if rep := e.dispatch("w-ref", newDispatch("r-2", "x", 1000)); rep.Accepted || rep.Reason != streams.RefusedBusy {
+		t.Errorf("second at max concurrency: %+v, want busy", rep)
+	}
+}
+
+func TestShutdownHandsOff(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil, slow, worker.Config{ID: "w-off", ShutdownTimeout: time.Second})
+	e.accept("r-long", "x y", 1000, "w-off")
+	if rep := e.dispatch("w-off", newDispatch("r-long", "x y", 1000)); !rep.Accepted {
+		t.Fatalf("dispatch: %+v", rep)
+	}
+	e.waitFor("first delta", func() bool { return len(e.request("r-long")) > 2 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop(t) }()
+	e.waitFor("draining lease", func() bool { l, ok := e.lease("w-off"); return ok && l.Draining })
+	if rep := e.dispatch("w-off", newDispatch("r-late", "x", 10)); rep.Accepted || rep.Reason != streams.RefusedDraining {
+		t.Errorf("dispatch while draining: %+v, want draining", rep)
+	}
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run = %v, want nil", err)
+	}
+	log := e.request("r-long")
+	last := log[len(log)-1]
+	f, ok := last.Event.(events.AttemptFailed)
+	if !ok || f.Reason != "shutdown" || f.WorkerID != "w-off" {
+		t.Fatalf("last event %s %+v, want attempt_failed shutdown", last.Type(), last.Event)
+	}
+	proj := projections.NewRequest()
+	for _, ev := range log {
+		proj.Apply(ev)
+	}
+	if f.Offset != proj.Len() || proj.Len() == 0 {
+		t.Errorf("hand-off offset %d, folded %d tokens", f.Offset, proj.Len())
+	}
+	if got, want := proj.Text(), engine.MockText("x y", 0, proj.Len()); got != want {
+		t.Errorf("text %q, want %q", got, want)
+	}
+	if a, _ := proj.Current(); !a.Closed || a.CloseReason != "shutdown" {
+		t.Errorf("attempt %+v, want closed by shutdown", a)
+	}
+	if _, ok := e.lease("w-off"); ok {
+		t.Error("lease still there")
+	}
+}
+
+func TestCancelStop(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil, slow, worker.Config{ID: "w-can"})
+	e.accept("r-c", "p", 1000, "w-can")
+	e.dispatch("w-can", newDispatch("r-c", "p", 1000))
+	e.waitFor("first delta", func() bool { return len(e.request("r-c")) > 2 })
+	cancel := events.RequestCancelled{RequestID: "r-c", Mode: events.CancelStop, Reason: "user"}
+	if _, err := e.log.Append(context.Background(), streams.RequestEvents("r-c"), e.log.Envelope("r-c.cancel", "r-c", cancel), -1); err != nil {
+		t.Fatal(err)
+	}
+	e.waitFor("completion", func() bool { _, ok := ended(e.request("r-c")); return ok })
+	last, _ := ended(e.request("r-c"))
+	if c, ok := last.Event.(events.RequestCompleted); !ok || c.FinishReason != worker.FinishCancelled {
+		t.Errorf("outcome %+v, want completed cancelled", last.Event)
+	}
+	if got := value(t, r.reg, "dynamo_component_cancellation_total"); got != 1 {
+		t.Errorf("cancellation_total = %v, want 1", got)
+	}
+}
+
+func TestEngineFatal(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil, engine.MockConfig{SpeedupRatio: math.Inf(1), EngineErrorAfter: 1}, worker.Config{ID: "w-bad"})
+	e.accept("r-ok", "a", 3, "w-bad")
+	e.dispatch("w-bad", newDispatch("r-ok", "a", 3))
+	e.waitFor("first completion", func() bool { _, ok := ended(e.request("r-ok")); return ok })
+	e.accept("r-bad", "a", 3, "w-bad")
+	e.dispatch("w-bad", newDispatch("r-bad", "a", 3))
+	select {
+	case err := <-r.done:
+		r.done <- err
+		if !errors.Is(err, engine.ErrFatal) {
+			t.Errorf("Run = %v, want ErrFatal", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("worker did not stop after an engine failure")
+	}
+	last, _ := ended(e.request("r-bad"))
+	if f, ok := last.Event.(events.AttemptFailed); !ok || f.Reason != "engine_error" {
+		t.Errorf("outcome %+v, want attempt_failed engine_error", last.Event)
+	}
+	if _, ok := e.lease("w-bad"); ok {
+		t.Error("lease still there")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  worker.Config
+		ok   bool
+	}{
+		{"zero", worker.Config{}, true},
+		{"bad id", worker.Config{ID: "a.b"}, false},
+		{"short ttl", worker.Config{LeaseTTL: 10 * time.Millisecond}, false},
+		{"negatives", worker.Config{MaxConcurrentRequests: -1, ShutdownTimeout: -1, DeltaMaxTokens: -1}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}
