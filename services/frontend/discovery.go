@@ -30,9 +30,9 @@ func newDiscovery(log *slog.Logger) *discovery {
 	return &discovery{log: log, changed: newSignal(), view: projections.NewDiscovery()}
 }
 
-// run watches until ctx is done. It returns once the initial lease state is
-// loaded (ready) and keeps watching in the background goroutines it starts on wg.
-func (d *discovery) start(ctx context.Context, js jetstream.JetStream, wg *sync.WaitGroup) error {
+// start watches until ctx is done, in goroutines it adds to wg. It returns
+// once the initial lease state is loaded, or when startCtx is done.
+func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream, wg *sync.WaitGroup) error {
 	leases, err := js.KeyValue(ctx, streams.LeasesBucket)
 	if err != nil {
 		return fmt.Errorf("open bucket %s: %w", streams.LeasesBucket, err)
@@ -95,8 +95,8 @@ func (d *discovery) start(ctx context.Context, js jetstream.JetStream, wg *sync.
 	select {
 	case <-initial:
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	case <-startCtx.Done():
+		return fmt.Errorf("load discovery: %w", startCtx.Err())
 	}
 }
 

@@ -116,7 +116,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
 	if err == nil {
-		err = fe.disc.start(pctx, fe.js, &fe.wg)
+		err = fe.disc.start(runCtx, pctx, fe.js, &fe.wg)
 	}
 	cancel()
 	if err != nil {
