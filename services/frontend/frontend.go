@@ -118,6 +118,9 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if err == nil {
 		err = fe.disc.start(runCtx, pctx, fe.js, &fe.wg)
 	}
+	if err == nil {
+		err = fe.watchDisconnects(runCtx, &fe.wg)
+	}
 	cancel()
 	if err != nil {
 		fe.listener.Close()

@@ -1,0 +1,101 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+)
+
+// disconnectSubject carries the server's client-disconnect advisories; only
+// a system-account user may subscribe.
+const disconnectSubject = "$SYS.ACCOUNT.*.DISCONNECT"
+
+// disconnectAdvisory is the part of io.nats.server.advisory.v1.client_disconnect
+// that baton reads.
+type disconnectAdvisory struct {
+	Server struct {
+		ID string `json:"id"`
+	} `json:"server"`
+	Client struct {
+		ID uint64 `json:"id"`
+	} `json:"client"`
+	Reason string `json:"reason"`
+}
+
+// watchDisconnects is the fast path for crashed workers: when the server
+// reports that a worker's connection closed, the worker's lease is revoked at
+// once, so every frontend sees it leave discovery within milliseconds instead
+// of at the lease TTL. It needs a system-account connection
+// (Config.SystemURL); without one, detection falls back to the TTL.
+func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) error {
+	if fe.cfg.SystemURL == "" {
+		return nil
+	}
+	sys, err := nats.Connect(fe.cfg.SystemURL, nats.Name("baton-frontend-"+fe.id+"-sys"),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("connect system account: %w", err)
+	}
+	_, err = sys.Subscribe(disconnectSubject, func(m *nats.Msg) {
+		var a disconnectAdvisory
+		if json.Unmarshal(m.Data, &a) != nil || a.Client.ID == 0 {
+			return
+		}
+		var lost []projections.Worker
+		fe.disc.read(func(v *projections.Discovery) {
+			for _, w := range v.Workers() {
+				if w.ClientID == a.Client.ID && w.Server == a.Server.ID {
+					lost = append(lost, w)
+				}
+			}
+		})
+		for _, w := range lost {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				fe.declareLost(ctx, w, "disconnected: "+a.Reason)
+			}()
+		}
+	})
+	if err != nil {
+		sys.Close()
+		return fmt.Errorf("subscribe %s: %w", disconnectSubject, err)
+	}
+	if err := sys.Flush(); err != nil {
+		sys.Close()
+		return fmt.Errorf("subscribe %s: %w", disconnectSubject, err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		sys.Close()
+	}()
+	return nil
+}
+
+// declareLost revokes worker w's lease and records that it was lost. Every
+// frontend may do this for the same worker: the revocation expects the lease's
+// revision and the event's id is deterministic, so only one of each lands.
+func (fe *Frontend) declareLost(ctx context.Context, w projections.Worker, reason string) {
+	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+	defer cancel()
+	if err := fe.disc.revoke(ctx, w); err != nil {
+		fe.log.Warn("revoke lease", "worker_id", w.ID, "err", err)
+		return
+	}
+	ev := events.WorkerLost{WorkerID: w.ID, LeaseID: w.LeaseID, Reason: reason}
+	env := fe.events.Envelope(events.ID(w.ID, w.LeaseID, "lost"), w.ID, ev)
+	if _, err := fe.events.Append(ctx, streams.WorkerEvents(w.ID), env, -1); err != nil {
+		fe.log.Warn("record worker lost", "worker_id", w.ID, "err", err)
+		return
+	}
+	fe.log.Info("worker lost", "worker_id", w.ID, "lease_id", w.LeaseID, "reason", reason)
+}
