@@ -14,6 +14,7 @@ const (
 	TypeRequestFailed    = "baton.request.failed.v1"
 	TypeRequestAttached  = "baton.request.attached.v1"
 	TypeRequestCancelled = "baton.request.cancelled.v1"
+	TypeChildAdded       = "baton.request.child_added.v1"
 )
 
 // Endpoints a request can arrive on.
@@ -186,7 +187,18 @@ type RequestCancelled struct {
 
 func (RequestCancelled) EventType() string { return TypeRequestCancelled }
 
+// ChildAdded records that request ChildID was started as a child of
+// RequestID (a choice of n > 1, or a request sent with X-Parent-Request-Id),
+// so that cancelling RequestID cancels ChildID too.
+type ChildAdded struct {
+	RequestID string `json:"request_id"`
+	ChildID   string `json:"child_id"`
+}
+
+func (ChildAdded) EventType() string { return TypeChildAdded }
+
 func init() {
+	register[ChildAdded]()
 	register[RequestAccepted]()
 	register[RequestRouted]()
 	register[TokensGenerated]()

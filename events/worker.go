@@ -60,6 +60,11 @@ type Lease struct {
 	Host     string `json:"host"`
 	TTLMS    int64  `json:"ttl_ms"`
 	Draining bool   `json:"draining,omitempty"`
+	// NotReady is set while the worker's own health checks fail (a canary
+	// timed out or errored, or its engine stopped making progress): the
+	// worker is live but must not receive new requests. Cleared when a
+	// canary passes again. Absent (false) in leases of older builds.
+	NotReady bool `json:"not_ready,omitempty"`
 	// ClientID is the worker's NATS client id on its server, matched against
 	// disconnect advisories.
 	ClientID uint64 `json:"client_id,omitempty"`
@@ -80,4 +85,16 @@ func init() {
 	register[WorkerDraining]()
 	register[WorkerDeregistered]()
 	register[WorkerLost]()
+}
+
+// FrontendPresence is the value of a frontend's key in the frontends bucket.
+// The key's TTL is the frontend's liveness: requests owned by a frontend whose
+// key is gone may be taken over by another.
+type FrontendPresence struct {
+	FrontendID string `json:"frontend_id"`
+	Addr       string `json:"addr"`
+	PID        int    `json:"pid"`
+	Host       string `json:"host"`
+	ClientID   uint64 `json:"client_id,omitempty"`
+	Server     string `json:"server,omitempty"`
 }

@@ -64,7 +64,8 @@ type Request struct {
 	FinishReason string
 	Failure      *events.RequestFailed
 	Cancel       *events.RequestCancelled
-	CompletedAt  int64 // unix seconds, from the completion event's time
+	Children     []string // child requests, in the order they were added
+	CompletedAt  int64    // unix seconds, from the completion event's time
 
 	tokens []string
 	// Skipped counts deltas that could not be applied in order (a gap); a
@@ -196,6 +197,12 @@ func (r *Request) Apply(e events.Envelope) (changed bool) {
 			return false
 		}
 		r.Owner = ev.Frontend
+		return true
+	case events.ChildAdded:
+		if slices.Contains(r.Children, ev.ChildID) {
+			return false
+		}
+		r.Children = append(r.Children, ev.ChildID)
 		return true
 	case events.RequestCancelled:
 		// A kill escalates an earlier stop; anything else repeats a cancel.

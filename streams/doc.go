@@ -10,6 +10,7 @@
 //	BATON_WORKERS   baton.workers.<id>.events        worker lifecycle
 //	KV baton_leases  <worker id> → events.Lease, per-key TTL (an expiry is a delete marker)
 //	KV baton_load    <worker id> → events.Load
+//	KV baton_frontends <frontend id> → events.FrontendPresence, per-key TTL
 //
 // Invariants: provisioning never weakens an existing stream's retention; streams
 // with limits discard new messages (per subject), never a live request's oldest

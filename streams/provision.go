@@ -147,6 +147,7 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	for _, kc := range []jetstream.KeyValueConfig{
 		cfg.bucketConfig(LeasesBucket, "baton worker leases: a key lives while its worker's lease does"),
 		cfg.bucketConfig(LoadBucket, "baton worker load reports"),
+		cfg.bucketConfig(FrontendsBucket, "baton frontend replicas: a key lives while its frontend does"),
 	} {
 		if err := ensureBucket(ctx, js, kc); err != nil {
 			return err

@@ -13,6 +13,9 @@ const (
 	WorkersStream  = "BATON_WORKERS"
 	LeasesBucket   = "baton_leases"
 	LoadBucket     = "baton_load"
+	// FrontendsBucket holds one key per live frontend replica (TTL'd like a
+	// worker lease): who may own requests.
+	FrontendsBucket = "baton_frontends"
 
 	requestsPrefix = "baton.requests."
 	livePrefix     = "baton.live.requests."

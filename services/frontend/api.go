@@ -95,9 +95,16 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	parent := r.Header.Get(headerParentID)
-	if parent != "" && !streams.ValidID(parent) {
-		writeAPIError(w, badRequest("invalid_parent_id", "%s must be a request id", headerParentID))
-		return
+	if parent != "" {
+		if !streams.ValidID(parent) {
+			writeAPIError(w, badRequest("invalid_parent_id", "%s must be a request id", headerParentID))
+			return
+		}
+		if _, err := fe.load(r.Context(), parent); err != nil {
+			writeError(w, http.StatusNotFound, "invalid_request_error", "parent_not_found",
+				fmt.Sprintf("parent request %q (%s) is not in the log", parent, headerParentID))
+			return
+		}
 	}
 	acc := events.RequestAccepted{
 		RequestID: id, Model: p.model, Endpoint: endpoint, Messages: p.messages, Prompt: p.prompt,
@@ -117,6 +124,9 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fe.release(t)
+	if parent != "" {
+		fe.linkChild(r.Context(), parent, id)
+	}
 	fe.metrics.active.WithLabelValues(p.model).Inc()
 	defer fe.metrics.active.WithLabelValues(p.model).Dec()
 
@@ -203,6 +213,7 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 		return
 	}
 	fe.metrics.resumes.WithLabelValues(model).Inc()
+	fe.ensureOwner(r.Context(), t)
 	fe.respond(w, r, t, from, stream, time.Now())
 }
 
@@ -372,20 +383,27 @@ func requestType(stream bool) string {
 func (fe *Frontend) onClientGone(t *tracked) {
 	fe.metrics.disconnected.Inc()
 	var resumable, terminal bool
-	var model, endpoint string
-	var stream bool
-	t.f.view(func(p *projections.Request) {
-		resumable, terminal = p.Accepted.Resumable, p.Status.Terminal()
-		model, endpoint, stream = p.Accepted.Model, p.Accepted.Endpoint, p.Accepted.Stream
-	})
-	if resumable || terminal {
+	t.f.view(func(p *projections.Request) { resumable, terminal = p.Accepted.Resumable, p.Status.Terminal() })
+	if resumable || terminal || fe.isClosing() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(fe.ctx), streams.DefaultTimeout)
 	defer cancel()
-	if err := fe.cancel(ctx, t.id, events.CancelKill, "client_disconnected"); err != nil {
+	if err := fe.cancelTree(ctx, t.id, events.CancelKill, "client disconnected"); err != nil {
 		fe.log.Warn("cancel after client disconnect", "request_id", t.id, "err", err)
+	}
+}
+
+// linkChild records child under parent, so cancelling the parent cancels it;
+// if the parent was cancelled already, the child is cancelled at once.
+func (fe *Frontend) linkChild(ctx context.Context, parent, child string) {
+	ev := events.ChildAdded{RequestID: parent, ChildID: child}
+	env := fe.events.Envelope(events.ID(parent, "child", child), parent, ev)
+	if _, err := fe.events.Append(ctx, streams.RequestEvents(parent), env, -1); err != nil {
+		fe.log.Warn("link child request", "request_id", child, "parent_id", parent, "err", err)
 		return
 	}
-	fe.metrics.cancellations.WithLabelValues(model, endpoint, requestType(stream)).Inc()
+	if p, err := fe.load(ctx, parent); err == nil && p.Cancel != nil {
+		_ = fe.cancelTree(ctx, child, p.Cancel.Mode, "parent cancelled")
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -37,12 +38,14 @@ type Frontend struct {
 	metrics  *metrics
 	gatherer prometheus.Gatherer
 	disc     *discovery
+	presence *presence
 	router   *router
 	policy   migrations.Policy
 
 	ctx      context.Context // the frontend's lifetime, set by Run
 	wg       sync.WaitGroup  // supervisors and watchers
 	draining chan struct{}   // closed when shutdown starts
+	closing  chan struct{}   // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
 	mu       sync.Mutex
@@ -76,7 +79,8 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
 		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
 		policy:   migrations.Policy{Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen},
-		draining: make(chan struct{}), requests: map[string]*tracked{},
+		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
+		presence: newPresence(),
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		fe.gatherer = g
@@ -119,6 +123,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		err = fe.disc.start(runCtx, pctx, fe.js, &fe.wg)
 	}
 	if err == nil {
+		err = fe.presence.start(runCtx, pctx, fe.js, events.FrontendPresence{
+			FrontendID: fe.id, Addr: fe.listener.Addr().String(),
+			ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
+		}, &fe.wg)
+	}
+	if err == nil {
 		err = fe.watchDisconnects(runCtx, &fe.wg)
 	}
 	cancel()
@@ -143,16 +153,24 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	}
 
 	// Shutdown order: (1) turn /health to 503 and refuse new requests; (2) let
-	// open streams run for the graceful budget; (3) close what is left (their
-	// requests keep generating in the log and stay resumable elsewhere);
-	// (4) stop supervisors and watchers.
+	// open streams run for the graceful budget; (3) cut what is left without
+	// cancelling it (the requests keep generating in the log and stay
+	// resumable elsewhere); (4) delete this frontend's presence key, so
+	// another replica may take its requests over at once; (5) stop
+	// supervisors and watchers.
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
 	defer scancel()
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
+		close(fe.closing)
 		err = srv.Close()
 	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), streams.DefaultTimeout)
+	if perr := fe.presence.revoke(rctx, fe.id); perr != nil {
+		fe.log.Warn("deregister", "err", perr)
+	}
+	rcancel()
 	cancelRun()
 	fe.wg.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -171,6 +189,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
 	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.handleResume)
+	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
@@ -187,6 +206,20 @@ func (fe *Frontend) isDraining() bool {
 	default:
 		return false
 	}
+}
+
+func (fe *Frontend) isClosing() bool {
+	select {
+	case <-fe.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func clientID(nc *nats.Conn) uint64 {
+	id, _ := nc.GetClientID()
+	return id
 }
 
 func randomHex(n int) string {

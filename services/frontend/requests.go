@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -63,7 +64,7 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 		}
 		return nil, err
 	}
-	t := &tracked{id: acc.RequestID, f: f, dispatched: make(chan struct{}), done: make(chan struct{})}
+	t := &tracked{id: acc.RequestID, f: f, dispatched: make(chan struct{})}
 	// Fold the accepted event now: the supervisor must not wait for the
 	// republished copy to know what to dispatch.
 	env.Seq = seq
@@ -75,9 +76,15 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 	return t, nil
 }
 
-// acquireSupervisor runs the supervisor of t, holding a reference while it runs.
+// acquireSupervisor runs the supervisor of t, unless one runs already,
+// holding a reference while it runs.
 func (fe *Frontend) acquireSupervisor(t *tracked) {
 	fe.mu.Lock()
+	if t.supervising {
+		fe.mu.Unlock()
+		return
+	}
+	t.supervising = true
 	t.refs++
 	fe.mu.Unlock()
 	fe.wg.Add(1)
@@ -85,7 +92,78 @@ func (fe *Frontend) acquireSupervisor(t *tracked) {
 		defer fe.wg.Done()
 		defer fe.release(t)
 		fe.supervise(fe.ctx, t)
+		fe.mu.Lock()
+		t.supervising = false
+		fe.mu.Unlock()
 	}()
+}
+
+// ensureOwner makes this frontend the owner of t if its owner is gone (its
+// presence key expired or was deleted), and supervises it if it owns it. The
+// attached event is appended with the expected sequence, so of two frontends
+// racing to take a request over, one wins and the other follows.
+func (fe *Frontend) ensureOwner(ctx context.Context, t *tracked) {
+	for range 3 {
+		var owner string
+		var terminal bool
+		var offset int
+		t.f.view(func(p *projections.Request) { owner, terminal, offset = p.Owner, p.Status.Terminal(), p.Len() })
+		switch {
+		case terminal:
+			return
+		case owner == fe.id:
+			fe.acquireSupervisor(t)
+			return
+		case fe.presence.isAlive(owner):
+			return // its owner is alive and supervises it
+		}
+		seq := t.f.eventsSeq()
+		ev := events.RequestAttached{RequestID: t.id, Frontend: fe.id, Offset: offset}
+		err := fe.decide(ctx, t, events.ID(t.id, "attached", fe.id, seq), ev)
+		if err == nil {
+			fe.log.Info("took over request", "request_id", t.id, "previous_owner", owner)
+			fe.acquireSupervisor(t)
+			return
+		}
+		if !errors.Is(err, errSuperseded) {
+			fe.log.Warn("take over request", "request_id", t.id, "err", err)
+			return
+		}
+	}
+}
+
+// clientEnter and clientLeave count the clients of t; a request left without
+// clients is cancelled after the detach timeout by its supervisor.
+func (fe *Frontend) clientEnter(t *tracked) {
+	fe.mu.Lock()
+	t.clients++
+	t.detachedSince = time.Time{}
+	fe.mu.Unlock()
+}
+
+func (fe *Frontend) clientLeave(t *tracked) {
+	fe.mu.Lock()
+	t.clients--
+	if t.clients == 0 {
+		t.detachedSince = time.Now()
+	}
+	fe.mu.Unlock()
+	t.f.changed.Notify() // wake the supervisor to start its detach timer
+}
+
+func (fe *Frontend) detachedSince(t *tracked) time.Time {
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	return t.detachedSince
+}
+
+// detach cancels a request that no client came back to.
+func (fe *Frontend) detach(ctx context.Context, t *tracked) {
+	if err := fe.cancelTree(ctx, t.id, events.CancelKill, "detached: no client for "+fe.cfg.DetachTimeout.String()); err != nil {
+		fe.log.Warn("cancel detached request", "request_id", t.id, "err", err)
+		return
+	}
+	fe.log.Info("cancelled detached request", "request_id", t.id)
 }
 
 // attach follows an existing request (from this frontend's cache or the
@@ -105,9 +183,8 @@ func (fe *Frontend) attach(ctx context.Context, id string) (*tracked, error) {
 		f.stop()
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, id)
 	}
-	t := &tracked{id: id, f: f, dispatched: make(chan struct{}), done: make(chan struct{})}
+	t := &tracked{id: id, f: f, dispatched: make(chan struct{})}
 	close(t.dispatched)
-	close(t.done)
 	fe.mu.Lock()
 	if existing, ok := fe.requests[id]; ok { // lost a race with another client
 		existing.refs++

@@ -35,18 +35,28 @@ func (t *tracked) snapshot(from int) snapshot {
 
 // respond writes request t to the client from token offset from, streaming
 // (SSE) or not, and reports whether it ended in success.
+//
+// While it writes, t counts a client (a request without clients is cancelled
+// after the detach timeout), and if t's owner goes away this frontend takes
+// the request over.
 func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, t *tracked, from int, stream bool, start time.Time) bool {
+	fe.clientEnter(t)
+	defer fe.clientLeave(t)
 	if stream {
 		return fe.stream(w, r, t, from, start)
 	}
 	for {
-		ch := t.f.changed.C()
+		ch, pch := t.f.changed.C(), fe.presence.changed.C()
 		s := t.snapshot(0)
 		if s.status.Terminal() {
 			return fe.writeUnary(w, s)
 		}
 		select {
 		case <-ch:
+		case <-pch:
+			fe.ensureOwner(r.Context(), t)
+		case <-fe.closing:
+			return false
 		case <-r.Context().Done():
 			fe.onClientGone(t)
 			return false
@@ -122,7 +132,7 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 	var last time.Time
 	first := true
 	for {
-		ch := t.f.changed.C()
+		ch, pch := t.f.changed.C(), fe.presence.changed.C()
 		s := t.snapshot(sent)
 		if len(s.tokens) > 0 {
 			sent += len(s.tokens)
@@ -169,6 +179,10 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 		}
 		select {
 		case <-ch:
+		case <-pch:
+			fe.ensureOwner(r.Context(), t)
+		case <-fe.closing:
+			return false // cut by shutdown: the request stays resumable
 		case <-r.Context().Done():
 			fe.onClientGone(t)
 			return false

@@ -21,8 +21,12 @@ type tracked struct {
 	id         string
 	f          *follower
 	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
-	done       chan struct{} // closed when the supervisor returns
-	refs       int           // guarded by Frontend.mu
+
+	// Guarded by Frontend.mu.
+	refs          int       // holders: clients, the supervisor, lookups
+	supervising   bool      // a supervisor runs for it here
+	clients       int       // client responses being written
+	detachedSince time.Time // when the last client left (zero while one is attached)
 }
 
 // failure is why an attempt stopped producing, as the supervisor saw it.
@@ -37,7 +41,6 @@ type failure struct {
 // appended with the expected sequence of the events subject, so two frontends
 // never both decide for one request.
 func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
-	defer close(t.done)
 	settled := false
 	settle := func() {
 		if !settled {
@@ -57,10 +60,11 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 			cur     projections.Attempt
 			hasCur  bool
 			pinned  string
+			owner   string
 			overMax bool
 		)
 		t.f.view(func(p *projections.Request) {
-			st, pinned = p.Status, p.Accepted.PinnedWorker
+			st, pinned, owner = p.Status, p.Accepted.PinnedWorker, p.Owner
 			cur, hasCur = p.Current()
 			overMax = fe.policy.ExceedsMaxSeqLen(p)
 		})
@@ -68,8 +72,8 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 			exceeded = true
 			fe.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
 		}
-		if st.Terminal() {
-			return
+		if st.Terminal() || owner != fe.id {
+			return // ended, or another frontend took it over
 		}
 		var fail *failure
 		if !hasCur || cur.Closed {
@@ -222,10 +226,11 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 		var (
 			st      projections.Status
 			cur     projections.Attempt
+			owner   string
 			overMax bool
 		)
 		t.f.view(func(p *projections.Request) {
-			st = p.Status
+			st, owner = p.Status, p.Owner
 			cur, _ = p.Current()
 			overMax = fe.policy.ExceedsMaxSeqLen(p)
 		})
@@ -233,8 +238,17 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 			*exceeded = true
 			fe.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
 		}
-		if st.Terminal() || cur.Attempt != w.attempt {
+		if st.Terminal() || cur.Attempt != w.attempt || owner != fe.id {
 			return nil
+		}
+		wait := fe.cfg.StallTimeout
+		if since := fe.detachedSince(t); !since.IsZero() {
+			left := fe.cfg.DetachTimeout - time.Since(since)
+			if left <= 0 {
+				fe.detach(ctx, t)
+				return nil
+			}
+			wait = min(wait, left)
 		}
 		if cur.Closed {
 			return &failure{migrationType: events.MigrationOngoingRequest, reason: cur.CloseReason, at: time.Now()}
@@ -246,7 +260,7 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 		if idle >= fe.cfg.StallTimeout {
 			return &failure{migrationType: events.MigrationOngoingRequest, reason: "stalled", at: time.Now()}
 		}
-		stall.Reset(fe.cfg.StallTimeout - idle)
+		stall.Reset(min(wait, fe.cfg.StallTimeout-idle))
 		select {
 		case <-ctx.Done():
 			return nil

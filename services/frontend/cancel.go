@@ -1,0 +1,128 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+)
+
+// maxTreeSize bounds how many requests one cancellation walks.
+const maxTreeSize = 10_000
+
+// cancelTree cancels request id and, breadth first, every request below it.
+// A cancel is an event on each request's events subject, so it reaches
+// whoever holds the work: the worker stops, every frontend following the
+// request ends its streams. Requests that already ended are skipped.
+func (fe *Frontend) cancelTree(ctx context.Context, id, mode, reason string) error {
+	queue, seen := []string{id}, map[string]bool{id: true}
+	var errs []error
+	for len(queue) > 0 && len(seen) <= maxTreeSize {
+		cur := queue[0]
+		queue = queue[1:]
+		p, err := fe.load(ctx, cur)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !p.Status.Terminal() {
+			if err := fe.cancel(ctx, cur, mode, reason); err != nil {
+				errs = append(errs, err)
+			} else {
+				fe.metrics.cancellations.WithLabelValues(p.Accepted.Model, p.Accepted.Endpoint, requestType(p.Accepted.Stream)).Inc()
+			}
+		}
+		for _, c := range p.Children {
+			if !seen[c] {
+				seen[c] = true
+				queue = append(queue, c)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// load returns the current state of request id: from this frontend's
+// follower if it has one, else folded from the log.
+func (fe *Frontend) load(ctx context.Context, id string) (*projections.Request, error) {
+	if t, ok := fe.acquire(id); ok {
+		defer fe.release(t)
+		p := projections.NewRequest()
+		t.f.view(func(cur *projections.Request) { *p = *cur })
+		return p, nil
+	}
+	p := projections.NewRequest()
+	for e, err := range streams.ReadRequest(ctx, fe.js, id, 1) {
+		if err != nil {
+			return nil, err
+		}
+		p.Apply(e)
+	}
+	if !p.Known() {
+		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, id)
+	}
+	return p, nil
+}
+
+// handleCancel serves POST /v1/requests/{id}/cancel with {"mode":"stop"|"kill"}.
+func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	w.Header().Set(headerRequestID, id)
+	if !streams.ValidID(id) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found", fmt.Sprintf("no request %q", id))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+	if err != nil {
+		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
+		return
+	}
+	req := struct {
+		Mode *string `json:"mode"`
+	}{}
+	if len(body) > 0 {
+		if err := json.Unmarshal(body, &req); err != nil {
+			writeAPIError(w, badRequest("invalid_json", "request body must be {\"mode\": \"stop\" | \"kill\"}: %v", err))
+			return
+		}
+	}
+	mode := events.CancelStop
+	if req.Mode != nil {
+		mode = *req.Mode
+	}
+	if mode != events.CancelStop && mode != events.CancelKill {
+		writeAPIError(w, badRequest("invalid_value", "'mode' must be \"stop\" or \"kill\", got %q", mode))
+		return
+	}
+	p, err := fe.load(r.Context(), id)
+	if errors.Is(err, streams.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
+			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		return
+	}
+	if p.Status.Terminal() && len(p.Children) == 0 {
+		writeJSON(w, http.StatusOK, map[string]any{
+			"id": id, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": false,
+			"message": fmt.Sprintf("request %s already ended (%s): nothing to cancel", id, p.Status),
+		})
+		return
+	}
+	if err := fe.cancelTree(r.Context(), id, mode, "cancelled by API"); err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"id": id, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": true,
+		"children": p.Children,
+	})
+}

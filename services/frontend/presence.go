@@ -1,0 +1,114 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// presenceTTL is how long a frontend's key outlives its last renewal.
+const presenceTTL = 6 * time.Second
+
+// presence keeps this frontend's key alive in the frontends bucket and
+// watches everyone's: a request whose owner's key is gone may be taken over.
+type presence struct {
+	kv      jetstream.KeyValue
+	js      jetstream.JetStream
+	changed *signal
+
+	mu    sync.Mutex
+	alive map[string]bool
+}
+
+func newPresence() *presence { return &presence{changed: newSignal(), alive: map[string]bool{}} }
+
+// start registers id and starts renewing and watching, in goroutines on wg.
+func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, wg *sync.WaitGroup) error {
+	kv, err := js.KeyValue(startCtx, streams.FrontendsBucket)
+	if err != nil {
+		return fmt.Errorf("open bucket %s: %w", streams.FrontendsBucket, err)
+	}
+	p.kv, p.js = kv, js
+	v.PID = os.Getpid()
+	v.Host, _ = os.Hostname()
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	subject := "$KV." + streams.FrontendsBucket + "." + v.FrontendID
+	put := func(ctx context.Context) error {
+		_, err := js.Publish(ctx, subject, data, jetstream.WithMsgTTL(presenceTTL))
+		return err
+	}
+	if err := put(startCtx); err != nil {
+		return fmt.Errorf("register frontend %s: %w", v.FrontendID, err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watch %s: %w", streams.FrontendsBucket, err)
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(presenceTTL / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(ctx, presenceTTL/3)
+				_ = put(rctx) // a missed renewal is retried at the next tick
+				cancel()
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		defer w.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					continue
+				}
+				p.mu.Lock()
+				p.alive[e.Key()] = e.Operation() == jetstream.KeyValuePut
+				p.mu.Unlock()
+				p.changed.Notify()
+			}
+		}
+	}()
+	return nil
+}
+
+// isAlive reports whether frontend id holds a live key.
+func (p *presence) isAlive(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.alive[id]
+}
+
+// revoke deletes this frontend's key, so others may take its requests at once.
+func (p *presence) revoke(ctx context.Context, id string) error {
+	if p.kv == nil {
+		return nil
+	}
+	if err := p.kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("deregister frontend %s: %w", id, err)
+	}
+	return nil
+}
