@@ -432,3 +432,8 @@ func checkIDs(t testing.TB, res sseResult, from int) {
 		t.Fatalf("ids advance by %d tokens, but %d tokens arrived", got, want)
 	}
 }
+
+func jsonBody(v any) *bytes.Reader {
+	data, _ := json.Marshal(v)
+	return bytes.NewReader(data)
+}

@@ -29,10 +29,11 @@ type disconnectAdvisory struct {
 	Reason string `json:"reason"`
 }
 
-// watchDisconnects is the fast path for crashed workers: when the server
-// reports that a worker's connection closed, the worker's lease is revoked at
-// once, so every frontend sees it leave discovery within milliseconds instead
-// of at the lease TTL. It needs a system-account connection
+// watchDisconnects is the fast path for crashed workers and frontends: when
+// the server reports that a worker's connection closed, the worker's lease is
+// revoked at once, so every frontend sees it leave discovery within
+// milliseconds instead of at the lease TTL; a crashed frontend's presence key
+// is deleted likewise, so its requests can be taken over at once. It needs a system-account connection
 // (Config.SystemURL); without one, detection falls back to the TTL.
 func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) error {
 	if fe.cfg.SystemURL == "" {
@@ -61,6 +62,20 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) er
 			go func() {
 				defer wg.Done()
 				fe.declareLost(ctx, w, "disconnected: "+a.Reason)
+			}()
+		}
+		for _, p := range fe.presence.connectedAs(a.Client.ID, a.Server.ID) {
+			if p.FrontendID == fe.id {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+				defer cancel()
+				if err := fe.presence.expire(ctx, p); err != nil {
+					fe.log.Warn("expire frontend", "frontend", p.FrontendID, "err", err)
+				}
 			}()
 		}
 	})

@@ -25,10 +25,17 @@ type presence struct {
 	changed *signal
 
 	mu    sync.Mutex
-	alive map[string]bool
+	alive map[string]presenceEntry
 }
 
-func newPresence() *presence { return &presence{changed: newSignal(), alive: map[string]bool{}} }
+type presenceEntry struct {
+	events.FrontendPresence
+	revision uint64
+}
+
+func newPresence() *presence {
+	return &presence{changed: newSignal(), alive: map[string]presenceEntry{}}
+}
 
 // start registers id and starts renewing and watching, in goroutines on wg.
 func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, wg *sync.WaitGroup) error {
@@ -86,7 +93,12 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 					continue
 				}
 				p.mu.Lock()
-				p.alive[e.Key()] = e.Operation() == jetstream.KeyValuePut
+				var v events.FrontendPresence
+				if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &v) == nil {
+					p.alive[e.Key()] = presenceEntry{FrontendPresence: v, revision: e.Revision()}
+				} else {
+					delete(p.alive, e.Key())
+				}
 				p.mu.Unlock()
 				p.changed.Notify()
 			}
@@ -99,7 +111,36 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 func (p *presence) isAlive(id string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.alive[id]
+	_, ok := p.alive[id]
+	return ok
+}
+
+// connectedAs returns the frontends whose NATS connection is client id on
+// server.
+func (p *presence) connectedAs(client uint64, server string) []presenceEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []presenceEntry
+	for _, e := range p.alive {
+		if e.ClientID == client && e.Server == server {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// expire deletes the key of a frontend whose connection closed, if it still
+// holds the given revision, so its requests can be taken over at once.
+func (p *presence) expire(ctx context.Context, e presenceEntry) error {
+	err := p.kv.Delete(ctx, e.FrontendID, jetstream.LastRevision(e.revision))
+	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+			return nil // renewed meanwhile: alive after all
+		}
+		return fmt.Errorf("expire frontend %s: %w", e.FrontendID, err)
+	}
+	return nil
 }
 
 // revoke deletes this frontend's key, so others may take its requests at once.

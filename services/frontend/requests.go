@@ -184,7 +184,7 @@ func (fe *Frontend) attach(ctx context.Context, id string) (*tracked, error) {
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, id)
 	}
 	t := &tracked{id: id, f: f, dispatched: make(chan struct{})}
-	close(t.dispatched)
+	t.settle()
 	fe.mu.Lock()
 	if existing, ok := fe.requests[id]; ok { // lost a race with another client
 		existing.refs++

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -21,6 +22,7 @@ type tracked struct {
 	id         string
 	f          *follower
 	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
+	settleOnce sync.Once
 
 	// Guarded by Frontend.mu.
 	refs          int       // holders: clients, the supervisor, lookups
@@ -28,6 +30,9 @@ type tracked struct {
 	clients       int       // client responses being written
 	detachedSince time.Time // when the last client left (zero while one is attached)
 }
+
+// settle marks the first dispatch settled.
+func (t *tracked) settle() { t.settleOnce.Do(func() { close(t.dispatched) }) }
 
 // failure is why an attempt stopped producing, as the supervisor saw it.
 type failure struct {
@@ -41,13 +46,7 @@ type failure struct {
 // appended with the expected sequence of the events subject, so two frontends
 // never both decide for one request.
 func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
-	settled := false
-	settle := func() {
-		if !settled {
-			settled = true
-			close(t.dispatched)
-		}
-	}
+	settle := t.settle
 	defer settle()
 
 	var model string
