@@ -46,6 +46,9 @@ type RequestAccepted struct {
 	ParentID     string    `json:"parent_id,omitempty"`
 	PinnedWorker string    `json:"pinned_worker,omitempty"`
 	Resumable    bool      `json:"resumable,omitempty"`
+	// Choices > 1 marks a parent of n choices: it is not dispatched itself;
+	// each choice runs as a child request.
+	Choices int `json:"choices,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }

@@ -112,6 +112,14 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
 	}
+	if p.n > 1 {
+		if len(id) > 120 {
+			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
+			return
+		}
+		fe.serveChoices(w, r, acc, p.n, start)
+		return
+	}
 	t, err := fe.start(r.Context(), acc)
 	if errors.Is(err, errExists) {
 		if t, err = fe.attach(r.Context(), id); err == nil {
@@ -159,7 +167,7 @@ func (fe *Frontend) admit(model, endpoint, pinned string) *apiError {
 			pinnedWorker, pinnedOK = v.Get(pinned)
 		}
 	})
-	if !known {
+	if !known && !fe.disc.hasServed(model) {
 		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
 			message: fmt.Sprintf("The model '%s' does not exist or no worker serves it", model)}
 	}
@@ -204,10 +212,17 @@ func parseOffset(r *http.Request) (int, *apiError) {
 func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tracked, from int, stream bool) {
 	defer fe.release(t)
 	var model string
-	var n int
+	var n, choices int
 	var terminal bool
-	t.f.view(func(p *projections.Request) { model, n, terminal = p.Accepted.Model, p.Len(), p.Status.Terminal() })
+	t.f.view(func(p *projections.Request) {
+		model, n, terminal, choices = p.Accepted.Model, p.Len(), p.Status.Terminal(), p.Accepted.Choices
+	})
 	w.Header().Set(headerRequestID, t.id)
+	if choices > 1 {
+		writeAPIError(w, badRequest("group_request", "request %s has %d choices: resume each as %s … %s",
+			t.id, choices, childID(t.id, 0), childID(t.id, choices-1)))
+		return
+	}
 	if from > n && terminal {
 		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens)", from, t.id, n))
 		return
@@ -291,6 +306,7 @@ type RequestState struct {
 	Attempts        []projections.Attempt   `json:"attempts"`
 	Migrations      []projections.Migration `json:"migrations"`
 	ParentID        string                  `json:"parent_id,omitempty"`
+	Children        []string                `json:"children,omitempty"`
 	Error           map[string]any          `json:"error,omitempty"`
 }
 
@@ -301,6 +317,7 @@ func stateOf(p *projections.Request) RequestState {
 		PromptTokens: p.Accepted.PromptTokens, MaxTokens: p.Accepted.MaxTokens, TokensGenerated: p.Len(),
 		FinishReason: p.FinishReason, Attempts: append([]projections.Attempt{}, p.Attempts...),
 		Migrations: append([]projections.Migration{}, p.Migrations...), ParentID: p.Accepted.ParentID,
+		Children: append([]string(nil), p.Children...),
 	}
 	if c, ok := p.Current(); ok {
 		s.Worker = c.WorkerID

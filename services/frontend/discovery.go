@@ -24,10 +24,20 @@ type discovery struct {
 	mu    sync.Mutex
 	view  *projections.Discovery
 	ready bool // the initial state of the leases bucket has been applied
+	// served holds every model a worker has registered for since start, so
+	// that a model whose workers all died is "no worker" (503), not unknown.
+	served map[string]bool
 }
 
 func newDiscovery(log *slog.Logger) *discovery {
-	return &discovery{log: log, changed: newSignal(), view: projections.NewDiscovery()}
+	return &discovery{log: log, changed: newSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
+}
+
+// hasServed reports whether any worker has served model since start.
+func (d *discovery) hasServed(model string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.served[model]
 }
 
 // start watches until ctx is done, in goroutines it adds to wg. It returns
@@ -126,7 +136,12 @@ func (d *discovery) watchLeases(ctx context.Context, w jetstream.KeyWatcher, ini
 				}
 				u.Lease = &l
 			}
-			d.update(func(v *projections.Discovery) bool { return v.ApplyLease(u) })
+			d.update(func(v *projections.Discovery) bool {
+				if u.Lease != nil {
+					d.served[u.Lease.Model] = true
+				}
+				return v.ApplyLease(u)
+			})
 		}
 	}
 }

@@ -70,6 +70,7 @@ type parsed struct {
 	maxTokens    int
 	stream       bool
 	includeUsage bool
+	n            int
 }
 
 // parseRequest decodes and validates a request body for endpoint.
@@ -122,8 +123,12 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 		}
 		p.maxTokens = *mt.v
 	}
-	if req.N != nil && *req.N != 1 {
-		return p, badRequest("unsupported_value", "'n' must be 1 (got %d): one choice per request is supported", *req.N)
+	p.n = 1
+	if req.N != nil {
+		if *req.N < 1 || *req.N > MaxChoices {
+			return p, badRequest("invalid_value", "'n' must be from 1 to %d, got %d", MaxChoices, *req.N)
+		}
+		p.n = *req.N
 	}
 	p.stream = req.Stream != nil && *req.Stream
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil {

@@ -81,26 +81,39 @@ func (fe *Frontend) writeUnary(w http.ResponseWriter, s snapshot) bool {
 		writeError(w, 499, "cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
 		return false
 	}
-	text := strings.Join(s.tokens, "")
-	usage := usageOf(s)
-	var body map[string]any
-	if s.acc.Endpoint == events.EndpointChat {
-		body = map[string]any{
-			"id": "chatcmpl-" + s.acc.RequestID, "object": "chat.completion", "created": s.acc.Created, "model": s.acc.Model,
-			"choices": []map[string]any{{
-				"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": s.finishReason,
-			}},
-			"usage": usage,
-		}
-	} else {
-		body = map[string]any{
-			"id": "cmpl-" + s.acc.RequestID, "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model,
-			"choices": []map[string]any{{"index": 0, "text": text, "logprobs": nil, "finish_reason": s.finishReason}},
-			"usage":   usage,
+	writeJSON(w, http.StatusOK, completionBody(s.acc, []snapshot{s}))
+	return true
+}
+
+// completionBody is the non-streaming response of acc with one choice per
+// snapshot.
+func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]any {
+	list := make([]map[string]any, 0, len(choices))
+	completion := 0
+	for i, s := range choices {
+		text := strings.Join(s.tokens, "")
+		completion += s.total
+		if acc.Endpoint == events.EndpointChat {
+			list = append(list, map[string]any{
+				"index": i, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": s.finishReason,
+			})
+		} else {
+			list = append(list, map[string]any{"index": i, "text": text, "logprobs": nil, "finish_reason": s.finishReason})
 		}
 	}
-	writeJSON(w, http.StatusOK, body)
-	return true
+	usage := map[string]any{
+		"prompt_tokens": acc.PromptTokens, "completion_tokens": completion, "total_tokens": acc.PromptTokens + completion,
+	}
+	if acc.Endpoint == events.EndpointChat {
+		return map[string]any{
+			"id": "chatcmpl-" + acc.RequestID, "object": "chat.completion", "created": acc.Created, "model": acc.Model,
+			"choices": list, "usage": usage,
+		}
+	}
+	return map[string]any{
+		"id": "cmpl-" + acc.RequestID, "object": "text_completion", "created": acc.Created, "model": acc.Model,
+		"choices": list, "usage": usage,
+	}
 }
 
 func usageOf(s snapshot) map[string]any {
@@ -136,7 +149,7 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 		s := t.snapshot(sent)
 		if len(s.tokens) > 0 {
 			sent += len(s.tokens)
-			sse.content(sent, strings.Join(s.tokens, ""), first)
+			sse.content(sent, 0, strings.Join(s.tokens, ""), first)
 			now := time.Now()
 			if first {
 				fe.metrics.ttft.WithLabelValues(model).Observe(now.Sub(start).Seconds())
@@ -153,7 +166,7 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 			ok := false
 			switch s.status {
 			case projections.StatusCompleted:
-				sse.finish(sent, s.finishReason)
+				sse.finish(sent, 0, s.finishReason)
 				if s.acc.IncludeUsage {
 					sse.usage(sent, usageOf(s))
 				}
@@ -230,24 +243,24 @@ func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
 	s.event(id, data)
 }
 
-func (s *sseWriter) content(id int, text string, first bool) {
+func (s *sseWriter) content(id, index int, text string, first bool) {
 	if s.acc.Endpoint == events.EndpointChat {
 		delta := map[string]any{"content": text}
 		if first {
 			delta["role"] = "assistant"
 		}
-		s.chunk(id, map[string]any{"index": 0, "delta": delta, "finish_reason": nil}, nil)
+		s.chunk(id, map[string]any{"index": index, "delta": delta, "finish_reason": nil}, nil)
 		return
 	}
-	s.chunk(id, map[string]any{"index": 0, "text": text, "logprobs": nil, "finish_reason": nil}, nil)
+	s.chunk(id, map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": nil}, nil)
 }
 
-func (s *sseWriter) finish(id int, reason string) {
+func (s *sseWriter) finish(id, index int, reason string) {
 	if s.acc.Endpoint == events.EndpointChat {
-		s.chunk(id, map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": reason}, nil)
+		s.chunk(id, map[string]any{"index": index, "delta": map[string]any{}, "finish_reason": reason}, nil)
 		return
 	}
-	s.chunk(id, map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": reason}, nil)
+	s.chunk(id, map[string]any{"index": index, "text": "", "logprobs": nil, "finish_reason": reason}, nil)
 }
 
 func (s *sseWriter) usage(id int, usage map[string]any) { s.chunk(id, nil, usage) }

@@ -50,7 +50,11 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 	defer settle()
 
 	var model string
-	t.f.view(func(p *projections.Request) { model = p.Accepted.Model })
+	var choices int
+	t.f.view(func(p *projections.Request) { model, choices = p.Accepted.Model, p.Accepted.Choices })
+	if choices > 1 {
+		return // a parent of choices runs nothing itself
+	}
 	exceeded := false
 	var lastFailed string // the worker that just failed: never the continuation's target
 	for ctx.Err() == nil {
@@ -220,6 +224,11 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 	}
 	stall := time.NewTimer(fe.cfg.StallTimeout)
 	defer stall.Stop()
+	// The stall clock starts when watching starts: the last accepted token
+	// may be older than this attempt (a continuation that has produced
+	// nothing yet must get the full stall timeout, not the remainder of the
+	// failed attempt's).
+	watching := time.Now()
 	for {
 		fch, dch := t.f.changed.C(), fe.disc.changed.C()
 		var (
@@ -255,7 +264,11 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 		if now, ok := fe.disc.get(w.ID); !ok || now.LeaseID != w.LeaseID {
 			return &failure{migrationType: events.MigrationOngoingRequest, reason: "worker_lost", at: time.Now()}
 		}
-		idle := time.Since(t.f.lastProgress())
+		last := t.f.lastProgress()
+		if last.Before(watching) {
+			last = watching
+		}
+		idle := time.Since(last)
 		if idle >= fe.cfg.StallTimeout {
 			return &failure{migrationType: events.MigrationOngoingRequest, reason: "stalled", at: time.Now()}
 		}
