@@ -12,6 +12,9 @@ import (
 const (
 	WorkerReady    = "ready"
 	WorkerDraining = "draining"
+	// WorkerNotReady is a live worker whose health checks fail
+	// (events.Lease.NotReady): listed, but not routable until it is ready.
+	WorkerNotReady = "not_ready"
 )
 
 // Worker is one live worker as discovery sees it.
@@ -29,8 +32,9 @@ type Worker struct {
 	Load          events.Load `json:"load"`
 }
 
-// Routable reports whether the worker may receive new requests: leased and
-// not draining. (Local inhibition is the router's, not discovery's.)
+// Routable reports whether the worker may receive new requests: leased, not
+// draining and not failing its health checks. (Local inhibition is the
+// router's, not discovery's.)
 func (w Worker) Routable() bool { return w.State == WorkerReady }
 
 // LeaseUpdate is a change of a key in the leases bucket: a put (Lease set) or
@@ -89,8 +93,11 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		LeaseRevision: u.Revision, ClientID: l.ClientID, Server: l.Server,
 		Load: d.loads[u.Key],
 	}
-	if l.Draining || d.ended[u.Key] == l.LeaseID {
+	switch {
+	case l.Draining || d.ended[u.Key] == l.LeaseID:
 		w.State = WorkerDraining
+	case l.NotReady:
+		w.State = WorkerNotReady
 	}
 	d.workers[u.Key] = w
 	return true

@@ -13,6 +13,8 @@ func lease(worker, leaseID, model string) *events.Lease {
 	return &events.Lease{WorkerID: worker, LeaseID: leaseID, Model: model, PID: 7, Host: "h", TTLMS: 3000}
 }
 
+func notReady(l *events.Lease) *events.Lease { l.NotReady = true; return l }
+
 // step is one input to a Discovery: exactly one field is set.
 type step struct {
 	lease *projections.LeaseUpdate
@@ -72,6 +74,10 @@ func TestDiscovery(t *testing.T) {
 		{"new lease after delete is routable", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1"}), del(2, "w1"), put(3, lease("w1", "l2", "m"))}, []string{"w1"}, []string{"w1"}},
 		{"stale lease revision ignored", []step{put(1, lease("w1", "l1", "m")), del(3, "w1"), put(2, lease("w1", "l1", "m"))}, nil, nil},
 		{"other models not routable for m", []step{put(1, lease("w2", "l2", "other")), put(2, lease("w1", "l1", "m"))}, []string{"w1", "w2"}, []string{"w1"}},
+		{"not-ready lease listed not routable", []step{put(1, notReady(lease("w1", "l1", "m")))}, []string{"w1"}, nil},
+		{"lease becoming not ready leaves routing", []step{put(1, lease("w1", "l1", "m")), put(2, notReady(lease("w1", "l1", "m")))}, []string{"w1"}, nil},
+		{"lease ready again is routable", []step{put(1, lease("w1", "l1", "m")), put(2, notReady(lease("w1", "l1", "m"))), put(3, lease("w1", "l1", "m"))}, []string{"w1"}, []string{"w1"}},
+		{"ready again after draining stays out", []step{put(1, notReady(lease("w1", "l1", "m"))), ev(events.WorkerDraining{WorkerID: "w1", LeaseID: "l1"}), put(2, lease("w1", "l1", "m"))}, []string{"w1"}, nil},
 		{"non-lifecycle event ignored", []step{put(1, lease("w1", "l1", "m")), ev(events.WorkerRegistered{WorkerID: "w1", LeaseID: "l1"})}, []string{"w1"}, []string{"w1"}},
 	}
 	for _, tt := range tests {
@@ -98,6 +104,19 @@ func ids(ws []projections.Worker) []string {
 		out = append(out, w.ID)
 	}
 	return out
+}
+
+func TestDiscoveryNotReadyState(t *testing.T) {
+	d := discover(put(1, notReady(lease("w1", "l1", "m"))))
+	if w, _ := d.Get("w1"); w.State != projections.WorkerNotReady {
+		t.Errorf("got state %q, want %q", w.State, projections.WorkerNotReady)
+	}
+	l := notReady(lease("w1", "l1", "m"))
+	l.Draining = true
+	d = discover(put(1, l))
+	if w, _ := d.Get("w1"); w.State != projections.WorkerDraining {
+		t.Errorf("draining and not ready: got state %q, want %q (draining wins)", w.State, projections.WorkerDraining)
+	}
 }
 
 func TestDiscoveryLoad(t *testing.T) {

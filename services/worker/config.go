@@ -19,6 +19,10 @@ const (
 	DefaultDeltaMaxTokens  = 16
 	DefaultDeltaMaxDelay   = 5 * time.Millisecond
 	DefaultLoadInterval    = 100 * time.Millisecond
+	// DefaultCanaryWait is DYN_CANARY_WAIT_TIME's default: idleness before a canary.
+	DefaultCanaryWait = 10 * time.Second
+	// DefaultHealthCheckTimeout is DYN_HEALTH_CHECK_REQUEST_TIMEOUT's default.
+	DefaultHealthCheckTimeout = 3 * time.Second
 
 	minLeaseTTL = time.Second
 )
@@ -35,6 +39,21 @@ type Config struct {
 	LoadInterval          time.Duration  // minimum spacing of load reports; default 100ms
 	Streams               streams.Config // provisioning of streams and buckets
 	Host                  string         // reported host name; default os.Hostname()
+
+	// SystemAddr is the listen address of the status server (/live, /health,
+	// /metrics), such as ":9090"; empty means no status server
+	// (DYN_SYSTEM_PORT unset or 0).
+	SystemAddr string
+	// HealthCheck switches on canary health checks and the engine progress
+	// check (DYN_HEALTH_CHECK_ENABLED): after CanaryWait without request
+	// activity the worker sends its engine a one-token request, and a
+	// canary that fails or takes longer than HealthCheckTimeout makes the
+	// worker not ready (out of routing) until a canary passes. In-flight
+	// requests that produce no token for HealthCheckTimeout make it not
+	// ready too, even if canaries would pass.
+	HealthCheck        bool
+	CanaryWait         time.Duration // DYN_CANARY_WAIT_TIME; default 10s
+	HealthCheckTimeout time.Duration // DYN_HEALTH_CHECK_REQUEST_TIMEOUT; default 3s
 }
 
 func (c Config) withDefaults() Config {
@@ -60,6 +79,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.LoadInterval == 0 {
 		c.LoadInterval = DefaultLoadInterval
+	}
+	if c.CanaryWait == 0 {
+		c.CanaryWait = DefaultCanaryWait
+	}
+	if c.HealthCheckTimeout == 0 {
+		c.HealthCheckTimeout = DefaultHealthCheckTimeout
 	}
 	if c.Host == "" {
 		c.Host, _ = os.Hostname()
@@ -91,6 +116,12 @@ func (c Config) Validate() error {
 	}
 	if c.LoadInterval < 0 {
 		errs = append(errs, fmt.Errorf("load interval %v: must not be negative", c.LoadInterval))
+	}
+	if c.CanaryWait < 0 {
+		errs = append(errs, fmt.Errorf("canary wait %v: must not be negative", c.CanaryWait))
+	}
+	if c.HealthCheckTimeout < 0 {
+		errs = append(errs, fmt.Errorf("health check timeout %v: must not be negative", c.HealthCheckTimeout))
 	}
 	if err := c.Streams.Validate(); err != nil {
 		errs = append(errs, err)

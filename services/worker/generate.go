@@ -76,6 +76,7 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	w.mu.Unlock()
 
 	w.metrics.inflight.WithLabelValues(w.cfg.Model).Inc()
+	w.health.started()
 	w.reply(m, d, "")
 	go w.generate(j)
 }
@@ -108,14 +109,17 @@ func (w *Worker) generate(j *job) {
 		delete(w.jobs, jobKey{d.RequestID, d.Attempt})
 		w.mu.Unlock()
 		w.metrics.inflight.WithLabelValues(w.cfg.Model).Dec()
+		w.health.ended()
 		w.notifyLoad()
 		w.gens.Done()
 	}()
 	w.notifyLoad()
-	if sub, err := w.watchCommands(j); err != nil {
-		log.Warn("watch cancel commands", "err", err)
-	} else {
+	sub, err := w.watchCommands(j)
+	if sub != nil {
 		defer func() { _ = sub.Unsubscribe() }()
+	}
+	if err != nil {
+		log.Warn("watch cancel commands", "err", err)
 	}
 
 	out := &deltas{
@@ -183,33 +187,60 @@ func (w *Worker) generate(j *job) {
 
 // watchCommands subscribes to the request's republished lifecycle events and
 // stops the job on a cancel command or a migration away from its attempt.
+//
+// A command stored before the subscription was active is not republished to
+// it, so once the server has the subscription, the request's events already
+// in the log are read and obeyed as well. A command seen both ways is obeyed
+// once: the first cause of a job's cancellation wins.
 func (w *Worker) watchCommands(j *job) (*nats.Subscription, error) {
 	subj := strings.TrimSuffix(streams.RequestLive(j.d.RequestID), ">") + "events"
-	return w.nc.Subscribe(subj, func(m *nats.Msg) {
-		e, err := streams.Decode(m)
-		if err != nil {
-			return
-		}
-		switch ev := e.Event.(type) {
-		case events.RequestCancelled:
-			if ev.Mode == events.CancelKill {
-				j.cancel(errCancelKill)
-			} else {
-				j.cancel(errCancelStop)
-			}
-		case events.RequestMigrated:
-			if ev.FromAttempt == j.d.Attempt {
-				j.cancel(errFenced)
-			}
-		case events.RequestFailed:
-			j.cancel(errFenced)
+	sub, err := w.nc.Subscribe(subj, func(m *nats.Msg) {
+		if e, err := streams.Decode(m); err == nil {
+			obey(j, e.Event)
 		}
 	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
+	defer cancel()
+	if err := w.nc.FlushWithContext(ctx); err != nil {
+		return sub, fmt.Errorf("flush subscription: %w", err)
+	}
+	for e, err := range streams.ReadRequestEvents(ctx, w.js, j.d.RequestID, 1) {
+		if errors.Is(err, streams.ErrNotFound) {
+			break // dispatched without accepted/routed events (tests, tools)
+		}
+		if err != nil {
+			return sub, fmt.Errorf("read commands already stored: %w", err)
+		}
+		obey(j, e.Event)
+	}
+	return sub, nil
+}
+
+// obey applies a lifecycle event of the job's request to the job.
+func obey(j *job, ev events.Event) {
+	switch ev := ev.(type) {
+	case events.RequestCancelled:
+		if ev.Mode == events.CancelKill {
+			j.cancel(errCancelKill)
+		} else {
+			j.cancel(errCancelStop)
+		}
+	case events.RequestMigrated:
+		if ev.FromAttempt == j.d.Attempt {
+			j.cancel(errFenced)
+		}
+	case events.RequestFailed:
+		j.cancel(errFenced)
+	}
 }
 
 // produce runs the engine and coalesces its tokens into deltas: a delta is
 // flushed at DeltaMaxTokens tokens or DeltaMaxDelay after its first token,
-// and at the end.
+// and at the end, unless a kill cancelled the job: then nothing more is
+// appended once the kill is seen.
 func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (string, error) {
 	toks := make(chan string, w.cfg.DeltaMaxTokens)
 	var reason string
@@ -232,6 +263,9 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 	flush := func() {
 		timer.Stop()
 		timerC = nil
+		if errors.Is(context.Cause(ctx), errCancelKill) {
+			return // a kill aborts at once: what was not sent yet is dropped
+		}
 		out.flush()
 		w.notifyLoad()
 	}
@@ -242,6 +276,7 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 				flush()
 				return reason, genErr
 			}
+			w.health.token()
 			out.add(t)
 			switch n := out.pending(); {
 			case n >= w.cfg.DeltaMaxTokens:

@@ -33,6 +33,7 @@ type lease struct {
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
 	key     string
+	id      string // lease id; immutable, unlike value
 	subject string
 	ttl     time.Duration
 	log     *slog.Logger
@@ -60,7 +61,7 @@ type lease struct {
 func grantLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, v events.Lease, ttl time.Duration,
 	ownedLeaseID string, refresh func(*events.Lease), log *slog.Logger) (*lease, error) {
 	l := &lease{
-		js: js, kv: kv, key: v.WorkerID, subject: "$KV." + kv.Bucket() + "." + v.WorkerID,
+		js: js, kv: kv, key: v.WorkerID, id: v.LeaseID, subject: "$KV." + kv.Bucket() + "." + v.WorkerID,
 		ttl: ttl, log: log, refresh: refresh, value: v,
 		done: make(chan struct{}), stop: make(chan struct{}),
 	}
@@ -102,7 +103,7 @@ func (l *lease) takeOver(ctx context.Context, data []byte, ownedLeaseID string) 
 }
 
 // ID is the lease id.
-func (l *lease) ID() string { return l.value.LeaseID }
+func (l *lease) ID() string { return l.id }
 
 // Done is closed when the lease is lost or revoked.
 func (l *lease) Done() <-chan struct{} { return l.done }
@@ -183,6 +184,18 @@ func (l *lease) write(edit func(*events.Lease)) error {
 // setDraining marks the lease draining, so discovery stops routing here.
 func (l *lease) setDraining() error {
 	return l.write(func(v *events.Lease) { v.Draining = true })
+}
+
+// setNotReady sets the lease's NotReady flag if it differs, so discovery
+// takes the worker out of routing (or puts it back).
+func (l *lease) setNotReady(notReady bool) error {
+	l.mu.Lock()
+	same := l.value.NotReady == notReady
+	l.mu.Unlock()
+	if same {
+		return nil
+	}
+	return l.write(func(v *events.Lease) { v.NotReady = notReady })
 }
 
 // revoke stops the renewals and deletes the key if it still holds this lease.

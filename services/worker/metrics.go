@@ -22,9 +22,14 @@ type metrics struct {
 	cancellation *prometheus.CounterVec // model, mode
 	refused      *prometheus.CounterVec // model, reason
 	leaseLive    prometheus.Gauge
+	ready        prometheus.GaugeFunc   // what /health says, as 0/1
+	stalled      prometheus.GaugeFunc   // engine stopped making progress, 0/1
+	canaries     *prometheus.CounterVec // model, outcome
+	canaryOK     prometheus.Gauge       // unix time of the last passing canary
 }
 
-func newMetrics(reg prometheus.Registerer, workerID string) (*metrics, error) {
+// newMetrics builds the collectors; ready and stalled are read at scrape time.
+func newMetrics(reg prometheus.Registerer, workerID string, ready, stalled func() bool) (*metrics, error) {
 	constLabels := prometheus.Labels{"worker_id": workerID}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -47,12 +52,28 @@ func newMetrics(reg prometheus.Registerer, workerID string) (*metrics, error) {
 			Name: "baton_worker_lease_live", ConstLabels: constLabels,
 			Help: "1 while this worker holds a live lease, else 0.",
 		}),
+		ready: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "baton_worker_ready", ConstLabels: constLabels,
+			Help: "1 while the worker is ready (lease live, not draining, health checks passing), as /health says, else 0.",
+		}, func() float64 { return b2f(ready()) }),
+		stalled: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "baton_worker_engine_stalled", ConstLabels: constLabels,
+			Help: "1 while in-flight requests have produced no token for the health check timeout, else 0.",
+		}, func() float64 { return b2f(stalled()) }),
+		canaries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_worker_canary_total", ConstLabels: constLabels,
+			Help: "Canary health checks sent to the engine, by outcome (success or failure).",
+		}, []string{"model", "outcome"}),
+		canaryOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "baton_worker_canary_last_success_timestamp_seconds", ConstLabels: constLabels,
+			Help: "Unix time of the last canary that passed; 0 if none has.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.cancellation, m.refused, m.leaseLive} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.cancellation, m.refused, m.leaseLive, m.ready, m.stalled, m.canaries, m.canaryOK} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -61,4 +82,11 @@ func newMetrics(reg prometheus.Registerer, workerID string) (*metrics, error) {
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
 	return m, nil
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

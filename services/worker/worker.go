@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"sync"
 	"time"
@@ -37,12 +39,17 @@ type Worker struct {
 
 	loadCh chan struct{} // capacity 1: load changed, coalesced
 
+	health   *monitor
+	gatherer prometheus.Gatherer // served on /metrics
+	readyMu  sync.Mutex          // serialises syncReady
+
 	mu       sync.Mutex
 	running  bool
 	draining bool
 	jobs     map[jobKey]*job
 	lease    *lease // current lease; nil while re-registering
 	gens     sync.WaitGroup
+	listener net.Listener // status server; nil when off or not yet bound
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -50,7 +57,8 @@ type Worker struct {
 }
 
 // New returns a worker for eng on nc. cfg's zero values mean the defaults.
-// Metrics are registered on reg (nil: not registered).
+// Metrics are registered on reg (nil: not registered); if reg is also a
+// prometheus.Gatherer, the status server's /metrics serves it.
 func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Worker, error) {
 	if nc == nil || eng == nil {
 		return nil, errors.New("worker: a NATS connection and an engine are required")
@@ -62,24 +70,35 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	m, err := newMetrics(reg, cfg.ID)
-	if err != nil {
-		return nil, err
-	}
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(asyncWindow),
 		jetstream.WithPublishAsyncTimeout(streams.DefaultTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("worker: jetstream: %w", err)
 	}
-	return &Worker{
-		nc: nc, js: js, eng: eng, cfg: cfg, metrics: m,
+	w := &Worker{
+		nc: nc, js: js, eng: eng, cfg: cfg,
 		log:     log.With("worker_id", cfg.ID),
 		events:  streams.NewLog(js, "baton/worker/"+cfg.ID),
 		loadCh:  make(chan struct{}, 1),
 		jobs:    map[jobKey]*job{},
 		fatalCh: make(chan struct{}),
-	}, nil
+	}
+	w.health = newMonitor(cfg.HealthCheck, cfg.CanaryWait, cfg.HealthCheckTimeout,
+		canaryProbe(eng, cfg.ID, w.fail), w.healthChanged)
+	w.health.onCanary = w.canaryDone
+	w.metrics, err = newMetrics(reg, cfg.ID, w.Ready, func() bool {
+		_, why := w.health.state()
+		return why == engineStalled
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.gatherer = prometheus.DefaultGatherer
+	if g, ok := reg.(prometheus.Gatherer); ok {
+		w.gatherer = g
+	}
+	return w, nil
 }
 
 // ID is the worker's id.
@@ -99,6 +118,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.running = true
 	w.mu.Unlock()
 
+	// The status server runs for the whole of Run, shutdown included, so
+	// that /live answers while starting and /health shows the drain.
+	stopStatus, err := w.serveStatus()
+	if err != nil {
+		return err
+	}
+	defer stopStatus()
 	if err := w.open(ctx); err != nil {
 		return err
 	}
@@ -124,6 +150,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	var background sync.WaitGroup
 	background.Go(func() { w.keepRegistered(bg, l) })
 	background.Go(func() { w.reportLoad(bg) })
+	background.Go(func() { w.health.Run(bg) })
 	w.notifyLoad()
 
 	reason := "shutdown"
@@ -168,8 +195,10 @@ func (w *Worker) open(ctx context.Context) error {
 //  4. stop renewing, delete the lease key, stop load reports and delete the
 //     load key, append worker_deregistered;
 //  5. unsubscribe from dispatches (until then late dispatches are refused
-//     rather than timing out).
+//     rather than timing out);
+//  6. (in Run, after this returns) stop the status server.
 //
+// Canaries and the progress check stop with the background work in step 1.
 // Every step runs on context.WithTimeout(context.WithoutCancel(ctx), budget).
 func (w *Worker) shutdown(ctx context.Context, reason string, sub *nats.Subscription, stopBackground context.CancelFunc, background *sync.WaitGroup) {
 	budget := w.cfg.ShutdownTimeout
@@ -293,9 +322,11 @@ func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
 
 // register grants a new lease with a new lease id and appends worker_registered.
 func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
+	healthy, _ := w.health.state()
 	v := events.Lease{
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
+		NotReady: !healthy,
 	}
 	w.connInfo(&v)
 	rctx, cancel := withDefaultTimeout(ctx)
@@ -320,7 +351,74 @@ func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, err
 	w.mu.Unlock()
 	w.metrics.leaseLive.Set(1)
 	w.log.Info("registered", "lease_id", v.LeaseID, "model", w.cfg.Model, "lease_ttl", w.cfg.LeaseTTL)
+	w.syncReady() // health may have changed since v was built
 	return l, nil
+}
+
+// healthChanged is the monitor's report of a change of engine health.
+func (w *Worker) healthChanged(healthy bool) {
+	if healthy {
+		w.log.Info("engine healthy again; back in routing")
+	} else {
+		_, why := w.health.state()
+		w.log.Warn("engine not ready; out of routing until a canary passes", "reason", why,
+			"timeout", w.cfg.HealthCheckTimeout)
+	}
+	w.syncReady()
+}
+
+// canaryDone records a canary's outcome in the metrics.
+func (w *Worker) canaryDone(ok bool, at time.Time) {
+	outcome := "success"
+	if ok {
+		w.metrics.canaryOK.Set(float64(at.UnixNano()) / 1e9)
+	} else {
+		outcome = "failure"
+		w.log.Warn("canary failed")
+	}
+	w.metrics.canaries.WithLabelValues(w.cfg.Model, outcome).Inc()
+}
+
+// syncReady makes the current lease's NotReady flag match the engine's
+// health, so that discovery takes a not-ready worker out of routing and puts
+// it back once it is healthy again.
+func (w *Worker) syncReady() {
+	w.readyMu.Lock()
+	defer w.readyMu.Unlock()
+	healthy, _ := w.health.state()
+	l := w.currentLease()
+	if l == nil {
+		return // re-registering: register reads the health itself
+	}
+	if err := l.setNotReady(!healthy); err != nil {
+		w.log.Warn("mark lease readiness", "lease_id", l.ID(), "not_ready", !healthy, "err", err)
+	}
+}
+
+// serveStatus starts the status server if it is configured; stop closes it.
+func (w *Worker) serveStatus() (stop func(), err error) {
+	if _, err := w.Listen(); err != nil {
+		return nil, err
+	}
+	w.mu.Lock()
+	l := w.listener
+	w.mu.Unlock()
+	if l == nil {
+		return func() {}, nil
+	}
+	srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			w.log.Error("status server", "err", err)
+		}
+	}()
+	w.log.Info("status server listening", "addr", l.Addr().String())
+	return func() {
+		_ = srv.Close() // probes are short; nothing to drain
+		<-done
+	}, nil
 }
 
 // connInfo fills in the connection's current client id and server, which

@@ -1,0 +1,249 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+)
+
+func TestSplitTokens(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		want       []string
+	}{
+		{"empty", "", nil},
+		{"one word", "hello", []string{"hello"}},
+		{"leading space kept with word", " hello world", []string{" hello", " world"}},
+		{"trailing space own token", "hello ", []string{"hello", " "}},
+		{"newlines", "a\n\nb", []string{"a", "\n\nb"}},
+		{"only spaces", "   ", []string{"   "}},
+		{"unicode", "héllo  wörld", []string{"héllo", "  wörld"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := engine.SplitTokens(tc.text)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+			if j := strings.Join(got, ""); j != tc.text {
+				t.Errorf("joined %q, want %q", j, tc.text)
+			}
+		})
+	}
+}
+
+// fakeOpenAI speaks the streaming /v1/completions format: it answers with
+// chunks, each an SSE data event, spaced by gap, then [DONE].
+type fakeOpenAI struct {
+	t      *testing.T
+	chunks []string
+	finish string        // finish_reason of the last chunk
+	gap    time.Duration // between chunks
+	status int           // non-200 to fail
+	noDone bool          // end the stream without [DONE] or a finish reason
+
+	mu   sync.Mutex
+	reqs []map[string]any
+	auth []string
+}
+
+func (f *fakeOpenAI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/v1/completions" {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	var body map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.reqs = append(f.reqs, body)
+	f.auth = append(f.auth, r.Header.Get("Authorization"))
+	f.mu.Unlock()
+	if f.status != 0 {
+		http.Error(w, `{"error":{"message":"model not found"}}`, f.status)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	for i, c := range f.chunks {
+		if i > 0 && f.gap > 0 {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(f.gap):
+			}
+		}
+		fr := "null"
+		if i == len(f.chunks)-1 && !f.noDone {
+			fr = fmt.Sprintf("%q", f.finish)
+		}
+		fmt.Fprintf(w, "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":%q,\"finish_reason\":%s}]}\n\n", c, fr)
+		fl.Flush()
+	}
+	if !f.noDone {
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+}
+
+func (f *fakeOpenAI) requests() []map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.reqs)
+}
+
+func newOpenAI(t *testing.T, f *fakeOpenAI, url string) *engine.OpenAI {
+	t.Helper()
+	e, err := engine.NewOpenAI(engine.OpenAIConfig{URL: url, Model: "qwen", APIKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func generateAll(t *testing.T, e engine.Engine, ctx context.Context, req engine.Request) ([]string, string, error) {
+	t.Helper()
+	var toks []string
+	reason, err := e.Generate(ctx, req, func(s string) error { toks = append(toks, s); return nil })
+	return toks, reason, err
+}
+
+func TestOpenAIStreamsTokens(t *testing.T) {
+	f := &fakeOpenAI{t: t, chunks: []string{" The", " quick brown", " fox\n", "jumps"}, finish: "stop"}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	e := newOpenAI(t, f, srv.URL+"/v1/") // a /v1 suffix is accepted
+	toks, reason, err := generateAll(t, e, context.Background(), engine.Request{
+		RequestID: "r", Prompt: "Once upon", Generated: " a time,", StartOffset: 3, MaxTokens: 103,
+	})
+	if err != nil || reason != engine.FinishStop {
+		t.Fatalf("Generate = %q, %v, want stop", reason, err)
+	}
+	if got, want := strings.Join(toks, ""), " The quick brown fox\njumps"; got != want {
+		t.Errorf("text %q, want %q", got, want)
+	}
+	if want := []string{" The", " quick", " brown", " fox", "\n", "jumps"}; !slices.Equal(toks, want) {
+		t.Errorf("tokens %q, want %q", toks, want)
+	}
+	reqs := f.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests, want 1", len(reqs))
+	}
+	r := reqs[0]
+	if r["model"] != "qwen" || r["prompt"] != "Once upon a time," || r["max_tokens"] != float64(100) || r["stream"] != true {
+		t.Errorf("request body %v", r)
+	}
+	if f.auth[0] != "Bearer k" {
+		t.Errorf("authorization %q", f.auth[0])
+	}
+	if s := e.Stats(); s.ActiveRequests != 0 {
+		t.Errorf("active after the end: %d", s.ActiveRequests)
+	}
+}
+
+func TestOpenAIOutcomes(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		f          *fakeOpenAI
+		max        int
+		wantReason string
+		wantErr    bool
+		wantTokens int
+	}{
+		{"length from server", &fakeOpenAI{chunks: []string{"a", " b"}, finish: "length"}, 10, engine.FinishLength, false, 2},
+		{"cut at the budget", &fakeOpenAI{chunks: []string{"a b c d"}, finish: "stop"}, 2, engine.FinishLength, false, 2},
+		{"http error", &fakeOpenAI{status: http.StatusNotFound}, 10, "", true, 0},
+		{"truncated stream", &fakeOpenAI{chunks: []string{"a"}, noDone: true}, 10, "", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := tc.f
+			srv := httptest.NewServer(f)
+			defer srv.Close()
+			toks, reason, err := generateAll(t, newOpenAI(t, f, srv.URL), context.Background(), engine.Request{Prompt: "p", MaxTokens: tc.max})
+			if (err != nil) != tc.wantErr || reason != tc.wantReason || len(toks) != tc.wantTokens {
+				t.Errorf("got %q %v with %d tokens, want %q err=%v with %d", reason, err, len(toks), tc.wantReason, tc.wantErr, tc.wantTokens)
+			}
+			if errors.Is(err, engine.ErrFatal) {
+				t.Errorf("error %v wraps ErrFatal; a server can come back", err)
+			}
+		})
+	}
+}
+
+func TestOpenAIZeroBudgetSendsNothing(t *testing.T) {
+	f := &fakeOpenAI{}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	_, reason, err := generateAll(t, newOpenAI(t, f, srv.URL), context.Background(), engine.Request{Prompt: "p", StartOffset: 5, MaxTokens: 5})
+	if err != nil || reason != engine.FinishLength || len(f.requests()) != 0 {
+		t.Errorf("got %q %v after %d requests, want length and none", reason, err, len(f.requests()))
+	}
+}
+
+func TestOpenAICancel(t *testing.T) {
+	chunks := make([]string, 1000)
+	for i := range chunks {
+		chunks[i] = " w"
+	}
+	f := &fakeOpenAI{chunks: chunks, finish: "length", gap: 20 * time.Millisecond}
+	srv := httptest.NewServer(f)
+	defer srv.Close()
+	e := newOpenAI(t, f, srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	var n int
+	var mu sync.Mutex
+	var cancelledAt time.Time
+	_, err := e.Generate(ctx, engine.Request{Prompt: "p", MaxTokens: 1000}, func(string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if n++; n == 3 {
+			if e.Stats().ActiveRequests != 1 {
+				t.Errorf("active while generating: %d, want 1", e.Stats().ActiveRequests)
+			}
+			cancelledAt = time.Now()
+			cancel()
+		}
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Generate = %v, want context.Canceled", err)
+	}
+	if d := time.Since(cancelledAt); d > time.Second {
+		t.Errorf("returned %v after the cancel", d)
+	}
+	if n != 3 {
+		t.Errorf("%d tokens emitted, want 3 (none after the cancel)", n)
+	}
+	if s := e.Stats(); s.ActiveRequests != 0 {
+		t.Errorf("active after cancel: %d", s.ActiveRequests)
+	}
+}
+
+func TestOpenAIConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  engine.OpenAIConfig
+		ok   bool
+	}{
+		{"ok", engine.OpenAIConfig{URL: "http://127.0.0.1:8000", Model: "m"}, true},
+		{"no url", engine.OpenAIConfig{Model: "m"}, false},
+		{"bad scheme", engine.OpenAIConfig{URL: "ftp://x", Model: "m"}, false},
+		{"no model", engine.OpenAIConfig{URL: "http://x"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
+			}
+		})
+	}
+}

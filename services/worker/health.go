@@ -1,0 +1,222 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+)
+
+// Why the engine is not ready, as /health reports it.
+const (
+	engineOK      = "ok"
+	engineStalled = "stalled"       // in-flight requests stopped producing tokens
+	canaryFailed  = "canary_failed" // the last canary timed out or failed
+)
+
+// canaryPrompt is the prompt of a canary request.
+const canaryPrompt = "health check"
+
+// monitor decides whether the engine is healthy, from two signals:
+//
+//   - canaries: after wait without request activity (no request running, none
+//     started or ended), probe is called with a deadline of timeout; a
+//     failure makes the engine unhealthy until a later canary passes;
+//   - progress: while requests run, the engine must emit a token (any
+//     request's) at least every timeout; if it does not, it is stalled
+//     until a token arrives. Stalled requests that end without a token
+//     leave the engine suspect: a canary runs at once and decides.
+//
+// It does nothing when disabled. Its methods are safe for concurrent use;
+// onChange is called from Run's goroutine only, with the new health, each
+// time it changes.
+type monitor struct {
+	enabled  bool
+	wait     time.Duration
+	timeout  time.Duration
+	probe    func(ctx context.Context) error
+	onChange func(healthy bool)
+	onCanary func(ok bool, at time.Time) // every canary's outcome; may be nil
+
+	kick chan struct{} // capacity 1: an input changed, coalesced
+
+	mu        sync.Mutex
+	active    int       // requests running
+	idleSince time.Time // last start, end or canary while nothing ran
+	progress  time.Time // last token, or when active went from 0 to 1
+	stalled   bool
+	failed    bool // last canary failed
+	suspect   bool // run a canary now
+	reported  bool // the health last given to onChange (true = healthy)
+}
+
+func newMonitor(enabled bool, wait, timeout time.Duration, probe func(context.Context) error, onChange func(bool)) *monitor {
+	return &monitor{
+		enabled: enabled, wait: wait, timeout: timeout, probe: probe, onChange: onChange,
+		kick: make(chan struct{}, 1), idleSince: time.Now(), reported: true,
+	}
+}
+
+// started records a request that began running.
+func (m *monitor) started() {
+	m.mu.Lock()
+	m.active++
+	if m.active == 1 {
+		m.progress = time.Now()
+	}
+	m.mu.Unlock()
+	m.notify()
+}
+
+// ended records a request that stopped running.
+func (m *monitor) ended() {
+	m.mu.Lock()
+	m.active--
+	now := time.Now()
+	m.idleSince = now
+	if m.active == 0 && m.stalled {
+		// The stalled requests went away (fenced, cancelled, handed off)
+		// without a token: nothing shows the engine works again.
+		m.stalled, m.suspect = false, true
+	}
+	m.mu.Unlock()
+	m.notify()
+}
+
+// token records progress: a request emitted a token. It is called on the
+// hot path and only wakes Run when the engine was stalled.
+func (m *monitor) token() {
+	m.mu.Lock()
+	m.progress = time.Now()
+	wake := m.stalled
+	m.mu.Unlock()
+	if wake {
+		m.notify()
+	}
+}
+
+func (m *monitor) notify() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// state reports whether the engine is healthy and, if not, why.
+func (m *monitor) state() (healthy bool, reason string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.stateLocked()
+}
+
+func (m *monitor) stateLocked() (bool, string) {
+	switch {
+	case m.stalled:
+		return false, engineStalled
+	case m.failed || m.suspect:
+		return false, canaryFailed
+	}
+	return true, engineOK
+}
+
+// Run checks the engine until ctx is done.
+func (m *monitor) Run(ctx context.Context) {
+	if !m.enabled {
+		return
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		next, canary := m.step()
+		if canary {
+			m.canary(ctx)
+			continue
+		}
+		timer.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+		case <-timer.C:
+		}
+	}
+}
+
+// step updates the stall state, reports a change of health, and says when to
+// look again or whether a canary is due now.
+func (m *monitor) step() (next time.Duration, canary bool) {
+	m.mu.Lock()
+	now := time.Now()
+	next = time.Hour
+	if m.active > 0 {
+		left := m.progress.Add(m.timeout).Sub(now)
+		m.stalled = left <= 0
+		if !m.stalled {
+			next = left
+		}
+	} else {
+		left := m.idleSince.Add(m.wait).Sub(now)
+		if m.suspect || left <= 0 {
+			canary = true
+		} else {
+			next = left
+		}
+	}
+	healthy, _ := m.stateLocked()
+	changed := healthy != m.reported
+	m.reported = healthy
+	m.mu.Unlock()
+	if changed {
+		m.onChange(healthy)
+	}
+	return next, canary
+}
+
+// canary sends the engine one request and records the outcome.
+func (m *monitor) canary(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, m.timeout)
+	err := m.probe(cctx)
+	cancel()
+	if ctx.Err() != nil {
+		return // stopping: the outcome means nothing
+	}
+	now := time.Now()
+	m.mu.Lock()
+	m.failed, m.suspect = err != nil, false
+	m.idleSince = now
+	m.mu.Unlock()
+	if m.onCanary != nil {
+		m.onCanary(err == nil, now)
+	}
+}
+
+// errCanaryEmpty means a canary finished without a token.
+var errCanaryEmpty = errors.New("worker: canary produced no token")
+
+// canaryProbe returns a probe that asks eng for one token. An error wrapping
+// engine.ErrFatal is passed to fatal as well.
+func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(context.Context) error {
+	var n int
+	return func(ctx context.Context) error {
+		n++
+		req := engine.Request{
+			RequestID: fmt.Sprintf("canary-%s-%d", workerID, n), Prompt: canaryPrompt,
+			PromptTokens: engine.CountTokens(canaryPrompt), MaxTokens: 1,
+		}
+		tokens := 0
+		_, err := eng.Generate(ctx, req, func(string) error { tokens++; return nil })
+		switch {
+		case errors.Is(err, engine.ErrFatal):
+			fatal(err)
+			return err
+		case err != nil:
+			return fmt.Errorf("worker: canary: %w", err)
+		case tokens == 0:
+			return errCanaryEmpty
+		}
+		return nil
+	}
+}

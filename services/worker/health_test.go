@@ -1,0 +1,201 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// monitorProbe is a probe whose outcome the test sets; it records its calls.
+type monitorProbe struct {
+	mu    sync.Mutex
+	err   error
+	hang  bool
+	calls []time.Time
+}
+
+func (p *monitorProbe) probe(ctx context.Context) error {
+	p.mu.Lock()
+	p.calls = append(p.calls, time.Now())
+	hang, err := p.hang, p.err
+	p.mu.Unlock()
+	if hang {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return err
+}
+
+func (p *monitorProbe) set(err error, hang bool) {
+	p.mu.Lock()
+	p.err, p.hang = err, hang
+	p.mu.Unlock()
+}
+
+func (p *monitorProbe) n() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.calls)
+}
+
+// runMonitor starts a monitor with wait 10s and timeout 3s inside a synctest
+// bubble; changes records what onChange reported.
+func runMonitor(t *testing.T, p *monitorProbe) (m *monitor, changes func() []bool, stop func()) {
+	var mu sync.Mutex
+	var got []bool
+	m = newMonitor(true, 10*time.Second, 3*time.Second, p.probe, func(h bool) {
+		mu.Lock()
+		got = append(got, h)
+		mu.Unlock()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); m.Run(ctx) }()
+	return m, func() []bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return append([]bool(nil), got...)
+		}, func() {
+			cancel()
+			<-done
+		}
+}
+
+func TestMonitorCanaryAfterIdleness(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &monitorProbe{}
+		start := time.Now()
+		m, changes, stop := runMonitor(t, p)
+		defer stop()
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		if got := p.n(); got != 0 {
+			t.Fatalf("got %d canaries after 9s idle, want 0", got)
+		}
+		// Activity pushes the next canary back.
+		m.started()
+		time.Sleep(2 * time.Second)
+		m.token()
+		m.ended() // at 11s
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		if got := p.n(); got != 0 {
+			t.Fatalf("got %d canaries 9s after the last request, want 0", got)
+		}
+		time.Sleep(1 * time.Second)
+		synctest.Wait()
+		p.mu.Lock()
+		first := p.calls[0].Sub(start)
+		p.mu.Unlock()
+		if got := p.n(); got != 1 || first != 21*time.Second {
+			t.Fatalf("got %d canaries (first at %v), want 1 at 21s", got, first)
+		}
+		// Canaries repeat every wait while idle.
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if got := p.n(); got != 2 {
+			t.Errorf("got %d canaries, want 2", got)
+		}
+		if got := changes(); len(got) != 0 {
+			t.Errorf("got health changes %v, want none", got)
+		}
+	})
+}
+
+func TestMonitorCanaryFailureAndRecovery(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		hang bool
+	}{
+		{"error", errors.New("boom"), false},
+		{"timeout", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := &monitorProbe{}
+				p.set(tc.err, tc.hang)
+				m, changes, stop := runMonitor(t, p)
+				defer stop()
+				time.Sleep(10*time.Second + 3*time.Second + time.Millisecond)
+				synctest.Wait()
+				if h, why := m.state(); h || why != canaryFailed {
+					t.Fatalf("got state %v %q after a failed canary, want not healthy, %q", h, why, canaryFailed)
+				}
+				p.set(nil, false)
+				time.Sleep(10 * time.Second)
+				synctest.Wait()
+				if h, _ := m.state(); !h {
+					t.Fatal("still not healthy after a passing canary")
+				}
+				if got := changes(); len(got) != 2 || got[0] || !got[1] {
+					t.Errorf("got health changes %v, want [false true]", got)
+				}
+			})
+		})
+	}
+}
+
+func TestMonitorStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &monitorProbe{}
+		m, changes, stop := runMonitor(t, p)
+		defer stop()
+		m.started()
+		time.Sleep(2 * time.Second)
+		m.token()
+		time.Sleep(2999 * time.Millisecond)
+		synctest.Wait()
+		if h, _ := m.state(); !h {
+			t.Fatal("stalled before the timeout")
+		}
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		if h, why := m.state(); h || why != engineStalled {
+			t.Fatalf("got state %v %q 3s without a token, want %q", h, why, engineStalled)
+		}
+		m.token() // progress again: healthy at once
+		synctest.Wait()
+		if h, _ := m.state(); !h {
+			t.Fatal("still stalled after a token")
+		}
+		// Stalled again, then the request ends without a token: a canary
+		// runs at once and decides.
+		time.Sleep(3*time.Second + time.Millisecond)
+		synctest.Wait()
+		p.set(nil, true)
+		m.ended()
+		synctest.Wait()
+		if got := p.n(); got != 1 {
+			t.Fatalf("got %d canaries after a stalled request ended, want 1 at once", got)
+		}
+		if h, _ := m.state(); h {
+			t.Fatal("healthy while the suspect canary runs")
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if h, why := m.state(); h || why != canaryFailed {
+			t.Fatalf("got %v %q after the canary hung, want %q", h, why, canaryFailed)
+		}
+		want := []bool{false, true, false}
+		if got := changes(); len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+			t.Errorf("got health changes %v, want %v", got, want)
+		}
+	})
+}
+
+func TestMonitorDisabled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &monitorProbe{}
+		m := newMonitor(false, time.Second, time.Second, p.probe, func(bool) { t.Error("onChange called") })
+		m.started()
+		m.Run(context.Background()) // returns at once
+		time.Sleep(time.Minute)
+		if h, _ := m.state(); !h || p.n() != 0 {
+			t.Errorf("disabled monitor: healthy %v, %d canaries", h, p.n())
+		}
+	})
+}

@@ -1,0 +1,102 @@
+package worker
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Status is the body of the status server's /health, in Dynamo's shape
+// (status and endpoints) with baton's reasons added.
+type Status struct {
+	Status    string            `json:"status"`    // "ready" or "notready"
+	Endpoints map[string]string `json:"endpoints"` // "generate": "ready" | "notready"
+	WorkerID  string            `json:"worker_id"`
+	Model     string            `json:"model"`
+	LeaseID   string            `json:"lease_id,omitempty"`
+	Lease     string            `json:"lease"`  // "live" or "lost"
+	Engine    string            `json:"engine"` // "ok", "stalled" or "canary_failed"
+	Draining  bool              `json:"draining"`
+	InFlight  int               `json:"in_flight"`
+}
+
+// Ready reports whether the worker may receive new requests: its lease is
+// live, it is not draining, its last canary did not fail and its engine is
+// not stalled. It is what /health and baton_worker_ready say.
+func (w *Worker) Ready() bool { return w.Status().Status == "ready" }
+
+// Status returns the worker's current health, as /health serves it.
+func (w *Worker) Status() Status {
+	healthy, why := w.health.state()
+	w.mu.Lock()
+	l, draining, n := w.lease, w.draining, len(w.jobs)
+	w.mu.Unlock()
+	s := Status{
+		WorkerID: w.cfg.ID, Model: w.cfg.Model, Lease: "lost", Engine: why,
+		Draining: draining, InFlight: n,
+	}
+	live := false
+	if l != nil {
+		select {
+		case <-l.Done():
+		default:
+			live = true
+			s.Lease, s.LeaseID = "live", l.ID()
+		}
+	}
+	s.Status = "notready"
+	if live && !draining && healthy {
+		s.Status = "ready"
+	}
+	s.Endpoints = map[string]string{"generate": s.Status}
+	return s
+}
+
+// Listen binds the status server's address now, so that callers learn the
+// port before Run (Config.SystemAddr ":0" picks one). Run calls it if it was
+// not called. It returns nil if the status server is off.
+func (w *Worker) Listen() (net.Addr, error) {
+	if w.cfg.SystemAddr == "" {
+		return nil, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.listener != nil {
+		return w.listener.Addr(), nil
+	}
+	l, err := net.Listen("tcp", w.cfg.SystemAddr)
+	if err != nil {
+		return nil, fmt.Errorf("worker: status server: listen %s: %w", w.cfg.SystemAddr, err)
+	}
+	w.listener = l
+	return l.Addr(), nil
+}
+
+// Handler returns the status server's routes: GET /live (200 while the
+// process runs), GET /health (200 ready or 503 notready, body Status) and
+// GET /metrics (the registry given to New, if it is a Gatherer).
+func (w *Worker) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /live", func(rw http.ResponseWriter, _ *http.Request) {
+		writeJSON(rw, http.StatusOK, map[string]string{"status": "live"})
+	})
+	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) {
+		s := w.Status()
+		code := http.StatusOK
+		if s.Status != "ready" {
+			code = http.StatusServiceUnavailable
+		}
+		writeJSON(rw, code, s)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(w.gatherer, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func writeJSON(rw http.ResponseWriter, code int, v any) {
+	rw.Header().Set("Content-Type", "application/json")
+	rw.WriteHeader(code)
+	_ = json.NewEncoder(rw).Encode(v)
+}
