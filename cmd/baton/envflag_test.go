@@ -1,0 +1,295 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/frontend"
+)
+
+func envOf(m map[string]string) lookupFunc {
+	return func(k string) (string, bool) {
+		v, ok := m[k]
+		return v, ok
+	}
+}
+
+func testEnv(m map[string]string) (*environment, *bytes.Buffer, *bytes.Buffer) {
+	var out, errb bytes.Buffer
+	return &environment{lookup: envOf(m), stdout: &out, stderr: &errb}, &out, &errb
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestFrontendFlagsAndEnv(t *testing.T) {
+	tests := []struct {
+		name  string
+		args  []string
+		env   map[string]string
+		check func(t *testing.T, c frontend.Config)
+	}{
+		{"defaults", nil, nil, func(t *testing.T, c frontend.Config) {
+			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second}
+			want.Streams.Replicas = 1
+			if !equalConfig(c, want) {
+				t.Errorf("got %+v, want %+v", c, want)
+			}
+		}},
+		{"env sets", nil, map[string]string{
+			"DYN_HTTP_PORT": "9000", "DYN_MIGRATION_LIMIT": "3", "DYN_MIGRATION_MAX_SEQ_LEN": "100",
+			"DYN_STALL_TIMEOUT_SECS": "7", "DYN_DETACH_TIMEOUT_SECS": "0.5",
+			"DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD": "0.9", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": "512",
+			"DYN_RUNTIME_INHIBITED_DURATION_SECS": "9", "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": "2",
+			"BATON_NATS_SYSTEM_URL": "nats://sys:pw@127.0.0.1:4222",
+		}, func(t *testing.T, c frontend.Config) {
+			want := frontend.Config{
+				HTTPAddr: ":9000", MigrationLimit: 3, MigrationMaxSeqLen: 100,
+				StallTimeout: 7 * time.Second, DetachTimeout: 500 * time.Millisecond,
+				ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(512),
+				InhibitedDuration: 9 * time.Second, ShutdownTimeout: 2 * time.Second,
+				SystemURL: "nats://sys:pw@127.0.0.1:4222",
+			}
+			want.Streams.Replicas = 1
+			if !equalConfig(c, want) {
+				t.Errorf("got %+v, want %+v", c, want)
+			}
+		}},
+		{"flag beats env", []string{
+			"--http-port", "9100", "--migration-limit", "1", "--stall-timeout", "1m",
+			"--active-decode-blocks-threshold", "0.5", "--http-host", "127.0.0.1", "--replicas", "3",
+		}, map[string]string{
+			"DYN_HTTP_PORT": "9000", "DYN_MIGRATION_LIMIT": "3", "DYN_STALL_TIMEOUT_SECS": "7",
+			"DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD": "0.9",
+		}, func(t *testing.T, c frontend.Config) {
+			if c.HTTPAddr != "127.0.0.1:9100" || c.MigrationLimit != 1 || c.StallTimeout != time.Minute ||
+				c.ActiveDecodeBlocksThreshold == nil || *c.ActiveDecodeBlocksThreshold != 0.5 || c.Streams.Replicas != 3 {
+				t.Errorf("got %+v, want flag values", c)
+			}
+		}},
+		{"inhibition 0 disables", nil, map[string]string{"DYN_RUNTIME_INHIBITED_DURATION_SECS": "0"}, func(t *testing.T, c frontend.Config) {
+			if c.InhibitedDuration >= 0 {
+				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.InhibitedDuration)
+			}
+		}},
+		{"empty env is unset", nil, map[string]string{"DYN_HTTP_PORT": "", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": " "}, func(t *testing.T, c frontend.Config) {
+			if c.HTTPAddr != ":8000" || c.ActivePrefillTokensThreshold != nil {
+				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.ActivePrefillTokensThreshold)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, _ := testEnv(tt.env)
+			o, err := parseFrontend(env, tt.args)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			tt.check(t, o.cfg)
+		})
+	}
+}
+
+func equalConfig(a, b frontend.Config) bool {
+	eqF := (a.ActiveDecodeBlocksThreshold == nil) == (b.ActiveDecodeBlocksThreshold == nil) &&
+		(a.ActiveDecodeBlocksThreshold == nil || *a.ActiveDecodeBlocksThreshold == *b.ActiveDecodeBlocksThreshold)
+	eqI := (a.ActivePrefillTokensThreshold == nil) == (b.ActivePrefillTokensThreshold == nil) &&
+		(a.ActivePrefillTokensThreshold == nil || *a.ActivePrefillTokensThreshold == *b.ActivePrefillTokensThreshold)
+	a.ActiveDecodeBlocksThreshold, b.ActiveDecodeBlocksThreshold = nil, nil
+	a.ActivePrefillTokensThreshold, b.ActivePrefillTokensThreshold = nil, nil
+	return eqF && eqI && a == b
+}
+
+func TestWorkerFlagsAndEnv(t *testing.T) {
+	tests := []struct {
+		name                   string
+		args                   []string
+		env                    map[string]string
+		wantTTL, wantShutdown  time.Duration
+		wantTokensPerSec       float64
+		wantNATS, wantLogLevel string
+	}{
+		{"defaults", nil, nil, 10 * time.Second, 30 * time.Second, 100, defaultNATSURL, "INFO"},
+		{"env", nil, map[string]string{
+			"DYN_LEASE_TTL_SECS": "3", "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS": "12",
+			"NATS_SERVER": "nats://a:1,nats://b:2", "BATON_LOG_LEVEL": "debug",
+		}, 3 * time.Second, 12 * time.Second, 100, "nats://a:1,nats://b:2", "DEBUG"},
+		{"flags beat env", []string{"--lease-ttl", "2s", "--nats", "nats://c:3", "--log-level", "warn", "--mock-tokens-per-sec", "500"},
+			map[string]string{"DYN_LEASE_TTL_SECS": "3", "NATS_SERVER": "nats://a:1", "BATON_LOG_LEVEL": "debug"},
+			2 * time.Second, 30 * time.Second, 500, "nats://c:3", "WARN"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, _ := testEnv(tt.env)
+			o, err := parseWorker(env, tt.args)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			if o.cfg.LeaseTTL != tt.wantTTL || o.cfg.ShutdownTimeout != tt.wantShutdown {
+				t.Errorf("got lease %v shutdown %v, want %v %v", o.cfg.LeaseTTL, o.cfg.ShutdownTimeout, tt.wantTTL, tt.wantShutdown)
+			}
+			if o.w.mock.TokensPerSec != tt.wantTokensPerSec {
+				t.Errorf("got tokens/s %v, want %v", o.w.mock.TokensPerSec, tt.wantTokensPerSec)
+			}
+			if o.nats.urls != tt.wantNATS || o.common.logLevel.String() != tt.wantLogLevel {
+				t.Errorf("got nats %q level %v, want %q %v", o.nats.urls, o.common.logLevel, tt.wantNATS, tt.wantLogLevel)
+			}
+		})
+	}
+}
+
+func TestUpPassesWorkerFlags(t *testing.T) {
+	env, _, _ := testEnv(map[string]string{"DYN_HTTP_PORT": "8100"})
+	o, err := parseUp(env, []string{"--workers", "3", "--mock-ttft", "5ms", "--mock-crash-after-tokens", "7", "--migration-limit", "2"})
+	if err != nil {
+		t.Fatalf("parse: %v", err)
+	}
+	got := strings.Join(o.workerArgs, " ")
+	for _, want := range []string{"--mock-ttft=5ms", "--mock-crash-after-tokens=7", "--replicas 1", "--log-level INFO"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("got worker args %q, want %q in them", got, want)
+		}
+	}
+	if strings.Contains(got, "migration") {
+		t.Errorf("got worker args %q, want no frontend flags", got)
+	}
+	if o.cfg.HTTPAddr != ":8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
+		t.Errorf("got addr %q limit %d workers %d, want :8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	}
+}
+
+// TestBadConfigExits2 checks that every bad flag, variable or configuration
+// ends with exit code 2 and a one-line reason, before anything starts.
+func TestBadConfigExits2(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // in the message
+	}{
+		{"no command", nil, nil, "Usage"},
+		{"unknown command", []string{"serve"}, nil, `unknown command "serve"`},
+		{"unknown flag", []string{"frontend", "--bogus"}, nil, "--bogus"},
+		{"bad int flag", []string{"frontend", "--http-port", "abc"}, nil, "--http-port"},
+		{"bad int env", []string{"frontend"}, map[string]string{"DYN_HTTP_PORT": "abc"}, "DYN_HTTP_PORT"},
+		{"port out of range", []string{"frontend", "--http-port", "70000"}, nil, "out of range"},
+		{"bad seconds env", []string{"frontend"}, map[string]string{"DYN_STALL_TIMEOUT_SECS": "soon"}, "DYN_STALL_TIMEOUT_SECS"},
+		{"negative seconds env", []string{"frontend"}, map[string]string{"DYN_DETACH_TIMEOUT_SECS": "-1"}, "negative"},
+		{"bad env-only", []string{"frontend"}, map[string]string{"DYN_RUNTIME_INHIBITED_DURATION_SECS": "1.5"}, "DYN_RUNTIME_INHIBITED_DURATION_SECS"},
+		{"bad shutdown env", []string{"frontend"}, map[string]string{"DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS": "x"}, "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS"},
+		{"threshold out of range", []string{"frontend", "--active-decode-blocks-threshold", "1.5"}, nil, "threshold"},
+		{"several problems on one line", []string{"frontend", "--migration-limit", "-1", "--frontend-id", "a b"}, nil, "; "},
+		{"bad nats url", []string{"frontend", "--nats", "http://x:1"}, nil, "--nats"},
+		{"bad nats env", []string{"worker"}, map[string]string{"NATS_SERVER": "nats://"}, "--nats"},
+		{"bad log level", []string{"worker", "--log-level", "loud"}, nil, "--log-level"},
+		{"bad log level env", []string{"nats"}, map[string]string{"BATON_LOG_LEVEL": "loud"}, "BATON_LOG_LEVEL"},
+		{"unknown engine", []string{"worker", "--engine", "tpu"}, nil, "--engine"},
+		{"negative mock fault", []string{"worker", "--mock-crash-after-tokens", "-1"}, nil, "crash"},
+		{"short lease", []string{"worker", "--lease-ttl", "10ms"}, nil, "lease"},
+		{"bad worker id", []string{"worker", "--worker-id", "a.b"}, nil, "worker id"},
+		{"bad drain env", []string{"worker"}, map[string]string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS": "x"}, "DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS"},
+		{"nats routes without cluster", []string{"nats", "--routes", "nats-route://a:1"}, nil, "cluster"},
+		{"nats cluster without port", []string{"nats", "--cluster-name", "c"}, nil, "cluster-port"},
+		{"positional argument", []string{"nats", "extra"}, nil, "extra"},
+		{"up negative workers", []string{"up", "--workers", "-1"}, nil, "--workers"},
+		{"up random http port", []string{"up", "--http-port", "0"}, nil, "--http-port"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, stderr := testEnv(tt.env)
+			if code := run(tt.args, env); code != 2 {
+				t.Fatalf("got exit code %d, want 2 (stderr %q)", code, stderr)
+			}
+			msg := stderr.String()
+			if !strings.Contains(msg, tt.want) {
+				t.Errorf("got stderr %q, want it to contain %q", msg, tt.want)
+			}
+			if tt.args != nil && strings.Count(strings.TrimSpace(msg), "\n") != 0 {
+				t.Errorf("got %q, want one line", msg)
+			}
+		})
+	}
+}
+
+func TestHelpExits0(t *testing.T) {
+	for _, args := range [][]string{{"--help"}, {"help"}, {"help", "up"}, {"up", "--help"}, {"nats", "-h"}, {"frontend", "--help"}, {"worker", "--help"}} {
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			env, stdout, stderr := testEnv(nil)
+			if code := run(args, env); code != 0 {
+				t.Fatalf("got exit code %d, want 0 (stderr %q)", code, stderr)
+			}
+			if stdout.Len() == 0 || stderr.Len() != 0 {
+				t.Errorf("got stdout %d bytes, stderr %q; want help on stdout only", stdout.Len(), stderr)
+			}
+		})
+	}
+	env, stdout, _ := testEnv(nil)
+	run([]string{"frontend", "--help"}, env)
+	for _, want := range []string{"--http-port", "DYN_HTTP_PORT", "default 8000", "DYN_RUNTIME_INHIBITED_DURATION_SECS", "DYN_STALL_TIMEOUT_SECS in seconds"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("frontend --help lacks %q", want)
+		}
+	}
+}
+
+func TestParseSeconds(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    time.Duration
+		wantErr bool
+	}{
+		{"30", 30 * time.Second, false},
+		{" 5 ", 5 * time.Second, false},
+		{"0.25", 250 * time.Millisecond, false},
+		{"0", 0, false},
+		{"-1", 0, true},
+		{"30s", 0, true},
+		{"NaN", 0, true},
+		{"1e300", 0, true},
+	}
+	for _, tt := range tests {
+		got, err := parseSeconds(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseSeconds(%q) = %v, %v; want %v, error %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want int
+	}{
+		{"nil", nil, 0},
+		{"help", flag.ErrHelp, 0},
+		{"usage", usagef("bad"), 2},
+		{"wrapped usage", errors.Join(usagef("bad")), 2},
+		{"fatal", errors.New("boom"), 1},
+		{"cancelled", context.Canceled, 1},
+	}
+	for _, tt := range tests {
+		var b bytes.Buffer
+		if got := exitCode(&b, "baton x", tt.err); got != tt.want {
+			t.Errorf("%s: got %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestConnectNATSGivesUp(t *testing.T) {
+	env, _, stderr := testEnv(nil)
+	log := (&commonFlags{}).logger(env.stderr, "test")
+	start := time.Now()
+	_, err := connectNATS(context.Background(), "nats://127.0.0.1:1", "test", 300*time.Millisecond, log)
+	if err == nil || !strings.Contains(err.Error(), "no NATS server") {
+		t.Fatalf("got %v, want a no-server error", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("gave up after %v, want about 300ms", d)
+	}
+	_ = stderr
+}

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/baton-dev/baton/services/frontend"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+const frontendSummary = `Runs the OpenAI-compatible HTTP frontend: /v1/chat/completions,
+/v1/completions, resume (/v1/requests/{id}/stream), cancel, /v1/models,
+/v1/workers, /health, /live and /metrics. It routes requests to leased
+workers, migrates them when a worker fails, and serves streams from the
+event log, so any replica can resume any request. Runs until SIGINT/SIGTERM,
+then lets open streams continue for the graceful shutdown timeout.`
+
+// frontendFlags are the frontend's flags, shared by `baton frontend` and
+// `baton up`.
+type frontendFlags struct {
+	httpPort           int
+	httpHost           string
+	migrationLimit     int
+	migrationMaxSeqLen int
+	decodeThreshold    *optional[float64]
+	prefillThreshold   *optional[int]
+	stallTimeout       time.Duration
+	detachTimeout      time.Duration
+	id                 string
+	systemURL          string
+}
+
+func addFrontendFlags(f *flagSet) *frontendFlags {
+	ff := &frontendFlags{}
+	f.IntVar(&ff.httpPort, "http-port", 8000, "HTTP API `port`: /v1, /health, /live, /metrics")
+	f.bindEnv("http-port", "DYN_HTTP_PORT", nil)
+	f.StringVar(&ff.httpHost, "http-host", "", "HTTP listen `address`")
+	f.showDefault("http-host", "all interfaces")
+	f.IntVar(&ff.migrationLimit, "migration-limit", 0, "max times one request may be re-dispatched to another worker; 0 disables migration")
+	f.bindEnv("migration-limit", "DYN_MIGRATION_LIMIT", nil)
+	f.IntVar(&ff.migrationMaxSeqLen, "migration-max-seq-len", 0, "disable migration for a request once prompt + generated `tokens` strictly exceed this; 0 unset")
+	f.bindEnv("migration-max-seq-len", "DYN_MIGRATION_MAX_SEQ_LEN", nil)
+	f.showDefault("migration-max-seq-len", "unset")
+	ff.decodeThreshold = optionalFloat(f, "active-decode-blocks-threshold", "a worker is busy when used / total KV blocks exceeds this `fraction` (0-1)")
+	f.bindEnv("active-decode-blocks-threshold", "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", nil)
+	ff.prefillThreshold = optionalInt(f, "active-prefill-tokens-threshold", "a worker is busy when its queued prefill `tokens` exceed this")
+	f.bindEnv("active-prefill-tokens-threshold", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", nil)
+	f.DurationVar(&ff.stallTimeout, "stall-timeout", frontend.DefaultStallTimeout, "a request whose worker produces nothing for this `duration` is a worker failure")
+	f.bindEnvSeconds("stall-timeout", "DYN_STALL_TIMEOUT_SECS")
+	f.DurationVar(&ff.detachTimeout, "detach-timeout", frontend.DefaultDetachTimeout, "how long a request with no attached client keeps generating, waiting for a resume")
+	f.bindEnvSeconds("detach-timeout", "DYN_DETACH_TIMEOUT_SECS")
+	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
+	f.showDefault("frontend-id", "fe-<random>")
+	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
+	f.bindEnv("nats-system-url", "BATON_NATS_SYSTEM_URL", nil)
+	f.showDefault("nats-system-url", "off")
+	f.documentEnv("DYN_RUNTIME_INHIBITED_DURATION_SECS", "seconds a worker that failed on the request path leaves this frontend's routing set; 0 disables", "5")
+	f.documentEnv("DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", "seconds open streams may continue after SIGTERM/SIGINT before the frontend closes them", "5")
+	return ff
+}
+
+// config builds the frontend's Config from the parsed flags and the
+// environment-only variables, and validates it.
+func (ff *frontendFlags) config(lookup lookupFunc, replicas int) (frontend.Config, error) {
+	var errs []error
+	if ff.httpPort < 0 || ff.httpPort > 65535 {
+		errs = append(errs, fmt.Errorf("--http-port %d out of range", ff.httpPort))
+	}
+	if ff.stallTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--stall-timeout %v: must be positive", ff.stallTimeout))
+	}
+	if ff.detachTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.detachTimeout))
+	}
+	if ff.systemURL != "" {
+		if err := validateNATSURLs("--nats-system-url", ff.systemURL); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	cfg := frontend.Config{
+		ID:                           ff.id,
+		HTTPAddr:                     net.JoinHostPort(ff.httpHost, strconv.Itoa(ff.httpPort)),
+		MigrationLimit:               ff.migrationLimit,
+		MigrationMaxSeqLen:           ff.migrationMaxSeqLen,
+		ActiveDecodeBlocksThreshold:  ff.decodeThreshold.Get(),
+		ActivePrefillTokensThreshold: ff.prefillThreshold.Get(),
+		StallTimeout:                 ff.stallTimeout,
+		DetachTimeout:                ff.detachTimeout,
+		SystemURL:                    ff.systemURL,
+	}
+	cfg.Streams.Replicas = replicas
+	// DYN_RUNTIME_INHIBITED_DURATION_SECS: integer seconds; 0 disables
+	// (negative in Config), unset leaves the default.
+	if raw, ok := lookupSet(lookup, "DYN_RUNTIME_INHIBITED_DURATION_SECS"); ok {
+		n, err := strconv.Atoi(raw)
+		switch {
+		case err != nil || n < 0:
+			errs = append(errs, fmt.Errorf("DYN_RUNTIME_INHIBITED_DURATION_SECS=%q: want a non-negative integer", raw))
+		case n == 0:
+			cfg.InhibitedDuration = -1
+		default:
+			cfg.InhibitedDuration = time.Duration(n) * time.Second
+		}
+	}
+	d, ok, err := envSeconds(lookup, "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS")
+	switch {
+	case err != nil:
+		errs = append(errs, err)
+	case ok && d == 0:
+		// Config has no way to say zero (zero means the default): the
+		// smallest budget closes open streams at once.
+		cfg.ShutdownTimeout = time.Nanosecond
+	case ok:
+		cfg.ShutdownTimeout = d
+	}
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return frontend.Config{}, usageError{err}
+	}
+	return cfg, nil
+}
+
+// addReplicasFlag is --replicas, R of the streams a component provisions.
+func addReplicasFlag(f *flagSet) *int {
+	r := new(int)
+	f.IntVar(r, "replicas", 1, "replicas (R) of the streams and buckets this component provisions if they do not exist; 3 in a cluster")
+	return r
+}
+
+// frontendOptions are the flags of `baton frontend`.
+type frontendOptions struct {
+	common   *commonFlags
+	nats     *natsFlags
+	replicas *int
+	fe       *frontendFlags
+	cfg      frontend.Config
+}
+
+func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
+	f := newFlagSet("frontend", frontendSummary, env.lookup, env.stdout)
+	o := &frontendOptions{
+		common:   addCommonFlags(f),
+		nats:     addNATSFlags(f),
+		replicas: addReplicasFlag(f),
+		fe:       addFrontendFlags(f),
+	}
+	if err := f.parse(args); err != nil {
+		return nil, err
+	}
+	if err := o.nats.validate(); err != nil {
+		return nil, err
+	}
+	var err error
+	o.cfg, err = o.fe.config(env.lookup, *o.replicas)
+	return o, err
+}
+
+func runFrontend(ctx context.Context, env *environment, args []string) error {
+	o, err := parseFrontend(env, args)
+	if err != nil {
+		return err
+	}
+	log := o.common.logger(env.stderr, "frontend")
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-frontend", natsConnectTimeout, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the server
+		}
+		return err
+	}
+	defer nc.close()
+	fe, err := newFrontend(nc, log, o.cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("frontend starting", "addr", o.cfg.HTTPAddr, "nats", o.nats.urls)
+	if err := fe.Run(ctx); err != nil {
+		return fmt.Errorf("frontend: %w", err)
+	}
+	return nil
+}
+
+// newFrontend builds a frontend with its own metrics registry, which also
+// holds the Go runtime and process collectors.
+func newFrontend(nc *conn, log *slog.Logger, cfg frontend.Config) (*frontend.Frontend, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	fe, err := frontend.New(nc.Conn, log, reg, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	return fe, nil
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/baton-dev/baton/services/natsserver"
+)
+
+const natsSummary = `Runs a standalone NATS server with JetStream from the embedded library, so
+scripts and compose files need no separate install. Accounts: BATON (every
+client without credentials, with JetStream) and SYS (the system account, whose
+user sees the connect/disconnect advisories baton uses to detect crashed
+workers). For a 3-node cluster give each node --server-name, --cluster-name,
+--cluster-port and --routes naming the other nodes. Runs until SIGINT/SIGTERM.`
+
+// natsOptions are the flags of `baton nats`.
+type natsOptions struct {
+	common *commonFlags
+	cfg    natsserver.Config
+	routes string
+}
+
+func parseNATS(env *environment, args []string) (*natsOptions, error) {
+	f := newFlagSet("nats", natsSummary, env.lookup, env.stdout)
+	o := &natsOptions{common: addCommonFlags(f)}
+	f.IntVar(&o.cfg.Port, "port", natsserver.DefaultPort, "client `port`; -1 picks a free one")
+	f.StringVar(&o.cfg.Host, "host", "127.0.0.1", "listen `address` (0.0.0.0 for all interfaces)")
+	f.StringVar(&o.cfg.StoreDir, "store-dir", "./.baton/nats", "JetStream store `directory`")
+	f.StringVar(&o.cfg.ServerName, "server-name", "", "server `name`, unique in a cluster (default baton-<port>)")
+	f.StringVar(&o.cfg.ClusterName, "cluster-name", "", "join the cluster of this `name`")
+	f.IntVar(&o.cfg.ClusterPort, "cluster-port", 0, "route `port` for cluster traffic (with --cluster-name)")
+	f.StringVar(&o.routes, "routes", "", "the other nodes, `nats-route://host:port[,...]`")
+	f.IntVar(&o.cfg.HTTPPort, "http-port", 0, "monitoring `port`; 0 off")
+	f.StringVar(&o.cfg.SysUser, "sys-user", natsserver.DefaultSysUser, "system-account `user`")
+	f.StringVar(&o.cfg.SysPassword, "sys-password", natsserver.DefaultSysPassword, "system-account `password`")
+	if err := f.parse(args); err != nil {
+		return nil, err
+	}
+	for _, r := range strings.Split(o.routes, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			o.cfg.Routes = append(o.cfg.Routes, r)
+		}
+	}
+	if o.cfg.HTTPPort < 0 || o.cfg.HTTPPort > 65535 {
+		return nil, usagef("--http-port %d out of range", o.cfg.HTTPPort)
+	}
+	if o.cfg.Port == 0 {
+		return nil, usagef("--port 0: want a port, or -1 for a free one")
+	}
+	return o, badConfig(o.cfg.Validate())
+}
+
+func runNATS(ctx context.Context, env *environment, args []string) error {
+	o, err := parseNATS(env, args)
+	if err != nil {
+		return err
+	}
+	log := o.common.logger(env.stderr, "nats")
+	s, err := natsserver.Start(o.cfg, log)
+	if err != nil {
+		return fmt.Errorf("start nats: %w", err)
+	}
+	fmt.Fprintf(env.stdout, "nats listening on %s\n", s.ClientURL())
+	<-ctx.Done()
+	log.Info("shutting down")
+	s.Shutdown()
+	s.WaitForShutdown()
+	return nil
+}

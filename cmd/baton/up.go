@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/natsserver"
+	"golang.org/x/sync/errgroup"
+)
+
+const upSummary = `Runs the whole stack on one machine: an embedded NATS server with
+JetStream (store under --data-dir), one frontend (in this process) and
+--workers mock workers, each a child process of this one (so one can be
+killed alone; a worker that exits is logged and the rest keep running).
+Takes the frontend's flags and the worker's and mock engine's flags.
+Ctrl-C (SIGINT/SIGTERM) stops everything gracefully: the workers drain and
+exit, then the frontend, then NATS. A second Ctrl-C exits at once.`
+
+// workerStopMargin is how long past its drain budget a worker may take to
+// exit before it is killed.
+const workerStopMargin = 10 * time.Second
+
+// upOptions are the flags of `baton up`.
+type upOptions struct {
+	common   *commonFlags
+	replicas *int
+	fe       *frontendFlags
+	w        *workerFlags
+	dataDir  string
+	natsPort int
+	workers  int
+	cfg      frontend.Config
+	// workerArgs are the flags passed through to every worker.
+	workerArgs []string
+}
+
+func parseUp(env *environment, args []string) (*upOptions, error) {
+	f := newFlagSet("up", upSummary, env.lookup, env.stdout)
+	o := &upOptions{common: addCommonFlags(f)}
+	f.StringVar(&o.dataDir, "data-dir", "./.baton", "`directory` of the NATS store (<dir>/nats)")
+	f.IntVar(&o.natsPort, "nats-port", natsserver.DefaultPort, "NATS client `port`; -1 picks a free one")
+	f.IntVar(&o.workers, "workers", 2, "`number` of mock workers (child processes)")
+	o.replicas = addReplicasFlag(f)
+	o.fe = addFrontendFlags(f)
+	o.w = addWorkerFlags(f)
+	if err := f.parse(args); err != nil {
+		return nil, err
+	}
+	var errs []error
+	if o.workers < 0 {
+		errs = append(errs, fmt.Errorf("--workers %d: must not be negative", o.workers))
+	}
+	if o.natsPort == 0 || o.natsPort < -1 || o.natsPort > 65535 {
+		errs = append(errs, fmt.Errorf("--nats-port %d: want a port, or -1 for a free one", o.natsPort))
+	}
+	if o.fe.httpPort == 0 {
+		errs = append(errs, errors.New("--http-port 0: up needs a fixed port"))
+	}
+	if o.dataDir == "" {
+		errs = append(errs, errors.New("--data-dir: empty"))
+	}
+	if o.w.leaseTTL < time.Second {
+		errs = append(errs, fmt.Errorf("--lease-ttl %v: want at least 1s", o.w.leaseTTL))
+	}
+	if err := o.w.check(env.lookup); err != nil {
+		errs = append(errs, err)
+	}
+	cfg, err := o.fe.config(env.lookup, *o.replicas)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	o.cfg = cfg
+	if err := errors.Join(errs...); err != nil {
+		return nil, usageError{err}
+	}
+	o.workerArgs = []string{"--log-level", o.common.logLevel.String(), "--replicas", strconv.Itoa(*o.replicas)}
+	pass := map[string]bool{}
+	for _, name := range passThrough {
+		pass[name] = true
+	}
+	f.Visit(func(fl *flag.Flag) {
+		if pass[fl.Name] {
+			o.workerArgs = append(o.workerArgs, "--"+fl.Name+"="+fl.Value.String())
+		}
+	})
+	return o, nil
+}
+
+func runUp(ctx context.Context, env *environment, args []string) error {
+	o, err := parseUp(env, args)
+	if err != nil {
+		return err
+	}
+	log := o.common.logger(env.stderr, "up")
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find the baton executable: %w", err)
+	}
+
+	// Shutdown order, the reverse of startup: (1) SIGTERM the workers and
+	// wait while they drain and hand off (bounded by their budget plus a
+	// margin, then SIGKILL), so the frontend can still stream what they
+	// finish; (2) stop the frontend, which lets open streams continue for
+	// its graceful budget; (3) drain its NATS connection; (4) shut down
+	// NATS, which everyone needs until the end.
+	ns, err := natsserver.Start(natsserver.Config{
+		Port:     o.natsPort,
+		StoreDir: filepath.Join(o.dataDir, "nats"),
+	}, o.common.logger(env.stderr, "nats"))
+	if err != nil {
+		return fmt.Errorf("start nats: %w", err)
+	}
+	defer func() {
+		log.Info("stopping nats")
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	}()
+	natsURL := ns.ClientURL()
+	if o.cfg.SystemURL == "" {
+		o.cfg.SystemURL = natsserver.SysURL(natsURL, "", "")
+	}
+
+	feLog := o.common.logger(env.stderr, "frontend")
+	nc, err := connectNATS(ctx, natsURL, "baton-frontend", natsConnectTimeout, feLog)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer nc.close()
+	fe, err := newFrontend(nc, feLog, o.cfg)
+	if err != nil {
+		return err
+	}
+
+	// failed is cancelled when the frontend stops on its own: the stack
+	// cannot serve, so it shuts down and exits 1.
+	failed, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	feCtx, stopFrontend := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopFrontend()
+	var feGroup errgroup.Group
+	feGroup.Go(func() error {
+		err := fe.Run(feCtx)
+		if feCtx.Err() == nil {
+			if err == nil {
+				err = errors.New("frontend stopped unexpectedly")
+			}
+			fail(err)
+		}
+		return err
+	})
+
+	wCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWorkers()
+	var workers errgroup.Group
+	pids := make([]int, 0, o.workers)
+	for i := 1; i <= o.workers; i++ {
+		id := "up-w" + strconv.Itoa(i)
+		cmd := o.workerCommand(wCtx, exe, id, natsURL, env)
+		if err := cmd.Start(); err != nil {
+			fail(fmt.Errorf("start worker %s: %w", id, err))
+			break
+		}
+		pids = append(pids, cmd.Process.Pid)
+		workers.Go(func() error {
+			waitWorker(wCtx, log, id, cmd)
+			return nil
+		})
+	}
+
+	if failed.Err() == nil {
+		if err := waitLive(failed, o.cfg.HTTPAddr); err == nil {
+			printStack(env, o, natsURL, pids)
+		}
+	}
+	<-failed.Done()
+
+	log.Info("stopping workers", "count", len(pids))
+	stopWorkers()
+	_ = workers.Wait()
+	log.Info("stopping frontend")
+	stopFrontend()
+	feErr := feGroup.Wait()
+	if cause := context.Cause(failed); cause != nil && ctx.Err() == nil {
+		return cause
+	}
+	if feErr != nil {
+		return fmt.Errorf("frontend: %w", feErr)
+	}
+	return nil
+}
+
+// workerCommand builds the child process of one worker. Cancelling ctx sends
+// it SIGTERM; if it has not exited after its drain budget plus a margin, it
+// is killed.
+func (o *upOptions) workerCommand(ctx context.Context, exe, id, natsURL string, env *environment) *exec.Cmd {
+	args := append([]string{"worker", "--nats", natsURL, "--worker-id", id}, o.workerArgs...)
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = o.w.shutdownBudget + workerStopMargin
+	cmd.Env = append(os.Environ(), supervisorEnv+"="+strconv.Itoa(os.Getpid()))
+	cmd.Stdout = env.stdout
+	cmd.Stderr = env.stderr
+	cmd.SysProcAttr = childProcAttr()
+	return cmd
+}
+
+// waitWorker waits for a worker process and logs how it ended: an exit before
+// the stack stops is unexpected but leaves the others running.
+func waitWorker(stopping context.Context, log *slog.Logger, id string, cmd *exec.Cmd) {
+	err := cmd.Wait()
+	attrs := []any{"worker_id", id, "pid", cmd.Process.Pid}
+	if ps := cmd.ProcessState; ps != nil {
+		attrs = append(attrs, "exit_code", ps.ExitCode())
+		if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			attrs = append(attrs, "signal", ws.Signal().String())
+		}
+	}
+	switch {
+	case stopping.Err() == nil:
+		log.Error("worker exited unexpectedly; the others keep running", append(attrs, "err", err)...)
+	case cmd.ProcessState != nil && cmd.ProcessState.Success():
+		log.Info("worker stopped", attrs...)
+	default:
+		log.Warn("worker stopped with an error", append(attrs, "err", err)...)
+	}
+}
+
+// waitLive waits until the frontend answers /live, or ctx ends, or 30s pass.
+func waitLive(ctx context.Context, addr string) error {
+	url := "http://" + localAddr(addr) + "/live"
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// localAddr turns a listen address into one to connect to on this machine.
+func localAddr(listen string) string {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func printStack(env *environment, o *upOptions, natsURL string, pids []int) {
+	base := "http://" + localAddr(o.cfg.HTTPAddr)
+	w := env.stdout
+	fmt.Fprintf(w, "baton up: the stack is running\n")
+	fmt.Fprintf(w, "  %-10s pid %-7d %s (store %s)\n", "nats", os.Getpid(), natsURL, filepath.Join(o.dataDir, "nats"))
+	fmt.Fprintf(w, "  %-10s pid %-7d %s\n", "frontend", os.Getpid(), base)
+	for i, pid := range pids {
+		fmt.Fprintf(w, "  %-10s pid %-7d up-w%d (model %s)\n", "worker", pid, i+1, o.w.model)
+	}
+	fmt.Fprintf(w, "API:     %s/v1\n", base)
+	fmt.Fprintf(w, "metrics: %s/metrics\n", base)
+	fmt.Fprintf(w, "health:  %s/health\n", base)
+	fmt.Fprintf(w, "NATS:    %s\n", natsURL)
+	fmt.Fprintf(w, "try:     curl -N %s/v1/chat/completions -H 'Content-Type: application/json' -d '{\"model\":%q,\"messages\":[{\"role\":\"user\",\"content\":\"hello there\"}],\"stream\":true}'\n", base, o.w.model)
+	fmt.Fprintf(w, "Ctrl-C stops everything.\n")
+}
