@@ -239,3 +239,27 @@ func TestDetachTimeout(t *testing.T) {
 		return true
 	})
 }
+
+// TestCrashedFrontendLeaksNothing: a frontend dies mid-stream and no client
+// ever re-attaches: the worker cancels the request once the detach timeout
+// has passed since the owner vanished, and goes idle.
+func TestCrashedFrontendLeaksNothing(t *testing.T) {
+	_, f1, f2 := twoFrontends(t, "--detach-timeout", "1s")
+	var once sync.Once
+	first := postStream(t, f1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "orphan", "max_tokens": 2000},
+		map[string]string{"X-Request-Id": "orphan"}, func(e sseEvent) {
+			if n, _ := strconv.Atoi(e.id); n >= 10 {
+				once.Do(func() { f1.signal(syscall.SIGKILL) })
+			}
+		})
+	if first.done {
+		t.Fatal("stream completed before the kill")
+	}
+	waitFor(t, 15*time.Second, "the orphaned request to be cancelled", func() bool {
+		return f2.state(t, "orphan").Status == "cancelled"
+	})
+	workersIdle(t, f2)
+	if st := f2.state(t, "orphan"); st.TokensGenerated >= 2000 {
+		t.Errorf("the orphan ran to the end (%d tokens): nothing cancelled it", st.TokensGenerated)
+	}
+}

@@ -18,6 +18,10 @@ type Dispatch struct {
 	StartOffset int    `json:"start_offset"` // tokens already produced
 	MaxTokens   int    `json:"max_tokens"`   // total budget, including StartOffset
 	Frontend    string `json:"frontend"`
+	// DetachTimeoutMS, if positive, is how long the worker keeps generating
+	// once the owning frontend is gone (its presence key expired) and no
+	// other frontend attached, before it cancels the request.
+	DetachTimeoutMS int64 `json:"detach_timeout_ms,omitempty"`
 }
 
 // DispatchReply is a worker's answer to a Dispatch.

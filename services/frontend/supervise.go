@@ -139,6 +139,7 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, pinned, avoid stri
 			attempt = len(p.Attempts)
 			d = migrations.Continuation(p, attempt, fe.id)
 		})
+		d.DetachTimeoutMS = fe.cfg.DetachTimeout.Milliseconds()
 		w, err := fe.pickWorker(d.Model, pinned, exclude)
 		if err != nil {
 			return routedWorker{}, err

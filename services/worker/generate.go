@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -37,6 +38,27 @@ type job struct {
 	d      streams.Dispatch
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+
+	mu        sync.Mutex
+	ownerID   string        // the frontend that owns the request (attached events move it)
+	ownerMove chan struct{} // closed and replaced when the owner changes
+}
+
+// owner returns the owning frontend and a channel closed when it changes.
+func (j *job) owner() (string, <-chan struct{}) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.ownerID, j.ownerMove
+}
+
+func (j *job) setOwner(id string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.ownerID != id {
+		j.ownerID = id
+		close(j.ownerMove)
+		j.ownerMove = make(chan struct{})
+	}
 }
 
 // onDispatch answers a dispatch: refuse it, or accept it and start generating.
@@ -70,7 +92,7 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	j := &job{d: d, ctx: ctx, cancel: cancel}
+	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{})}
 	w.jobs[key] = j
 	w.gens.Add(1)
 	w.mu.Unlock()
@@ -79,6 +101,7 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	w.health.started()
 	w.reply(m, d, "")
 	go w.generate(j)
+	go w.guardDetach(j)
 }
 
 func validDispatch(d streams.Dispatch) bool {
@@ -234,6 +257,8 @@ func obey(j *job, ev events.Event) {
 		}
 	case events.RequestFailed:
 		j.cancel(errFenced)
+	case events.RequestAttached:
+		j.setOwner(ev.Frontend)
 	}
 }
 

@@ -43,13 +43,14 @@ type Worker struct {
 	gatherer prometheus.Gatherer // served on /metrics
 	readyMu  sync.Mutex          // serialises syncReady
 
-	mu       sync.Mutex
-	running  bool
-	draining bool
-	jobs     map[jobKey]*job
-	lease    *lease // current lease; nil while re-registering
-	gens     sync.WaitGroup
-	listener net.Listener // status server; nil when off or not yet bound
+	mu        sync.Mutex
+	running   bool
+	draining  bool
+	jobs      map[jobKey]*job
+	frontends *frontends // live frontend replicas, for detached requests
+	lease     *lease     // current lease; nil while re-registering
+	gens      sync.WaitGroup
+	listener  net.Listener // status server; nil when off or not yet bound
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -78,11 +79,12 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	}
 	w := &Worker{
 		nc: nc, js: js, eng: eng, cfg: cfg,
-		log:     log.With("worker_id", cfg.ID),
-		events:  streams.NewLog(js, "baton/worker/"+cfg.ID),
-		loadCh:  make(chan struct{}, 1),
-		jobs:    map[jobKey]*job{},
-		fatalCh: make(chan struct{}),
+		log:       log.With("worker_id", cfg.ID),
+		events:    streams.NewLog(js, "baton/worker/"+cfg.ID),
+		loadCh:    make(chan struct{}, 1),
+		jobs:      map[jobKey]*job{},
+		frontends: newFrontends(),
+		fatalCh:   make(chan struct{}),
 	}
 	w.health = newMonitor(cfg.HealthCheck, cfg.CanaryWait, cfg.HealthCheckTimeout,
 		canaryProbe(eng, cfg.ID, w.fail), w.healthChanged)
@@ -151,6 +153,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.keepRegistered(bg, l) })
 	background.Go(func() { w.reportLoad(bg) })
 	background.Go(func() { w.health.Run(bg) })
+	background.Go(func() { w.watchFrontends(bg) })
 	w.notifyLoad()
 
 	reason := "shutdown"
