@@ -91,11 +91,19 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 			case errors.As(err, &fail):
 				// The dispatch itself failed: a new_request failure.
 			default:
+				// Nothing produced yet: the client may simply retry (503).
+				// Tokens already delivered: the answer is truncated (500).
 				status := http.StatusServiceUnavailable
-				if hasCur {
-					status = http.StatusInternalServerError // a continuation found nowhere to go
+				var produced int
+				t.f.view(func(p *projections.Request) { produced = p.Len() })
+				if produced > 0 {
+					status = http.StatusInternalServerError
 				}
-				fe.fail(ctx, t, "no_worker", err.Error(), status)
+				msg := "no worker available for model " + model + ": " + err.Error()
+				if lastFailed != "" {
+					msg = fmt.Sprintf("worker %s failed and no other worker is available for model %s: %v", lastFailed, model, err)
+				}
+				fe.fail(ctx, t, "no_worker", msg, status)
 				settle()
 				return
 			}

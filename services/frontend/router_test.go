@@ -1,0 +1,230 @@
+package frontend
+
+import (
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+)
+
+func worker(id, lease string) projections.Worker {
+	return projections.Worker{ID: id, LeaseID: lease, Model: "mock", State: projections.WorkerReady}
+}
+
+func loaded(w projections.Worker, l events.Load) projections.Worker {
+	w.Load = l
+	return w
+}
+
+// picks returns the set of workers r picks from cands in n tries.
+func picks(t *testing.T, r *router, cands []projections.Worker, exclude map[string]bool, n int) map[string]int {
+	t.Helper()
+	got := map[string]int{}
+	for range n {
+		w, err := r.pick(cands, exclude)
+		if err != nil {
+			t.Fatalf("pick: %v", err)
+		}
+		got[w.ID]++
+	}
+	return got
+}
+
+func onlyPicked(t *testing.T, got map[string]int, want string) {
+	t.Helper()
+	if len(got) != 1 || got[want] == 0 {
+		t.Fatalf("picked %v, want only %s", got, want)
+	}
+}
+
+// TestRouterInhibition runs the inhibition window on synctest's fake clock
+// (time.Now is the bubble's clock), so a 5 s window takes no time.
+func TestRouterInhibition(t *testing.T) {
+	const window = 5 * time.Second
+	w1, w2 := worker("w1", "lease-1"), worker("w2", "lease-2")
+	both := []projections.Worker{w1, w2}
+
+	t.Run("skipped for the window, back after it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: window}, time.Now)
+			r.inhibit(w1)
+			onlyPicked(t, picks(t, r, both, nil, 50), "w2")
+			time.Sleep(window - time.Millisecond)
+			if !r.isInhibited(w1) {
+				t.Fatalf("w1 not inhibited %v after the failure, want inhibited for %v", window-time.Millisecond, window)
+			}
+			onlyPicked(t, picks(t, r, both, nil, 50), "w2")
+			time.Sleep(time.Millisecond)
+			if r.isInhibited(w1) {
+				t.Fatalf("w1 still inhibited once the %v window has passed", window)
+			}
+			if got := picks(t, r, both, nil, 100); got["w1"] == 0 || got["w2"] == 0 {
+				t.Fatalf("picked %v after the window, want both idle workers", got)
+			}
+		})
+	})
+
+	t.Run("a re-registered worker returns at once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: window}, time.Now)
+			r.inhibit(w1)
+			again := worker("w1", "lease-1b") // same id, new lease
+			if r.isInhibited(again) {
+				t.Fatalf("w1 with a new lease is inhibited, want it back at once")
+			}
+			// The old lease stays forgotten: re-registration ended the inhibition.
+			if got := picks(t, r, []projections.Worker{again, w2}, nil, 100); got["w1"] == 0 {
+				t.Fatalf("picked %v, want the re-registered w1 among them", got)
+			}
+		})
+	})
+
+	t.Run("a removed worker is gone and its return is fresh", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: window}, time.Now)
+			r.inhibit(w1)
+			// Removed from discovery: not a candidate at all.
+			onlyPicked(t, picks(t, r, []projections.Worker{w2}, nil, 10), "w2")
+			// Back under a new lease (a worker re-registers with a new lease id).
+			if got := picks(t, r, []projections.Worker{worker("w1", "lease-1c")}, nil, 1); got["w1"] != 1 {
+				t.Fatalf("picked %v, want the returned w1", got)
+			}
+		})
+	})
+
+	for _, d := range []time.Duration{0, -1} {
+		t.Run("duration "+d.String()+" disables", func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r := newRouter(Config{InhibitedDuration: d}, time.Now)
+				r.inhibit(w1)
+				if r.isInhibited(w1) {
+					t.Fatalf("w1 inhibited with duration %v, want inhibition disabled", d)
+				}
+				if got := picks(t, r, both, nil, 100); got["w1"] == 0 {
+					t.Fatalf("picked %v, want w1 among them", got)
+				}
+			})
+		})
+	}
+
+	t.Run("every worker inhibited is no worker, not busy", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: window}, time.Now)
+			r.inhibit(w1)
+			r.inhibit(w2)
+			if _, err := r.pick(both, nil); !errors.Is(err, errNoWorkers) {
+				t.Fatalf("pick = %v, want errNoWorkers", err)
+			}
+			time.Sleep(window)
+			if _, err := r.pick(both, nil); err != nil {
+				t.Fatalf("pick after the window = %v, want a worker", err)
+			}
+		})
+	})
+
+	t.Run("a second failure extends the window", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: window}, time.Now)
+			r.inhibit(w1)
+			time.Sleep(3 * time.Second)
+			r.inhibit(w1)
+			time.Sleep(3 * time.Second)
+			if !r.isInhibited(w1) {
+				t.Fatalf("w1 not inhibited 3 s after its second failure")
+			}
+			time.Sleep(2 * time.Second)
+			if r.isInhibited(w1) {
+				t.Fatalf("w1 inhibited %v after its second failure", window)
+			}
+		})
+	})
+}
+
+func TestRouterBusy(t *testing.T) {
+	half, quarter := 0.5, 0.25
+	hundred := 100
+	kv := func(used, total int) events.Load { return events.Load{KVBlocksUsed: used, KVBlocksTotal: total} }
+	prefill := func(n int) events.Load { return events.Load{QueuedPrefillTokens: n} }
+	for _, tc := range []struct {
+		name    string
+		decode  *float64
+		prefill *int
+		cands   []projections.Worker
+		exclude map[string]bool
+		want    string // the only worker picked, or ""
+		wantErr error
+	}{
+		{name: "no thresholds: nothing is busy", cands: []projections.Worker{
+			loaded(worker("w1", "a"), kv(10, 10)), loaded(worker("w2", "b"), prefill(1e6))}, want: ""},
+		{name: "decode threshold skips the full worker", decode: &half, cands: []projections.Worker{
+			loaded(worker("w1", "a"), kv(9, 10)), loaded(worker("w2", "b"), kv(4, 10))}, want: "w2"},
+		{name: "decode threshold exactly reached is not busy", decode: &half, cands: []projections.Worker{
+			loaded(worker("w1", "a"), kv(5, 10))}, want: "w1"},
+		{name: "decode threshold ignores unknown capacity", decode: &quarter, cands: []projections.Worker{
+			loaded(worker("w1", "a"), kv(5, 0))}, want: "w1"},
+		{name: "prefill threshold skips the queued worker", prefill: &hundred, cands: []projections.Worker{
+			loaded(worker("w1", "a"), prefill(101)), loaded(worker("w2", "b"), prefill(100))}, want: "w2"},
+		{name: "every worker busy", decode: &half, prefill: &hundred, cands: []projections.Worker{
+			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), prefill(101))}, wantErr: errAllBusy},
+		{name: "the only free worker is excluded", decode: &half, exclude: map[string]bool{"w2": true}, cands: []projections.Worker{
+			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), kv(1, 10))}, wantErr: errAllBusy},
+		{name: "every worker excluded", exclude: map[string]bool{"w1": true}, cands: []projections.Worker{
+			worker("w1", "a")}, wantErr: errNoWorkers},
+		{name: "no candidates", wantErr: errNoWorkers},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: time.Second, ActiveDecodeBlocksThreshold: tc.decode,
+				ActivePrefillTokensThreshold: tc.prefill}, time.Now)
+			if tc.wantErr != nil {
+				if _, err := r.pick(tc.cands, tc.exclude); !errors.Is(err, tc.wantErr) {
+					t.Fatalf("pick = %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			got := picks(t, r, tc.cands, tc.exclude, 50)
+			if tc.want != "" {
+				onlyPicked(t, got, tc.want)
+			} else if len(got) != len(tc.cands) {
+				t.Fatalf("picked %v, want every candidate", got)
+			}
+		})
+	}
+}
+
+func TestRouterLeastLoaded(t *testing.T) {
+	active := func(n int) events.Load { return events.Load{ActiveRequests: n} }
+	w1 := loaded(worker("w1", "a"), active(3))
+	w2 := loaded(worker("w2", "b"), active(1))
+	w3 := loaded(worker("w3", "c"), active(2))
+	cands := []projections.Worker{w1, w2, w3}
+	r := newRouter(Config{InhibitedDuration: time.Second}, time.Now)
+
+	onlyPicked(t, picks(t, r, cands, nil, 50), "w2")
+	onlyPicked(t, picks(t, r, cands, map[string]bool{"w2": true}, 50), "w3")
+
+	// This frontend's own dispatches count when the reported load lags:
+	// two in flight on w2 tie it with w3, three put it behind.
+	done := []func(){r.track("w2"), r.track("w2")}
+	if got := picks(t, r, cands, nil, 100); got["w2"] == 0 || got["w3"] == 0 || got["w1"] != 0 {
+		t.Fatalf("picked %v with w2 and w3 tied at 2, want both and never w1", got)
+	}
+	done = append(done, r.track("w2"))
+	onlyPicked(t, picks(t, r, cands, nil, 50), "w3")
+	for _, d := range done {
+		d()
+		d() // idempotent
+	}
+	onlyPicked(t, picks(t, r, cands, nil, 50), "w2")
+	if len(r.active) != 0 {
+		t.Errorf("active = %v after every dispatch ended, want empty", r.active)
+	}
+
+	// A reported load above the frontend's own count wins.
+	r.track("w1")
+	if got := picks(t, r, []projections.Worker{w1, w3}, nil, 50); got["w1"] != 0 {
+		t.Fatalf("picked %v, want w3 (load 2) over w1 (load 3)", got)
+	}
+}
