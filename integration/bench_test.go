@@ -2,10 +2,16 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/services/engine"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,6 +31,7 @@ func BenchmarkStreams(b *testing.B) {
 	fe.waitRoutable(b, "w1", "w2")
 
 	raw := rawPublishRate(b, s.natsURL)
+	pass := passthroughRate(b, streams, tokens)
 	b.ResetTimer()
 	start := time.Now()
 	var delivered int
@@ -54,6 +61,67 @@ func BenchmarkStreams(b *testing.B) {
 	b.ReportMetric(tps, "tokens/s")
 	b.ReportMetric(raw, "raw_js_msgs/s")
 	b.ReportMetric(tps/raw, "tokens_per_raw_msg")
+	b.ReportMetric(pass, "passthrough_tokens/s")
+	b.ReportMetric(tps/pass, "vs_passthrough")
+}
+
+// passthroughRate is the second baseline: the same mock engine streaming the
+// same token volume straight to HTTP clients as SSE, with the same
+// coalescing, and no NATS or log in between: what durability costs.
+func passthroughRate(b *testing.B, streams, tokens int) float64 {
+	b.Helper()
+	eng, err := engine.NewMock(engine.MockConfig{SpeedupRatio: 1e9})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		prompt := r.URL.Query().Get("p")
+		w.Header().Set("Content-Type", "text/event-stream")
+		flusher := w.(http.Flusher)
+		var buf []string
+		off := 0
+		flush := func() {
+			data, _ := json.Marshal(map[string]any{"choices": []map[string]any{{"index": 0, "text": strings.Join(buf, "")}}})
+			off += len(buf)
+			fmt.Fprintf(w, "id: %d\ndata: %s\n\n", off, data)
+			flusher.Flush()
+			buf = buf[:0]
+		}
+		_, _ = eng.Generate(r.Context(), engine.Request{Prompt: prompt, MaxTokens: tokens}, func(tok string) error {
+			if buf = append(buf, tok); len(buf) == 16 {
+				flush()
+			}
+			return nil
+		})
+		if len(buf) > 0 {
+			flush()
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	const rounds = 5
+	start := time.Now()
+	for i := range rounds {
+		var wg sync.WaitGroup
+		for c := range streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := http.Get(fmt.Sprintf("%s/?p=pass+%d+%d", srv.URL, i, c))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				res := readStream(b, resp, nil)
+				resp.Body.Close()
+				if !res.done {
+					b.Error("passthrough stream did not finish")
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	return float64(rounds*streams*tokens) / time.Since(start).Seconds()
 }
 
 // rawPublishRate is the baseline: JetStream async publishes per second of
