@@ -80,6 +80,9 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 	if err := dec.Decode(&req); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
+			if typeErr.Field == "" {
+				return parsed{}, badRequest("invalid_type", "request body must be a JSON object, got %s", typeErr.Value)
+			}
 			return parsed{}, badRequest("invalid_type", "invalid type for '%s': expected %s, got %s", typeErr.Field, jsonKind(typeErr.Type.String()), typeErr.Value)
 		}
 		return parsed{}, badRequest("invalid_json", "request body is not valid JSON: %v", err)
