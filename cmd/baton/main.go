@@ -40,6 +40,8 @@ var commands = []command{
 	{"nats", "a standalone NATS server with JetStream (embedded library)", runNATS},
 	{"frontend", "the OpenAI-compatible HTTP frontend", runFrontend},
 	{"worker", "a worker serving requests on an engine (mock)", runWorker},
+	{"replay", "a request's timeline and output, rebuilt from the event log alone (--json)", runReplay},
+	{"events", "pretty-print the event log (--follow, --request ID, --worker ID)", runEvents},
 }
 
 func main() {

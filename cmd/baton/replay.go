@@ -1,0 +1,397 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const replaySummary = `Rebuilds a request's timeline from the event log alone (BATON_REQUESTS, read
+with batch direct get, folded exactly as a frontend folds it): one line per
+event in stream order, with the time since the request was accepted, the
+stream sequence, the subject (events, or tokens.<attempt>) and what happened.
+Consecutive token deltas of one attempt are shown as one line; deltas the fold
+ignored (a zombie worker writing after its attempt was fenced, a duplicate)
+are marked. Then a summary (status, attempts, migrations, owner, tokens,
+finish reason) and the output text exactly as clients received it.
+--json prints {"request": state, "timeline": [every event], "output": text}.
+Exits 1 if the request is not in the log.`
+
+// replayReadTimeout bounds reading one request's history.
+const replayReadTimeout = 30 * time.Second
+
+// replayOptions are the flags and argument of `baton replay`.
+type replayOptions struct {
+	common *commonFlags
+	nats   *natsFlags
+	json   bool
+	id     string
+}
+
+func parseReplay(env *environment, args []string) (*replayOptions, error) {
+	f := newFlagSet("replay", replaySummary, env.lookup, env.stdout)
+	f.args = "<request-id>"
+	o := &replayOptions{common: addCommonFlags(f), nats: addNATSFlags(f)}
+	f.BoolVar(&o.json, "json", false, "print one JSON document for machines")
+	pos, err := parseInterspersed(f, args)
+	if err != nil {
+		return nil, err
+	}
+	if len(pos) != 1 {
+		return nil, usagef("want one request id, got %d arguments (see 'baton replay --help')", len(pos))
+	}
+	o.id = pos[0]
+	if !streams.ValidID(o.id) {
+		return nil, usagef("%q is not a request id (letters, digits, '-', '_')", o.id)
+	}
+	return o, o.nats.validate()
+}
+
+// parseInterspersed parses flags that may come before or after positional
+// arguments ("baton replay ID --json"), and returns the positional ones.
+func parseInterspersed(f *flagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := f.parse(args); err != nil {
+			return nil, err
+		}
+		if f.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, f.Arg(0))
+		args = f.Args()[1:]
+	}
+}
+
+// errRequestNotFound is the message for an id that has no history.
+func errRequestNotFound(id string) error {
+	return fmt.Errorf("request %s not found in the log (never accepted, or past retention)", id)
+}
+
+func runReplay(ctx context.Context, env *environment, args []string) error {
+	o, err := parseReplay(env, args)
+	if err != nil {
+		return err
+	}
+	log := o.common.logger(env.stderr, "replay")
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-replay", toolConnectTimeout, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc.Conn)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, replayReadTimeout)
+	defer cancel()
+	var envs []events.Envelope
+	for e, err := range streams.ReadRequest(rctx, js, o.id, 1) {
+		if errors.Is(err, streams.ErrNotFound) {
+			return errRequestNotFound(o.id)
+		}
+		if err != nil {
+			return fmt.Errorf("read request %s: %w", o.id, err)
+		}
+		envs = append(envs, e)
+	}
+	doc, ok := buildReplay(envs)
+	if !ok {
+		return errRequestNotFound(o.id)
+	}
+	if o.json {
+		enc := json.NewEncoder(env.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(doc)
+	}
+	return writeReplay(env.stdout, doc)
+}
+
+// replayDoc is what `baton replay --json` prints.
+type replayDoc struct {
+	Request  replayState   `json:"request"`
+	Timeline []replayEntry `json:"timeline"`
+	Output   string        `json:"output"`
+}
+
+// replayState is the folded state of the request; its fields are those of
+// GET /v1/requests/{id}, plus the cancel and failure events.
+type replayState struct {
+	ID              string                   `json:"id"`
+	Status          string                   `json:"status"`
+	Model           string                   `json:"model"`
+	Endpoint        string                   `json:"endpoint"`
+	Created         int64                    `json:"created"`
+	Worker          string                   `json:"worker,omitempty"`
+	Owner           string                   `json:"owner"`
+	PromptTokens    int                      `json:"prompt_tokens"`
+	MaxTokens       int                      `json:"max_tokens"`
+	TokensGenerated int                      `json:"tokens_generated"`
+	FinishReason    string                   `json:"finish_reason,omitempty"`
+	Attempts        []projections.Attempt    `json:"attempts"`
+	Migrations      []projections.Migration  `json:"migrations"`
+	ParentID        string                   `json:"parent_id,omitempty"`
+	Children        []string                 `json:"children,omitempty"`
+	Cancel          *events.RequestCancelled `json:"cancel,omitempty"`
+	Failure         *events.RequestFailed    `json:"failure,omitempty"`
+	SkippedDeltas   int                      `json:"skipped_deltas,omitempty"`
+}
+
+// replayEntry is one event of the timeline.
+type replayEntry struct {
+	Seq     uint64       `json:"seq"`
+	Time    time.Time    `json:"time"`
+	Since   float64      `json:"since_accepted_seconds"`
+	Subject string       `json:"subject"` // "events" or "tokens.<attempt>"
+	Type    string       `json:"type"`
+	ID      string       `json:"id"`
+	Source  string       `json:"source"`
+	Applied bool         `json:"applied"`        // the fold changed the state
+	Note    string       `json:"note,omitempty"` // why it did not, e.g. "ignored (fenced)"
+	Summary string       `json:"summary"`
+	Event   events.Event `json:"event"`
+}
+
+// buildReplay folds a request's events, in stream order, into its state and
+// timeline. ok is false when the history has no accepted event.
+func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
+	r := projections.NewRequest()
+	var start time.Time
+	for _, e := range envs {
+		if a, isAccepted := e.Event.(events.RequestAccepted); isAccepted && start.IsZero() && a.RequestID != "" {
+			start = e.Time
+		}
+	}
+	if start.IsZero() && len(envs) > 0 {
+		start = envs[0].Time
+	}
+	doc.Timeline = make([]replayEntry, 0, len(envs))
+	for _, e := range envs {
+		note := whyIgnored(r, e)
+		applied := r.Apply(e)
+		if applied {
+			note = ""
+		}
+		doc.Timeline = append(doc.Timeline, replayEntry{
+			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: subjectKind(e.Event),
+			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
+			Summary: describe(e), Event: e.Event,
+		})
+	}
+	if !r.Known() {
+		return replayDoc{}, false
+	}
+	doc.Request = stateOfRequest(r)
+	doc.Output = r.Text()
+	return doc, true
+}
+
+func stateOfRequest(r *projections.Request) replayState {
+	s := replayState{
+		ID: r.Accepted.RequestID, Status: string(r.Status), Model: r.Accepted.Model,
+		Endpoint: r.Accepted.Endpoint, Created: r.Accepted.Created, Owner: r.Owner,
+		PromptTokens: r.Accepted.PromptTokens, MaxTokens: r.Accepted.MaxTokens, TokensGenerated: r.Len(),
+		FinishReason: r.FinishReason, Attempts: append([]projections.Attempt{}, r.Attempts...),
+		Migrations: append([]projections.Migration{}, r.Migrations...), ParentID: r.Accepted.ParentID,
+		Children: r.Children, Cancel: r.Cancel, Failure: r.Failure, SkippedDeltas: r.Skipped,
+	}
+	if c, ok := r.Current(); ok {
+		s.Worker = c.WorkerID
+	}
+	return s
+}
+
+// subjectKind names the subject an event is stored on, below
+// baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
+func subjectKind(ev events.Event) string {
+	switch ev := ev.(type) {
+	case events.TokensGenerated:
+		return fmt.Sprintf("tokens.%d", ev.Attempt)
+	case events.RequestCompleted:
+		return fmt.Sprintf("tokens.%d", ev.Attempt)
+	case events.AttemptFailed:
+		return fmt.Sprintf("tokens.%d", ev.Attempt)
+	}
+	return "events"
+}
+
+// whyIgnored says, before e is applied to r, why the fold would ignore it;
+// it is used only if Apply then reports no change.
+func whyIgnored(r *projections.Request, e events.Envelope) string {
+	fenced := func(k int) bool {
+		cur, ok := r.Current()
+		return !ok || k != cur.Attempt || cur.Closed
+	}
+	switch ev := e.Event.(type) {
+	case events.TokensGenerated:
+		switch {
+		case r.Status.Terminal():
+			return "ignored (after the end)"
+		case fenced(ev.Attempt):
+			return "ignored (fenced)"
+		case ev.Offset > r.Len():
+			return "ignored (gap)"
+		}
+		return "ignored (duplicate)"
+	case events.RequestCompleted:
+		if r.Status.Terminal() {
+			return "ignored (after the end)"
+		}
+		return "ignored (fenced)"
+	case events.AttemptFailed:
+		return "no effect (attempt already closed)"
+	case events.RequestAttached:
+		return "no effect (already the owner)"
+	case events.RequestMigrated, events.RequestFailed, events.RequestCancelled, events.RequestRouted:
+		if r.Status.Terminal() {
+			return "ignored (after the end)"
+		}
+		return "no effect (already applied)"
+	}
+	return "no effect"
+}
+
+// timelineLine is one line of the text timeline: an entry, or a run of
+// token deltas of one attempt with the same fate.
+type timelineLine struct {
+	first, last replayEntry
+	deltas      int
+	tokens      int
+	from, to    int // token offsets of the run, to exclusive
+}
+
+// coalesce groups consecutive token deltas of one attempt that the fold
+// treated alike into one line; other entries stay one line each.
+func coalesce(entries []replayEntry) []timelineLine {
+	var out []timelineLine
+	for _, e := range entries {
+		tg, isDelta := e.Event.(events.TokensGenerated)
+		if isDelta && len(out) > 0 {
+			prev := &out[len(out)-1]
+			if p, ok := prev.last.Event.(events.TokensGenerated); ok && p.Attempt == tg.Attempt && prev.last.Note == e.Note {
+				prev.last = e
+				prev.deltas++
+				prev.tokens += len(tg.Tokens)
+				prev.from = min(prev.from, tg.Offset)
+				prev.to = max(prev.to, tg.Offset+len(tg.Tokens))
+				continue
+			}
+		}
+		l := timelineLine{first: e, last: e, deltas: 1}
+		if isDelta {
+			l.tokens, l.from, l.to = len(tg.Tokens), tg.Offset, tg.Offset+len(tg.Tokens)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func (l timelineLine) String() string {
+	seq := fmt.Sprintf("#%d", l.first.Seq)
+	if l.last.Seq != l.first.Seq {
+		seq += fmt.Sprintf("-%d", l.last.Seq)
+	}
+	what := l.first.Summary
+	if tg, ok := l.first.Event.(events.TokensGenerated); ok {
+		what = fmt.Sprintf("attempt %d: %s", tg.Attempt, tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas))
+	}
+	if l.first.Note != "" {
+		what += "  [" + l.first.Note + "]"
+	}
+	return fmt.Sprintf("%+7.3fs  %-11s %-9s %-15s %s", l.first.Since, seq, l.first.Subject, kindOf(l.first.Type), what)
+}
+
+// tokenRangeDeltas describes a run of deltas covering offsets [from, to)
+// with tokens tokens in all (more than to-from if some overlap).
+func tokenRangeDeltas(from, to, tokens, deltas int) string {
+	if deltas > 1 && to-from != tokens {
+		return fmt.Sprintf("tokens %d-%d (%d tokens in %d deltas)", from, to-1, tokens, deltas)
+	}
+	return tokenRange(from, tokens, deltas)
+}
+
+// writeReplay prints the timeline, the summary and the output as text.
+func writeReplay(w io.Writer, doc replayDoc) error {
+	st := doc.Request
+	var b strings.Builder
+	fmt.Fprintf(&b, "request %s: %s\n\n", st.ID, statusLine(st))
+	fmt.Fprintf(&b, "timeline (time since accepted, BATON_REQUESTS sequence, subject under baton.requests.%s.):\n", st.ID)
+	for _, l := range coalesce(doc.Timeline) {
+		fmt.Fprintf(&b, "  %s\n", l)
+	}
+	fmt.Fprintf(&b, "\nsummary:\n")
+	row := func(k, v string) { fmt.Fprintf(&b, "  %-11s %s\n", k, v) }
+	row("status", statusLine(st))
+	row("model", fmt.Sprintf("%s (%s), %d prompt tokens, max_tokens %d", st.Model, st.Endpoint, st.PromptTokens, st.MaxTokens))
+	row("attempts", attemptsLine(st))
+	row("migrations", migrationsLine(st))
+	row("owner", st.Owner)
+	row("tokens", fmt.Sprintf("%d generated", st.TokensGenerated))
+	if st.Cancel != nil {
+		row("cancel", fmt.Sprintf("%s: %s", st.Cancel.Mode, st.Cancel.Reason))
+	}
+	if st.Failure != nil {
+		row("failure", fmt.Sprintf("%s (status %d): %s", st.Failure.Code, st.Failure.Status, st.Failure.Message))
+	}
+	if st.ParentID != "" {
+		row("parent", st.ParentID)
+	}
+	if len(st.Children) > 0 {
+		row("children", strings.Join(st.Children, ", "))
+	}
+	if st.SkippedDeltas > 0 {
+		row("gaps", fmt.Sprintf("%d deltas skipped out of order (a correct log has none)", st.SkippedDeltas))
+	}
+	fmt.Fprintf(&b, "\noutput (%d tokens):\n%s", st.TokensGenerated, doc.Output)
+	if !strings.HasSuffix(doc.Output, "\n") {
+		b.WriteString("\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func statusLine(st replayState) string {
+	s := st.Status
+	if st.FinishReason != "" {
+		s += ", finish reason " + st.FinishReason
+	}
+	return s
+}
+
+func attemptsLine(st replayState) string {
+	if len(st.Attempts) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(st.Attempts))
+	for _, a := range st.Attempts {
+		p := fmt.Sprintf("%d on %s from token %d", a.Attempt, a.WorkerID, a.StartOffset)
+		if a.Closed {
+			p += fmt.Sprintf(", closed at token %d (%s)", a.Cut, a.CloseReason)
+		}
+		parts = append(parts, p)
+	}
+	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
+
+func migrationsLine(st replayState) string {
+	if len(st.Migrations) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(st.Migrations))
+	for _, m := range st.Migrations {
+		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
+	}
+	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
