@@ -93,14 +93,18 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 					continue
 				}
 				p.mu.Lock()
+				_, was := p.alive[e.Key()]
 				var v events.FrontendPresence
-				if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &v) == nil {
+				is := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &v) == nil
+				if is {
 					p.alive[e.Key()] = presenceEntry{FrontendPresence: v, revision: e.Revision()}
 				} else {
 					delete(p.alive, e.Key())
 				}
 				p.mu.Unlock()
-				p.changed.Notify()
+				if was != is {
+					p.changed.Notify() // membership changed; renewals wake nobody
+				}
 			}
 		}
 	}()
