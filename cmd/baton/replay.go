@@ -121,32 +121,9 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 
 // replayDoc is what `baton replay --json` prints.
 type replayDoc struct {
-	Request  replayState   `json:"request"`
-	Timeline []replayEntry `json:"timeline"`
-	Output   string        `json:"output"`
-}
-
-// replayState is the folded state of the request; its fields are those of
-// GET /v1/requests/{id}, plus the cancel and failure events.
-type replayState struct {
-	ID              string                   `json:"id"`
-	Status          string                   `json:"status"`
-	Model           string                   `json:"model"`
-	Endpoint        string                   `json:"endpoint"`
-	Created         int64                    `json:"created"`
-	Worker          string                   `json:"worker,omitempty"`
-	Owner           string                   `json:"owner"`
-	PromptTokens    int                      `json:"prompt_tokens"`
-	MaxTokens       int                      `json:"max_tokens"`
-	TokensGenerated int                      `json:"tokens_generated"`
-	FinishReason    string                   `json:"finish_reason,omitempty"`
-	Attempts        []projections.Attempt    `json:"attempts"`
-	Migrations      []projections.Migration  `json:"migrations"`
-	ParentID        string                   `json:"parent_id,omitempty"`
-	Children        []string                 `json:"children,omitempty"`
-	Cancel          *events.RequestCancelled `json:"cancel,omitempty"`
-	Failure         *events.RequestFailed    `json:"failure,omitempty"`
-	SkippedDeltas   int                      `json:"skipped_deltas,omitempty"`
+	Request  projections.State `json:"request"`
+	Timeline []replayEntry     `json:"timeline"`
+	Output   string            `json:"output"`
 }
 
 // replayEntry is one event of the timeline.
@@ -193,24 +170,9 @@ func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
 	if !r.Known() {
 		return replayDoc{}, false
 	}
-	doc.Request = stateOfRequest(r)
+	doc.Request = r.State()
 	doc.Output = r.Text()
 	return doc, true
-}
-
-func stateOfRequest(r *projections.Request) replayState {
-	s := replayState{
-		ID: r.Accepted.RequestID, Status: string(r.Status), Model: r.Accepted.Model,
-		Endpoint: r.Accepted.Endpoint, Created: r.Accepted.Created, Owner: r.Owner,
-		PromptTokens: r.Accepted.PromptTokens, MaxTokens: r.Accepted.MaxTokens, TokensGenerated: r.Len(),
-		FinishReason: r.FinishReason, Attempts: append([]projections.Attempt{}, r.Attempts...),
-		Migrations: append([]projections.Migration{}, r.Migrations...), ParentID: r.Accepted.ParentID,
-		Children: r.Children, Cancel: r.Cancel, Failure: r.Failure, SkippedDeltas: r.Skipped,
-	}
-	if c, ok := r.Current(); ok {
-		s.Worker = c.WorkerID
-	}
-	return s
 }
 
 // subjectKind names the subject an event is stored on, below
@@ -362,7 +324,7 @@ func writeReplay(w io.Writer, doc replayDoc) error {
 	return err
 }
 
-func statusLine(st replayState) string {
+func statusLine(st projections.State) string {
 	s := st.Status
 	if st.FinishReason != "" {
 		s += ", finish reason " + st.FinishReason
@@ -370,7 +332,7 @@ func statusLine(st replayState) string {
 	return s
 }
 
-func attemptsLine(st replayState) string {
+func attemptsLine(st projections.State) string {
 	if len(st.Attempts) == 0 {
 		return "none"
 	}
@@ -385,7 +347,7 @@ func attemptsLine(st replayState) string {
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
 }
 
-func migrationsLine(st replayState) string {
+func migrationsLine(st projections.State) string {
 	if len(st.Migrations) == 0 {
 		return "none"
 	}

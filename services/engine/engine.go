@@ -1,6 +1,3 @@
-// Package engine defines what a worker runs requests on, and its
-// implementations: Mock (deterministic, simulated timing and KV cache,
-// scripted faults) and, later, an adapter to OpenAI-compatible servers.
 package engine
 
 import (

@@ -39,8 +39,12 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) er
 	if fe.cfg.SystemURL == "" {
 		return nil
 	}
-	sys, err := nats.Connect(fe.cfg.SystemURL, nats.Name("baton-frontend-"+fe.id+"-sys"),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	opts := []nats.Option{nats.Name("baton-frontend-" + fe.id + "-sys"),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
+	if fe.cfg.SystemTLS != nil {
+		opts = append(opts, nats.Secure(fe.cfg.SystemTLS))
+	}
+	sys, err := nats.Connect(fe.cfg.SystemURL, opts...)
 	if err != nil {
 		return fmt.Errorf("connect system account: %w", err)
 	}

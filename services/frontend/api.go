@@ -237,7 +237,7 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	w.Header().Set(headerRequestID, id)
 	if !streams.ValidID(id) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found", fmt.Sprintf("no request %q", id))
+		writeLookupError(w, id, streams.ErrNotFound)
 		return
 	}
 	from, apiErr := parseOffset(r)
@@ -246,13 +246,8 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t, err := fe.attach(r.Context(), id)
-	if errors.Is(err, streams.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
-			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
-		return
-	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		writeLookupError(w, id, err)
 		return
 	}
 	var n int
@@ -270,17 +265,12 @@ func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	w.Header().Set(headerRequestID, id)
 	if !streams.ValidID(id) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found", fmt.Sprintf("no request %q", id))
+		writeLookupError(w, id, streams.ErrNotFound)
 		return
 	}
 	t, err := fe.attach(r.Context(), id)
-	if errors.Is(err, streams.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
-			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
-		return
-	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		writeLookupError(w, id, err)
 		return
 	}
 	defer fe.release(t)
@@ -289,39 +279,15 @@ func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, state)
 }
 
-// RequestState is the JSON of GET /v1/requests/{id}.
+// RequestState is the JSON of GET /v1/requests/{id}: the projection's state
+// and, for a failed request, the error a client got.
 type RequestState struct {
-	ID              string                  `json:"id"`
-	Object          string                  `json:"object"`
-	Status          string                  `json:"status"`
-	Model           string                  `json:"model"`
-	Endpoint        string                  `json:"endpoint"`
-	Created         int64                   `json:"created"`
-	Worker          string                  `json:"worker,omitempty"`
-	Owner           string                  `json:"owner"`
-	PromptTokens    int                     `json:"prompt_tokens"`
-	MaxTokens       int                     `json:"max_tokens"`
-	TokensGenerated int                     `json:"tokens_generated"`
-	FinishReason    string                  `json:"finish_reason,omitempty"`
-	Attempts        []projections.Attempt   `json:"attempts"`
-	Migrations      []projections.Migration `json:"migrations"`
-	ParentID        string                  `json:"parent_id,omitempty"`
-	Children        []string                `json:"children,omitempty"`
-	Error           map[string]any          `json:"error,omitempty"`
+	projections.State
+	Error map[string]any `json:"error,omitempty"`
 }
 
 func stateOf(p *projections.Request) RequestState {
-	s := RequestState{
-		ID: p.Accepted.RequestID, Object: "request", Status: string(p.Status), Model: p.Accepted.Model,
-		Endpoint: p.Accepted.Endpoint, Created: p.Accepted.Created, Owner: p.Owner,
-		PromptTokens: p.Accepted.PromptTokens, MaxTokens: p.Accepted.MaxTokens, TokensGenerated: p.Len(),
-		FinishReason: p.FinishReason, Attempts: append([]projections.Attempt{}, p.Attempts...),
-		Migrations: append([]projections.Migration{}, p.Migrations...), ParentID: p.Accepted.ParentID,
-		Children: append([]string(nil), p.Children...),
-	}
-	if c, ok := p.Current(); ok {
-		s.Worker = c.WorkerID
-	}
+	s := RequestState{State: p.State()}
 	if f := p.Failure; f != nil {
 		s.Error = errorBody("server_error", f.Code, f.Message)
 	}
@@ -423,4 +389,15 @@ func (fe *Frontend) linkChild(ctx context.Context, parent, child string) {
 	if p, err := fe.load(ctx, parent); err == nil && p.Cancel != nil {
 		_ = fe.cancelTree(ctx, child, p.Cancel.Mode, "parent cancelled")
 	}
+}
+
+// writeLookupError answers a failed lookup of request id: 404 when the log
+// has no such request, 500 when the log could not be read.
+func writeLookupError(w http.ResponseWriter, id string, err error) {
+	if errors.Is(err, streams.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
+			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
+		return
+	}
+	writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 }

@@ -75,7 +75,7 @@ func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	w.Header().Set(headerRequestID, id)
 	if !streams.ValidID(id) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found", fmt.Sprintf("no request %q", id))
+		writeLookupError(w, id, streams.ErrNotFound)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
@@ -101,13 +101,8 @@ func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := fe.load(r.Context(), id)
-	if errors.Is(err, streams.ErrNotFound) {
-		writeError(w, http.StatusNotFound, "invalid_request_error", "request_not_found",
-			fmt.Sprintf("no request %q in the log (never accepted, or past retention)", id))
-		return
-	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		writeLookupError(w, id, err)
 		return
 	}
 	if p.Status.Terminal() && len(p.Children) == 0 {

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -59,6 +60,9 @@ type Config struct {
 	// SystemURL, if set, is a NATS URL with system-account credentials used to
 	// receive disconnect advisories (the fast path for worker crashes).
 	SystemURL string
+	// SystemTLS, if set, secures the system-account connection (as the
+	// component's own connection is); its credentials are in SystemURL.
+	SystemTLS *tls.Config
 
 	// Streams sets provisioning and retention of the log.
 	Streams streams.Config

@@ -1,9 +1,3 @@
-// Package frontend is baton's OpenAI-compatible HTTP API. It accepts requests
-// into the log, routes and dispatches them to workers, streams their tokens
-// from the log to clients, and migrates them when a worker fails.
-//
-// A frontend is stateless apart from caches rebuilt from the log: the
-// discovery view, and one follower per request it serves.
 package frontend
 
 import (
@@ -50,6 +44,8 @@ type Frontend struct {
 
 	mu       sync.Mutex
 	requests map[string]*tracked
+	open     int     // API responses being served (completions, resumes); guarded by mu
+	openDone *signal // notified when open drops to zero
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -80,7 +76,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
 		policy:   migrations.Policy{Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen},
 		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
-		presence: newPresence(),
+		presence: newPresence(), openDone: newSignal(),
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		fe.gatherer = g
@@ -153,14 +149,17 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	}
 
 	// Shutdown order: (1) turn /health to 503 and refuse new requests; (2) let
-	// open streams run for the graceful budget; (3) cut what is left without
-	// cancelling it (the requests keep generating in the log and stay
-	// resumable elsewhere); (4) delete this frontend's presence key, so
-	// another replica may take its requests over at once; (5) stop
-	// supervisors and watchers.
+	// open streams run for the graceful budget, still accepting connections
+	// so that probes see the 503 and new requests get a 503 with Retry-After
+	// rather than a refused connection; (3) stop accepting, and cut what is
+	// left at the end of the budget without cancelling it (the requests keep
+	// generating in the log and stay resumable elsewhere); (4) delete this
+	// frontend's presence key, so another replica may take its requests over
+	// at once; (5) stop supervisors and watchers.
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
 	defer scancel()
+	fe.waitResponses(sctx)
 	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		close(fe.closing)
@@ -183,12 +182,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 // Handler returns the HTTP API.
 func (fe *Frontend) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", fe.handleCompletion)
-	mux.HandleFunc("POST /v1/completions", fe.handleCompletion)
+	mux.HandleFunc("POST /v1/chat/completions", fe.counted(fe.handleCompletion))
+	mux.HandleFunc("POST /v1/completions", fe.counted(fe.handleCompletion))
 	mux.HandleFunc("GET /v1/models", fe.handleModels)
 	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
-	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.handleResume)
+	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume))
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
@@ -197,6 +196,44 @@ func (fe *Frontend) Handler() http.Handler {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
 	return mux
+}
+
+// counted counts h's responses as open, so that a shutdown keeps accepting
+// connections until they end (or the budget does).
+func (fe *Frontend) counted(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		fe.mu.Lock()
+		fe.open++
+		fe.mu.Unlock()
+		defer func() {
+			fe.mu.Lock()
+			fe.open--
+			idle := fe.open == 0
+			fe.mu.Unlock()
+			if idle {
+				fe.openDone.Notify()
+			}
+		}()
+		h(w, r)
+	}
+}
+
+// waitResponses waits until no counted response is open, or ctx is done.
+func (fe *Frontend) waitResponses(ctx context.Context) {
+	for {
+		ch := fe.openDone.C()
+		fe.mu.Lock()
+		n := fe.open
+		fe.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
 
 func (fe *Frontend) isDraining() bool {
