@@ -83,28 +83,93 @@ func (l *Log) Envelope(id, subject string, ev events.Event) events.Envelope {
 	return events.Envelope{ID: id, Source: l.source, Subject: subject, Time: time.Now(), Event: ev}
 }
 
+// Retry bounds of Append. A stream-leader election in a 3-node cluster after
+// the leader is killed takes about 5-7 s; AppendBudget rides it out with room.
+const (
+	// AppendBudget is how long Append keeps retrying a transient failure
+	// (no responders, no ack, no leader) when ctx allows that long.
+	AppendBudget = 20 * time.Second
+	// appendTryTimeout bounds one try: an append sent to a leader that died
+	// never gets an answer.
+	appendTryTimeout = 2 * time.Second
+	appendBackoffMin = 50 * time.Millisecond
+	appendBackoffMax = time.Second
+)
+
 // Append stores e on subject and waits for the acknowledgement. With
 // expectLast >= 0 the append succeeds only if the subject's last sequence is
 // expectLast (0: the subject is empty); otherwise it returns ErrConflict.
+//
+// A transient failure (no server answers for the stream, no acknowledgement,
+// no stream leader or the cluster is unavailable, the connection is
+// reconnecting) is retried with backoff for up to AppendBudget, or until ctx
+// ends if sooner (a ctx without a deadline gets AppendBudget). Every try sends
+// the same message, whose Nats-Msg-Id is the event id, so JetStream stores
+// it at most once: a try that was stored but whose ack was lost comes back
+// as a duplicate with the original sequence, and an expected-sequence
+// append that already landed is not mistaken for a conflict.
 func (l *Log) Append(ctx context.Context, subject string, e events.Envelope, expectLast int64) (uint64, error) {
 	m, err := NewMsg(subject, e)
 	if err != nil {
 		return 0, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, DefaultTimeout)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, AppendBudget)
+	defer cancel()
 	var opts []jetstream.PublishOpt
 	if expectLast >= 0 {
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(uint64(expectLast)))
 	}
-	ack, err := l.js.PublishMsg(ctx, m, opts...)
-	if err != nil {
-		return 0, fmt.Errorf("append %s to %s: %w", e.Type(), subject, translate(err))
+	backoff := appendBackoffMin
+	for try := 1; ; try++ {
+		tctx, tcancel := context.WithTimeout(ctx, appendTryTimeout)
+		ack, err := l.js.PublishMsg(tctx, m, opts...)
+		tcancel()
+		if err == nil {
+			return ack.Sequence, nil
+		}
+		if !Transient(err) || ctx.Err() != nil {
+			return 0, fmt.Errorf("append %s to %s (%d tries): %w", e.Type(), subject, try, translate(err))
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return 0, fmt.Errorf("append %s to %s (%d tries): %w", e.Type(), subject, try, translate(err))
+		}
+		backoff = min(2*backoff, appendBackoffMax)
 	}
-	return ack.Sequence, nil
+}
+
+// JetStream API error codes of a cluster in transition (nats-server
+// JSClusterNotAvailErr, JSClusterNotLeaderErr, JSStreamOfflineErr).
+const (
+	jsErrCodeClusterNotAvail  jetstream.ErrorCode = 10008
+	jsErrCodeClusterNotLeader jetstream.ErrorCode = 10009
+	jsErrCodeStreamOffline    jetstream.ErrorCode = 10118
+)
+
+// Transient reports whether err is a failure that a retry of the same
+// operation may not see: no server answered for the stream (its leader is
+// being elected, or the connection moves to another node), the answer did
+// not come in time, or the cluster said it is not ready.
+func Transient(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jsErrCodeClusterNotAvail, jsErrCodeClusterNotLeader, jsErrCodeStreamOffline:
+			return true
+		}
+		return false
+	}
+	return errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrTimeout) ||
+		errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout) ||
+		errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
+		errors.Is(err, nats.ErrConnectionReconnecting) ||
+		errors.Is(err, nats.ErrDisconnected)
 }
 
 // AppendAsync stores e on subject without waiting; the future reports the

@@ -135,10 +135,35 @@ func (c Config) bucketConfig(name, desc string) jetstream.KeyValueConfig {
 // Provision creates baton's streams and buckets if they do not exist. It is
 // idempotent and safe to race: whichever component starts first creates them,
 // and an existing definition is kept as it is (never weakened or replaced).
+// In a cluster that is still forming (no meta leader yet, a node restarting)
+// transient failures (see Transient) are retried until ctx ends, each try
+// bounded by DefaultTimeout.
 func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("streams: config: %w", err)
 	}
+	backoff := appendBackoffMin
+	for {
+		// A request sent before the cluster has a meta leader is dropped
+		// unanswered: bound each try, and try again.
+		tctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+		err := provision(tctx, js, cfg)
+		cancel()
+		if err == nil || !Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		backoff = min(2*backoff, appendBackoffMax)
+	}
+}
+
+func provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	for _, sc := range []jetstream.StreamConfig{cfg.RequestsConfig(), cfg.WorkersConfig()} {
 		if err := ensureStream(ctx, js, sc); err != nil {
 			return err

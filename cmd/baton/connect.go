@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -20,21 +24,126 @@ const (
 	natsDrainTimeout   = 5 * time.Second
 )
 
-// natsFlags is --nats, the server (or the nodes of a cluster) to connect to.
+// natsFlags is --nats, the server (or the nodes of a cluster) to connect to,
+// and how to authenticate to it and secure the connection.
 type natsFlags struct {
-	urls string
+	urls     string
+	user     string
+	password string
+	creds    string
+	tlsCA    string
+	tlsCert  string
+	tlsKey   string
+	opts     []nats.Option // built by validate
+	tls      *tls.Config   // the TLS part of opts, nil without TLS files
 }
 
 func addNATSFlags(f *flagSet) *natsFlags {
 	n := &natsFlags{}
-	f.StringVar(&n.urls, "nats", defaultNATSURL, "NATS server `URL[,URL...]`; a list names the nodes of a cluster")
+	f.StringVar(&n.urls, "nats", defaultNATSURL, "NATS server `URL[,URL...]`; a list names the nodes of a cluster; nats://user:password@host:port carries credentials")
 	f.bindEnv("nats", "NATS_SERVER", nil)
+	f.StringVar(&n.user, "nats-user", "", "NATS `user` (with --nats-password)")
+	f.bindEnv("nats-user", "NATS_USER", nil)
+	f.StringVar(&n.password, "nats-password", "", "NATS `password` of --nats-user")
+	f.bindEnv("nats-password", "NATS_PASSWORD", nil)
+	f.StringVar(&n.creds, "nats-creds", "", "NATS credentials `file` (JWT and NKey seed, as made by nsc)")
+	f.bindEnv("nats-creds", "NATS_CREDS", nil)
+	f.StringVar(&n.tlsCA, "nats-tls-ca", "", "PEM `file` of the CA that signed the NATS server's certificate (implies TLS)")
+	f.bindEnv("nats-tls-ca", "NATS_TLS_CA", nil)
+	f.StringVar(&n.tlsCert, "nats-tls-cert", "", "PEM client certificate `file` for TLS client authentication (with --nats-tls-key)")
+	f.bindEnv("nats-tls-cert", "NATS_TLS_CERT", nil)
+	f.StringVar(&n.tlsKey, "nats-tls-key", "", "PEM private key `file` of --nats-tls-cert")
+	f.bindEnv("nats-tls-key", "NATS_TLS_KEY", nil)
 	return n
 }
 
-// validate checks the syntax of every URL of the list.
+// validate checks the syntax of every URL of the list and the security
+// flags, reads the files they name, and builds the connection options.
 func (n *natsFlags) validate() error {
-	return validateNATSURLs("--nats", n.urls)
+	if err := validateNATSURLs("--nats", n.urls); err != nil {
+		return err
+	}
+	opts, tc, err := n.security()
+	if err != nil {
+		return err
+	}
+	n.opts, n.tls = opts, tc
+	return nil
+}
+
+// options are the NATS connection options of the security flags; validate
+// builds them.
+func (n *natsFlags) options() []nats.Option { return n.opts }
+
+// tlsConfig is the TLS part of options (nil without TLS files), for a
+// connection that carries its own credentials (the frontend's
+// system-account URL).
+func (n *natsFlags) tlsConfig() *tls.Config { return n.tls }
+
+// security builds the connection options of the flags, and returns the TLS
+// configuration among them.
+func (n *natsFlags) security() ([]nats.Option, *tls.Config, error) {
+	var opts []nats.Option
+	var errs []error
+	switch {
+	case n.user != "" && n.creds != "":
+		errs = append(errs, errors.New("--nats-user and --nats-creds: give one"))
+	case n.user != "":
+		opts = append(opts, nats.UserInfo(n.user, n.password))
+	case n.password != "":
+		errs = append(errs, errors.New("--nats-password needs --nats-user"))
+	case n.creds != "":
+		if _, err := os.Stat(n.creds); err != nil {
+			errs = append(errs, fmt.Errorf("--nats-creds: %w", err))
+		}
+		opts = append(opts, nats.UserCredentials(n.creds))
+	}
+	tc, err := tlsConfig(n.tlsCA, n.tlsCert, n.tlsKey)
+	if err != nil {
+		errs = append(errs, err)
+	} else if tc != nil {
+		opts = append(opts, nats.Secure(tc))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, usageError{err}
+	}
+	return opts, tc, nil
+}
+
+// tlsConfig is the client TLS configuration of the --nats-tls-* files, or
+// nil when none is given (TLS is then used only if a URL says tls://).
+func tlsConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	if caFile == "" && certFile == "" && keyFile == "" {
+		return nil, nil
+	}
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	var errs []error
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--nats-tls-ca: %w", err))
+		} else {
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				errs = append(errs, fmt.Errorf("--nats-tls-ca %s: no PEM certificate", caFile))
+			}
+		}
+	}
+	switch {
+	case (certFile == "") != (keyFile == ""):
+		errs = append(errs, errors.New("--nats-tls-cert and --nats-tls-key go together"))
+	case certFile != "":
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--nats-tls-cert/--nats-tls-key: %w", err))
+		} else {
+			tc.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return tc, nil
 }
 
 func validateNATSURLs(what, list string) error {
@@ -68,11 +177,13 @@ type conn struct {
 // connectNATS connects to urls, waiting up to timeout for a server that is not
 // up yet. The connection then reconnects forever. It returns ctx's error if
 // ctx ends first.
-func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, log *slog.Logger) (*conn, error) {
+//
+// extra (natsFlags.options: credentials, TLS) is applied after the defaults.
+func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, log *slog.Logger, extra ...nats.Option) (*conn, error) {
 	connected := make(chan struct{}, 1)
 	closed := make(chan struct{})
 	var once sync.Once
-	nc, err := nats.Connect(urls,
+	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(natsReconnectWait),
@@ -95,7 +206,8 @@ func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, 
 		nats.ClosedHandler(func(*nats.Conn) {
 			once.Do(func() { close(closed) })
 		}),
-	)
+	}
+	nc, err := nats.Connect(urls, append(opts, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats %s: %w", urls, err)
 	}

@@ -160,6 +160,7 @@ func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
 	}
 	var err error
 	o.cfg, err = o.fe.config(env.lookup, *o.replicas)
+	o.cfg.SystemTLS = o.nats.tlsConfig()
 	return o, err
 }
 
@@ -169,7 +170,7 @@ func runFrontend(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "frontend")
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-frontend", natsConnectTimeout, log)
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-frontend", natsConnectTimeout, log, o.nats.options()...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting for the server

@@ -12,7 +12,7 @@ const natsSummary = `Runs a standalone NATS server with JetStream from the embed
 scripts and compose files need no separate install. Accounts: BATON (every
 client without credentials, with JetStream) and SYS (the system account, whose
 user sees the connect/disconnect advisories baton uses to detect crashed
-workers). For a 3-node cluster give each node --server-name, --cluster-name,
+workers). With --user/--password, BATON admits only that user. For a 3-node cluster give each node --server-name, --cluster-name,
 --cluster-port and --routes naming the other nodes. Runs until SIGINT/SIGTERM.`
 
 // natsOptions are the flags of `baton nats`.
@@ -35,6 +35,10 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 	f.IntVar(&o.cfg.HTTPPort, "http-port", 0, "monitoring `port`; 0 off")
 	f.StringVar(&o.cfg.SysUser, "sys-user", natsserver.DefaultSysUser, "system-account `user`")
 	f.StringVar(&o.cfg.SysPassword, "sys-password", natsserver.DefaultSysPassword, "system-account `password`")
+	f.StringVar(&o.cfg.User, "user", "", "require this `user` (with --password) for the BATON account; default: anonymous clients are let in")
+	f.bindEnv("user", "BATON_NATS_USER", nil)
+	f.StringVar(&o.cfg.Password, "password", "", "`password` of --user")
+	f.bindEnv("password", "BATON_NATS_PASSWORD", nil)
 	if err := f.parse(args); err != nil {
 		return nil, err
 	}

@@ -227,7 +227,7 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return badConfig(err)
 	}
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-worker", natsConnectTimeout, log)
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-worker", natsConnectTimeout, log, o.nats.options()...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting for the server

@@ -2,7 +2,8 @@
 // `baton nats` and `baton up`.
 //
 // The server has two accounts: BATON, where every component lives (clients
-// that present no credentials land there, as user "baton"), with JetStream;
+// that present no credentials land there, as user "baton", unless
+// Config.User requires a login), with JetStream;
 // and SYS, the system account, whose user "sys" sees the server's connect and
 // disconnect advisories: baton's fast path for detecting a crashed worker.
 package natsserver
@@ -42,6 +43,8 @@ type Config struct {
 	HTTPPort    int      // monitoring port; 0 off
 	SysUser     string   // system-account user; default "sys"
 	SysPassword string   // its password; default "baton-sys"
+	User        string   // BATON account user; when set, clients must log in (no anonymous access)
+	Password    string   // its password (with User)
 }
 
 // Validate reports every problem with c.
@@ -55,6 +58,9 @@ func (c Config) Validate() error {
 	}
 	if c.ClusterName != "" && (c.ClusterPort <= 0 || c.ClusterPort > 65535) {
 		errs = append(errs, errors.New("a cluster needs --cluster-port"))
+	}
+	if (c.User == "") != (c.Password == "") {
+		errs = append(errs, errors.New("--user and --password go together"))
 	}
 	if c.ClusterName == "" && len(c.Routes) > 0 {
 		errs = append(errs, errors.New("--routes needs --cluster-name"))
@@ -87,9 +93,17 @@ func (c Config) withDefaults() Config {
 func (c Config) configString() string {
 	q := strconv.Quote
 	var b strings.Builder
-	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [{user: %s, password: %s}] }\n", AppAccount, AppUser, AppUser)
+	user, password := AppUser, AppUser
+	if c.User != "" {
+		user, password = c.User, c.Password
+	}
+	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [{user: %s, password: %s}] }\n", AppAccount, q(user), q(password))
 	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(c.SysPassword))
-	fmt.Fprintf(&b, "system_account: %s\nno_auth_user: %s\n", SysAccount, AppUser)
+	fmt.Fprintf(&b, "system_account: %s\n", SysAccount)
+	if c.User == "" {
+		// Clients without credentials land in BATON.
+		fmt.Fprintf(&b, "no_auth_user: %s\n", AppUser)
+	}
 	if c.ClusterName != "" {
 		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: %s\n", q(c.ClusterName), q(net.JoinHostPort(c.Host, strconv.Itoa(c.ClusterPort))))
 		if len(c.Routes) > 0 {

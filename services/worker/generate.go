@@ -156,7 +156,8 @@ func (w *Worker) generate(j *job) {
 	reason, genErr := w.produce(j.ctx, req, out)
 
 	// Appends below outlive the job's context: they record how it ended.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*streams.DefaultTimeout)
+	// settle may retry a failed append through a leader election.
+	ctx, cancel := context.WithTimeout(context.Background(), streams.AppendBudget+2*streams.DefaultTimeout)
 	defer cancel()
 	var final events.Event
 	status := statusCompleted
@@ -327,6 +328,9 @@ type deltas struct {
 	tokens    []string // every token produced, from start
 	flushed   int      // tokens already handed to an append
 	sent      []sentDelta
+	acked     int       // d.sent[:acked] are acknowledged
+	retryAt   time.Time // when resend may try again
+	backoff   time.Duration
 }
 
 type sentDelta struct {
@@ -345,6 +349,7 @@ func (d *deltas) flush() {
 	if d.pending() == 0 {
 		return
 	}
+	d.resend(time.Now())
 	off := d.start + d.flushed
 	ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: off, Tokens: d.tokens[d.flushed:]}
 	f, err := d.log.AppendAsync(d.subject, d.log.Envelope(d.id(off), d.requestID, ev))
@@ -352,12 +357,52 @@ func (d *deltas) flush() {
 	d.flushed = len(d.tokens)
 }
 
+// Spacing of resend's tries while appends fail (a leader election, a
+// reconnect to another node).
+const (
+	resendBackoffMin = 100 * time.Millisecond
+	resendBackoffMax = time.Second
+)
+
+// resend re-appends, asynchronously, the oldest delta whose append failed,
+// with every token flushed since its offset, under the same id (a stored
+// original deduplicates it; readers skip tokens they already have). Readers
+// never accept tokens past a gap, so without it a failed append mid-stream
+// (the stream leader died, the connection moved to another node) would hold
+// every later token back until settle at the end of the attempt. Tries are
+// spaced by a backoff; settle makes the last, synchronous and bounded, one.
+func (d *deltas) resend(now time.Time) {
+	for d.acked < len(d.sent) {
+		s := &d.sent[d.acked]
+		if s.err == nil {
+			select {
+			case <-s.future.Ok():
+				d.acked++
+				d.backoff = 0
+				continue
+			case err := <-s.future.Err():
+				s.err = err
+			default:
+				return // still in flight
+			}
+		}
+		if now.Before(d.retryAt) {
+			return
+		}
+		d.backoff = min(max(2*d.backoff, resendBackoffMin), resendBackoffMax)
+		d.retryAt = now.Add(d.backoff)
+		ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: s.offset, Tokens: d.tokens[s.offset-d.start : d.flushed]}
+		s.future, s.err = d.log.AppendAsync(d.subject, d.log.Envelope(d.id(s.offset), d.requestID, ev))
+		return
+	}
+}
+
 // settle waits for every append's acknowledgement. A failed one is retried
 // once, synchronously, with the same id (so a stored original deduplicates
 // it) and every token from its offset to the end, so that the log has a
 // contiguous run of tokens even if later deltas were stored before it.
 func (d *deltas) settle(ctx context.Context) error {
-	for _, s := range d.sent {
+	for _, s := range d.sent[d.acked:] { // resend consumed the acks before acked
 		err := s.err
 		if err == nil {
 			select {
@@ -375,6 +420,6 @@ func (d *deltas) settle(ctx context.Context) error {
 			return fmt.Errorf("tokens at offset %d: %w (first try: %w)", s.offset, rerr, err)
 		}
 	}
-	d.sent = nil
+	d.sent, d.acked = nil, 0
 	return nil
 }

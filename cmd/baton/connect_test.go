@@ -1,0 +1,117 @@
+package main
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writeCerts writes a CA and a client certificate and key signed by it, as
+// PEM files in dir.
+func writeCerts(t *testing.T, dir string) (ca, cert, key string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "baton test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	clKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	clTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "baton-worker"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, KeyUsage: x509.KeyUsageDigitalSignature,
+	}
+	clDER, err := x509.CreateCertificate(rand.Reader, clTmpl, caCert, &clKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, _ := x509.MarshalECPrivateKey(clKey)
+	write := func(name, typ string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	return write("ca.pem", "CERTIFICATE", caDER), write("client.pem", "CERTIFICATE", clDER), write("client-key.pem", "EC PRIVATE KEY", keyDER)
+}
+
+func TestNATSSecurityFlags(t *testing.T) {
+	dir := t.TempDir()
+	ca, cert, key := writeCerts(t, dir)
+	junk := filepath.Join(dir, "junk.pem")
+	os.WriteFile(junk, []byte("not a certificate"), 0o600)
+	creds := filepath.Join(dir, "user.creds")
+	os.WriteFile(creds, []byte("-----BEGIN NATS USER JWT-----\n"), 0o600)
+
+	tests := []struct {
+		name     string
+		n        natsFlags
+		wantOpts int
+		wantTLS  bool
+		wantCert bool
+		wantErr  string // substring; "" means valid
+	}{
+		{name: "none", n: natsFlags{}, wantOpts: 0},
+		{name: "user and password", n: natsFlags{user: "fe", password: "pw"}, wantOpts: 1},
+		{name: "creds", n: natsFlags{creds: creds}, wantOpts: 1},
+		{name: "ca only", n: natsFlags{tlsCA: ca}, wantOpts: 1, wantTLS: true},
+		{name: "mutual TLS and password", n: natsFlags{tlsCA: ca, tlsCert: cert, tlsKey: key, user: "u", password: "p"}, wantOpts: 2, wantTLS: true, wantCert: true},
+		{name: "password without user", n: natsFlags{password: "p"}, wantErr: "--nats-password needs --nats-user"},
+		{name: "user and creds", n: natsFlags{user: "u", creds: creds}, wantErr: "give one"},
+		{name: "missing creds", n: natsFlags{creds: filepath.Join(dir, "nope")}, wantErr: "--nats-creds"},
+		{name: "cert without key", n: natsFlags{tlsCert: cert}, wantErr: "go together"},
+		{name: "bad CA", n: natsFlags{tlsCA: junk}, wantErr: "no PEM certificate"},
+		{name: "key of nothing", n: natsFlags{tlsCert: junk, tlsKey: key}, wantErr: "--nats-tls-cert"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.n.urls = "nats://127.0.0.1:4222"
+			err := tt.n.validate()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("validate() = %v, want an error containing %q", err, tt.wantErr)
+				}
+				if !errors.As(err, new(usageError)) {
+					t.Errorf("%v is not a usage error (exit code 2)", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("validate() = %v, want nil", err)
+			}
+			if got := len(tt.n.options()); got != tt.wantOpts {
+				t.Errorf("got %d options, want %d", got, tt.wantOpts)
+			}
+			tc := tt.n.tlsConfig()
+			if got := tc != nil; got != tt.wantTLS {
+				t.Fatalf("TLS config set = %v, want %v", got, tt.wantTLS)
+			}
+			if tc == nil {
+				return
+			}
+			if tc.RootCAs == nil {
+				t.Error("RootCAs not set from --nats-tls-ca")
+			}
+			if got := len(tc.Certificates) == 1; got != tt.wantCert {
+				t.Errorf("client certificate set = %v, want %v", got, tt.wantCert)
+			}
+		})
+	}
+}

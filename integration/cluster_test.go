@@ -1,0 +1,318 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// natsNode is one `baton nats` process of a cluster.
+type natsNode struct {
+	*proc
+	name string
+	url  string
+	args []string
+}
+
+// cluster is three `baton nats` processes on loopback forming one JetStream
+// cluster.
+type cluster struct {
+	t     testing.TB
+	nodes []*natsNode
+}
+
+// newCluster starts a 3-node cluster and waits until JetStream answers.
+func newCluster(t testing.TB) *cluster {
+	t.Helper()
+	dir := t.TempDir()
+	c := &cluster{t: t}
+	var routes []string
+	ports := make([][2]int, 3)
+	for i := range ports {
+		ports[i] = [2]int{freePort(t), freePort(t)}
+		routes = append(routes, "nats-route://127.0.0.1:"+strconv.Itoa(ports[i][1]))
+	}
+	for i, p := range ports {
+		name := fmt.Sprintf("n%d", i+1)
+		n := &natsNode{name: name, url: "nats://127.0.0.1:" + strconv.Itoa(p[0]), args: []string{
+			"nats", "--port", strconv.Itoa(p[0]), "--server-name", name, "--store-dir", filepath.Join(dir, name),
+			"--cluster-name", "baton-it", "--cluster-port", strconv.Itoa(p[1]), "--routes", strings.Join(routes, ","),
+		}}
+		c.nodes = append(c.nodes, n)
+		c.startNode(n)
+	}
+	c.waitJetStream()
+	return c
+}
+
+func (c *cluster) startNode(n *natsNode) {
+	c.t.Helper()
+	n.proc = start(c.t, n.name, nil, n.args...)
+	addr := strings.TrimPrefix(n.url, "nats://")
+	waitFor(c.t, 20*time.Second, n.name+" to listen", func() bool {
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			conn.Close()
+		}
+		return err == nil
+	})
+}
+
+// urls is the comma-separated client URLs of every node.
+func (c *cluster) urls() string {
+	var us []string
+	for _, n := range c.nodes {
+		us = append(us, n.url)
+	}
+	return strings.Join(us, ",")
+}
+
+func (c *cluster) node(name string) *natsNode {
+	for _, n := range c.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	c.t.Fatalf("no node %q", name)
+	return nil
+}
+
+// jetStream connects a test client to the cluster.
+func (c *cluster) jetStream() jetstream.JetStream {
+	c.t.Helper()
+	nc, err := nats.Connect(c.urls(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		c.t.Fatalf("connect %s: %v", c.urls(), err)
+	}
+	c.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return js
+}
+
+// waitJetStream waits until the cluster has a meta leader.
+func (c *cluster) waitJetStream() {
+	c.t.Helper()
+	js := c.jetStream()
+	waitFor(c.t, 30*time.Second, "a JetStream meta leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	})
+}
+
+// streamInfo returns the cluster view of a stream once it has a leader and
+// every replica is current.
+func (c *cluster) streamInfo(js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	c.t.Helper()
+	var info *jetstream.StreamInfo
+	waitFor(c.t, 30*time.Second, name+" to have a leader and current replicas", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return false
+		}
+		info, err = s.Info(ctx)
+		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" {
+			return false
+		}
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current || r.Offline {
+				return false
+			}
+		}
+		return len(info.Cluster.Replicas) == len(c.nodes)-1
+	})
+	return info
+}
+
+// clusterStream is one streaming request of the cluster test and what its
+// client received.
+type clusterStream struct {
+	id, prompt string
+	res        sseResult
+	maxGap     time.Duration
+}
+
+// streamAll runs n streaming completions through fe at once and calls fault
+// once every stream has received at least faultAt tokens.
+func streamAll(t *testing.T, fe *frontend, tag string, n, maxTokens, faultAt int, fault func()) []*clusterStream {
+	t.Helper()
+	out := make([]*clusterStream, n)
+	var wg, reached sync.WaitGroup
+	reached.Add(n)
+	for i := range out {
+		cs := &clusterStream{id: fmt.Sprintf("%s-%d", tag, i), prompt: fmt.Sprintf("cluster %s stream %d", tag, i)}
+		out[i] = cs
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var once sync.Once
+			defer once.Do(reached.Done)
+			resp, err := tryPost(context.Background(), fe.url+"/v1/completions",
+				map[string]any{"model": "mock", "prompt": cs.prompt, "max_tokens": maxTokens, "stream": true},
+				map[string]string{"X-Request-Id": cs.id})
+			if err != nil {
+				t.Errorf("%s: %v", cs.id, err)
+				return
+			}
+			defer resp.Body.Close()
+			last := time.Now()
+			cs.res = readStream(t, resp, func(e sseEvent) {
+				if gap := time.Since(last); gap > cs.maxGap {
+					cs.maxGap = gap
+				}
+				last = time.Now()
+				if off, err := strconv.Atoi(e.id); err == nil && off >= faultAt {
+					once.Do(reached.Done)
+				}
+			})
+		}()
+	}
+	reached.Wait()
+	fault()
+	wg.Wait()
+	return out
+}
+
+// checkClusterStreams checks that every stream completed with the fault-free
+// text, and that the log, read through another frontend, holds all of it.
+func checkClusterStreams(t *testing.T, reader *frontend, streams []*clusterStream, maxTokens int) {
+	t.Helper()
+	for _, cs := range streams {
+		want := engine.MockText(cs.prompt, 0, maxTokens)
+		if !cs.res.done || cs.res.text != want {
+			t.Errorf("%s: done=%v error=%q\n got %q\nwant %q", cs.id, cs.res.done, cs.res.errorBody, cs.res.text, want)
+			continue
+		}
+		checkIDs(t, cs.res, 0)
+		st := reader.fullState(t, cs.id)
+		if st.Status != "completed" || st.TokensGenerated != maxTokens {
+			t.Errorf("%s: state via %s: status %q, %d tokens; want completed, %d", cs.id, reader.name, st.Status, st.TokensGenerated, maxTokens)
+		}
+		replay := postlessReplay(t, reader, cs.id)
+		if !replay.done || replay.text != want {
+			t.Errorf("%s: replay from the log via %s differs:\n got %q\nwant %q", cs.id, reader.name, replay.text, want)
+		}
+		t.Logf("%s: %d tokens, longest pause %v, %d migrations", cs.id, maxTokens, cs.maxGap.Round(time.Millisecond), len(st.Migrations))
+	}
+}
+
+// postlessReplay reads a whole request from the log through fe's resume API.
+func postlessReplay(t *testing.T, fe *frontend, id string) sseResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fe.url+"/v1/requests/"+id+"/stream?starting_after=0", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("replay %s: %v", id, err)
+	}
+	defer resp.Body.Close()
+	return readStream(t, resp, nil)
+}
+
+// TestClusterNodeLoss runs streams through a 3-node cluster with R3 streams
+// and kills (SIGKILL) first a node that leads nothing of interest, then the
+// leader of BATON_REQUESTS, each mid-stream, with a frontend connected to the
+// killed node. In-flight streams pause for the election and complete with the
+// fault-free text; the log, read through the other frontend, holds every
+// acknowledged event.
+func TestClusterNodeLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("cluster test")
+	}
+	c := newCluster(t)
+	s := &stack{t: t, dir: t.TempDir(), natsURL: c.urls(), workers: map[string]*proc{}}
+	// fe1 provisions the R3 streams with the full list.
+	fe1 := s.frontend(nil, "--replicas", "3")
+	for i := 1; i <= 2; i++ {
+		s.worker(fmt.Sprintf("w%d", i), "--replicas", "3", "--mock-tokens-per-sec", "150", "--mock-ttft", "10ms")
+	}
+	fe1.waitRoutable(t, "w1", "w2")
+	js := c.jetStream()
+	for _, phase := range []struct {
+		name      string
+		leader    bool
+		maxTokens int // at 150 tokens/s; past a leader's kill, longer than its election (~6 s)
+	}{{"follower", false, 300}, {"leader", true, 1500}} {
+		maxTokens := phase.maxTokens
+		t.Run(phase.name, func(t *testing.T) {
+			info := c.streamInfo(js, streams.RequestsStream)
+			victim := c.node(info.Cluster.Leader)
+			if !phase.leader {
+				victim = c.node(info.Cluster.Replicas[0].Name)
+			}
+			t.Logf("BATON_REQUESTS leader %s; killing %s", info.Cluster.Leader, victim.name)
+			// A frontend that knows only the victim: it must find the other
+			// nodes through the cluster's gossip and carry on through one.
+			saved := s.natsURL
+			s.natsURL = victim.url
+			fe := s.frontend(nil, "--replicas", "3")
+			s.natsURL = saved
+			fe.waitRoutable(t, "w1", "w2")
+
+			killed := time.Now()
+			res := streamAll(t, fe, phase.name, 4, maxTokens, 100, func() {
+				victim.signal(syscall.SIGKILL)
+				victim.wait(10 * time.Second)
+				killed = time.Now()
+			})
+			t.Logf("streams ended %v after the kill", time.Since(killed).Round(time.Millisecond))
+			checkClusterStreams(t, fe1, res, maxTokens)
+
+			// Bring the node back with its store, so the next phase has three.
+			c.startNode(victim)
+			c.streamInfo(js, streams.RequestsStream)
+		})
+	}
+}
+
+// TestNATSAuthentication runs a frontend and a worker against a `baton nats`
+// that admits only one user: with --nats-user/--nats-password (the worker
+// through NATS_USER/NATS_PASSWORD) they serve a stream; anonymous clients are
+// refused.
+func TestNATSAuthentication(t *testing.T) {
+	dir := t.TempDir()
+	port := freePort(t)
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(dir, "nats"),
+		"--user", "svc", "--password", "s3cret")
+	waitFor(t, 20*time.Second, "nats to listen", func() bool {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+	if nc, err := nats.Connect(url); err == nil {
+		nc.Close()
+		t.Fatal("anonymous client connected to a server that requires a user")
+	}
+	s := &stack{t: t, dir: dir, natsURL: url, workers: map[string]*proc{}}
+	fe := s.frontend(nil, "--nats-user", "svc", "--nats-password", "s3cret")
+	s.workerEnv = []string{"NATS_USER=svc", "NATS_PASSWORD=s3cret"}
+	s.worker("w1", "--mock-ttft", "10ms")
+	fe.waitRoutable(t, "w1")
+	res := postStream(t, fe.url, "/v1/completions", completion("secured stream", 20), nil, nil)
+	if want := engine.MockText("secured stream", 0, 20); !res.done || res.text != want {
+		t.Fatalf("got %q (done %v, error %q), want %q", res.text, res.done, res.errorBody, want)
+	}
+}
