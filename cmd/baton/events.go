@@ -89,7 +89,7 @@ func runEvents(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "events")
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-events", toolConnectTimeout, log)
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-events", toolConnectTimeout, log, o.nats.options()...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -83,7 +83,7 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "replay")
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-replay", toolConnectTimeout, log)
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-replay", toolConnectTimeout, log, o.nats.options()...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil

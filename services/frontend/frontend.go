@@ -127,6 +127,9 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if err == nil {
 		err = fe.watchDisconnects(runCtx, &fe.wg)
 	}
+	if err == nil {
+		fe.catchUpOnReconnect(runCtx, &fe.wg)
+	}
 	cancel()
 	if err != nil {
 		fe.listener.Close()

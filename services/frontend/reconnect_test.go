@@ -1,0 +1,129 @@
+package frontend
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+)
+
+// proxy forwards TCP connections to target until cut; cut closes every
+// connection, and accepting resumes on restore.
+type proxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+	down   bool
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{l: l, target: target}
+	t.Cleanup(func() { l.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.down {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			p.conns = append(p.conns, c, s)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(s, c); s.Close() }()
+			go func() { _, _ = io.Copy(c, s); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) url() string { return "nats://" + p.l.Addr().String() }
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *proxy) restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = false
+}
+
+// TestCatchUpOnReconnect: a completion stored while the frontend's
+// connection was down reaches its follower as soon as the connection is back,
+// not only when a later message reveals the gap.
+func TestCatchUpOnReconnect(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	log := streams.NewLog(js, "test")
+	p := newProxy(t, s.Addr().String())
+	nc, err := nats.Connect(p.url(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fjs := s.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	appendEv := func(subject, id string, ev events.Event) {
+		t.Helper()
+		if _, err := log.Append(ctx, subject, log.Envelope(id, "r1", ev), -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendEv(streams.RequestEvents("r1"), "a", events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 2})
+	appendEv(streams.RequestEvents("r1"), "b", events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+	f, err := follow(ctx, nc, fjs, "r1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.stop()
+	fe := &Frontend{nc: nc, log: slog.New(slog.DiscardHandler), requests: map[string]*tracked{}}
+	fe.requests["r1"] = &tracked{id: "r1", f: f, refs: 1}
+	var wg sync.WaitGroup
+	rctx, rcancel := context.WithCancel(ctx)
+	fe.catchUpOnReconnect(rctx, &wg)
+	defer func() { rcancel(); wg.Wait() }()
+
+	p.cut()
+	appendEv(streams.RequestTokens("r1", 0), "c", events.TokensGenerated{RequestID: "r1", Tokens: []string{"x ", "y "}})
+	appendEv(streams.RequestTokens("r1", 0), "d", events.RequestCompleted{RequestID: "r1", FinishReason: "length", CompletionTokens: 2})
+	p.restore()
+	if err := f.waitFor(ctx, func(p *projections.Request) bool { return p.Status == projections.StatusCompleted }); err != nil {
+		t.Fatalf("the completion stored during the outage never reached the follower: %v", err)
+	}
+	f.view(func(p *projections.Request) {
+		if p.Text() != "x y " {
+			t.Errorf("text %q, want %q", p.Text(), "x y ")
+		}
+	})
+}
