@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"github.com/baton-dev/baton/streams"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,23 @@ func testEnv(m map[string]string) (*environment, *bytes.Buffer, *bytes.Buffer) {
 
 func ptr[T any](v T) *T { return &v }
 
+// flagDefaults fills in what the flags set when not given: the limits and
+// the stream retention, at their documented defaults.
+func flagDefaults(c *frontend.Config) {
+	c.DispatchTimeout = frontend.DefaultDispatchTimeout
+	c.DefaultMaxTokens = frontend.DefaultMaxTokens
+	c.MaxTokensLimit = frontend.DefaultMaxTokensLimit
+	c.MaxPromptTokens = frontend.DefaultMaxPromptTokens
+	c.MaxBodyBytes = frontend.DefaultMaxBodyBytes
+	if c.Streams.Replicas == 0 {
+		c.Streams.Replicas = 1
+	}
+	c.Streams.RequestsMaxAge = streams.DefaultRequestsMaxAge
+	c.Streams.RequestsMaxBytes = streams.DefaultRequestsMaxBytes
+	c.Streams.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
+	c.Streams.MaxMsgSize = streams.DefaultMaxMsgSize
+}
+
 func TestFrontendFlagsAndEnv(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -35,7 +53,7 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 	}{
 		{"defaults", nil, nil, func(t *testing.T, c frontend.Config) {
 			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second}
-			want.Streams.Replicas = 1
+			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}
@@ -54,7 +72,7 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				InhibitedDuration: 9 * time.Second, ShutdownTimeout: 2 * time.Second,
 				SystemURL: "nats://sys:pw@127.0.0.1:4222",
 			}
-			want.Streams.Replicas = 1
+			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/baton-dev/baton/streams"
 	"log/slog"
 	"net"
 	"strconv"
@@ -34,6 +35,11 @@ type frontendFlags struct {
 	detachTimeout      time.Duration
 	id                 string
 	systemURL          string
+	defaultMaxTokens   int
+	maxTokensLimit     int
+	maxPromptTokens    int
+	maxBodyBytes       int64
+	dispatchTimeout    time.Duration
 }
 
 func addFrontendFlags(f *flagSet) *frontendFlags {
@@ -55,6 +61,11 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.bindEnvSeconds("stall-timeout", "DYN_STALL_TIMEOUT_SECS")
 	f.DurationVar(&ff.detachTimeout, "detach-timeout", frontend.DefaultDetachTimeout, "how long a request with no attached client keeps generating, waiting for a resume")
 	f.bindEnvSeconds("detach-timeout", "DYN_DETACH_TIMEOUT_SECS")
+	f.IntVar(&ff.defaultMaxTokens, "default-max-tokens", frontend.DefaultMaxTokens, "max_tokens of a request that does not set it")
+	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", frontend.DefaultMaxTokensLimit, "largest max_tokens accepted (400 beyond)")
+	f.IntVar(&ff.maxPromptTokens, "max-prompt-tokens", frontend.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond)")
+	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body accepted, in `bytes` (413 beyond)")
+	f.DurationVar(&ff.dispatchTimeout, "dispatch-timeout", frontend.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
 	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
 	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
@@ -67,13 +78,27 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 
 // config builds the frontend's Config from the parsed flags and the
 // environment-only variables, and validates it.
-func (ff *frontendFlags) config(lookup lookupFunc, replicas int) (frontend.Config, error) {
+func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.Config, error) {
 	var errs []error
 	if ff.httpPort < 0 || ff.httpPort > 65535 {
 		errs = append(errs, fmt.Errorf("--http-port %d out of range", ff.httpPort))
 	}
 	if ff.stallTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--stall-timeout %v: must be positive", ff.stallTimeout))
+	}
+	for name, v := range map[string]int64{
+		"--default-max-tokens": int64(ff.defaultMaxTokens), "--max-tokens-limit": int64(ff.maxTokensLimit),
+		"--max-prompt-tokens": int64(ff.maxPromptTokens), "--max-body-bytes": ff.maxBodyBytes,
+	} {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("%s %d: must be positive", name, v))
+		}
+	}
+	if ff.defaultMaxTokens > ff.maxTokensLimit {
+		errs = append(errs, fmt.Errorf("--default-max-tokens %d exceeds --max-tokens-limit %d", ff.defaultMaxTokens, ff.maxTokensLimit))
+	}
+	if ff.dispatchTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--dispatch-timeout %v: must be positive", ff.dispatchTimeout))
 	}
 	if ff.detachTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.detachTimeout))
@@ -93,8 +118,13 @@ func (ff *frontendFlags) config(lookup lookupFunc, replicas int) (frontend.Confi
 		StallTimeout:                 ff.stallTimeout,
 		DetachTimeout:                ff.detachTimeout,
 		SystemURL:                    ff.systemURL,
+		DefaultMaxTokens:             ff.defaultMaxTokens,
+		MaxTokensLimit:               ff.maxTokensLimit,
+		MaxPromptTokens:              ff.maxPromptTokens,
+		MaxBodyBytes:                 ff.maxBodyBytes,
+		DispatchTimeout:              ff.dispatchTimeout,
 	}
-	cfg.Streams.Replicas = replicas
+	cfg.Streams = sc
 	// DYN_RUNTIME_INHIBITED_DURATION_SECS: integer seconds; 0 disables
 	// (negative in Config), unset leaves the default.
 	if raw, ok := lookupSet(lookup, "DYN_RUNTIME_INHIBITED_DURATION_SECS"); ok {
@@ -128,29 +158,61 @@ func (ff *frontendFlags) config(lookup lookupFunc, replicas int) (frontend.Confi
 	return cfg, nil
 }
 
-// addReplicasFlag is --replicas, R of the streams a component provisions.
-func addReplicasFlag(f *flagSet) *int {
-	r := new(int)
-	f.IntVar(r, "replicas", 1, "replicas (R) of the streams and buckets this component provisions if they do not exist; 3 in a cluster")
-	return r
+// streamFlags are the retention of the streams a component provisions if
+// they do not exist yet (the first component to start decides; an existing
+// definition is never changed).
+type streamFlags struct {
+	replicas          int
+	maxAge            time.Duration
+	maxBytes          int64
+	maxMsgsPerSubject int64
+	maxMsgSize        int
+}
+
+func addStreamFlags(f *flagSet) *streamFlags {
+	sf := &streamFlags{}
+	f.IntVar(&sf.replicas, "replicas", 1, "replicas (R) of the streams and buckets this component provisions if they do not exist; 3 in a cluster")
+	f.DurationVar(&sf.maxAge, "stream-max-age", streams.DefaultRequestsMaxAge, "how long BATON_REQUESTS keeps a request's events, a `duration`")
+	f.Int64Var(&sf.maxBytes, "stream-max-bytes", streams.DefaultRequestsMaxBytes, "size cap of BATON_REQUESTS in `bytes`; when full, new writes are refused")
+	f.Int64Var(&sf.maxMsgsPerSubject, "stream-max-msgs-per-subject", streams.DefaultMaxMsgsPerSubject, "cap on the messages of one subject (one attempt's deltas)")
+	f.IntVar(&sf.maxMsgSize, "stream-max-msg-size", streams.DefaultMaxMsgSize, "largest event in `bytes`")
+	return sf
+}
+
+// config is the streams.Config of the flags.
+func (sf *streamFlags) config() streams.Config {
+	return streams.Config{
+		Replicas: sf.replicas, RequestsMaxAge: sf.maxAge, RequestsMaxBytes: sf.maxBytes,
+		MaxMsgsPerSubject: sf.maxMsgsPerSubject, MaxMsgSize: int32(min(sf.maxMsgSize, 1<<31-1)),
+	}
+}
+
+// args are the flags again, for child processes (baton up's workers).
+func (sf *streamFlags) args() []string {
+	return []string{
+		"--replicas", strconv.Itoa(sf.replicas), "--stream-max-age", sf.maxAge.String(),
+		"--stream-max-bytes", strconv.FormatInt(sf.maxBytes, 10),
+		"--stream-max-msgs-per-subject", strconv.FormatInt(sf.maxMsgsPerSubject, 10),
+		"--stream-max-msg-size", strconv.Itoa(sf.maxMsgSize),
+	}
 }
 
 // frontendOptions are the flags of `baton frontend`.
 type frontendOptions struct {
-	common   *commonFlags
-	nats     *natsFlags
-	replicas *int
-	fe       *frontendFlags
-	cfg      frontend.Config
+	common  *commonFlags
+	nats    *natsFlags
+	streams *streamFlags
+	fe      *frontendFlags
+	cfg     frontend.Config
 }
 
 func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
 	f := newFlagSet("frontend", frontendSummary, env.lookup, env.stdout)
 	o := &frontendOptions{
-		common:   addCommonFlags(f),
-		nats:     addNATSFlags(f),
-		replicas: addReplicasFlag(f),
-		fe:       addFrontendFlags(f),
+		common:  addCommonFlags(f),
+		nats:    addNATSFlags(f),
+		streams: addStreamFlags(f),
+		fe:      addFrontendFlags(f),
 	}
 	if err := f.parse(args); err != nil {
 		return nil, err
@@ -159,7 +221,7 @@ func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
 		return nil, err
 	}
 	var err error
-	o.cfg, err = o.fe.config(env.lookup, *o.replicas)
+	o.cfg, err = o.fe.config(env.lookup, o.streams.config())
 	o.cfg.SystemTLS = o.nats.tlsConfig()
 	return o, err
 }

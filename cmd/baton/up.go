@@ -35,7 +35,7 @@ const workerStopMargin = 10 * time.Second
 // upOptions are the flags of `baton up`.
 type upOptions struct {
 	common   *commonFlags
-	replicas *int
+	streams  *streamFlags
 	fe       *frontendFlags
 	w        *workerFlags
 	dataDir  string
@@ -52,7 +52,7 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	f.StringVar(&o.dataDir, "data-dir", "./.baton", "`directory` of the NATS store (<dir>/nats)")
 	f.IntVar(&o.natsPort, "nats-port", natsserver.DefaultPort, "NATS client `port`; -1 picks a free one")
 	f.IntVar(&o.workers, "workers", 2, "`number` of mock workers (child processes)")
-	o.replicas = addReplicasFlag(f)
+	o.streams = addStreamFlags(f)
 	o.fe = addFrontendFlags(f)
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
@@ -77,7 +77,7 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	if err := o.w.check(env.lookup); err != nil {
 		errs = append(errs, err)
 	}
-	cfg, err := o.fe.config(env.lookup, *o.replicas)
+	cfg, err := o.fe.config(env.lookup, o.streams.config())
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -85,7 +85,7 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, usageError{err}
 	}
-	o.workerArgs = []string{"--log-level", o.common.logLevel.String(), "--replicas", strconv.Itoa(*o.replicas)}
+	o.workerArgs = append([]string{"--log-level", o.common.logLevel.String()}, o.streams.args()...)
 	pass := map[string]bool{}
 	for _, name := range passThrough {
 		pass[name] = true

@@ -136,7 +136,7 @@ func (w *workerFlags) check(lookup lookupFunc) error {
 type workerOptions struct {
 	common     *commonFlags
 	nats       *natsFlags
-	replicas   *int
+	streams    *streamFlags
 	w          *workerFlags
 	engine     string
 	openai     engine.OpenAIConfig
@@ -148,9 +148,9 @@ type workerOptions struct {
 func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f := newFlagSet("worker", workerSummary, env.lookup, env.stdout)
 	o := &workerOptions{
-		common:   addCommonFlags(f),
-		nats:     addNATSFlags(f),
-		replicas: addReplicasFlag(f),
+		common:  addCommonFlags(f),
+		nats:    addNATSFlags(f),
+		streams: addStreamFlags(f),
 	}
 	f.StringVar(&o.engine, "engine", "mock", "engine: `mock` or openai (an OpenAI-compatible server, see --openai-url)")
 	f.StringVar(&o.openai.URL, "openai-url", "", "engine openai: base `URL` of the OpenAI-compatible server, such as http://127.0.0.1:8001; required with --engine openai")
@@ -205,7 +205,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	if o.systemPort != 0 {
 		o.cfg.SystemAddr = fmt.Sprintf(":%d", o.systemPort)
 	}
-	o.cfg.Streams.Replicas = *o.replicas
+	o.cfg.Streams = o.streams.config()
 	if err := o.cfg.Validate(); err != nil {
 		errs = append(errs, err)
 	}
