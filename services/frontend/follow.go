@@ -71,11 +71,8 @@ func (f *follower) onLive(m *nats.Msg) {
 			// Messages of this subject were stored that we never saw: read
 			// them (and whatever else followed) from the log.
 			ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
-			err := f.catchUpLocked(ctx)
+			_ = f.catchUpLocked(ctx) // a failure is kept in f.err until a catch-up succeeds
 			cancel()
-			if err != nil && !errors.Is(err, streams.ErrNotFound) {
-				f.err = err
-			}
 			changed = true
 		}
 		if e.Seq > f.proj.LastSeq() {
@@ -91,8 +88,14 @@ func (f *follower) onLive(m *nats.Msg) {
 	}
 }
 
-// catchUpLocked reads the log past the last applied sequence.
+// catchUpLocked reads the log past the last applied sequence. Its outcome
+// is kept in f.err, which readers see, until the next catch-up.
 func (f *follower) catchUpLocked(ctx context.Context) error {
+	f.err = f.readLocked(ctx)
+	return f.err
+}
+
+func (f *follower) readLocked(ctx context.Context) error {
 	from := f.proj.LastSeq() + 1
 	if seen := f.maxSeenLocked(); seen+1 > from {
 		from = seen + 1
