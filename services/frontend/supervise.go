@@ -49,9 +49,11 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 	settle := t.settle
 	defer settle()
 
-	var model string
+	var model, endpoint string
 	var choices int
-	t.f.view(func(p *projections.Request) { model, choices = p.Accepted.Model, p.Accepted.Choices })
+	t.f.view(func(p *projections.Request) {
+		model, endpoint, choices = p.Accepted.Model, p.Accepted.Endpoint, p.Accepted.Choices
+	})
 	if choices > 1 {
 		return // a parent of choices runs nothing itself
 	}
@@ -98,6 +100,16 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 				t.f.view(func(p *projections.Request) { produced = p.Len() })
 				if produced > 0 {
 					status = http.StatusInternalServerError
+				}
+				if errors.Is(err, errAllBusy) && produced == 0 && lastFailed == "" {
+					// Admitted, but every worker turned busy before the
+					// first dispatch (a load report arrived in between):
+					// to the client and the metrics this is the same
+					// rejection as at admission.
+					fe.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+					fe.fail(ctx, t, "all_workers_busy", busyMessage, status)
+					settle()
+					return
 				}
 				msg := "no worker available for model " + model + ": " + err.Error()
 				if lastFailed != "" {
@@ -238,6 +250,7 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 	// nothing yet must get the full stall timeout, not the remainder of the
 	// failed attempt's).
 	watching := time.Now()
+	caughtUp := false // the log was read after the worker left discovery
 	for {
 		fch, dch := t.f.changed.C(), fe.disc.changed.C()
 		var (
@@ -271,6 +284,16 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 			return &failure{migrationType: events.MigrationOngoingRequest, reason: cur.CloseReason, at: time.Now()}
 		}
 		if now, ok := fe.disc.get(w.ID); !ok || now.LeaseID != w.LeaseID {
+			if !caughtUp {
+				// A worker that leaves in order (a shutdown hand-off, an
+				// engine error) closes its attempt in the log before its
+				// lease goes, but the two reach this frontend on separate
+				// subscriptions: read the log once, so that its reason,
+				// not the lease's, is the one recorded.
+				caughtUp = true
+				fe.catchUp(ctx, t)
+				continue
+			}
 			return &failure{migrationType: events.MigrationOngoingRequest, reason: "worker_lost", at: time.Now()}
 		}
 		last := t.f.lastProgress()
