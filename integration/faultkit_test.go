@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"sync"
@@ -160,43 +159,7 @@ func onOffset(n int, fn func()) func(sseEvent) {
 // streams, i.e. once the frontend counts it against id.
 func occupy(t *testing.T, fe *frontend, id string) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	first := make(chan error, 1)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		body := completion("occupy "+id, 20000)
-		body["stream"] = true
-		resp, err := tryPost(ctx, fe.url+"/v1/completions", body, map[string]string{"X-Worker-Id": id})
-		if err != nil {
-			first <- err
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b, _ := io.ReadAll(resp.Body)
-			first <- fmt.Errorf("status %d: %s", resp.StatusCode, b)
-			return
-		}
-		buf := make([]byte, 4096)
-		_, err = resp.Body.Read(buf)
-		first <- err
-		for err == nil {
-			_, err = resp.Body.Read(buf)
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	select {
-	case err := <-first:
-		if err != nil {
-			t.Fatalf("occupy %s: %v", id, err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("occupy %s: no first event", id)
-	}
+	pinStream(t, fe, id)
 	// The load report follows the dispatch; wait until discovery shows it,
 	// so that both the frontend's own count and the worker's report agree.
 	waitFor(t, 10*time.Second, id+" reported busy", func() bool {
