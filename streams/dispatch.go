@@ -22,6 +22,10 @@ type Dispatch struct {
 	// once the owning frontend is gone (its presence key expired) and no
 	// other frontend attached, before it cancels the request.
 	DetachTimeoutMS int64 `json:"detach_timeout_ms,omitempty"`
+	// EventsSeq is the stream sequence of the routed event of this attempt,
+	// the last on the request's events subject when the dispatch was sent: a
+	// worker that finds it still last knows no command came since.
+	EventsSeq uint64 `json:"events_seq,omitempty"`
 }
 
 // DispatchReply is a worker's answer to a Dispatch.

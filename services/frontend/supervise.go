@@ -168,6 +168,7 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, pinned, avoid stri
 		if err := fe.decide(ctx, t, events.ID(t.id, "routed", attempt), routed); err != nil {
 			return routedWorker{}, err
 		}
+		d.EventsSeq = t.f.eventsSeq()
 		done := fe.router.track(w.ID)
 		reply, err := fe.sendDispatch(ctx, w.ID, d)
 		if err == nil && reply.Accepted {

@@ -231,6 +231,13 @@ func (w *Worker) watchCommands(j *job) (*nats.Subscription, error) {
 	if err := w.nc.FlushWithContext(ctx); err != nil {
 		return sub, fmt.Errorf("flush subscription: %w", err)
 	}
+	if j.d.EventsSeq > 0 && w.requests != nil {
+		// The common case costs one direct get: if the routed event of this
+		// dispatch is still the last on the events subject, nothing came since.
+		if m, err := w.requests.GetLastMsgForSubject(ctx, streams.RequestEvents(j.d.RequestID)); err == nil && m.Sequence == j.d.EventsSeq {
+			return sub, nil
+		}
+	}
 	for e, err := range streams.ReadRequestEvents(ctx, w.js, j.d.RequestID, 1) {
 		if errors.Is(err, streams.ErrNotFound) {
 			break // dispatched without accepted/routed events (tests, tools)

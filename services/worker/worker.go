@@ -36,6 +36,9 @@ type Worker struct {
 	events  *streams.Log
 	leases  jetstream.KeyValue
 	loadKV  jetstream.KeyValue
+	// requests is BATON_REQUESTS, bound once: its direct gets reuse the
+	// connection's reply inbox.
+	requests jetstream.Stream
 
 	loadCh chan struct{} // capacity 1: load changed, coalesced
 
@@ -184,6 +187,9 @@ func (w *Worker) open(ctx context.Context) error {
 	}
 	if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
 		return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
+	}
+	if w.requests, err = w.js.Stream(ctx, streams.RequestsStream); err != nil {
+		return fmt.Errorf("worker: bind %s: %w", streams.RequestsStream, err)
 	}
 	return nil
 }
