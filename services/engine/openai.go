@@ -14,7 +14,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
 )
 
 // OpenAIConfig points the OpenAI engine at an OpenAI-compatible server.
@@ -96,8 +95,9 @@ type completionChunk struct {
 }
 
 // Generate streams req's continuation from the server. It asks for
-// MaxTokens-StartOffset tokens and emits at most that many (the server's
-// tokens and the split here can differ; the rest is cut, with FinishLength).
+// MaxTokens-StartOffset tokens and emits each streamed text event as one
+// token, at most that many (a server that sends more is cut, with
+// FinishLength).
 // It returns FinishLength or FinishStop, ctx's error when cancelled, or an
 // error describing a failed or malformed response; it never returns
 // ErrFatal, since a server can come back.
@@ -161,14 +161,17 @@ func (o *OpenAI) Generate(ctx context.Context, req Request, emit func(token stri
 			return "", fmt.Errorf("engine: openai: server error: %s", c.Error.Message)
 		}
 		for _, ch := range c.Choices {
-			for _, t := range SplitTokens(ch.Text) {
+			// OpenAI-compatible servers (vLLM, SGLang, llama.cpp, Ollama)
+			// stream one token per event: each non-empty text is a token, so
+			// counts and offsets follow the server's tokenizer.
+			if ch.Text != "" {
 				if emitted == budget {
 					return FinishLength, nil
 				}
 				if err := ctx.Err(); err != nil {
 					return "", err // nothing more once cancelled, even if buffered
 				}
-				if err := emit(t); err != nil {
+				if err := emit(ch.Text); err != nil {
 					return "", err
 				}
 				emitted++
@@ -200,25 +203,3 @@ func (o *OpenAI) Generate(ctx context.Context, req Request, emit func(token stri
 // Stats reports the requests running; the server's KV cache is not visible
 // through the OpenAI API, so its fields are 0.
 func (o *OpenAI) Stats() Stats { return Stats{ActiveRequests: int(o.active.Load())} }
-
-// SplitTokens splits text into tokens at word boundaries: each token is a
-// run of whitespace followed by a run of non-whitespace (BPE tokenizers
-// attach the space to the following word the same way). The tokens
-// concatenate to exactly text; trailing whitespace is a token of its own.
-func SplitTokens(text string) []string {
-	var out []string
-	start := 0
-	prevSpace := true
-	for i, r := range text {
-		space := unicode.IsSpace(r)
-		if space && !prevSpace && i > start {
-			out = append(out, text[start:i])
-			start = i
-		}
-		prevSpace = space
-	}
-	if start < len(text) {
-		out = append(out, text[start:])
-	}
-	return out
-}
