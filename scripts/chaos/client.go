@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// target is where one HTTP attempt goes: a frontend URL and, in the soak, the
+// incarnation behind it (nil in -compose-check mode).
+type target struct {
+	url string
+	inc *feInc
+}
+
+// outcome is one request as its client saw it.
+type outcome struct {
+	id, prompt string
+	maxTokens  int
+
+	text     strings.Builder
+	tokens   int    // tokens received, by the SSE ids
+	done     bool   // ended with [DONE]
+	errEvent string // the error event or error body that ended it
+	status   int    // HTTP status of a terminal non-200 answer
+	resumes  int    // GET .../stream answered
+	cuts     int    // streams that ended with neither [DONE] nor an error
+	retries  int    // 503s and unanswered attempts before the request was accepted
+	problems []string
+	gaveUp   string
+
+	lastTok time.Time
+	maxGap  time.Duration
+}
+
+func (o *outcome) problem(format string, args ...any) {
+	o.problems = append(o.problems, fmt.Sprintf(format, args...))
+}
+
+// httpClient has no overall timeout (streams are long); readStream enforces
+// an idle timeout instead.
+var httpClient = &http.Client{Transport: &http.Transport{
+	MaxIdleConnsPerHost: 64, ResponseHeaderTimeout: 60 * time.Second, DisableCompression: true,
+}}
+
+// idleTimeout ends a stream that delivers nothing for this long (a NATS
+// leader election pauses streams for 5-7 s); the client then resumes.
+const idleTimeout = 45 * time.Second
+
+// runRequest runs one streaming completion the way a careful client does: it
+// posts with its own X-Request-Id and X-Resumable; whenever the stream is cut
+// without [DONE] or an error event it resumes from its last SSE id on
+// whichever frontend pick returns; until the request is accepted it retries
+// 503s. It gives up after budget.
+func runRequest(ctx context.Context, pick func(try int) (target, error), o *outcome, budget time.Duration) {
+	deadline := time.Now().Add(budget)
+	accepted := false
+	unanswered := false // a POST went unanswered: it may have been accepted
+	for try := 0; ; try++ {
+		if time.Now().After(deadline) {
+			o.gaveUp = fmt.Sprintf("no end after %v (%d tries)", budget, try)
+			return
+		}
+		if try > 0 {
+			time.Sleep(backoff(try))
+		}
+		t, err := pick(try)
+		if err != nil {
+			continue
+		}
+		if !accepted {
+			body, _ := json.Marshal(map[string]any{"model": "mock", "prompt": o.prompt, "max_tokens": o.maxTokens, "stream": true})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/v1/completions", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("X-Request-Id", o.id)
+			req.Header.Set("X-Resumable", "true")
+			if unanswered && t.inc != nil {
+				t.inc.mu.Lock()
+				t.inc.ambiguous++ // if an earlier POST was stored after all, this one attaches: a resume
+				t.inc.mu.Unlock()
+			}
+			resp, err := httpClient.Do(req)
+			if err != nil {
+				// Did it get in? Ask the log (through any frontend).
+				unanswered = true
+				o.retries++
+				if exists, _ := probe(ctx, pick, o.id); exists {
+					accepted = true
+				}
+				continue
+			}
+			switch {
+			case resp.StatusCode == http.StatusOK:
+				accepted = true
+				if o.readStream(resp) {
+					return
+				}
+				o.cuts++
+			case resp.StatusCode == http.StatusServiceUnavailable:
+				// Rejected at admission (nothing stored: retry), or accepted and
+				// failed before its first token (stored: that is its end).
+				msg := readBody(resp)
+				o.retries++
+				if exists, _ := probe(ctx, pick, o.id); exists {
+					o.status, o.errEvent = resp.StatusCode, msg
+					return
+				}
+			default:
+				o.status, o.errEvent = resp.StatusCode, readBody(resp)
+				return
+			}
+			continue
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/v1/requests/"+o.id+"/stream", nil)
+		req.Header.Set("Last-Event-ID", strconv.Itoa(o.tokens))
+		if t.inc != nil {
+			t.inc.mu.Lock()
+			t.inc.resumeTry++
+			t.inc.mu.Unlock()
+		}
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			continue // that frontend is gone: try another
+		}
+		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusBadRequest {
+			// Not a resume the frontend counts (lookup or offset refused).
+			o.problem("resume at %d on %s: %d %s", o.tokens, t.url, resp.StatusCode, readBody(resp))
+			continue
+		}
+		o.resumes++
+		if t.inc != nil {
+			t.inc.mu.Lock()
+			t.inc.resumes++
+			t.inc.mu.Unlock()
+		}
+		if resp.StatusCode != http.StatusOK {
+			// A request that failed before its first token answers its error.
+			o.status, o.errEvent = resp.StatusCode, readBody(resp)
+			return
+		}
+		if o.readStream(resp) {
+			return
+		}
+		o.cuts++
+	}
+}
+
+func backoff(try int) time.Duration {
+	d := time.Duration(try) * 50 * time.Millisecond
+	return min(d, 500*time.Millisecond)
+}
+
+func readBody(resp *http.Response) string {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	return strings.TrimSpace(string(b))
+}
+
+// probe asks a frontend whether request id is in the log.
+func probe(ctx context.Context, pick func(int) (target, error), id string) (bool, error) {
+	for try := range 40 {
+		t, err := pick(try + 1)
+		if err == nil {
+			st, code, err := getState(ctx, t.url, id)
+			if err == nil && code == http.StatusNotFound {
+				return false, nil
+			}
+			if err == nil && code == http.StatusOK && st.ID == id {
+				return true, nil
+			}
+		}
+		time.Sleep(backoff(try + 1))
+	}
+	return false, fmt.Errorf("no frontend answered about %s", id)
+}
+
+// requestState is the part of GET /v1/requests/{id} the soak reads.
+type requestState struct {
+	ID              string `json:"id"`
+	Status          string `json:"status"`
+	Worker          string `json:"worker"`
+	TokensGenerated int    `json:"tokens_generated"`
+	Failure         *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"failure"`
+}
+
+func getState(ctx context.Context, base, id string) (requestState, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/requests/"+id, nil)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return requestState{}, 0, err
+	}
+	defer resp.Body.Close()
+	var st requestState
+	if resp.StatusCode == http.StatusOK {
+		err = json.NewDecoder(resp.Body).Decode(&st)
+	}
+	return st, resp.StatusCode, err
+}
+
+// readStream reads one SSE response and reports whether the request ended
+// ([DONE] or an error event). It checks, event by event, that the ids are
+// token offsets: each advances from the previous by exactly the tokens the
+// event carries, continuing from where the last stream of this request
+// stopped.
+func (o *outcome) readStream(resp *http.Response) bool {
+	defer resp.Body.Close()
+	idle := time.AfterFunc(idleTimeout, func() { resp.Body.Close() })
+	defer idle.Stop()
+	rd := bufio.NewReader(resp.Body)
+	var id, data string
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return false
+		}
+		idle.Reset(idleTimeout)
+		line = strings.TrimRight(line, "\r\n")
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			id = line[4:]
+		case strings.HasPrefix(line, "data: "):
+			data = line[6:]
+		case line == "" && data != "":
+			ended := o.event(id, data)
+			id, data = "", ""
+			if ended {
+				return true
+			}
+		}
+	}
+}
+
+// event applies one SSE event and reports whether it ended the request.
+func (o *outcome) event(id, data string) bool {
+	if data == "[DONE]" {
+		o.done = true
+		return true
+	}
+	if strings.HasPrefix(data, `{"error"`) {
+		o.errEvent = data
+		return true
+	}
+	var chunk struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+		o.problem("bad chunk %q: %v", data, err)
+		return false
+	}
+	var text string
+	for _, c := range chunk.Choices {
+		text += c.Text
+	}
+	n, err := strconv.Atoi(id)
+	if err != nil {
+		o.problem("event without a numeric id: id %q data %q", id, data)
+		return false
+	}
+	got := len(strings.Fields(text))
+	if n != o.tokens+got {
+		o.problem("id %d after offset %d with %d tokens in the event (lost or repeated tokens)", n, o.tokens, got)
+	}
+	if got > 0 {
+		now := time.Now()
+		if !o.lastTok.IsZero() {
+			o.maxGap = max(o.maxGap, now.Sub(o.lastTok))
+		}
+		o.lastTok = now
+	}
+	o.tokens = n
+	o.text.WriteString(text)
+	return false
+}

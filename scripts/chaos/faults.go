@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Fault kinds, injected in this order, round and round; only the timing and
+// the victims are random (seeded).
+var faultKinds = []string{
+	"worker_kill", "worker_stop", "frontend_kill", "nats_kill", "worker_term", "nats_leader_kill",
+}
+
+// fault is one injected fault and how long the stack took to recover.
+type fault struct {
+	kind    string
+	target  string
+	at      time.Duration // since the load started
+	recover time.Duration // until the victim was back (restarted and ready)
+	err     string        // the recovery did not complete
+}
+
+// injectFaults injects faults until ctx is done, one at a time, each followed
+// by its recovery; it returns them all. A fault that started before ctx ended
+// is completed (restart included) before it returns.
+func (h *harness) injectFaults(ctx context.Context, rng *rand.Rand, begin time.Time) []fault {
+	var out []fault
+	for i := 0; ; i++ {
+		gap := h.cfg.gapMin + time.Duration(rng.Int64N(int64(h.cfg.gapMax-h.cfg.gapMin)+1))
+		select {
+		case <-ctx.Done():
+			return out
+		case <-time.After(gap):
+		}
+		f := fault{kind: faultKinds[i%len(faultKinds)], at: time.Since(begin)}
+		start := time.Now()
+		var err error
+		f.target, err = h.inject(f.kind, rng)
+		f.recover = time.Since(start)
+		if err != nil {
+			f.err = err.Error()
+		}
+		fmt.Printf("  %6.1fs  %-16s %-8s recovered in %v %s\n", f.at.Seconds(), f.kind, f.target, f.recover.Round(time.Millisecond), f.err)
+		out = append(out, f)
+	}
+}
+
+func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
+	switch kind {
+	case "worker_kill", "worker_stop", "worker_term":
+		w := h.workers[rng.IntN(len(h.workers))]
+		i := h.workerIndex(w.id)
+		switch kind {
+		case "worker_kill":
+			w.p.signal(syscall.SIGKILL)
+			w.p.wait(10 * time.Second)
+		case "worker_stop":
+			w.p.signal(syscall.SIGSTOP)
+			time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
+			w.p.signal(syscall.SIGCONT)
+			return w.id, nil
+		case "worker_term":
+			w.p.signal(syscall.SIGTERM)
+			if !w.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
+				w.p.stop()
+				return w.id, fmt.Errorf("did not exit after SIGTERM; killed")
+			}
+			if w.p.err != nil {
+				return w.id, fmt.Errorf("exit after SIGTERM: %v, want 0", w.p.err)
+			}
+		}
+		if err := h.startWorker(i); err != nil {
+			return w.id, err
+		}
+		return w.id, h.waitReady(w.id, 30*time.Second)
+	case "frontend_kill":
+		slot := rng.IntN(len(h.fronts))
+		old := h.current()[slot]
+		old.mu.Lock()
+		old.killed = true
+		old.mu.Unlock()
+		old.p.signal(syscall.SIGKILL)
+		old.p.wait(10 * time.Second)
+		inc, err := h.startFrontend(slot)
+		if err != nil {
+			return old.id, err
+		}
+		for _, w := range h.workers {
+			if err := h.waitReady(w.id, 30*time.Second); err != nil {
+				return old.id + "→" + inc.id, err
+			}
+		}
+		return old.id + "→" + inc.id, nil
+	case "nats_kill", "nats_leader_kill":
+		leader, followers, err := h.requestsLeader(60 * time.Second)
+		if err != nil {
+			return "", err
+		}
+		victim := leader
+		if kind == "nats_kill" {
+			victim = followers[rng.IntN(len(followers))]
+		}
+		n := h.node(victim)
+		if n == nil {
+			return victim, fmt.Errorf("no node %q", victim)
+		}
+		n.p.signal(syscall.SIGKILL)
+		n.p.wait(10 * time.Second)
+		if err := h.startNode(n); err != nil {
+			return victim, err
+		}
+		_, _, err = h.requestsLeader(90 * time.Second)
+		return victim, err
+	}
+	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+func (h *harness) workerIndex(id string) int {
+	for i, w := range h.workers {
+		if w.id == id {
+			return i
+		}
+	}
+	return -1
+}
+
+// workerReady reports whether this frontend sees worker id ready.
+func (f *feInc) workerReady(id string) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, f.url+"/v1/workers", nil)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Data []struct {
+			ID    string `json:"id"`
+			State string `json:"state"`
+		} `json:"data"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&out) != nil {
+		return false
+	}
+	for _, w := range out.Data {
+		if w.ID == id && w.State == "ready" {
+			return true
+		}
+	}
+	return false
+}
+
+// scrape reads this incarnation's migration and resume counters.
+func (f *feInc) scrape() (counters, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, f.url+"/metrics", nil)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return counters{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return counters{}, fmt.Errorf("metrics: %s", resp.Status)
+	}
+	var c counters
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		for name, dst := range map[string]*float64{
+			"dynamo_frontend_model_migration_total": &c.migrations,
+			"dynamo_frontend_model_resume_total":    &c.resumes,
+		} {
+			rest, ok := strings.CutPrefix(line, name)
+			if !ok || (!strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ")) {
+				continue
+			}
+			fields := strings.Fields(rest)
+			if v, err := strconv.ParseFloat(fields[len(fields)-1], 64); err == nil {
+				*dst += v
+			}
+		}
+	}
+	return c, sc.Err()
+}
+
+// scrapeLoop scrapes every current frontend once a second until ctx is done,
+// keeping each incarnation's last successful scrape.
+func (h *harness) scrapeLoop(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, f := range h.current() {
+			f.scrapeOnce()
+		}
+	}
+}
+
+func (f *feInc) scrapeOnce() bool {
+	c, err := f.scrape()
+	if err != nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.killed && f.p.exited() {
+		return false // a stale answer cannot come from a dead process, but be strict
+	}
+	f.last, f.scraped = c, true
+	return true
+}

@@ -1,0 +1,287 @@
+// Command chaos is baton's bounded soak. It starts real baton processes on
+// loopback (a 3-node `baton nats` cluster with R3 streams, two frontends,
+// three mock workers), keeps steady streaming load with clients that resume
+// on any frontend, and injects faults at random moments: worker kill -9,
+// SIGSTOP/SIGCONT, SIGTERM, frontend kill -9, NATS node kill -9 (the
+// BATON_REQUESTS leader included), each followed by a restart. At the end it
+// checks every request against the fault-free text and the log, and every
+// frontend's counters against the log and the clients; it prints a summary
+// table and exits 1 on any violation.
+//
+//	go run ./scripts/chaos -duration 30s               # the CI profile
+//	go run ./scripts/chaos -duration 10m -profile long
+//
+// With -compose-check it is instead one resilient client of a running stack
+// (scripts/compose-test): it streams one request, resuming across the given
+// frontends, and exits 0 only if the text is the fault-free one.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// profile is the soak's shape.
+type profile struct {
+	clients        int
+	gapMin, gapMax time.Duration // between faults
+	minTokens      int
+	spanTokens     int // max_tokens is minTokens + a deterministic value below spanTokens
+	tokensPerSec   int
+	migrationLimit int
+	drainSecs      int // DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS: short, so SIGTERM hands requests off too
+}
+
+var profiles = map[string]profile{
+	"short": {clients: 8, gapMin: 500 * time.Millisecond, gapMax: 2 * time.Second, minTokens: 40, spanTokens: 260,
+		tokensPerSec: 150, migrationLimit: 5, drainSecs: 1},
+	"long": {clients: 8, gapMin: 2 * time.Second, gapMax: 8 * time.Second, minTokens: 40, spanTokens: 560,
+		tokensPerSec: 150, migrationLimit: 5, drainSecs: 1},
+}
+
+func main() {
+	var (
+		duration = flag.Duration("duration", 30*time.Second, "how long to keep load and inject faults")
+		profName = flag.String("profile", "short", "short (CI: faults every 0.5-2 s, requests of 40-300 tokens) or long (faults every 2-8 s, 40-600 tokens)")
+		seed     = flag.Uint64("seed", 0, "seed of the fault timing and victims; 0 picks one (printed)")
+		clients  = flag.Int("clients", 0, "concurrent clients (default: the profile's, 8)")
+		bin      = flag.String("baton", "", "a built baton binary (default: go build ./cmd/baton into the run directory)")
+		keep     = flag.Bool("keep", false, "keep the run directory (process logs, JetStream stores) even on success")
+
+		composeCheck = flag.Bool("compose-check", false, "be one resilient client of a running stack (see -urls); exit 0 iff the text is the fault-free one")
+		urls         = flag.String("urls", "http://127.0.0.1:8000,http://127.0.0.1:8001", "-compose-check: frontends, the first preferred")
+		reqID        = flag.String("id", "", "-compose-check: X-Request-Id")
+		prompt       = flag.String("prompt", "compose check", "-compose-check: prompt")
+		maxTokens    = flag.Int("max-tokens", 300, "-compose-check: max_tokens")
+		timeout      = flag.Duration("timeout", 3*time.Minute, "-compose-check: give up after this long")
+	)
+	flag.Parse()
+	if *composeCheck {
+		os.Exit(runComposeCheck(strings.Split(*urls, ","), *reqID, *prompt, *maxTokens, *timeout))
+	}
+	cfg, ok := profiles[*profName]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "chaos: unknown profile %q (short or long)\n", *profName)
+		os.Exit(2)
+	}
+	if *clients > 0 {
+		cfg.clients = *clients
+	}
+	if *seed == 0 {
+		*seed = uint64(time.Now().UnixNano())
+	}
+	os.Exit(soak(cfg, *duration, *seed, *bin, *keep, strings.Join(os.Args, " ")))
+}
+
+func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep bool, cmdline string) (code int) {
+	began := time.Now()
+	dir, err := os.MkdirTemp("", "baton-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		return 1
+	}
+	defer func() {
+		if keep || code != 0 {
+			fmt.Printf("process logs and stores kept in %s\n", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	}()
+	if bin == "" {
+		bin = filepath.Join(dir, "baton")
+		fmt.Println("building baton ...")
+		build := exec.Command("go", "build", "-o", bin, "./cmd/baton")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos: build baton:", err)
+			return 1
+		}
+	}
+	h := &harness{bin: bin, dir: dir, cfg: cfg, fronts: make([]*feInc, 2), gen: make([]int, 2)}
+	defer h.stopAll()
+	// Ctrl-C: stop every process we started, then exit.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		h.stopAll()
+		fmt.Fprintf(os.Stderr, "chaos: interrupted; logs in %s\n", dir)
+		os.Exit(130)
+	}()
+
+	fmt.Printf("seed %d, profile %+v, run directory %s\n", seed, cfg, dir)
+	if err := h.up(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: start the stack:", err)
+		return 1
+	}
+	fmt.Printf("stack up in %v: nats %s\n", time.Since(began).Round(100*time.Millisecond), h.natsURLs())
+
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	ctx := context.Background()
+	scrapeCtx, stopScrape := context.WithCancel(ctx)
+	go h.scrapeLoop(scrapeCtx)
+
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	outs, wait := h.load(loadCtx)
+	loadStart := time.Now()
+	faultCtx, stopFaults := context.WithTimeout(ctx, duration)
+	faults := h.injectFaults(faultCtx, rng, loadStart)
+	stopFaults()
+	stopLoad() // clients finish the request in hand, then stop
+	fmt.Printf("load stopped after %v; waiting for in-flight requests\n", time.Since(loadStart).Round(100*time.Millisecond))
+	if !wait(3 * time.Minute) {
+		fmt.Println("chaos: clients did not finish within 3m")
+	}
+	stopScrape()
+	// Every counted migration and resume precedes the end of its request, so
+	// the live frontends' counters are final now.
+	for _, f := range h.current() {
+		ok := false
+		for range 10 {
+			if ok = f.scrapeOnce(); ok {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		f.mu.Lock()
+		f.finalScrap = ok
+		f.mu.Unlock()
+	}
+	r := h.check(ctx, outs(), faults)
+	r.print(os.Stdout, cmdline, time.Since(began))
+	if len(r.violations) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// up starts the cluster, the frontends and the workers, and waits until every
+// frontend sees every worker ready.
+func (h *harness) up() error {
+	if err := h.startCluster(); err != nil {
+		return err
+	}
+	for i := range 2 {
+		if _, err := h.startFrontend(i); err != nil {
+			return err
+		}
+	}
+	for i := range 3 {
+		h.workers = append(h.workers, &workerSlot{id: fmt.Sprintf("w%d", i+1)})
+		if err := h.startWorker(i); err != nil {
+			return err
+		}
+	}
+	for _, w := range h.workers {
+		if err := h.waitReady(w.id, 60*time.Second); err != nil {
+			return err
+		}
+	}
+	_, _, err := h.requestsLeader(60 * time.Second)
+	return err
+}
+
+// load starts the clients. Each runs requests back to back until ctx is done;
+// request i of client c has a deterministic id, prompt and max_tokens. It
+// returns the outcomes (once wait returned true) and a bounded wait.
+func (h *harness) load(ctx context.Context) (func() []*outcome, func(time.Duration) bool) {
+	var mu sync.Mutex
+	var all []*outcome
+	var wg sync.WaitGroup
+	for c := range h.cfg.clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			next := c
+			pick := func(int) (target, error) {
+				fs := h.current()
+				next++
+				f := fs[next%len(fs)]
+				return target{url: f.url, inc: f}, nil
+			}
+			for i := 0; ctx.Err() == nil; i++ {
+				o := &outcome{
+					id:        fmt.Sprintf("chaos-c%d-%d", c, i),
+					prompt:    fmt.Sprintf("chaos soak client %d request %d", c, i),
+					maxTokens: h.cfg.minTokens + (c*37+i*53)%h.cfg.spanTokens,
+				}
+				mu.Lock()
+				all = append(all, o)
+				mu.Unlock()
+				// The request runs to its end even after ctx is done: the
+				// soak stops starting requests, not finishing them.
+				runRequest(context.Background(), pick, o, 2*time.Minute)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	wait := func(d time.Duration) bool {
+		select {
+		case <-done:
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	outs := func() []*outcome {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]*outcome(nil), all...)
+	}
+	return outs, wait
+}
+
+// runComposeCheck streams one request through a running stack, preferring
+// urls[0] and resuming on the others when a stream is cut.
+func runComposeCheck(urls []string, id, prompt string, maxTokens int, timeout time.Duration) int {
+	if id == "" {
+		id = fmt.Sprintf("compose-%d", time.Now().UnixNano())
+	}
+	o := &outcome{id: id, prompt: prompt, maxTokens: maxTokens}
+	cur := 0
+	pick := func(try int) (target, error) {
+		if try > 0 {
+			cur++ // the last try failed or was cut: move on
+		}
+		return target{url: urls[cur%len(urls)]}, nil
+	}
+	start := time.Now()
+	runRequest(context.Background(), pick, o, timeout)
+	want := engineText(prompt, maxTokens)
+	got := o.text.String()
+	fmt.Printf("%s: %d tokens in %v, resumes %d, cuts %d, longest pause %v, done %v\n",
+		id, o.tokens, time.Since(start).Round(time.Millisecond), o.resumes, o.cuts, o.maxGap.Round(time.Millisecond), o.done)
+	var bad []string
+	bad = append(bad, o.problems...)
+	if o.gaveUp != "" {
+		bad = append(bad, "gave up: "+o.gaveUp)
+	}
+	if !o.done {
+		bad = append(bad, fmt.Sprintf("did not complete: status %d %s", o.status, o.errEvent))
+	}
+	if got != want {
+		bad = append(bad, fmt.Sprintf("text differs from a fault-free run:\n  got  %q\n  want %q", clip(got), clip(want)))
+	}
+	for _, b := range bad {
+		fmt.Println("  VIOLATION:", b)
+	}
+	if len(bad) > 0 {
+		return 1
+	}
+	fmt.Printf("%s: text identical to a fault-free run\n", id)
+	return 0
+}

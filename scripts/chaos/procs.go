@@ -1,0 +1,367 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/baton-dev/baton/streams"
+)
+
+// proc is one running baton process. Its output goes to a log file under the
+// run directory (appended, so restarts of a component share one file).
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // exit status, valid once done is closed
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// signal sends sig; a process that already exited is not an error.
+func (p *proc) signal(sig syscall.Signal) {
+	if !p.exited() {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// wait waits up to timeout for the process to exit.
+func (p *proc) wait(timeout time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(timeout):
+		return false
+	}
+}
+
+// stop kills the process (waking it first if it was stopped) and reaps it.
+func (p *proc) stop() {
+	p.signal(syscall.SIGCONT)
+	p.signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// natsNode is one `baton nats` node; restarts keep its name, ports and store.
+type natsNode struct {
+	name string
+	port int
+	args []string
+	p    *proc
+}
+
+func (n *natsNode) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+
+// feInc is one incarnation of a frontend slot: a process with its own id and
+// port, so that the log's `migrated` events (which name the frontend id) and
+// the client's resumes can be attributed to exactly one metrics endpoint.
+type feInc struct {
+	slot int
+	id   string
+	url  string
+	p    *proc
+
+	mu         sync.Mutex
+	killed     bool     // ended by SIGKILL: counts since its last scrape are lost
+	scraped    bool     // at least one successful scrape
+	last       counters // the last successful scrape
+	resumes    int      // GET .../stream answered by this incarnation (client count)
+	resumeTry  int      // GET .../stream sent to it, answered or not
+	ambiguous  int      // re-POSTs after an unanswered POST: may have attached (a resume)
+	finalScrap bool     // the end-of-run scrape succeeded
+}
+
+// counters are the metric sums this soak compares with the log.
+type counters struct {
+	migrations float64 // dynamo_frontend_model_migration_total
+	resumes    float64 // dynamo_frontend_model_resume_total
+}
+
+// workerSlot is one worker id; restarts keep the id.
+type workerSlot struct {
+	id string
+	p  *proc
+}
+
+// harness owns every process of the soak and its run directory.
+type harness struct {
+	bin     string
+	dir     string
+	cfg     profile
+	nodes   []*natsNode
+	workers []*workerSlot
+
+	mu     sync.Mutex
+	fronts []*feInc // current incarnation per slot
+	allFE  []*feInc // every incarnation ever started
+	gen    []int    // incarnations per slot
+	procs  []*proc  // every process ever started, to stop at the end
+
+	js jetstream.JetStream
+	nc *nats.Conn
+}
+
+func (h *harness) start(name string, env []string, args ...string) (*proc, error) {
+	f, err := os.OpenFile(filepath.Join(h.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "==== %s baton %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
+	cmd := exec.Command(h.bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // nothing outlives the soak
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	h.mu.Lock()
+	h.procs = append(h.procs, p)
+	h.mu.Unlock()
+	return p, nil
+}
+
+// stopAll kills every process still running.
+func (h *harness) stopAll() {
+	if h.nc != nil {
+		h.nc.Close()
+	}
+	h.mu.Lock()
+	ps := append([]*proc(nil), h.procs...)
+	h.mu.Unlock()
+	for _, p := range ps {
+		p.stop()
+	}
+}
+
+// freePort returns a TCP port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitUntil polls cond every 50 ms until it holds or timeout passes.
+func waitUntil(timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil
+}
+
+func (h *harness) natsURLs() string {
+	var us []string
+	for _, n := range h.nodes {
+		us = append(us, n.url())
+	}
+	return strings.Join(us, ",")
+}
+
+func (h *harness) sysURLs() string {
+	return strings.ReplaceAll(h.natsURLs(), "nats://", "nats://sys:baton-sys@")
+}
+
+// startCluster starts three `baton nats` nodes and waits for a meta leader.
+func (h *harness) startCluster() error {
+	var routes []string
+	cports := make([]int, 3)
+	for i := range 3 {
+		p, err := freePort()
+		if err != nil {
+			return err
+		}
+		c, err := freePort()
+		if err != nil {
+			return err
+		}
+		cports[i] = c
+		h.nodes = append(h.nodes, &natsNode{name: fmt.Sprintf("n%d", i+1), port: p})
+		routes = append(routes, "nats-route://127.0.0.1:"+strconv.Itoa(c))
+	}
+	for i, n := range h.nodes {
+		n.args = []string{"nats", "--port", strconv.Itoa(n.port), "--server-name", n.name,
+			"--store-dir", filepath.Join(h.dir, "store", n.name), "--cluster-name", "chaos",
+			"--cluster-port", strconv.Itoa(cports[i]), "--routes", strings.Join(routes, ",")}
+		if err := h.startNode(n); err != nil {
+			return err
+		}
+	}
+	nc, err := nats.Connect(h.natsURLs(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("connect to the cluster: %w", err)
+	}
+	h.nc = nc
+	h.js, err = jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	return waitUntil(60*time.Second, "a JetStream meta leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := h.js.AccountInfo(ctx)
+		return err == nil
+	})
+}
+
+func (h *harness) startNode(n *natsNode) error {
+	p, err := h.start(n.name, nil, n.args...)
+	if err != nil {
+		return err
+	}
+	n.p = p
+	return waitUntil(20*time.Second, n.name+" to listen", func() bool {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(n.port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	})
+}
+
+// requestsLeader returns the node leading BATON_REQUESTS once it has a leader
+// and every replica is current.
+func (h *harness) requestsLeader(timeout time.Duration) (leader string, followers []string, err error) {
+	err = waitUntil(timeout, streams.RequestsStream+" to have a leader and current replicas", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s, err := h.js.Stream(ctx, streams.RequestsStream)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != len(h.nodes)-1 {
+			return false
+		}
+		followers = followers[:0]
+		for _, r := range info.Cluster.Replicas {
+			if !r.Current || r.Offline {
+				return false
+			}
+			followers = append(followers, r.Name)
+		}
+		leader = info.Cluster.Leader
+		return true
+	})
+	return leader, followers, err
+}
+
+func (h *harness) node(name string) *natsNode {
+	for _, n := range h.nodes {
+		if n.name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// startFrontend starts a new incarnation of frontend slot, on a fresh port
+// with a fresh id, and waits until it serves.
+func (h *harness) startFrontend(slot int) (*feInc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	gen := h.gen[slot]
+	h.gen[slot]++
+	h.mu.Unlock()
+	inc := &feInc{slot: slot, id: fmt.Sprintf("fe%d-r%d", slot+1, gen), url: "http://127.0.0.1:" + strconv.Itoa(port)}
+	p, err := h.start(fmt.Sprintf("frontend-%d", slot+1), nil, "frontend", "--nats", h.natsURLs(),
+		"--nats-system-url", h.sysURLs(), "--replicas", "3", "--http-port", strconv.Itoa(port),
+		"--frontend-id", inc.id, "--migration-limit", strconv.Itoa(h.cfg.migrationLimit),
+		"--detach-timeout", "5m")
+	if err != nil {
+		return nil, err
+	}
+	inc.p = p
+	err = waitUntil(30*time.Second, inc.id+" to serve", func() bool {
+		if p.exited() {
+			return true
+		}
+		resp, err := http.Get(inc.url + "/live")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	if err == nil && p.exited() {
+		err = fmt.Errorf("%s exited at start: %v (see %s)", inc.id, p.err, filepath.Join(h.dir, p.name+".log"))
+	}
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	h.fronts[slot] = inc
+	h.allFE = append(h.allFE, inc)
+	h.mu.Unlock()
+	return inc, nil
+}
+
+// startWorker (re)starts the worker in slot i with its id.
+func (h *harness) startWorker(i int) error {
+	w := h.workers[i]
+	p, err := h.start("worker-"+w.id, []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=" + strconv.Itoa(h.cfg.drainSecs)},
+		"worker", "--nats", h.natsURLs(), "--replicas", "3", "--worker-id", w.id,
+		"--mock-tokens-per-sec", strconv.Itoa(h.cfg.tokensPerSec), "--mock-ttft", "10ms")
+	if err != nil {
+		return err
+	}
+	w.p = p
+	return nil
+}
+
+// waitReady waits until every current frontend sees worker id ready.
+func (h *harness) waitReady(id string, timeout time.Duration) error {
+	return waitUntil(timeout, "worker "+id+" ready", func() bool {
+		for _, f := range h.current() {
+			if !f.workerReady(id) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// current returns the current incarnation of every frontend slot.
+func (h *harness) current() []*feInc {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]*feInc(nil), h.fronts...)
+}
+
+var errNoFrontend = errors.New("no frontend")
