@@ -116,13 +116,15 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
 	if err == nil {
-		err = fe.disc.start(runCtx, pctx, fe.js, &fe.wg)
+		err = retryTransient(pctx, func() error { return fe.disc.start(runCtx, pctx, fe.js, &fe.wg) })
 	}
 	if err == nil {
-		err = fe.presence.start(runCtx, pctx, fe.js, events.FrontendPresence{
-			FrontendID: fe.id, Addr: fe.listener.Addr().String(),
-			ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
-		}, &fe.wg)
+		err = retryTransient(pctx, func() error {
+			return fe.presence.start(runCtx, pctx, fe.js, events.FrontendPresence{
+				FrontendID: fe.id, Addr: fe.listener.Addr().String(),
+				ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
+			}, &fe.wg)
+		})
 	}
 	if err == nil {
 		err = fe.watchDisconnects(runCtx, &fe.wg)
@@ -245,6 +247,23 @@ func (fe *Frontend) isDraining() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// retryTransient runs f until it succeeds, fails for good, or ctx is done:
+// a cluster electing a leader (a starting frontend's watches are JetStream
+// API calls) answers again within seconds.
+func retryTransient(ctx context.Context, f func() error) error {
+	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		err := f()
+		if err == nil || !streams.Transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
 	}
 }
 

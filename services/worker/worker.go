@@ -280,16 +280,18 @@ func (w *Worker) fail(err error) {
 // registerFirst grants the first lease, waiting up to two TTLs for a key
 // held by an earlier incarnation with the same id to expire.
 func (w *Worker) registerFirst(ctx context.Context) (*lease, error) {
-	deadline := time.Now().Add(2 * w.cfg.LeaseTTL)
+	// A key still held by a previous incarnation expires within a TTL; a
+	// cluster electing a leader answers again within seconds.
+	deadline := time.Now().Add(max(2*w.cfg.LeaseTTL, streams.AppendBudget))
 	for {
 		l, err := w.register(ctx, "")
 		if err == nil {
 			return l, nil
 		}
-		if !errors.Is(err, ErrIDInUse) || time.Now().After(deadline) {
+		if !(errors.Is(err, ErrIDInUse) || streams.Transient(err)) || time.Now().After(deadline) {
 			return nil, err
 		}
-		w.log.Info("worker id still leased; waiting for it to expire", "err", err)
+		w.log.Info("cannot register yet; retrying", "err", err)
 		if !sleep(ctx, w.cfg.LeaseTTL/10) {
 			return nil, fmt.Errorf("worker: register: %w", ctx.Err())
 		}
