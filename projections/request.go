@@ -68,8 +68,11 @@ type Request struct {
 	CompletedAt  int64    // unix seconds, from the completion event's time
 
 	tokens []string
-	// Skipped counts deltas that could not be applied in order (a gap); a
-	// correct log has none.
+	// Skipped counts deltas that arrived ahead of a gap and were not applied.
+	// It is not a loss: when an append fails (a leader election, a
+	// reconnect), the worker re-sends the missing delta with every later
+	// token, and the fold takes them from there. The output is complete
+	// whenever the request completed.
 	Skipped int
 }
 
