@@ -2,9 +2,7 @@ package frontend
 
 import (
 	"context"
-	"io"
 	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -16,68 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// proxy forwards TCP connections to target until cut; cut closes every
-// connection, and accepting resumes on restore.
-type proxy struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	conns  []net.Conn
-	down   bool
-}
-
-func newProxy(t *testing.T, target string) *proxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{l: l, target: target}
-	t.Cleanup(func() { l.Close(); p.cut() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			if p.down {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			s, err := net.Dial("tcp", target)
-			if err != nil {
-				p.mu.Unlock()
-				c.Close()
-				continue
-			}
-			p.conns = append(p.conns, c, s)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(s, c); s.Close() }()
-			go func() { _, _ = io.Copy(c, s); c.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *proxy) url() string { return "nats://" + p.l.Addr().String() }
-
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = true
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
-}
-
-func (p *proxy) restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.down = false
-}
-
 // TestCatchUpOnReconnect: a completion stored while the frontend's
 // connection was down reaches its follower as soon as the connection is back,
 // not only when a later message reveals the gap.
@@ -85,8 +21,8 @@ func TestCatchUpOnReconnect(t *testing.T) {
 	s := natstest.Start(t)
 	js := s.Provision(t)
 	log := streams.NewLog(js, "test")
-	p := newProxy(t, s.Addr().String())
-	nc, err := nats.Connect(p.url(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	p := natstest.NewProxy(t, s.Addr().String())
+	nc, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,10 +50,10 @@ func TestCatchUpOnReconnect(t *testing.T) {
 	fe.catchUpOnReconnect(rctx, &wg)
 	defer func() { rcancel(); wg.Wait() }()
 
-	p.cut()
+	p.Cut()
 	appendEv(streams.RequestTokens("r1", 0), "c", events.TokensGenerated{RequestID: "r1", Tokens: []string{"x ", "y "}})
 	appendEv(streams.RequestTokens("r1", 0), "d", events.RequestCompleted{RequestID: "r1", FinishReason: "length", CompletionTokens: 2})
-	p.restore()
+	p.Restore()
 	if err := f.waitFor(ctx, func(p *projections.Request) bool { return p.Status == projections.StatusCompleted }); err != nil {
 		t.Fatalf("the completion stored during the outage never reached the follower: %v", err)
 	}

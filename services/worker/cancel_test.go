@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/worker"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 )
 
 func (e *env) cancel(id, mode string) uint64 {
@@ -104,4 +106,31 @@ func TestCancelStoredBeforeDispatchIsObeyed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Regression: a cancel stored while the worker's connection was down was
+// republished to nobody, and the request ran to its end. The worker now
+// re-reads its jobs' commands when the connection comes back.
+func TestCancelStoredWhileDisconnectedIsObeyed(t *testing.T) {
+	e := newEnv(t)
+	p := natstest.NewProxy(t, e.s.Addr().String())
+	nc, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	// A lease long enough to survive the outage.
+	r := e.start(nc, slow, worker.Config{ID: "w-dc", LeaseTTL: 30 * time.Second, DeltaMaxTokens: 1})
+	e.accept("r-dc", "p q", 1000, "w-dc")
+	if rep := e.dispatch("w-dc", newDispatch("r-dc", "p q", 1000)); !rep.Accepted {
+		t.Fatalf("dispatch: %+v", rep)
+	}
+	e.waitFor("two tokens", func() bool { return countTokens(e.request("r-dc")) >= 2 })
+	p.Cut()
+	e.cancel("r-dc", events.CancelKill)
+	p.Restore()
+	e.waitFor("the kill to be obeyed after the reconnect", func() bool {
+		return value(t, r.reg, "dynamo_component_cancellation_total") == 1 &&
+			value(t, r.reg, "dynamo_component_inflight_requests") == 0
+	})
 }

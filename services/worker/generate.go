@@ -231,11 +231,18 @@ func (w *Worker) watchCommands(j *job) (*nats.Subscription, error) {
 	if err := w.nc.FlushWithContext(ctx); err != nil {
 		return sub, fmt.Errorf("flush subscription: %w", err)
 	}
+	return sub, w.readCommands(ctx, j)
+}
+
+// readCommands obeys the commands stored on the job's events subject: those
+// stored before its subscription was active, or while the connection was
+// down (commands republished then never reached it).
+func (w *Worker) readCommands(ctx context.Context, j *job) error {
 	if j.d.EventsSeq > 0 && w.requests != nil {
 		// The common case costs one direct get: if the routed event of this
 		// dispatch is still the last on the events subject, nothing came since.
 		if m, err := w.requests.GetLastMsgForSubject(ctx, streams.RequestEvents(j.d.RequestID)); err == nil && m.Sequence == j.d.EventsSeq {
-			return sub, nil
+			return nil
 		}
 	}
 	for e, err := range streams.ReadRequestEvents(ctx, w.js, j.d.RequestID, 1) {
@@ -243,11 +250,41 @@ func (w *Worker) watchCommands(j *job) (*nats.Subscription, error) {
 			break // dispatched without accepted/routed events (tests, tools)
 		}
 		if err != nil {
-			return sub, fmt.Errorf("read commands already stored: %w", err)
+			return fmt.Errorf("read commands already stored: %w", err)
 		}
 		obey(j, e.Event)
 	}
-	return sub, nil
+	return nil
+}
+
+// readCommandsOnReconnect re-reads every running job's commands each time
+// the NATS connection comes back, until ctx is done.
+func (w *Worker) readCommandsOnReconnect(ctx context.Context) {
+	ch := w.nc.StatusChanged(nats.CONNECTED)
+	defer w.nc.RemoveStatusListener(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+		w.mu.Lock()
+		jobs := make([]*job, 0, len(w.jobs))
+		for _, j := range w.jobs {
+			jobs = append(jobs, j)
+		}
+		w.mu.Unlock()
+		for _, j := range jobs {
+			rctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
+			if err := w.readCommands(rctx, j); err != nil && j.ctx.Err() == nil {
+				w.log.Warn("re-read commands after reconnect", "request_id", j.d.RequestID, "err", err)
+			}
+			cancel()
+		}
+	}
 }
 
 // obey applies a lifecycle event of the job's request to the job.

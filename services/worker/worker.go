@@ -157,6 +157,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.reportLoad(bg) })
 	background.Go(func() { w.health.Run(bg) })
 	background.Go(func() { w.watchFrontends(bg) })
+	background.Go(func() { w.readCommandsOnReconnect(bg) })
 	w.notifyLoad()
 
 	reason := "shutdown"
