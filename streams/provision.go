@@ -142,12 +142,23 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("streams: config: %w", err)
 	}
+	return Retry(ctx, func(ctx context.Context) error { return provision(ctx, js, cfg) })
+}
+
+// StartBudget is how long a component starting up keeps retrying JetStream
+// calls that fail transiently: a cluster still forming, or electing a leader
+// (5-7 s), answers within it.
+const StartBudget = 60 * time.Second
+
+// Retry runs f until it succeeds, fails with an error that is not
+// Transient, or ctx is done, spacing tries with a backoff (50 ms doubling to
+// 1 s). Each try gets at most DefaultTimeout: a request sent before the
+// cluster has a leader is dropped unanswered.
+func Retry(ctx context.Context, f func(ctx context.Context) error) error {
 	backoff := appendBackoffMin
 	for {
-		// A request sent before the cluster has a meta leader is dropped
-		// unanswered: bound each try, and try again.
 		tctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
-		err := provision(tctx, js, cfg)
+		err := f(tctx)
 		cancel()
 		if err == nil || !Transient(err) || ctx.Err() != nil {
 			return err

@@ -132,8 +132,9 @@ func (h *harness) workerIndex(id string) int {
 	return -1
 }
 
-// workerReady reports whether this frontend sees worker id ready.
-func (f *feInc) workerReady(id string) bool {
+// workerReady reports whether this frontend sees worker id ready, served by
+// process pid (so a lease left by the previous process does not count).
+func (f *feInc) workerReady(id string, pid int) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, f.url+"/v1/workers", nil)
@@ -146,13 +147,14 @@ func (f *feInc) workerReady(id string) bool {
 		Data []struct {
 			ID    string `json:"id"`
 			State string `json:"state"`
+			PID   int    `json:"pid"`
 		} `json:"data"`
 	}
 	if json.NewDecoder(resp.Body).Decode(&out) != nil {
 		return false
 	}
 	for _, w := range out.Data {
-		if w.ID == id && w.State == "ready" {
+		if w.ID == id && w.State == "ready" && w.PID == pid {
 			return true
 		}
 	}

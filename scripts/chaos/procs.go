@@ -345,11 +345,20 @@ func (h *harness) startWorker(i int) error {
 	return nil
 }
 
-// waitReady waits until every current frontend sees worker id ready.
+// waitReady waits until every current frontend sees worker id ready, served
+// by its current process.
 func (h *harness) waitReady(id string, timeout time.Duration) error {
+	pid := 0
+	h.mu.Lock()
+	for _, w := range h.workers {
+		if w.id == id && w.p != nil {
+			pid = w.p.pid()
+		}
+	}
+	h.mu.Unlock()
 	return waitUntil(timeout, "worker "+id+" ready", func() bool {
 		for _, f := range h.current() {
-			if !f.workerReady(id) {
+			if !f.workerReady(id, pid) {
 				return false
 			}
 		}

@@ -21,6 +21,7 @@ type discovery struct {
 	leases  jetstream.KeyValue
 	changed *signal
 
+	stop  context.CancelFunc // ends the watches (they also end with Run's context)
 	mu    sync.Mutex
 	view  *projections.Discovery
 	ready bool // the initial state of the leases bucket has been applied
@@ -86,26 +87,31 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 	}
 
 	initial := make(chan struct{})
+	// The watches stop with ctx, or at once if the initial state does not
+	// arrive in time (so that a retried start does not leave them running).
+	wctx, stop := context.WithCancel(ctx)
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
 		defer lw.Stop()
-		d.watchLeases(ctx, lw, initial)
+		d.watchLeases(wctx, lw, initial)
 	}()
 	go func() {
 		defer wg.Done()
 		defer ldw.Stop()
-		d.watchLoad(ctx, ldw)
+		d.watchLoad(wctx, ldw)
 	}()
 	go func() {
 		defer wg.Done()
-		<-ctx.Done()
+		<-wctx.Done()
 		cc.Stop()
 	}()
 	select {
 	case <-initial:
+		d.stop = stop
 		return nil
 	case <-startCtx.Done():
+		stop()
 		return fmt.Errorf("load discovery: %w", startCtx.Err())
 	}
 }

@@ -113,14 +113,14 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	defer cancelRun()
 	fe.ctx = runCtx
 
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
 	if err == nil {
-		err = retryTransient(pctx, func() error { return fe.disc.start(runCtx, pctx, fe.js, &fe.wg) })
+		err = streams.Retry(pctx, func(tctx context.Context) error { return fe.disc.start(runCtx, tctx, fe.js, &fe.wg) })
 	}
 	if err == nil {
-		err = retryTransient(pctx, func() error {
-			return fe.presence.start(runCtx, pctx, fe.js, events.FrontendPresence{
+		err = streams.Retry(pctx, func(tctx context.Context) error {
+			return fe.presence.start(runCtx, tctx, fe.js, events.FrontendPresence{
 				FrontendID: fe.id, Addr: fe.listener.Addr().String(),
 				ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
 			}, &fe.wg)
@@ -247,23 +247,6 @@ func (fe *Frontend) isDraining() bool {
 		return true
 	default:
 		return false
-	}
-}
-
-// retryTransient runs f until it succeeds, fails for good, or ctx is done:
-// a cluster electing a leader (a starting frontend's watches are JetStream
-// API calls) answers again within seconds.
-func retryTransient(ctx context.Context, f func() error) error {
-	for wait := 50 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		err := f()
-		if err == nil || !streams.Transient(err) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
 	}
 }
 

@@ -175,24 +175,27 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 }
 
-// open provisions the streams and binds the buckets.
+// open provisions the streams and binds the buckets, retrying what fails
+// transiently for streams.StartBudget.
 func (w *Worker) open(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, 2*streams.DefaultTimeout)
+	ctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	defer cancel()
 	if err := streams.Provision(ctx, w.js, w.cfg.Streams); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	var err error
-	if w.leases, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {
-		return fmt.Errorf("worker: bind %s: %w", streams.LeasesBucket, err)
-	}
-	if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
-		return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
-	}
-	if w.requests, err = w.js.Stream(ctx, streams.RequestsStream); err != nil {
-		return fmt.Errorf("worker: bind %s: %w", streams.RequestsStream, err)
-	}
-	return nil
+	return streams.Retry(ctx, func(ctx context.Context) error {
+		var err error
+		if w.leases, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {
+			return fmt.Errorf("worker: bind %s: %w", streams.LeasesBucket, err)
+		}
+		if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
+			return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
+		}
+		if w.requests, err = w.js.Stream(ctx, streams.RequestsStream); err != nil {
+			return fmt.Errorf("worker: bind %s: %w", streams.RequestsStream, err)
+		}
+		return nil
+	})
 }
 
 // shutdown drains and leaves, in this order:
