@@ -181,7 +181,7 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 		}
 	}
 	const budget = 2 * time.Second
-	margin := 500 * time.Millisecond
+	margin := 2 * time.Second // process exit on a loaded 2-core machine, not the drain
 	if raceEnabled {
 		margin += time.Second // the race runtime sleeps 1 s at exit (GORACE atexit_sleep_ms)
 	}
@@ -273,8 +273,10 @@ func TestWorkerSecondSIGTERM(t *testing.T) {
 	second := time.Now()
 	w1.signal(syscall.SIGTERM)
 	code := w1.wait(5 * time.Second)
-	if took := time.Since(second); took > time.Second {
-		t.Errorf("w1 exited %v after the second SIGTERM, want at once (< 1s)", took)
+	// "At once" against a 30 s drain budget: anything near the budget would
+	// mean the second signal was ignored; 3 s leaves room for a loaded machine.
+	if took := time.Since(second); took > 3*time.Second {
+		t.Errorf("w1 exited %v after the second SIGTERM, want at once (< 3s, against a 30s budget)", took)
 	}
 	if code != 128+int(syscall.SIGTERM) {
 		t.Errorf("w1 exited %d after a second SIGTERM, want %d", code, 128+int(syscall.SIGTERM))
