@@ -380,8 +380,9 @@ func TestFrontendGracefulShutdown(t *testing.T) {
 		t.Errorf("cut stream: done=%v error=%q, want neither [DONE] nor an error event", first.done, first.errorBody)
 	}
 	off, _ := strconv.Atoi(lastID(first))
-	// 2 s at 100 tokens/s: the stream must have gone on well past the signal.
-	if off-termedAt < 100 || cutAfter < 1500*time.Millisecond {
+	// A 2 s budget at 100 tokens/s: the stream must have gone on well past
+	// the signal (loose bounds: a loaded machine produces fewer tokens).
+	if off-termedAt < 20 || cutAfter < time.Second {
 		t.Errorf("stream went on for %d tokens and %v after SIGTERM, want about the 2 s budget", off-termedAt, cutAfter)
 	}
 	if off >= max {
