@@ -253,6 +253,8 @@ type workerInfo struct {
 	PID   int    `json:"pid"`
 	Load  struct {
 		ActiveRequests int `json:"active_requests"`
+		KVBlocksUsed   int `json:"kv_blocks_used"`
+		KVBlocksTotal  int `json:"kv_blocks_total"`
 	} `json:"load"`
 }
 

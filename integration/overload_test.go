@@ -39,29 +39,6 @@ func apiErrorOf(body []byte) (apiErrorBody, error) {
 	return *e.Error, nil
 }
 
-// loadInfo is a worker's load as GET /v1/workers shows it.
-type loadInfo struct {
-	ID    string `json:"id"`
-	State string `json:"state"`
-	Load  struct {
-		ActiveRequests int `json:"active_requests"`
-		KVBlocksUsed   int `json:"kv_blocks_used"`
-		KVBlocksTotal  int `json:"kv_blocks_total"`
-	} `json:"load"`
-}
-
-func (f *frontend) loads() ([]loadInfo, error) {
-	resp, err := http.Get(f.url + "/v1/workers")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Data []loadInfo `json:"data"`
-	}
-	return out.Data, decodeJSON(resp.Body, &out)
-}
-
 // reply is one client's complete response to a completion request.
 type reply struct {
 	prompt     string
@@ -162,7 +139,7 @@ func TestOverloadRejection(t *testing.T) {
 	// got some: both go over half of their 4 blocks and stay there while
 	// their requests run (3 s).
 	waitFor(t, 10*time.Second, "both workers busy in discovery", func() bool {
-		ls, err := fe.loads()
+		ls, err := fe.workers()
 		busy := 0
 		for _, l := range ls {
 			if l.Load.KVBlocksTotal > 0 && float64(l.Load.KVBlocksUsed)/float64(l.Load.KVBlocksTotal) > 0.5 {
@@ -215,7 +192,7 @@ func TestOverloadRejection(t *testing.T) {
 	// Once the load is gone, requests are admitted again.
 	workersIdle(t, fe)
 	waitFor(t, 10*time.Second, "workers below the threshold", func() bool {
-		ls, err := fe.loads()
+		ls, err := fe.workers()
 		for _, l := range ls {
 			if l.Load.KVBlocksUsed != 0 {
 				return false

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Defaults of the NATS connection of every component.
@@ -247,4 +248,23 @@ func (c *conn) close() {
 	case <-t.C:
 		c.Close()
 	}
+}
+
+// connectTool connects a command-line tool (replay, events) and opens
+// JetStream. A nil conn with a nil error means ctx ended while connecting.
+func connectTool(ctx context.Context, env *environment, common *commonFlags, nf *natsFlags, name string) (*conn, jetstream.JetStream, error) {
+	log := common.logger(env.stderr, name)
+	nc, err := connectNATS(ctx, nf.urls, "baton-"+name, toolConnectTimeout, log, nf.options()...)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, nil
+		}
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc.Conn)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return nc, js, nil
 }

@@ -88,19 +88,11 @@ func runEvents(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := o.common.logger(env.stderr, "events")
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-events", toolConnectTimeout, log, o.nats.options()...)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
+	nc, js, err := connectTool(ctx, env, o.common, o.nats, "events")
+	if nc == nil {
+		return err // nil when ctx ended while connecting
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc.Conn)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
 	print := func(r logRecord) error {
 		var line string
 		if o.json {

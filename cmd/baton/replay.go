@@ -12,7 +12,6 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 const replaySummary = `Rebuilds a request's timeline from the event log alone (BATON_REQUESTS, read
@@ -82,19 +81,11 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := o.common.logger(env.stderr, "replay")
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-replay", toolConnectTimeout, log, o.nats.options()...)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
+	nc, js, err := connectTool(ctx, env, o.common, o.nats, "replay")
+	if nc == nil {
+		return err // nil when ctx ended while connecting
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc.Conn)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
 	rctx, cancel := context.WithTimeout(ctx, replayReadTimeout)
 	defer cancel()
 	var envs []events.Envelope
