@@ -1,6 +1,9 @@
 package streams
 
-import "errors"
+import (
+	"encoding/json"
+	"errors"
+)
 
 // Dispatch is the command a frontend sends to a worker over core NATS request
 // /reply on Dispatch(workerID): run attempt Attempt of a request, producing tokens
@@ -12,6 +15,16 @@ type Dispatch struct {
 	Model        string `json:"model"`
 	Prompt       string `json:"prompt"`
 	PromptTokens int    `json:"prompt_tokens"`
+	// Endpoint and Body are the request as the client sent it
+	// (events.RequestAccepted), so that a worker needs no read of the log to
+	// build the engine's request.
+	Endpoint string          `json:"endpoint,omitempty"`
+	Body     json.RawMessage `json:"body,omitempty"`
+	// PromptIDs are the prompt's token ids as an earlier attempt's engine
+	// reported them; GeneratedIDs the ids of the tokens produced so far, when
+	// every one is known. Together they let an engine continue token-exactly.
+	PromptIDs    []int `json:"prompt_ids,omitempty"`
+	GeneratedIDs []int `json:"generated_ids,omitempty"`
 	// Generated is the text of the tokens produced by earlier attempts, for an
 	// engine that continues from prompt + generated text.
 	Generated   string `json:"generated,omitempty"`

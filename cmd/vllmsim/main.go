@@ -39,9 +39,11 @@ func run(args []string) int {
 	fs.StringVar(&cfg.APIKey, "api-key", "", "require this bearer token on /v1 (401 otherwise)")
 	fs.BoolVar(&cfg.ChatOnly, "chat-only", false, "serve /v1/chat/completions only (/v1/completions answers 404)")
 	fs.BoolVar(&cfg.RejectPrefill, "reject-prefill", false, "answer 400 to continue_final_message")
+	fs.BoolVar(&cfg.Greedy, "greedy", false, "temperature 0 unless a request sets one (vLLM's default is 1)")
 	fs.BoolVar(&cfg.NoTokenIDs, "no-token-ids", false, "ignore return_token_ids and reject token-id prompts (400)")
 	fault := fs.String("fault", "", "fault for every request, or the first --fault-requests: STATUS[:RETRY_AFTER_S][@N] or cut|malformed|nodone|stall[@N] or policy|context (N: tokens sent before it)")
 	fs.IntVar(&cfg.FaultRequests, "fault-requests", 0, "apply --fault to the first N generation requests only (0: all)")
+	fs.StringVar(&cfg.FaultMatch, "fault-match", "", "apply --fault only to requests whose body contains this text (--fault-requests counts only those)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0

@@ -28,7 +28,9 @@
 // Without a seed, temperature > 0 samples from a process-wide random source.
 //
 // Faults are scripted per process (Config.Fault, for the first
-// Config.FaultRequests requests or all) or per request by the header
-// X-Vllmsim-Fault; see ParseFault. Every request body is recorded and served
+// Config.FaultRequests requests or all, optionally only those whose body
+// contains Config.FaultMatch), per request by the header X-Vllmsim-Fault, or
+// by the body field vllmsim_fault (BodyFault), which reaches the simulator
+// through a proxy that passes the client's fields on; see ParseFault. Every request body is recorded and served
 // at GET /sim/requests, so that tests can assert on what an upstream received.
 package vllmsim

@@ -42,9 +42,6 @@ func (d *decoder) next() (*token, string) {
 	if len(d.ids) >= g.maxTokens {
 		return nil, "length"
 	}
-	if g.tool != "" && len(d.ids) >= toolCallTokens {
-		return nil, "tool_calls"
-	}
 	st := g.sampling.next(d.h)
 	d.h = d.h.add(st.id)
 	d.ids = append(d.ids, st.id)
@@ -58,6 +55,9 @@ func (d *decoder) next() (*token, string) {
 	}
 	if len(d.ids) == g.maxTokens {
 		return t, "length"
+	}
+	if g.tool != "" && len(d.ids) == toolCallTokens {
+		return t, "tool_calls"
 	}
 	return t, ""
 }
@@ -198,10 +198,17 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 			if g.chat {
 				delta := map[string]any{"content": t.text}
 				if g.tool != "" {
-					fn := map[string]any{"arguments": t.text}
+					args := t.text
+					if sent == 0 {
+						args = toolArgsOpen + args
+					}
+					if finish == "tool_calls" {
+						args += toolArgsClose // the call ends with its last token
+					}
+					fn := map[string]any{"arguments": args}
 					call := map[string]any{"index": 0, "function": fn}
 					if sent == 0 {
-						fn["name"], fn["arguments"] = g.tool, toolArgsOpen+t.text
+						fn["name"] = g.tool
 						call["id"], call["type"] = callID, "function"
 					}
 					delta = map[string]any{"tool_calls": []map[string]any{call}}
@@ -230,11 +237,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 			continue
 		}
 		if g.chat {
-			delta := map[string]any{}
-			if g.tool != "" && sent > 0 {
-				delta["tool_calls"] = []map[string]any{{"index": 0, "function": map[string]any{"arguments": toolArgsClose}}}
-			}
-			send(choice(map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}))
+			send(choice(map[string]any{"index": 0, "delta": map[string]any{}, "logprobs": nil, "finish_reason": finish}))
 		} else {
 			send(choice(map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": finish}))
 		}
@@ -297,9 +300,13 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f 
 	if g.chat {
 		msg := map[string]any{"role": "assistant", "content": text.String()}
 		if g.tool != "" && len(toks) > 0 {
+			args := toolArgsOpen + text.String()
+			if finish == "tool_calls" {
+				args += toolArgsClose
+			}
 			msg["content"] = nil
 			msg["tool_calls"] = []map[string]any{{"id": "call_" + g.id, "type": "function",
-				"function": map[string]any{"name": g.tool, "arguments": toolArgsOpen + text.String() + toolArgsClose}}}
+				"function": map[string]any{"name": g.tool, "arguments": args}}}
 		}
 		c = map[string]any{"index": 0, "message": msg, "logprobs": nil, "finish_reason": finish}
 		if g.logprobs {

@@ -28,6 +28,10 @@ type Config struct {
 	ChatOnly bool
 	// RejectPrefill answers 400 to continue_final_message.
 	RejectPrefill bool
+	// Greedy makes temperature 0 the default, as vLLM does with
+	// --override-generation-config '{"temperature": 0}' (vLLM's own default
+	// is 1: unseeded requests without a temperature sample at random).
+	Greedy bool
 	// NoTokenIDs is a server without token ids: return_token_ids is
 	// ignored and a prompt of token ids is rejected (400).
 	NoTokenIDs bool
@@ -35,6 +39,10 @@ type Config struct {
 	// (0: to all of them). A request's X-Vllmsim-Fault header overrides it.
 	Fault         *Fault
 	FaultRequests int
+	// FaultMatch, if set, limits Fault to requests whose body contains it
+	// (FaultRequests counts only those), so that a client's probes or other
+	// requests are not affected.
+	FaultMatch string
 }
 
 func (c Config) withDefaults() Config {
@@ -45,6 +53,17 @@ func (c Config) withDefaults() Config {
 		c.MaxModelLen = 4096
 	}
 	return c
+}
+
+// BodyFault scripts a fault from inside a request body, as the vendor field
+// "vllmsim_fault": {"spec": "500@3", "key": "k", "times": 1}. It travels
+// wherever the body does (through a proxy that passes unknown fields on), and
+// applies to the first Times requests (default 1) carrying the same spec and
+// key: a retry or a continuation of the request elsewhere then succeeds.
+type BodyFault struct {
+	Spec  string `json:"spec"`
+	Key   string `json:"key"`
+	Times int    `json:"times"`
 }
 
 // Record is a request the simulator received.
@@ -61,13 +80,15 @@ type Server struct {
 
 	mu      sync.Mutex
 	records []Record
-	served  int // generation requests seen, for Config.FaultRequests
-	rng     *rand.Rand
+	served  int // requests Config.Fault applied to or would have, for Config.FaultRequests
+	// bodyFaults counts the requests seen per BodyFault spec and key.
+	bodyFaults map[string]int
+	rng        *rand.Rand
 }
 
 // New returns a simulator for cfg.
 func New(cfg Config) *Server {
-	s := &Server{cfg: cfg.withDefaults(), mux: http.NewServeMux(), rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
+	s := &Server{cfg: cfg.withDefaults(), mux: http.NewServeMux(), rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), bodyFaults: map[string]int{}}
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	s.mux.HandleFunc("GET /v1/models", s.models)
@@ -235,14 +256,31 @@ type genRequest struct {
 }
 
 // fault picks the fault for one generation request and counts it.
-func (s *Server) fault(r *http.Request) (*Fault, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.served++
+func (s *Server) fault(r *http.Request, body []byte) (*Fault, error) {
 	if h := r.Header.Get(FaultHeader); h != "" {
 		return ParseFault(h)
 	}
-	if s.cfg.Fault != nil && (s.cfg.FaultRequests <= 0 || s.served <= s.cfg.FaultRequests) {
+	var scripted struct {
+		F *BodyFault `json:"vllmsim_fault"`
+	}
+	if json.Unmarshal(body, &scripted) == nil && scripted.F != nil {
+		key := scripted.F.Spec + "#" + scripted.F.Key
+		s.mu.Lock()
+		s.bodyFaults[key]++
+		n := s.bodyFaults[key]
+		s.mu.Unlock()
+		if n > max(scripted.F.Times, 1) {
+			return nil, nil
+		}
+		return ParseFault(scripted.F.Spec)
+	}
+	if s.cfg.Fault == nil || (s.cfg.FaultMatch != "" && !bytes.Contains(body, []byte(s.cfg.FaultMatch))) {
+		return nil, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.served++
+	if s.cfg.FaultRequests <= 0 || s.served <= s.cfg.FaultRequests {
 		return s.cfg.Fault, nil
 	}
 	return nil, nil
@@ -269,7 +307,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeJSON(w, http.StatusNotFound, map[string]any{"detail": "Not Found"})
 		return
 	}
-	f, ferr := s.fault(r)
+	f, ferr := s.fault(r, body)
 	s.record(r.URL.Path, body, f)
 	if ferr != nil {
 		writeErr(w, errorf(400, "BadRequestError", "%v", ferr))
@@ -381,6 +419,9 @@ func (s *Server) prepare(body []byte, chat bool, f *Fault) (*generation, error) 
 			s.cfg.MaxModelLen, len(g.prompt)+g.maxTokens, len(g.prompt), g.maxTokens)
 	}
 	g.sampling = sampling{temperature: 1, seed: req.Seed, rng: s.rng}
+	if s.cfg.Greedy {
+		g.sampling.temperature = 0
+	}
 	if req.Temperature != nil {
 		if *req.Temperature < 0 {
 			return nil, errorf(400, "BadRequestError", "temperature must be non-negative, got %v", *req.Temperature)

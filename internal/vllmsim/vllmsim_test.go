@@ -471,3 +471,24 @@ func TestTokenizerEndpointsAndRecords(t *testing.T) {
 		resp.Body.Close()
 	}
 }
+
+func TestBodyFaultAppliesTimes(t *testing.T) {
+	_, url := sim(t, Config{Fault: &Fault{Kind: FaultStatus, Status: 500}, FaultMatch: "NOPE"})
+	body := chatBody(map[string]any{"vllmsim_fault": map[string]any{"spec": "503:4", "key": "a", "times": 2}})
+	for i, want := range []int{503, 503, 200} {
+		resp := call(t, url, "/v1/chat/completions", body, nil)
+		if resp.StatusCode != want {
+			t.Fatalf("request %d: %d, want %d", i, resp.StatusCode, want)
+		}
+		if want == 503 && resp.Header.Get("Retry-After") != "4" {
+			t.Errorf("Retry-After %q", resp.Header.Get("Retry-After"))
+		}
+	}
+	// --fault-match: the process fault spares requests without the text.
+	if resp := call(t, url, "/v1/chat/completions", chatBody(nil), nil); resp.StatusCode != 200 {
+		t.Errorf("unmatched request: %d, want 200", resp.StatusCode)
+	}
+	if resp := call(t, url, "/v1/chat/completions", chatBody(map[string]any{"user": "NOPE"}), nil); resp.StatusCode != 500 {
+		t.Errorf("matched request: %d, want 500", resp.StatusCode)
+	}
+}

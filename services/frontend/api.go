@@ -107,7 +107,8 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	acc := events.RequestAccepted{
-		RequestID: id, Model: p.model, Endpoint: endpoint, Messages: p.messages, Prompt: p.prompt,
+		// Body holds the messages as sent: they are not recorded twice.
+		RequestID: id, Model: p.model, Endpoint: endpoint, Body: body, Prompt: p.prompt,
 		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
@@ -328,7 +329,11 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 		if wk.Routable() {
 			routable++
 		}
-		instances = append(instances, map[string]any{"worker_id": wk.ID, "model": wk.Model, "state": wk.State})
+		inst := map[string]any{"worker_id": wk.ID, "model": wk.Model, "state": wk.State}
+		if wk.Reason != "" {
+			inst["reason"] = wk.Reason
+		}
+		instances = append(instances, inst)
 	}
 	reason := ""
 	switch {

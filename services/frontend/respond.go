@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"cmp"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -20,6 +21,7 @@ type snapshot struct {
 	finishReason string
 	failure      *events.RequestFailed
 	cancel       *events.RequestCancelled
+	promptTokens int // the engine's count when it reported one
 }
 
 func (t *tracked) snapshot(from int) snapshot {
@@ -27,7 +29,7 @@ func (t *tracked) snapshot(from int) snapshot {
 	t.f.view(func(p *projections.Request) {
 		s = snapshot{
 			acc: p.Accepted, tokens: p.Tokens(from), total: p.Len(), status: p.Status,
-			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
+			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel, promptTokens: p.PromptTokens(),
 		}
 	})
 	return s
@@ -71,11 +73,7 @@ func (fe *Frontend) writeUnary(w http.ResponseWriter, s snapshot) bool {
 		if status == 0 {
 			status = http.StatusInternalServerError
 		}
-		typ := "server_error"
-		if status == http.StatusServiceUnavailable {
-			typ = "service_unavailable"
-		}
-		writeError(w, status, typ, s.failure.Code, s.failure.Message)
+		writeError(w, status, errorType(status), s.failure.Code, s.failure.Message)
 		return false
 	case projections.StatusCancelled:
 		writeError(w, 499, "cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
@@ -89,8 +87,11 @@ func (fe *Frontend) writeUnary(w http.ResponseWriter, s snapshot) bool {
 // snapshot.
 func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]any {
 	list := make([]map[string]any, 0, len(choices))
-	completion := 0
+	completion, prompt := 0, acc.PromptTokens
 	for i, s := range choices {
+		if i == 0 && s.promptTokens > 0 {
+			prompt = s.promptTokens
+		}
 		text := strings.Join(s.tokens, "")
 		completion += s.total
 		if acc.Endpoint == events.EndpointChat {
@@ -102,7 +103,7 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 		}
 	}
 	usage := map[string]any{
-		"prompt_tokens": acc.PromptTokens, "completion_tokens": completion, "total_tokens": acc.PromptTokens + completion,
+		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 	}
 	if acc.Endpoint == events.EndpointChat {
 		return map[string]any{
@@ -117,8 +118,9 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 }
 
 func usageOf(s snapshot) map[string]any {
+	prompt := cmp.Or(s.promptTokens, s.acc.PromptTokens)
 	return map[string]any{
-		"prompt_tokens": s.acc.PromptTokens, "completion_tokens": s.total, "total_tokens": s.acc.PromptTokens + s.total,
+		"prompt_tokens": prompt, "completion_tokens": s.total, "total_tokens": prompt + s.total,
 	}
 }
 
@@ -129,6 +131,9 @@ func usageOf(s snapshot) map[string]any {
 func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, from int, start time.Time) bool {
 	flusher, _ := w.(http.Flusher)
 	s := t.snapshot(from)
+	if from == 0 && s.total == 0 && !s.status.Terminal() {
+		s = fe.awaitFirstToken(r, t)
+	}
 	if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
 		// Nothing was streamed yet: answer as a plain error (e.g. 503 no worker).
 		return fe.writeUnary(w, s)
@@ -173,7 +178,7 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 				sse.done(sent)
 				ok = true
 			case projections.StatusFailed:
-				sse.error(sent, errorBody("server_error", s.failure.Code, s.failure.Message))
+				sse.error(sent, errorBody(errorType(s.failure.Status), s.failure.Code, s.failure.Message))
 			case projections.StatusCancelled:
 				sse.error(sent, errorBody("cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")"))
 			}
@@ -270,4 +275,43 @@ func (s *sseWriter) done(id int) { s.event(id, []byte("[DONE]")) }
 func (s *sseWriter) error(id int, body map[string]any) {
 	data, _ := json.Marshal(map[string]any{"error": body})
 	s.event(id, data)
+}
+
+// headerWait bounds how long a new stream's headers wait for its first
+// token: a request that fails before it (an upstream's 400, no worker left)
+// still gets a real HTTP status rather than 200 and an error event.
+const headerWait = 10 * time.Second
+
+// awaitFirstToken waits, at most headerWait, until request t has a token or
+// has ended, and returns its state then.
+func (fe *Frontend) awaitFirstToken(r *http.Request, t *tracked) snapshot {
+	timer := time.NewTimer(headerWait)
+	defer timer.Stop()
+	for {
+		ch := t.f.changed.C()
+		s := t.snapshot(0)
+		if s.total > 0 || s.status.Terminal() {
+			return s
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return s
+		case <-fe.closing:
+			return s
+		case <-r.Context().Done():
+			return s
+		}
+	}
+}
+
+// errorType is the OpenAI error type of an HTTP status.
+func errorType(status int) string {
+	switch {
+	case status == http.StatusServiceUnavailable:
+		return "service_unavailable"
+	case status >= 400 && status < 500:
+		return "invalid_request_error"
+	}
+	return "server_error"
 }

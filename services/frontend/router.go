@@ -2,11 +2,13 @@ package frontend
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
 )
 
 // Routing errors.
@@ -14,6 +16,9 @@ var (
 	errNoWorkers = errors.New("frontend: no worker serves this model")
 	errAllBusy   = errors.New("frontend: all workers are busy")
 	errNotPinned = errors.New("frontend: pinned worker is not in discovery")
+	// errNotCapable: workers are routable, but none of their engines can
+	// serve the request's endpoint or continue it after a migration.
+	errNotCapable = errors.New("frontend: no routable worker's engine can run this request")
 )
 
 // router picks a worker for a dispatch: the least loaded routable worker of
@@ -133,4 +138,24 @@ func (r *router) track(id string) (done func()) {
 			r.mu.Unlock()
 		})
 	}
+}
+
+// capable keeps the workers whose engines can run dispatch d: serve its
+// endpoint and, for a continuation, continue it (token ids or prefill). It
+// fails with errNotCapable when workers were routable but none is capable.
+func capable(ws []projections.Worker, d streams.Dispatch) ([]projections.Worker, error) {
+	out := ws[:0:0]
+	for _, w := range ws {
+		if w.CanServe(d.Endpoint) && (d.StartOffset == 0 || w.CanContinue(d.Endpoint, d.GeneratedIDs != nil)) {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 && len(ws) > 0 {
+		what := "serve " + d.Endpoint
+		if d.StartOffset > 0 {
+			what = fmt.Sprintf("continue it at token %d (needs token ids or prefill)", d.StartOffset)
+		}
+		return nil, fmt.Errorf("%w: %d routable, none can %s", errNotCapable, len(ws), what)
+	}
+	return out, nil
 }

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -39,6 +40,7 @@ type failure struct {
 	migrationType string // events.MigrationNewRequest or events.MigrationOngoingRequest
 	reason        string
 	at            time.Time
+	upstream      *events.AttemptFailed // the worker's report of its upstream's failure, if any
 }
 
 // supervise drives request t until it ends or ctx is done: dispatch, watch
@@ -131,6 +133,13 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		if fail == nil {
 			continue // ended, or the state moved on: look again
 		}
+		if u := fail.upstream; u != nil && u.Class == events.FailureClient {
+			// The upstream rejected the request itself: the client gets its answer.
+			code, status := cmp.Or(u.Code, "upstream_rejected"), cmp.Or(u.Status, http.StatusBadRequest)
+			fe.fail(ctx, t, code, u.Message, status)
+			settle()
+			return
+		}
 		lastFailed = fe.fence(ctx, t, fail)
 		if err := fe.migrate(ctx, t, fail, model); err != nil {
 			settle()
@@ -160,7 +169,7 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, pinned, avoid stri
 			d = migrations.Continuation(p, attempt, fe.id)
 		})
 		d.DetachTimeoutMS = fe.cfg.DetachTimeout.Milliseconds()
-		w, err := fe.pickWorker(d.Model, pinned, exclude)
+		w, err := fe.pickWorker(d, pinned, exclude)
 		if err != nil {
 			return routedWorker{}, err
 		}
@@ -201,7 +210,8 @@ type routedWorker struct {
 	untrack func()
 }
 
-func (fe *Frontend) pickWorker(model, pinned string, exclude map[string]bool) (routedWorker, error) {
+func (fe *Frontend) pickWorker(d streams.Dispatch, pinned string, exclude map[string]bool) (routedWorker, error) {
+	model := d.Model
 	if pinned != "" {
 		w, ok := fe.disc.get(pinned)
 		if !ok || !w.Routable() || w.Model != model {
@@ -211,6 +221,10 @@ func (fe *Frontend) pickWorker(model, pinned string, exclude map[string]bool) (r
 	}
 	var cands []projections.Worker
 	fe.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
+	cands, err := capable(cands, d)
+	if err != nil {
+		return routedWorker{}, err
+	}
 	w, err := fe.router.pick(cands, exclude)
 	if err != nil {
 		return routedWorker{}, err
@@ -282,7 +296,11 @@ func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, excee
 			wait = min(wait, left)
 		}
 		if cur.Closed {
-			return &failure{migrationType: events.MigrationOngoingRequest, reason: cur.CloseReason, at: time.Now()}
+			f := &failure{migrationType: events.MigrationOngoingRequest, reason: cur.CloseReason, at: time.Now(), upstream: cur.Failure}
+			if u := cur.Failure; u != nil && (u.Class == events.FailureUnavailable || u.Class == events.FailureNotReady) {
+				f.migrationType = events.MigrationNewRequest
+			}
+			return f
 		}
 		if now, ok := fe.disc.get(w.ID); !ok || now.LeaseID != w.LeaseID {
 			if !caughtUp {
