@@ -8,6 +8,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/openai/openai-go/v3/shared"
 )
 
 // simProc is a running vLLM simulator (cmd/vllmsim).
@@ -268,3 +272,187 @@ func (t teeBody) Read(p []byte) (int, error) {
 
 func teeReader(resp *http.Response, w *strings.Builder) teeBody { return teeBody{r: resp.Body, w: w} }
 
+// TestEngineSDKChatWithTools: a streamed chat with tools, tool_choice,
+// response_format, stop, seed, temperature, logprobs and vendor extras,
+// through the official openai-go SDK, reaches the upstream with every field
+// as sent; the tool-call deltas, logprobs, finish reason and usage the
+// upstream streamed reach the client; the non-streaming answer and a resume
+// from the log say the same; X-Worker-Id names the worker.
+func TestEngineSDKChatWithTools(t *testing.T) {
+	sim := startSim(t, "sim", "--token-delay", "20ms") // tokens far enough apart to stream as several deltas
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.openaiWorker("oa1", sim)
+	fe.waitRoutable(t, "oa1")
+
+	params := openai.ChatCompletionNewParams{
+		Model:    "sim",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("weather in Paris?")},
+		Tools: []openai.ChatCompletionToolUnionParam{openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{
+			Name: "get_weather", Parameters: shared.FunctionParameters{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}},
+		})},
+		ToolChoice:     openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("auto")},
+		ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{OfText: &shared.ResponseFormatTextParam{}},
+		Stop:           openai.ChatCompletionNewParamsStopUnion{OfStringArray: []string{"\n\n"}},
+		Seed:           openai.Int(7),
+		Temperature:    openai.Float(0.8),
+		Logprobs:       openai.Bool(true),
+		TopLogprobs:    openai.Int(2),
+		MaxTokens:      openai.Int(20),
+		StreamOptions:  openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	}
+	extras := []option.RequestOption{option.WithJSONSet("top_k", 40), option.WithJSONSet("my_vendor_field", map[string]any{"x": []int{1, 2}})}
+	var raw *http.Response
+	oc := client(fe.url)
+	stream := oc.Chat.Completions.NewStreaming(t.Context(), params,
+		append(extras, option.WithHeader("X-Request-Id", "sdk-tools"), option.WithResponseInto(&raw))...)
+	var acc openai.ChatCompletionAccumulator
+	deltas, logprobs := 0, 0
+	for stream.Next() {
+		c := stream.Current()
+		acc.AddChunk(c)
+		for _, ch := range c.Choices {
+			deltas += len(ch.Delta.ToolCalls)
+			logprobs += len(ch.Logprobs.Content)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream: %v", err)
+	}
+	gens := sim.generations(t)
+	if len(gens) != 1 || gens[0].Path != "/v1/chat/completions" {
+		t.Fatalf("upstream requests %+v, want one chat completion", gens)
+	}
+	sent := gens[0].Body
+	for k, want := range map[string]any{
+		"tool_choice": "auto", "response_format": map[string]any{"type": "text"}, "stop": []any{"\n\n"}, "seed": 7.0, "temperature": 0.8,
+		"logprobs": true, "top_logprobs": 2.0, "top_k": 40.0, "my_vendor_field": map[string]any{"x": []any{1.0, 2.0}},
+		"max_tokens": 20.0, "stream": true, "model": "sim",
+	} {
+		if got, _ := json.Marshal(sent[k]); string(got) != mustJSON(want) {
+			t.Errorf("upstream field %s = %s, want %s", k, got, mustJSON(want))
+		}
+	}
+	if tools, _ := json.Marshal(sent["tools"]); !strings.Contains(string(tools), `"name":"get_weather"`) {
+		t.Errorf("upstream tools %s", tools)
+	}
+	msg := acc.Choices[0].Message
+	if len(msg.ToolCalls) != 1 || msg.ToolCalls[0].Function.Name != "get_weather" || !json.Valid([]byte(msg.ToolCalls[0].Function.Arguments)) {
+		t.Fatalf("tool calls %+v", msg.ToolCalls)
+	}
+	if acc.Choices[0].FinishReason != "tool_calls" || deltas < 2 || logprobs == 0 {
+		t.Errorf("finish %q, %d tool-call deltas, %d logprobs; want tool_calls, several, some", acc.Choices[0].FinishReason, deltas, logprobs)
+	}
+	if acc.Usage.PromptTokens == 0 || acc.Usage.CompletionTokens != 8 {
+		t.Errorf("usage %+v, want the upstream's", acc.Usage)
+	}
+	if got := raw.Header.Get("X-Worker-Id"); got != "oa1" {
+		t.Errorf("X-Worker-Id %q, want oa1", got)
+	}
+
+	// The same request without streaming: the same call, from the same seed.
+	params.StreamOptions = openai.ChatCompletionStreamOptionsParam{}
+	full, err := oc.Chat.Completions.New(t.Context(), params, extras...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := full.Choices[0].Message.ToolCalls; len(got) != 1 || got[0].Function.Arguments != msg.ToolCalls[0].Function.Arguments {
+		t.Errorf("non-streaming tool calls %+v, want %+v", got, msg.ToolCalls)
+	}
+	if full.Usage.PromptTokens != acc.Usage.PromptTokens || len(full.Choices[0].Logprobs.Content) != logprobs {
+		t.Errorf("non-streaming usage %+v, %d logprobs", full.Usage, len(full.Choices[0].Logprobs.Content))
+	}
+
+	// A resume from the log rebuilds the same tool call.
+	resp, err := http.Get(fe.url + "/v1/requests/sdk-tools/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var args strings.Builder
+	res := readStream(t, resp, func(e sseEvent) {
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					ToolCalls []struct {
+						Function struct{ Arguments string } `json:"function"`
+					} `json:"tool_calls"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		_ = json.Unmarshal([]byte(e.data), &c)
+		for _, ch := range c.Choices {
+			for _, tc := range ch.Delta.ToolCalls {
+				args.WriteString(tc.Function.Arguments)
+			}
+		}
+	})
+	if !res.done || args.String() != msg.ToolCalls[0].Function.Arguments {
+		t.Errorf("resumed arguments %q (done %v), want %q", args.String(), res.done, msg.ToolCalls[0].Function.Arguments)
+	}
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// TestEngineNotReadyReason: a worker whose upstream refuses it (401) stays
+// up but not ready, with the upstream's answer in /v1/workers and /health,
+// while a worker with the right key serves.
+func TestEngineNotReadyReason(t *testing.T) {
+	sim := startSim(t, "sim", "--api-key", "right")
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.workerEnv = []string{"OPENAI_API_KEY=wrong"}
+	bad := s.openaiWorker("bad", sim)
+	s.workerEnv = []string{"OPENAI_API_KEY=right"}
+	s.openaiWorker("good", sim)
+	fe.waitRoutable(t, "good")
+	type view struct {
+		ID           string         `json:"id"`
+		State        string         `json:"state"`
+		Reason       string         `json:"reason"`
+		Capabilities map[string]any `json:"capabilities"`
+	}
+	var workers map[string]view
+	waitFor(t, 20*time.Second, "worker bad listed not ready", func() bool {
+		var out struct {
+			Data []view `json:"data"`
+		}
+		getJSON(t, fe.url+"/v1/workers", 200, &out)
+		workers = map[string]view{}
+		for _, w := range out.Data {
+			workers[w.ID] = w
+		}
+		return workers["bad"].State == "not_ready"
+	})
+	if r := workers["bad"].Reason; !strings.Contains(r, "401") || !strings.Contains(r, "Unauthorized") {
+		t.Errorf("reason %q, want the upstream's 401", r)
+	}
+	if c := workers["good"].Capabilities; c["chat"] != true || c["token_ids"] != true || c["prefill"] != true {
+		t.Errorf("capabilities of good: %v", c)
+	}
+	var health struct {
+		Status    string `json:"status"`
+		Instances []struct {
+			WorkerID string `json:"worker_id"`
+			Reason   string `json:"reason"`
+		} `json:"instances"`
+	}
+	getJSON(t, fe.url+"/health", 200, &health)
+	found := false
+	for _, in := range health.Instances {
+		found = found || (in.WorkerID == "bad" && strings.Contains(in.Reason, "401"))
+	}
+	if !found {
+		t.Errorf("/health %+v does not give bad's reason", health)
+	}
+	res := postStream(t, fe.url, "/v1/chat/completions", chatRequest("hello", 5, map[string]any{"temperature": 0}), nil, nil)
+	if !res.done || res.header.Get("X-Worker-Id") != "good" {
+		t.Errorf("request: done %v on %q, want done on good", res.done, res.header.Get("X-Worker-Id"))
+	}
+	if !bad.running() {
+		t.Error("worker bad exited; an upstream that refuses it must only make it not ready")
+	}
+}

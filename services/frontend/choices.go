@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"reflect"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -141,7 +140,7 @@ func (fe *Frontend) streamChoices(w http.ResponseWriter, r *http.Request, parent
 			if len(s.tokens) > 0 {
 				sent[i] += len(s.tokens)
 				total += len(s.tokens)
-				sse.content(total, i, strings.Join(s.tokens, ""), sent[i] == len(s.tokens))
+				sse.chunk(total, merge(s.tokens, s.details).chunkChoice(parent.Endpoint, i, sent[i] == len(s.tokens)), nil)
 				fe.metrics.outputTokens.WithLabelValues(parent.Model).Add(float64(len(s.tokens)))
 				if first {
 					fe.metrics.ttft.WithLabelValues(parent.Model).Observe(time.Since(start).Seconds())

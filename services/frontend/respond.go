@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -15,7 +14,9 @@ import (
 // snapshot is what a client stream needs from the projection at one moment.
 type snapshot struct {
 	acc          events.RequestAccepted
-	tokens       []string // from the client's offset on
+	tokens       []string          // from the client's offset on
+	details      []json.RawMessage // the tokens' details (nil: none)
+	worker       string            // the worker of the current attempt
 	total        int
 	status       projections.Status
 	finishReason string
@@ -27,8 +28,9 @@ type snapshot struct {
 func (t *tracked) snapshot(from int) snapshot {
 	var s snapshot
 	t.f.view(func(p *projections.Request) {
+		cur, _ := p.Current()
 		s = snapshot{
-			acc: p.Accepted, tokens: p.Tokens(from), total: p.Len(), status: p.Status,
+			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), worker: cur.WorkerID, total: p.Len(), status: p.Status,
 			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel, promptTokens: p.PromptTokens(),
 		}
 	})
@@ -79,6 +81,9 @@ func (fe *Frontend) writeUnary(w http.ResponseWriter, s snapshot) bool {
 		writeError(w, 499, "cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
 		return false
 	}
+	if s.worker != "" {
+		w.Header().Set(headerWorkerID, s.worker)
+	}
 	writeJSON(w, http.StatusOK, completionBody(s.acc, []snapshot{s}))
 	return true
 }
@@ -92,15 +97,8 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 		if i == 0 && s.promptTokens > 0 {
 			prompt = s.promptTokens
 		}
-		text := strings.Join(s.tokens, "")
 		completion += s.total
-		if acc.Endpoint == events.EndpointChat {
-			list = append(list, map[string]any{
-				"index": i, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": s.finishReason,
-			})
-		} else {
-			list = append(list, map[string]any{"index": i, "text": text, "logprobs": nil, "finish_reason": s.finishReason})
-		}
+		list = append(list, merge(s.tokens, s.details).answerChoice(acc.Endpoint, i, s.finishReason))
 	}
 	usage := map[string]any{
 		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
@@ -143,6 +141,9 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
+	if s.worker != "" {
+		h.Set(headerWorkerID, s.worker) // the worker of the first token; a trailer cannot follow SSE
+	}
 	w.WriteHeader(http.StatusOK)
 	sse := &sseWriter{w: w, acc: s.acc}
 	model := s.acc.Model
@@ -154,7 +155,7 @@ func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, f
 		s := t.snapshot(sent)
 		if len(s.tokens) > 0 {
 			sent += len(s.tokens)
-			sse.content(sent, 0, strings.Join(s.tokens, ""), first)
+			sse.chunk(sent, merge(s.tokens, s.details).chunkChoice(s.acc.Endpoint, 0, first), nil)
 			now := time.Now()
 			if first {
 				fe.metrics.ttft.WithLabelValues(model).Observe(now.Sub(start).Seconds())
@@ -246,18 +247,6 @@ func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
 	}
 	data, _ := json.Marshal(body)
 	s.event(id, data)
-}
-
-func (s *sseWriter) content(id, index int, text string, first bool) {
-	if s.acc.Endpoint == events.EndpointChat {
-		delta := map[string]any{"content": text}
-		if first {
-			delta["role"] = "assistant"
-		}
-		s.chunk(id, map[string]any{"index": index, "delta": delta, "finish_reason": nil}, nil)
-		return
-	}
-	s.chunk(id, map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": nil}, nil)
 }
 
 func (s *sseWriter) finish(id, index int, reason string) {
