@@ -3,9 +3,12 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -454,5 +457,148 @@ func TestEngineNotReadyReason(t *testing.T) {
 	}
 	if !bad.running() {
 		t.Error("worker bad exited; an upstream that refuses it must only make it not ready")
+	}
+}
+
+// killMidAnswer streams body through fe as request id and SIGKILLs the
+// serving worker once afterTokens tokens arrived; before, if set, runs
+// first (while the stream waits).
+func killMidAnswer(t *testing.T, s *stack, fe *frontend, id string, body map[string]any, afterTokens int, before func()) (sseResult, string) {
+	t.Helper()
+	var once sync.Once
+	var killed string
+	res := postStream(t, fe.url, "/v1/chat/completions", body, map[string]string{"X-Request-Id": id}, func(e sseEvent) {
+		if n, err := strconv.Atoi(e.id); err == nil && n >= afterTokens {
+			once.Do(func() {
+				if before != nil {
+					before()
+				}
+				killed = fe.servingWorker(t, id)
+				s.workers[killed].signal(syscall.SIGKILL)
+			})
+		}
+	})
+	return res, killed
+}
+
+// direct is the simulator's own answer to body: what a fault-free run says.
+func direct(t *testing.T, sim *simProc, body map[string]any) string {
+	t.Helper()
+	b := maps.Clone(body)
+	b["stream"] = false
+	resp := post(t, sim.url+"/v1/chat/completions", b, nil)
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
+		t.Fatalf("direct answer: %v", err)
+	}
+	return out.Choices[0].Message.Content
+}
+
+// TestEngineKillContinuesTokenExact: kill -9 of the serving worker mid-answer
+// of a seeded chat at temperature > 0. The second worker's request carries
+// the prompt's ids plus the generated ids (no re-templating, no
+// re-tokenization) with the same sampling parameters, for the remaining
+// budget, and the answer equals the fault-free one token for token. Without
+// token ids (--no-token-ids) the continuation is assistant prefill, and the
+// answer is the same too.
+func TestEngineKillContinuesTokenExact(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{name: "token ids"},
+		{name: "prefill", args: []string{"--no-token-ids"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sims := map[string]*simProc{
+				"oa1": startSim(t, "sim-a", append([]string{"--token-delay", "40ms"}, tc.args...)...),
+				"oa2": startSim(t, "sim-b", append([]string{"--token-delay", "40ms"}, tc.args...)...),
+			}
+			s := newStack(t)
+			fe := s.frontend(nil, "--migration-limit", "2")
+			s.openaiWorker("oa1", sims["oa1"])
+			s.openaiWorker("oa2", sims["oa2"])
+			fe.waitRoutable(t, "oa1", "oa2")
+			const maxTokens = 30
+			body := chatRequest("tell me a long story about rivers", maxTokens, map[string]any{"seed": 7, "temperature": 1.1})
+			want := direct(t, sims["oa1"], body)
+			res, killed := killMidAnswer(t, s, fe, "kill-"+strings.ReplaceAll(tc.name, " ", "-"), body, 8, nil)
+			if !res.done || res.errorBody != "" || res.text != want {
+				t.Fatalf("answer after the kill (done %v, error %s):\n got %q\nwant %q", res.done, res.errorBody, res.text, want)
+			}
+			checkIDs(t, res, 0)
+			st := fe.state(t, res.requestID)
+			if len(st.Migrations) != 1 || st.Migrations[0].MigrationType != "ongoing_request" {
+				t.Fatalf("migrations %+v, want one ongoing_request", st.Migrations)
+			}
+			cut := st.Migrations[0].Offset
+			survivor := "oa1"
+			if killed == "oa1" {
+				survivor = "oa2"
+			}
+			gens := sims[survivor].generations(t)
+			cont := gens[len(gens)-1].Body
+			if cont["seed"] != 7.0 || cont["temperature"] != 1.1 || cont["max_tokens"] != float64(maxTokens-cut) {
+				t.Errorf("continuation parameters: %v", cont)
+			}
+			if tc.args == nil {
+				var tok struct {
+					Count int `json:"count"`
+				}
+				resp := post(t, sims[survivor].url+"/tokenize", map[string]any{"model": "sim", "messages": body["messages"]}, nil)
+				_ = json.NewDecoder(resp.Body).Decode(&tok)
+				resp.Body.Close()
+				ids, _ := cont["prompt"].([]any)
+				if gens[len(gens)-1].Path != "/v1/completions" || len(ids) != tok.Count+cut || cont["messages"] != nil {
+					t.Errorf("continuation %s with a prompt of %d ids, want /v1/completions with %d prompt ids + %d generated", gens[len(gens)-1].Path, len(ids), tok.Count, cut)
+				}
+			} else {
+				msgs, _ := cont["messages"].([]any)
+				last, _ := msgs[len(msgs)-1].(map[string]any)
+				if cont["continue_final_message"] != true || cont["add_generation_prompt"] != false || last["role"] != "assistant" || !strings.HasPrefix(want, last["content"].(string)) {
+					t.Errorf("prefill continuation %v", cont)
+				}
+			}
+		})
+	}
+}
+
+// TestEngineNoWorkerCanContinue: when the only other worker's upstream
+// rejects prefill and has no token ids, a migrated request cannot continue
+// there: it fails cleanly (an error event, no [DONE], the reason in the log)
+// with migration budget left, and the fallback is never sent a prefill.
+func TestEngineNoWorkerCanContinue(t *testing.T) {
+	simA := startSim(t, "sim-a", "--token-delay", "40ms", "--no-token-ids")
+	simB := startSim(t, "sim-b", "--token-delay", "40ms", "--no-token-ids", "--reject-prefill")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.openaiWorker("oa1", simA)
+	fe.waitRoutable(t, "oa1")
+	body := chatRequest("tell me a long story about rivers", 30, map[string]any{"seed": 3, "temperature": 0.9})
+	res, killed := killMidAnswer(t, s, fe, "no-continue", body, 5, func() {
+		s.openaiWorker("oa2", simB)
+		fe.waitRoutable(t, "oa2")
+	})
+	if killed != "oa1" {
+		t.Fatalf("served by %q, want oa1", killed)
+	}
+	if res.done || !strings.Contains(res.errorBody, "continue") {
+		t.Fatalf("done %v, error %q; want an error event about continuing and no [DONE]", res.done, res.errorBody)
+	}
+	st := fe.engineState(t, "no-continue")
+	if st.Status != "failed" || st.Error == nil || !strings.Contains(st.Error.Message, "continue") {
+		t.Errorf("state %+v, want failed with the reason", st)
+	}
+	for _, g := range simB.generations(t) {
+		if g.Body["continue_final_message"] == true {
+			t.Errorf("the fallback that rejects prefill was sent one: %v", g.Body)
+		}
 	}
 }
