@@ -12,7 +12,6 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
 )
@@ -83,7 +82,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	promptTokens := engine.CountTokens(p.prompt)
+	promptTokens := estimateTokens(p.prompt)
 	if promptTokens > fe.cfg.MaxPromptTokens {
 		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
 			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens))
