@@ -393,6 +393,23 @@ func TestEngineSDKChatWithTools(t *testing.T) {
 	if !res.done || args.String() != msg.ToolCalls[0].Function.Arguments {
 		t.Errorf("resumed arguments %q (done %v), want %q", args.String(), res.done, msg.ToolCalls[0].Function.Arguments)
 	}
+
+	// baton replay rebuilds the answer from the log alone.
+	out, errOut, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, "sdk-tools")
+	if code != 0 {
+		t.Fatalf("replay: exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Response openai.ChatCompletion `json:"response"`
+	}
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("replay --json: %v", err)
+	}
+	rm := doc.Response.Choices
+	if len(rm) != 1 || len(rm[0].Message.ToolCalls) != 1 || rm[0].Message.ToolCalls[0].Function.Arguments != msg.ToolCalls[0].Function.Arguments ||
+		rm[0].FinishReason != "tool_calls" || doc.Response.Usage.PromptTokens != acc.Usage.PromptTokens || len(rm[0].Logprobs.Content) != logprobs {
+		t.Errorf("replayed response %+v", doc.Response)
+	}
 }
 
 func mustJSON(v any) string {

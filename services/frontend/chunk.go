@@ -6,7 +6,20 @@ import (
 	"strings"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 )
+
+// Response is the non-streaming answer to request p as a client gets it
+// from a frontend (for a completed request), rebuilt from the log: the
+// same rendering as the frontend's, for tools such as baton replay.
+func Response(p *projections.Request) map[string]any {
+	cur, _ := p.Current()
+	s := snapshot{
+		acc: p.Accepted, tokens: p.Tokens(0), details: p.Details(0), worker: cur.WorkerID, total: p.Len(),
+		status: p.Status, finishReason: p.FinishReason, promptTokens: p.PromptTokens(),
+	}
+	return completionBody(p.Accepted, []snapshot{s})
+}
 
 // output is what a run of tokens said, merged: text, and what the engine
 // said beyond it (tool-call deltas, logprobs, reasoning, refusal; see
