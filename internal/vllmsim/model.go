@@ -108,3 +108,17 @@ func logSumExp(l []float64, t float64) float64 {
 	}
 	return m + math.Log(s)
 }
+
+// GreedyCompletion is the simulator's answer on /v1/completions to prompt at
+// temperature 0 (or with --greedy and no temperature), maxTokens long with
+// no stop strings: what a fault-free run returns, for checks such as the
+// chaos soak's.
+func GreedyCompletion(prompt string, maxTokens int) string {
+	d := newDecoder(&generation{prompt: Tokenize(prompt), maxTokens: maxTokens})
+	for {
+		_, finish := d.next()
+		if finish != "" {
+			return d.text.String()
+		}
+	}
+}

@@ -492,3 +492,12 @@ func TestBodyFaultAppliesTimes(t *testing.T) {
 		t.Errorf("matched request: %d, want 500", resp.StatusCode)
 	}
 }
+
+func TestGreedyCompletionMatchesTheServer(t *testing.T) {
+	_, url := sim(t, Config{Greedy: true})
+	m := decode(t, call(t, url, "/v1/completions", map[string]any{"model": "sim", "prompt": "soak 17", "max_tokens": 30}, nil))
+	got := m["choices"].([]any)[0].(map[string]any)["text"].(string)
+	if want := GreedyCompletion("soak 17", 30); got != want || got == "" {
+		t.Fatalf("server %q, GreedyCompletion %q", got, want)
+	}
+}
