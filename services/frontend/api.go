@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
@@ -26,7 +27,7 @@ const (
 	headerLastEventID = "Last-Event-ID"
 )
 
-const busyMessage = "Service temporarily unavailable: All workers are busy, please retry later"
+const busyMessage = migrations.BusyMessage
 
 func endpointOf(r *http.Request) string {
 	if strings.HasSuffix(r.URL.Path, "/chat/completions") {

@@ -74,7 +74,10 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
 		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
-		policy:   migrations.Policy{Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen},
+		policy: migrations.Policy{
+			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
+			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
+		},
 		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
 		presence: newPresence(), openDone: newSignal(),
 	}

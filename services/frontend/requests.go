@@ -68,9 +68,7 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 	// Fold the accepted event now: the supervisor must not wait for the
 	// republished copy to know what to dispatch.
 	env.Seq = seq
-	f.mu.Lock()
-	f.applyLocked(env)
-	f.mu.Unlock()
+	f.apply(env)
 	fe.register(t)
 	fe.acquireSupervisor(t)
 	return t, nil
@@ -119,14 +117,14 @@ func (fe *Frontend) ensureOwner(ctx context.Context, t *tracked) {
 		}
 		seq := t.f.eventsSeq()
 		ev := events.RequestAttached{RequestID: t.id, Frontend: fe.id, Offset: offset}
-		err := fe.decide(ctx, t, events.ID(t.id, "attached", fe.id, seq), ev)
-		if err == nil {
-			fe.log.Info("took over request", "request_id", t.id, "previous_owner", owner)
-			fe.acquireSupervisor(t)
+		ok, err := fe.decide(ctx, t, events.ID(t.id, "attached", fe.id, seq), ev)
+		if err != nil {
+			fe.log.Warn("take over request", "request_id", t.id, "err", err)
 			return
 		}
-		if !errors.Is(err, errSuperseded) {
-			fe.log.Warn("take over request", "request_id", t.id, "err", err)
+		if ok {
+			fe.log.Info("took over request", "request_id", t.id, "previous_owner", owner)
+			fe.acquireSupervisor(t)
 			return
 		}
 	}
