@@ -205,8 +205,7 @@ func (d *discovery) get(id string) (projections.Worker, bool) {
 func (d *discovery) revoke(ctx context.Context, w projections.Worker) error {
 	err := d.leases.Delete(ctx, w.ID, jetstream.LastRevision(w.LeaseRevision))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if errors.Is(streams.Translate(err), streams.ErrRevisionMismatch) {
 			return nil // the lease moved on (renewed by a live worker, or gone)
 		}
 		return fmt.Errorf("revoke lease of %s: %w", w.ID, err)
