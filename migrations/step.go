@@ -242,8 +242,10 @@ func (p Policy) afterDispatch(r *projections.Request, m Memory, o Observation, n
 		if pinned := r.Accepted.PinnedWorker; pinned != "" {
 			return p.unroutable(r, m, fmt.Sprintf("pinned worker %s refused: %s", out.WorkerID, out.Reason), false)
 		}
+		// The refused attempt never ran: route the next one, whether or
+		// not its closure has been folded yet.
 		m.Exclude = append(slices.Clone(m.Exclude), out.WorkerID)
-		return p.step(r, m, o, now)
+		return p.dispatch(r, m)
 	case DispatchNoAnswer:
 		m.Exclude = nil
 		f := Failure{Attempt: out.Attempt, WorkerID: out.WorkerID, MigrationType: events.MigrationNewRequest, Reason: ReasonDispatchFailed, At: now}

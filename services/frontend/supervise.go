@@ -166,7 +166,19 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 		fe.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
 	fe.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	fe.waitClosed(ctx, t, d.Attempt)
 	return out, nil
+}
+
+// waitClosed waits until this frontend has folded the closure of attempt k
+// (or the request moved past it), for at most streams.DefaultTimeout.
+func (fe *Frontend) waitClosed(ctx context.Context, t *tracked, k int) {
+	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+	defer cancel()
+	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
+		c, _ := p.Current()
+		return p.Status.Terminal() || c.Attempt != k || c.Closed
+	})
 }
 
 // wireDispatch is the worker's command for d.
@@ -223,12 +235,7 @@ func (fe *Frontend) fence(ctx context.Context, t *tracked, a migrations.Action) 
 	if w, ok := fe.disc.get(a.Fence.WorkerID); ok && a.Inhibit {
 		fe.router.inhibit(w, a.InhibitFor)
 	}
-	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-	defer cancel()
-	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
-		c, _ := p.Current()
-		return p.Status.Terminal() || c.Attempt != a.Fence.Attempt || c.Closed
-	})
+	fe.waitClosed(ctx, t, a.Fence.Attempt)
 }
 
 func (fe *Frontend) appendFence(ctx context.Context, ev events.AttemptFailed) {
