@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 )
 
 // presenceTTL is how long a frontend's key outlives its last renewal.
@@ -33,8 +34,8 @@ func newPresence() *presence {
 	return &presence{changed: newSignal(), view: projections.NewFrontends()}
 }
 
-// start registers id and starts renewing and watching, in goroutines on wg.
-func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, wg *sync.WaitGroup) error {
+// start registers id and starts renewing and watching, in goroutines on g.
+func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, g *errgroup.Group) error {
 	kv, err := js.KeyValue(startCtx, streams.FrontendsBucket)
 	if err != nil {
 		return fmt.Errorf("open bucket %s: %w", streams.FrontendsBucket, err)
@@ -58,32 +59,29 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", streams.FrontendsBucket, err)
 	}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
+	g.Go(func() error {
 		t := time.NewTicker(presenceTTL / 3)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-t.C:
 				rctx, cancel := context.WithTimeout(ctx, presenceTTL/3)
 				_ = put(rctx) // a missed renewal is retried at the next tick
 				cancel()
 			}
 		}
-	}()
-	go func() {
-		defer wg.Done()
+	})
+	g.Go(func() error {
 		defer w.Stop()
 		for {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case e, ok := <-w.Updates():
 				if !ok {
-					return
+					return nil
 				}
 				if e == nil {
 					continue
@@ -98,7 +96,7 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 				}
 			}
 		}
-	}()
+	})
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"golang.org/x/sync/errgroup"
 )
 
 // errExists means a request with that id is already in the log.
@@ -74,8 +75,8 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 	return t, nil
 }
 
-// acquireSupervisor runs the supervisor of t, unless one runs already,
-// holding a reference while it runs.
+// acquireSupervisor has Run start the runner of t, unless one runs
+// already, holding a reference while it runs.
 func (fe *Frontend) acquireSupervisor(t *tracked) {
 	fe.mu.Lock()
 	if t.supervising {
@@ -85,15 +86,37 @@ func (fe *Frontend) acquireSupervisor(t *tracked) {
 	t.supervising = true
 	t.refs++
 	fe.mu.Unlock()
-	fe.wg.Add(1)
-	go func() {
-		defer fe.wg.Done()
-		defer fe.release(t)
-		fe.supervise(fe.ctx, t)
-		fe.mu.Lock()
-		t.supervising = false
-		fe.mu.Unlock()
-	}()
+	select {
+	case fe.launch <- t:
+	case <-fe.stopped:
+		fe.supervised(t)
+	}
+}
+
+// runSupervisors starts the runners acquireSupervisor asks for, on g, until
+// ctx is done.
+func (fe *Frontend) runSupervisors(ctx context.Context, g *errgroup.Group) {
+	defer close(fe.stopped)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-fe.launch:
+			g.Go(func() error {
+				defer fe.supervised(t)
+				fe.supervise(ctx, t)
+				return nil
+			})
+		}
+	}
+}
+
+// supervised records that t's runner ended and drops its reference.
+func (fe *Frontend) supervised(t *tracked) {
+	fe.mu.Lock()
+	t.supervising = false
+	fe.mu.Unlock()
+	fe.release(t)
 }
 
 // ensureOwner makes this frontend the owner of t if its owner is gone (its
