@@ -229,7 +229,7 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 		return
 	}
 	fe.metrics.resumes.WithLabelValues(model).Inc()
-	fe.ensureOwner(r.Context(), t)
+	fe.claim(t)
 	acc := t.snapshot(0).acc
 	fe.respond(w, r, acc, []*tracked{t}, from, stream, time.Now(), func() { fe.onClientGone(t) })
 }

@@ -38,6 +38,7 @@ type Frontend struct {
 	policy   migrations.Policy
 
 	launch   chan *tracked // requests whose runner Run should start
+	claims   chan *tracked // requests Run should take over if their owner is gone
 	stopped  chan struct{} // closed when Run no longer starts runners
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
@@ -80,7 +81,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
 		},
 		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
-		launch: make(chan *tracked), stopped: make(chan struct{}),
+		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {

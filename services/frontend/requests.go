@@ -89,12 +89,27 @@ func (fe *Frontend) acquireSupervisor(t *tracked) {
 	select {
 	case fe.launch <- t:
 	case <-fe.stopped:
+		t.settle() // nobody will dispatch it here
 		fe.supervised(t)
 	}
 }
 
-// runSupervisors starts the runners acquireSupervisor asks for, on g, until
-// ctx is done.
+// claim asks Run to take t over if its owner is gone (and to run it if this
+// frontend owns it). HTTP handlers call it; the work, which may append to
+// the log, is done on Run's goroutines.
+func (fe *Frontend) claim(t *tracked) {
+	fe.mu.Lock()
+	t.refs++
+	fe.mu.Unlock()
+	select {
+	case fe.claims <- t:
+	case <-fe.stopped:
+		fe.release(t)
+	}
+}
+
+// runSupervisors starts the runners acquireSupervisor asks for and the
+// takeovers claim asks for, on g, until ctx is done.
 func (fe *Frontend) runSupervisors(ctx context.Context, g *errgroup.Group) {
 	defer close(fe.stopped)
 	for {
@@ -105,6 +120,12 @@ func (fe *Frontend) runSupervisors(ctx context.Context, g *errgroup.Group) {
 			g.Go(func() error {
 				defer fe.supervised(t)
 				fe.supervise(ctx, t)
+				return nil
+			})
+		case t := <-fe.claims:
+			g.Go(func() error {
+				defer fe.release(t)
+				fe.ensureOwner(ctx, t)
 				return nil
 			})
 		}

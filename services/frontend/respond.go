@@ -67,15 +67,15 @@ type output struct {
 	gone func()
 }
 
-// wait blocks until a request changes (true), taking requests over whose
-// owner went away, or until the client left or the frontend cut open
+// wait blocks until a request changes (true), claiming requests whose owner
+// went away, or until the client left or the frontend cut open
 // streams (false).
 func (o *output) wait(pch <-chan struct{}) bool {
 	select {
 	case <-o.wake:
 	case <-pch:
 		for _, t := range o.ts {
-			o.fe.ensureOwner(o.r.Context(), t)
+			o.fe.claim(t)
 		}
 	case <-o.fe.closing:
 		return false // cut by shutdown: the requests stay resumable
