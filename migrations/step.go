@@ -348,8 +348,9 @@ func (p Policy) closed(r *projections.Request, m Memory, cur projections.Attempt
 	switch cur.CloseClass {
 	case events.FailureClient:
 		// The upstream rejected the request itself: the same request fails
-		// the same way anywhere. No migration, no inhibition.
-		m.Watch = Watch{}
+		// the same way anywhere. No migration, no inhibition. The watch is
+		// kept, so that if the failure cannot be recorded the next step
+		// records it again instead of dispatching.
 		status := cur.CloseStatus
 		if status < 400 || status > 499 {
 			status = http.StatusBadRequest
@@ -396,7 +397,9 @@ func (p Policy) decide(r *projections.Request, m Memory, f Failure) Action {
 		if r.Len() == 0 {
 			status = http.StatusServiceUnavailable
 		}
-		m.Failure = nil
+		// The failure stays remembered until the request has ended: if the
+		// decision cannot be recorded, the next step decides again rather
+		// than dispatching past the policy.
 		msg := fmt.Sprintf("worker %s failed (%s) and the request cannot migrate: %v", f.WorkerID, f.Reason, err)
 		return p.fail(r, m, FailureCode(err), msg, status, Report{MigrationFailed: &f})
 	}

@@ -347,6 +347,41 @@ func TestStepTimers(t *testing.T) {
 	})
 }
 
+// TestStepFailRetried: when a terminal failure could not be recorded (the
+// log was unavailable), the next step records it again; it never
+// dispatches a request the policy refused to migrate.
+func TestStepFailRetried(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		policy migrations.Policy
+		req    req
+		mem    migrations.Memory
+		code   string
+	}{
+		{"migration disabled", policy(0, 0),
+			newReq("").routed(0, "w1").tokens(0, 2).closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error"}),
+			watching(0, "w1", t0), "migration_disabled"},
+		{"upstream rejected the request", policy(3, 0),
+			newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Class: events.FailureClient, Status: 400, Code: "bad"}),
+			watching(0, "w1", t0), "bad"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			mem := tc.mem
+			for try := range 3 {
+				a := tc.policy.Step(migrations.State{Request: tc.req.Request, Memory: mem}, migrations.Observation{Worker: present("w1")}, t0)
+				if a.Kind == migrations.Fence {
+					mem = a.Next
+					a = tc.policy.Step(migrations.State{Request: tc.req.Request, Memory: mem}, migrations.Observation{}, t0)
+				}
+				if a.Kind != migrations.Fail || a.Failed.Code != tc.code {
+					t.Fatalf("try %d: %v %+v, want Fail %s", try, a.Kind, a.Failed, tc.code)
+				}
+				mem = a.Next // the append failed: the request is not terminal
+			}
+		})
+	}
+}
+
 // TestStepMigrationCountedOnce walks a whole migration whose continuation
 // finds no worker: the decision is recorded, but no re-dispatch happened,
 // so nothing is counted; then one that succeeds is counted exactly once.
