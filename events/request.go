@@ -161,6 +161,22 @@ type AttemptFailed struct {
 
 func (AttemptFailed) EventType() string { return TypeAttemptFailed }
 
+// Failure classes of AttemptFailed.Class.
+const (
+	// FailureClient: the upstream rejected the request itself (400, 413,
+	// 422: invalid, context too long, content policy). The request fails
+	// with the upstream's Status, Code and Message; no migration, no
+	// inhibition, the worker stays ready.
+	FailureClient = "client_error"
+	// FailureUnavailable: the upstream is overloaded (429, 503). The request
+	// migrates as new_request; the worker is inhibited for RetryAfterMS when
+	// set, else the default inhibition.
+	FailureUnavailable = "upstream_unavailable"
+	// FailureNotReady: the upstream cannot serve at all (401, 403, 404
+	// model). The worker turns not ready; the request migrates as new_request.
+	FailureNotReady = "worker_not_ready"
+)
+
 // Migration types, as in Dynamo's dynamo_frontend_model_migration_total.
 const (
 	MigrationNewRequest     = "new_request"
@@ -242,19 +258,3 @@ func init() {
 	register[RequestAttached]()
 	register[RequestCancelled]()
 }
-
-// Failure classes of AttemptFailed.Class.
-const (
-	// FailureClient: the upstream rejected the request itself (400, 413,
-	// 422: invalid, context too long, content policy). The request fails
-	// with the upstream's Status, Code and Message; no migration, no
-	// inhibition, the worker stays ready.
-	FailureClient = "client_error"
-	// FailureUnavailable: the upstream is overloaded (429, 503). The request
-	// migrates as new_request; the worker is inhibited for RetryAfterMS when
-	// set, else the default inhibition.
-	FailureUnavailable = "upstream_unavailable"
-	// FailureNotReady: the upstream cannot serve at all (401, 403, 404
-	// model). The worker turns not ready; the request migrates as new_request.
-	FailureNotReady = "worker_not_ready"
-)

@@ -76,16 +76,14 @@ func (s *stack) openaiWorker(id string, sim *simProc, args ...string) *proc {
 
 // attemptState is an attempt in GET /v1/requests/{id}.
 type attemptState struct {
-	Attempt     int    `json:"attempt"`
-	WorkerID    string `json:"worker_id"`
-	CloseReason string `json:"close_reason"`
-	Failure     *struct {
-		Class        string `json:"class"`
-		Status       int    `json:"status"`
-		Code         string `json:"code"`
-		Message      string `json:"message"`
-		RetryAfterMS int64  `json:"retry_after_ms"`
-	} `json:"failure"`
+	Attempt      int    `json:"attempt"`
+	WorkerID     string `json:"worker_id"`
+	CloseReason  string `json:"close_reason"`
+	CloseClass   string `json:"close_class"`
+	CloseStatus  int    `json:"close_status"`
+	CloseCode    string `json:"close_code"`
+	CloseMessage string `json:"close_message"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
 }
 
 type engineState struct {
@@ -219,8 +217,8 @@ func TestEngineFailureClasses(t *testing.T) {
 					t.Errorf("migrations %+v, want one %s", st.Migrations, tc.migration)
 				}
 			}
-			f := st.Attempts[0].Failure
-			if f == nil || f.Class != tc.class || f.Status != tc.upStatus || f.RetryAfterMS != tc.retryMS || !strings.Contains(f.Message, tc.message) {
+			f := st.Attempts[0]
+			if f.CloseClass != tc.class || f.CloseStatus != tc.upStatus || f.RetryAfterMS != tc.retryMS || !strings.Contains(f.CloseMessage, tc.message) {
 				t.Errorf("attempt 0 failure %+v, want class %q status %d retry %d ms, message with %q", f, tc.class, tc.upStatus, tc.retryMS, tc.message)
 			}
 		})

@@ -1,11 +1,12 @@
 package migrations
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/streams"
 )
 
 // Reasons a request may not migrate.
@@ -16,13 +17,19 @@ var (
 	ErrPinned            = errors.New("migrations: request is pinned to a worker (X-Worker-Id)")
 )
 
-// Policy decides whether a failed request may be re-dispatched. It mirrors
+// Policy is how one frontend decides for the requests it owns. It mirrors
 // Dynamo: Limit re-dispatches per request, shared by both migration types
 // (0 disables); MaxSeqLen, when set, disables migration once prompt +
 // generated tokens strictly exceed it (exactly at the limit still migrates).
 type Policy struct {
 	Limit     int
 	MaxSeqLen int // 0: unset
+	// Frontend is the deciding frontend's id: it acts only on requests it owns.
+	Frontend string
+	// StallTimeout: an attempt that produces nothing for this long failed.
+	StallTimeout time.Duration
+	// DetachTimeout: a request without clients for this long is cancelled.
+	DetachTimeout time.Duration
 }
 
 // SeqLen is a request's prompt plus generated tokens, the prompt counted by
@@ -49,6 +56,47 @@ func (p Policy) Allow(r *projections.Request) error {
 	return nil
 }
 
+// FailureCode is the RequestFailed code of a request that may not migrate
+// because of err (one of this package's sentinels).
+func FailureCode(err error) string {
+	switch {
+	case errors.Is(err, ErrDisabled):
+		return "migration_disabled"
+	case errors.Is(err, ErrLimitExhausted):
+		return "migration_exhausted"
+	case errors.Is(err, ErrMaxSeqLenExceeded):
+		return "migration_max_seq_len_exceeded"
+	case errors.Is(err, ErrPinned):
+		return "pinned_worker_failed"
+	}
+	return "worker_failed"
+}
+
+// Dispatch is what the next attempt of a request is sent with: the original
+// prompt, the text generated so far, and the budget, continuing at
+// StartOffset. The runner turns it into the worker's wire command.
+type Dispatch struct {
+	RequestID    string
+	Attempt      int
+	Model        string
+	Prompt       string
+	PromptTokens int
+	// Endpoint and Body are the request as the client sent it.
+	Endpoint string
+	Body     json.RawMessage
+	// PromptIDs and GeneratedIDs are the prompt's and the generated tokens'
+	// ids, when an engine reported every one: a token-exact continuation.
+	PromptIDs    []int
+	GeneratedIDs []int
+	Generated    string // the text of the tokens produced by earlier attempts
+	StartOffset  int    // tokens already produced
+	MaxTokens    int    // total budget, including StartOffset
+	Frontend     string
+	// DetachTimeoutMS is how long the worker keeps generating once the
+	// owning frontend is gone and nobody attached.
+	DetachTimeoutMS int64
+}
+
 // Continuation builds the dispatch of the next attempt of r: the original
 // prompt, the text generated so far, and the remaining budget, continuing at
 // the current token offset.
@@ -56,8 +104,8 @@ func (p Policy) Allow(r *projections.Request) error {
 // It carries the client's request body, and the prompt's token ids and the
 // generated tokens' ids when every one is known, so that an engine that
 // takes token ids continues token-exactly.
-func Continuation(r *projections.Request, attempt int, frontend string) streams.Dispatch {
-	d := streams.Dispatch{
+func Continuation(r *projections.Request, attempt int, frontend string) Dispatch {
+	d := Dispatch{
 		RequestID:    r.Accepted.RequestID,
 		Attempt:      attempt,
 		Model:        r.Accepted.Model,

@@ -42,12 +42,6 @@ func (r *Request) State() State {
 		Migrations: append([]Migration{}, r.Migrations...), ParentID: r.Accepted.ParentID,
 		Choices: r.Accepted.Choices, Children: slices.Clone(r.Children), SkippedDeltas: r.Skipped,
 	}
-	for i, a := range s.Attempts {
-		if a.Failure != nil {
-			f := *a.Failure
-			s.Attempts[i].Failure = &f
-		}
-	}
 	if c, ok := r.Current(); ok {
 		s.Worker = c.WorkerID
 	}

@@ -21,11 +21,11 @@ func Response(p *projections.Request) map[string]any {
 	return completionBody(p.Accepted, []snapshot{s})
 }
 
-// output is what a run of tokens said, merged: text, and what the engine
+// rendered is what a run of tokens said, merged: text, and what the engine
 // said beyond it (tool-call deltas, logprobs, reasoning, refusal; see
 // engine.Details). A stream chunk carries the output of the tokens it
 // covers; a non-streaming answer the output of all of them.
-type output struct {
+type rendered struct {
 	text      strings.Builder
 	reasoning strings.Builder
 	refusal   strings.Builder
@@ -61,8 +61,8 @@ type toolCallDelta struct {
 }
 
 // merge is the output of tokens with their details (nil, or one per token).
-func merge(tokens []string, details []json.RawMessage) *output {
-	o := &output{}
+func merge(tokens []string, details []json.RawMessage) *rendered {
+	o := &rendered{}
 	for i, t := range tokens {
 		o.text.WriteString(t)
 		if i < len(details) && details[i] != nil {
@@ -72,7 +72,7 @@ func merge(tokens []string, details []json.RawMessage) *output {
 	return o
 }
 
-func (o *output) add(raw json.RawMessage) {
+func (o *rendered) add(raw json.RawMessage) {
 	var d tokenDetails
 	if json.Unmarshal(raw, &d) != nil {
 		return
@@ -113,7 +113,7 @@ func (o *output) add(raw json.RawMessage) {
 }
 
 // logprobsValue is the merged logprobs, or nil when no token had any.
-func (o *output) logprobsValue() any {
+func (o *rendered) logprobsValue() any {
 	if o.logprobs == nil {
 		return nil
 	}
@@ -124,7 +124,7 @@ func (o *output) logprobsValue() any {
 	return m
 }
 
-func (o *output) toolCalls(stream bool) []map[string]any {
+func (o *rendered) toolCalls(stream bool) []map[string]any {
 	out := make([]map[string]any, 0, len(o.calls))
 	for _, c := range o.calls {
 		fn := map[string]any{"arguments": c.arguments.String()}
@@ -147,7 +147,7 @@ func (o *output) toolCalls(stream bool) []map[string]any {
 }
 
 // chunkChoice is the choice of a stream chunk carrying o.
-func (o *output) chunkChoice(endpoint string, index int, first bool) map[string]any {
+func (o *rendered) chunkChoice(endpoint string, index int, first bool) map[string]any {
 	if endpoint != events.EndpointChat {
 		return map[string]any{"index": index, "text": o.text.String(), "logprobs": o.logprobsValue(), "finish_reason": nil}
 	}
@@ -171,7 +171,7 @@ func (o *output) chunkChoice(endpoint string, index int, first bool) map[string]
 }
 
 // answerChoice is the choice of a non-streaming answer made of o.
-func (o *output) answerChoice(endpoint string, index int, finish string) map[string]any {
+func (o *rendered) answerChoice(endpoint string, index int, finish string) map[string]any {
 	if endpoint != events.EndpointChat {
 		return map[string]any{"index": index, "text": o.text.String(), "logprobs": o.logprobsValue(), "finish_reason": finish}
 	}

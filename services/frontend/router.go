@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/streams"
 )
 
 // Routing errors.
@@ -49,14 +48,18 @@ func newRouter(cfg Config, now func() time.Time) *router {
 	}
 }
 
-// inhibit drops w from routing for the inhibition window.
-func (r *router) inhibit(w projections.Worker) {
+// inhibit drops w from routing for d, or for the inhibition window when
+// d is zero. Nothing is inhibited while inhibition is disabled.
+func (r *router) inhibit(w projections.Worker, d time.Duration) {
 	if r.inhibitFor <= 0 {
 		return
 	}
+	if d <= 0 {
+		d = r.inhibitFor
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.inhibited[w.ID] = inhibition{leaseID: w.LeaseID, until: r.now().Add(r.inhibitFor)}
+	r.inhibited[w.ID] = inhibition{leaseID: w.LeaseID, until: r.now().Add(d)}
 }
 
 // isInhibited reports whether w is inhibited now. A worker that re-registered
@@ -140,20 +143,21 @@ func (r *router) track(id string) (done func()) {
 	}
 }
 
-// capable keeps the workers whose engines can run dispatch d: serve its
-// endpoint and, for a continuation, continue it (token ids or prefill). It
-// fails with errNotCapable when workers were routable but none is capable.
-func capable(ws []projections.Worker, d streams.Dispatch) ([]projections.Worker, error) {
+// capable keeps the workers whose engines can run a request of endpoint:
+// serve it and, for a continuation (start > 0), continue it (token ids, when
+// ids says every generated id is known, or prefill). It fails with
+// errNotCapable when workers were routable but none is capable.
+func capable(ws []projections.Worker, endpoint string, start int, ids bool) ([]projections.Worker, error) {
 	out := ws[:0:0]
 	for _, w := range ws {
-		if w.CanServe(d.Endpoint) && (d.StartOffset == 0 || w.CanContinue(d.Endpoint, d.GeneratedIDs != nil)) {
+		if w.CanServe(endpoint) && (start == 0 || w.CanContinue(endpoint, ids)) {
 			out = append(out, w)
 		}
 	}
 	if len(out) == 0 && len(ws) > 0 {
-		what := "serve " + d.Endpoint
-		if d.StartOffset > 0 {
-			what = fmt.Sprintf("continue it at token %d (needs token ids or prefill)", d.StartOffset)
+		what := "serve " + endpoint
+		if start > 0 {
+			what = fmt.Sprintf("continue it at token %d (needs token ids or prefill)", start)
 		}
 		return nil, fmt.Errorf("%w: %d routable, none can %s", errNotCapable, len(ws), what)
 	}
