@@ -617,3 +617,42 @@ func TestEngineNoWorkerCanContinue(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineSeededChoices: n = 2 with a seed runs two children that ask the
+// server for one choice each, with seed and seed + 1: the choices differ and
+// each is the server's own answer for its seed.
+func TestEngineSeededChoices(t *testing.T) {
+	sim := startSim(t, "sim")
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.openaiWorker("oa1", sim)
+	fe.waitRoutable(t, "oa1")
+	body := chatRequest("two stories", 12, map[string]any{"seed": 40, "temperature": 1.3, "n": 2})
+	resp := post(t, fe.url+"/v1/chat/completions", body, nil)
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Index   int `json:"index"`
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) != 2 {
+		t.Fatalf("answer %+v: %v", out, err)
+	}
+	for i, c := range out.Choices {
+		one := chatRequest("two stories", 12, map[string]any{"seed": 40 + i, "temperature": 1.3})
+		if want := direct(t, sim, one); c.Message.Content != want {
+			t.Errorf("choice %d: %q, want the server's answer for seed %d: %q", i, c.Message.Content, 40+i, want)
+		}
+	}
+	if out.Choices[0].Message.Content == out.Choices[1].Message.Content {
+		t.Error("the two seeded choices are the same")
+	}
+	for _, g := range sim.generations(t) {
+		if g.Body["n"] != nil && g.Body["n"] != 1.0 {
+			t.Errorf("the server was asked for n = %v", g.Body["n"])
+		}
+	}
+}
