@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,35 +37,66 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 			Message: fmt.Sprintf("the server does not serve model %q (it serves %v)", o.cfg.Model, ids)}
 	}
 	var caps Capabilities
+	var err error
 	user := []map[string]string{{"role": "user", "content": "Hello"}}
-	caps.Chat = o.call(ctx, http.MethodPost, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 1}, nil) == nil
-	caps.Completions = o.call(ctx, http.MethodPost, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": "Hello", "max_tokens": 1}, nil) == nil
+	if caps.Chat, err = o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 1}, nil); err != nil {
+		return Capabilities{}, err
+	}
+	if caps.Completions, err = o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": "Hello", "max_tokens": 1}, nil); err != nil {
+		return Capabilities{}, err
+	}
 	if !caps.Chat && !caps.Completions {
 		return Capabilities{}, &UpstreamError{Class: events.FailureNotReady, Message: fmt.Sprintf("the server answers neither %s nor %s for model %q", pathChat, pathCompletions, o.cfg.Model)}
 	}
 	if caps.Chat {
 		prefill := append(user, map[string]string{"role": "assistant", "content": "Hi"})
-		caps.Prefill = o.call(ctx, http.MethodPost, pathChat, map[string]any{"model": o.cfg.Model, "messages": prefill, "max_tokens": 1,
-			"continue_final_message": true, "add_generation_prompt": false}, nil) == nil
+		if caps.Prefill, err = o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": prefill, "max_tokens": 1,
+			"continue_final_message": true, "add_generation_prompt": false}, nil); err != nil {
+			return Capabilities{}, err
+		}
 	}
 	if caps.Completions {
 		var tok struct {
 			Tokens []int `json:"tokens"`
 		}
-		if o.call(ctx, http.MethodPost, "/tokenize", map[string]any{"model": o.cfg.Model, "prompt": "Hello"}, &tok) == nil && len(tok.Tokens) > 0 {
+		ok, err := o.supports(ctx, "/tokenize", map[string]any{"model": o.cfg.Model, "prompt": "Hello"}, &tok)
+		if err != nil {
+			return Capabilities{}, err
+		}
+		if ok && len(tok.Tokens) > 0 {
 			var out struct {
 				Choices []struct {
 					TokenIDs []int `json:"token_ids"`
 				} `json:"choices"`
 			}
-			err := o.call(ctx, http.MethodPost, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": tok.Tokens, "max_tokens": 1, "return_token_ids": true}, &out)
-			caps.TokenIDs = err == nil && len(out.Choices) > 0 && len(out.Choices[0].TokenIDs) > 0
+			ok, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": tok.Tokens, "max_tokens": 1, "return_token_ids": true}, &out)
+			if err != nil {
+				return Capabilities{}, err
+			}
+			caps.TokenIDs = ok && len(out.Choices) > 0 && len(out.Choices[0].TokenIDs) > 0
 		}
 	}
 	o.mu.Lock()
 	o.caps = caps
 	o.mu.Unlock()
 	return caps, nil
+}
+
+// supports asks path with in: true when the server answered 200, false
+// when it said no for good (4xx other than 401, 403 and 429: the feature is
+// missing or refused), and an error when the answer says nothing about the
+// feature (401, 403, 429, 5xx, no answer): the probe must be tried again.
+func (o *OpenAI) supports(ctx context.Context, path string, in, out any) (bool, error) {
+	err := o.call(ctx, http.MethodPost, path, in, out)
+	var ue *UpstreamError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500 &&
+		ue.Status != http.StatusUnauthorized && ue.Status != http.StatusForbidden && ue.Status != http.StatusTooManyRequests:
+		return false, nil
+	}
+	return false, fmt.Errorf("probe %s: %w", path, err)
 }
 
 // call makes one non-streaming request and decodes a 200 answer into out.

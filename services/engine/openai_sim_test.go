@@ -43,6 +43,26 @@ func TestOpenAIConformanceOnSimulator(t *testing.T) {
 	})
 }
 
+// TestOpenAIProbeRetriesWhatItCouldNotLearn: an overloaded answer says
+// nothing about a feature, so the probe fails (to be tried again) rather
+// than record the feature as missing; the next probe finds everything.
+func TestOpenAIProbeRetriesWhatItCouldNotLearn(t *testing.T) {
+	srv := httptest.NewServer(vllmsim.New(vllmsim.Config{Fault: &vllmsim.Fault{Kind: vllmsim.FaultStatus, Status: 503}, FaultRequests: 2}))
+	defer srv.Close()
+	e, err := engine.NewOpenAI(engine.OpenAIConfig{URL: srv.URL, Model: "sim"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if caps, err := e.Probe(t.Context()); err == nil {
+		t.Fatalf("first probe = %+v, want an error", caps)
+	}
+	_, _ = e.Probe(t.Context()) // the second 503
+	want := engine.Capabilities{Chat: true, Completions: true, TokenIDs: true, Prefill: true}
+	if caps, err := e.Probe(t.Context()); err != nil || caps != want {
+		t.Fatalf("third probe = %+v, %v; want %+v", caps, err, want)
+	}
+}
+
 func TestOpenAIProbe(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -57,6 +77,7 @@ func TestOpenAIProbe(t *testing.T) {
 		{name: "no prefill", cfg: vllmsim.Config{RejectPrefill: true}, want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true}},
 		{name: "bad key", cfg: vllmsim.Config{APIKey: "right"}, key: "wrong", fail: events.FailureNotReady},
 		{name: "unknown model", cfg: vllmsim.Config{Model: "other"}, fail: events.FailureNotReady},
+		{name: "overloaded", cfg: vllmsim.Config{Fault: &vllmsim.Fault{Kind: vllmsim.FaultStatus, Status: 503}}, fail: events.FailureUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := httptest.NewServer(vllmsim.New(tc.cfg))
