@@ -656,3 +656,22 @@ func TestEngineSeededChoices(t *testing.T) {
 		}
 	}
 }
+
+// TestEnginePromptLimitInServerTokens: --max-prompt-tokens admits a prompt
+// of few words, but the model server counts more tokens: the client gets
+// 413 before any token, and nothing migrates.
+func TestEnginePromptLimitInServerTokens(t *testing.T) {
+	sim := startSim(t, "sim")
+	s := newStack(t)
+	fe := s.frontend(nil, "--max-prompt-tokens", "20", "--migration-limit", "2")
+	s.openaiWorker("oa1", sim)
+	s.openaiWorker("oa2", sim)
+	fe.waitRoutable(t, "oa1", "oa2")
+	res := postStream(t, fe.url, "/v1/chat/completions", chatRequest("qqqqqqqqqqqq qqqqqqqqqqqq", 5, nil), map[string]string{"X-Request-Id": "long-prompt"}, nil)
+	if res.status != 413 || !strings.Contains(res.errorBody, "prompt_too_large") || !strings.Contains(res.errorBody, "model server") {
+		t.Fatalf("status %d %s, want 413 prompt_too_large in the server's count", res.status, res.errorBody)
+	}
+	if st := fe.engineState(t, "long-prompt"); len(st.Migrations) != 0 || st.Status != "failed" {
+		t.Errorf("state %+v, want failed without a migration", st)
+	}
+}

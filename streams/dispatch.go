@@ -27,10 +27,14 @@ type Dispatch struct {
 	GeneratedIDs []int `json:"generated_ids,omitempty"`
 	// Generated is the text of the tokens produced by earlier attempts, for an
 	// engine that continues from prompt + generated text.
-	Generated   string `json:"generated,omitempty"`
-	StartOffset int    `json:"start_offset"` // tokens already produced
-	MaxTokens   int    `json:"max_tokens"`   // total budget, including StartOffset
-	Frontend    string `json:"frontend"`
+	Generated string `json:"generated,omitempty"`
+	// MaxPromptTokens, if positive, is the frontend's prompt limit: an engine
+	// that learns the prompt's length in its server's tokens (its prompt
+	// ids) fails a first attempt over it as a client error (413).
+	MaxPromptTokens int    `json:"max_prompt_tokens,omitempty"`
+	StartOffset     int    `json:"start_offset"` // tokens already produced
+	MaxTokens       int    `json:"max_tokens"`   // total budget, including StartOffset
+	Frontend        string `json:"frontend"`
 	// DetachTimeoutMS, if positive, is how long the worker keeps generating
 	// once the owning frontend is gone (its presence key expired) and no
 	// other frontend attached, before it cancels the request.

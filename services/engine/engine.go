@@ -39,6 +39,10 @@ type Request struct {
 	GeneratedIDs []int
 	StartOffset  int
 	MaxTokens    int
+	// MaxPromptTokens, if positive, bounds the prompt in the server's own
+	// tokens: an engine that learns that count (its prompt ids) fails a
+	// first attempt over it with a client-class *UpstreamError (413).
+	MaxPromptTokens int
 }
 
 // Continuation modes an engine can offer for a request that migrated.

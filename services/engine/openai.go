@@ -158,6 +158,9 @@ func (o *OpenAI) Generate(ctx context.Context, req Request, emit func(Token) err
 		return Result{}, failed(upstreamStatusError(resp.StatusCode, resp.Header, msg))
 	}
 	s := &streamReader{budget: budget, emit: emit, ctx: ctx, first: func() { firstToken.Stop() }}
+	if req.StartOffset == 0 {
+		s.maxPrompt = req.MaxPromptTokens // a continuation's prompt ids include the generated ones
+	}
 	res, err := s.read(resp.Body)
 	var ee emitError
 	switch {
@@ -234,6 +237,9 @@ type streamReader struct {
 	first   func() // called once, at the first token
 	emitted int
 	prompt  []int // prompt ids, to put on the first token
+	// maxPrompt, if positive, is the prompt limit checked on the server's
+	// prompt ids.
+	maxPrompt int
 }
 
 func (s *streamReader) token(t Token) (full bool, err error) {
@@ -252,6 +258,15 @@ func (s *streamReader) token(t Token) (full bool, err error) {
 	}
 	s.emitted++
 	return false, nil
+}
+
+// checkPrompt fails a prompt longer than the limit in the server's tokens.
+func (s *streamReader) checkPrompt() error {
+	if s.maxPrompt > 0 && len(s.prompt) > s.maxPrompt {
+		return &UpstreamError{Class: events.FailureClient, Status: http.StatusRequestEntityTooLarge, Code: "prompt_too_large",
+			Message: fmt.Sprintf("the prompt is %d tokens (the model server's count), more than the limit of %d", len(s.prompt), s.maxPrompt)}
+	}
+	return nil
 }
 
 // emitError is an error returned by emit.
@@ -289,9 +304,15 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 		if c.PromptTokenIDs != nil {
 			s.prompt = c.PromptTokenIDs
 		}
+		if err := s.checkPrompt(); err != nil {
+			return res, err
+		}
 		for _, ch := range c.Choices {
 			if ch.PromptTokenIDs != nil {
 				s.prompt = ch.PromptTokenIDs
+				if err := s.checkPrompt(); err != nil {
+					return res, err
+				}
 			}
 			var text string
 			var d Details

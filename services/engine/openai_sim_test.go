@@ -291,3 +291,23 @@ func mustFault(t *testing.T, spec string) *vllmsim.Fault {
 	}
 	return f
 }
+
+// TestOpenAIPromptLimitInServerTokens: a first attempt whose prompt is over
+// the limit in the server's tokens (its prompt ids) fails as a client error
+// (413) before any token; a continuation is not checked (its prompt ids
+// include the generated ones).
+func TestOpenAIPromptLimitInServerTokens(t *testing.T) {
+	e, _ := simEngine(t, vllmsim.Config{}, engine.OpenAIConfig{})
+	body := json.RawMessage(`{"model":"sim","prompt":"qqqqqqqq qqqqqqqq","temperature":0}`) // 2 words, 17 byte tokens
+	n := 0
+	_, err := e.Generate(t.Context(), engine.Request{Endpoint: engine.EndpointCompletions, Body: body, MaxTokens: 5, MaxPromptTokens: 10},
+		func(engine.Token) error { n++; return nil })
+	var ue *engine.UpstreamError
+	if !errors.As(err, &ue) || ue.Class != events.FailureClient || ue.Status != 413 || ue.Code != "prompt_too_large" || n != 0 {
+		t.Fatalf("err %v after %d tokens, want a 413 client error before any", err, n)
+	}
+	if _, err := e.Generate(t.Context(), engine.Request{Endpoint: engine.EndpointCompletions, Body: body, MaxTokens: 5, MaxPromptTokens: 17},
+		func(engine.Token) error { return nil }); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+}

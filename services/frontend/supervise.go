@@ -152,7 +152,9 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
 	done := fe.router.track(w.ID)
-	reply, err := fe.sendDispatch(ctx, w.ID, wireDispatch(d, t.f.eventsSeq()))
+	wd := wireDispatch(d, t.f.eventsSeq())
+	wd.MaxPromptTokens = fe.cfg.MaxPromptTokens
+	reply, err := fe.sendDispatch(ctx, w.ID, wd)
 	if err == nil && reply.Accepted {
 		out.Result = migrations.DispatchAccepted
 		return out, done

@@ -153,7 +153,7 @@ func (w *Worker) generate(j *job) {
 	req := engine.Request{
 		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
 		PromptIDs: d.PromptIDs, Generated: d.Generated, GeneratedIDs: d.GeneratedIDs,
-		StartOffset: d.StartOffset, MaxTokens: d.MaxTokens,
+		StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, MaxPromptTokens: d.MaxPromptTokens,
 	}
 	res, genErr := w.produce(j.ctx, req, out)
 
