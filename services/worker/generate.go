@@ -431,8 +431,8 @@ func (d *deltas) event(from, to int) events.TokensGenerated {
 	if d.details != nil && slices.ContainsFunc(d.details[from:to], func(r json.RawMessage) bool { return r != nil }) {
 		ev.Details = d.details[from:to]
 	}
-	if from == 0 {
-		ev.PromptIDs = d.promptIDs
+	if from == 0 && d.start == 0 {
+		ev.PromptIDs = d.promptIDs // a continuation's are prompt + generated ids: not the request's
 	}
 	return ev
 }
