@@ -108,7 +108,8 @@ func New(cfg Config) *Server {
 // ServeHTTP serves the simulator's API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// Records returns a copy of the generation requests received so far.
+// Records returns a copy of the generation requests received so far (the
+// last 2048 to 4096 of them).
 func (s *Server) Records() []Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -293,8 +294,15 @@ func (s *Server) record(path string, body []byte, f *Fault) {
 	if !json.Valid(body) {
 		b, _ = json.Marshal(string(body))
 	}
+	if len(s.records) == maxRecords {
+		s.records = append(s.records[:0], s.records[maxRecords/2:]...) // keep the newer half
+	}
 	s.records = append(s.records, Record{Path: path, Fault: f.String(), Body: b})
 }
+
+// maxRecords bounds the requests kept for GET /sim/requests: a soak or a
+// try-out stack runs for long.
+const maxRecords = 4096
 
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 16<<20))
