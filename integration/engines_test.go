@@ -675,3 +675,39 @@ func TestEnginePromptLimitInServerTokens(t *testing.T) {
 		t.Errorf("state %+v, want failed without a migration", st)
 	}
 }
+
+// TestEngineRetryAfterInhibits: a 429 with Retry-After 4 s keeps its worker
+// out of this frontend's routing for 4 s, longer than the default
+// inhibition (1 s here), and then it serves again.
+func TestEngineRetryAfterInhibits(t *testing.T) {
+	sim := startSim(t, "sim", "--greedy")
+	s := newStack(t)
+	fe := s.frontend([]string{"DYN_RUNTIME_INHIBITED_DURATION_SECS=1"}, "--migration-limit", "2")
+	s.openaiWorker("oa1", sim)
+	s.openaiWorker("oa2", sim)
+	fe.waitRoutable(t, "oa1", "oa2")
+	res := postStream(t, fe.url, "/v1/chat/completions", chatRequest("busy", 4, map[string]any{
+		"vllmsim_fault": map[string]any{"spec": "429:4", "key": "ra"}}), map[string]string{"X-Request-Id": "ra"}, nil)
+	failedAt := time.Now()
+	if !res.done {
+		t.Fatalf("request did not complete: %+v", res)
+	}
+	st := fe.engineState(t, "ra")
+	inhibited, other := st.Attempts[0].WorkerID, res.header.Get("X-Worker-Id")
+	if inhibited == other || st.Attempts[0].RetryAfterMS != 4000 {
+		t.Fatalf("attempts %+v, served by %s", st.Attempts, other)
+	}
+	// Requests for 2.5 s after the 429 (past the 1 s default) all avoid it.
+	n := 0
+	for time.Since(failedAt) < 2500*time.Millisecond {
+		r := postStream(t, fe.url, "/v1/chat/completions", chatRequest("after", 2, nil), nil, nil)
+		if got := r.header.Get("X-Worker-Id"); got != other {
+			t.Fatalf("request %d, %v after the 429, went to %q; want %s (%s is inhibited for 4 s)", n, time.Since(failedAt), got, other, inhibited)
+		}
+		n++
+	}
+	waitFor(t, 20*time.Second, inhibited+" serving again after the Retry-After", func() bool {
+		r := postStream(t, fe.url, "/v1/chat/completions", chatRequest("later", 2, nil), nil, nil)
+		return r.header.Get("X-Worker-Id") == inhibited
+	})
+}
