@@ -30,6 +30,8 @@ type Worker struct {
 	ClientID      uint64      `json:"client_id,omitempty"`
 	Server        string      `json:"server,omitempty"`
 	Load          events.Load `json:"load"`
+	// LeaseRenewed is when the lease key was last written; zero if unknown.
+	LeaseRenewed time.Time `json:"lease_renewed,omitzero"`
 }
 
 // Routable reports whether the worker may receive new requests: leased, not
@@ -43,6 +45,7 @@ type LeaseUpdate struct {
 	Key      string
 	Revision uint64
 	Lease    *events.Lease
+	Time     time.Time // when the key was written (a registration or renewal)
 }
 
 // LoadUpdate is a change of a key in the load bucket (Load nil: deleted).
@@ -91,7 +94,7 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		ID: u.Key, LeaseID: l.LeaseID, Model: l.Model, State: WorkerReady,
 		PID: l.PID, Host: l.Host, LeaseTTL: (time.Duration(l.TTLMS) * time.Millisecond).String(),
 		LeaseRevision: u.Revision, ClientID: l.ClientID, Server: l.Server,
-		Load: d.loads[u.Key],
+		Load: d.loads[u.Key], LeaseRenewed: u.Time,
 	}
 	switch {
 	case l.Draining || d.ended[u.Key] == l.LeaseID:

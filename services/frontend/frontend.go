@@ -35,6 +35,7 @@ type Frontend struct {
 	presence *presence
 	router   *router
 	policy   migrations.Policy
+	console  *consoleView
 
 	ctx      context.Context // the frontend's lifetime, set by Run
 	wg       sync.WaitGroup  // supervisors and watchers
@@ -77,6 +78,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		policy:   migrations.Policy{Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen},
 		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
 		presence: newPresence(), openDone: newSignal(),
+	}
+	if err := fe.initConsole(reg); err != nil {
+		return nil, fmt.Errorf("frontend: console: %w", err)
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		fe.gatherer = g
@@ -197,10 +201,11 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
+	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	return fe.withCORS(mux)
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting

@@ -26,6 +26,7 @@ type presence struct {
 
 	mu    sync.Mutex
 	alive map[string]presenceEntry
+	gone  map[string]presenceEntry // frontends whose key went, for the console (bounded)
 }
 
 type presenceEntry struct {
@@ -99,6 +100,7 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 				if is {
 					p.alive[e.Key()] = presenceEntry{FrontendPresence: v, revision: e.Revision()}
 				} else {
+					p.forget(e.Key())
 					delete(p.alive, e.Key())
 				}
 				p.mu.Unlock()

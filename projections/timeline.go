@@ -1,0 +1,201 @@
+package projections
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+)
+
+// TimelineEntry is one stored event of a request's history as the replay
+// fold saw it (the JSON of each element of `baton replay --json`'s timeline
+// and of the console's timeline).
+type TimelineEntry struct {
+	Seq     uint64       `json:"seq"`
+	Time    time.Time    `json:"time"`
+	Since   float64      `json:"since_accepted_seconds"`
+	Subject string       `json:"subject"` // "events" or "tokens.<attempt>"
+	Type    string       `json:"type"`
+	ID      string       `json:"id"`
+	Source  string       `json:"source"`
+	Applied bool         `json:"applied"`        // the fold changed the state
+	Note    string       `json:"note,omitempty"` // why it did not, e.g. "ignored (fenced)"
+	Summary string       `json:"summary"`
+	Event   events.Event `json:"event"`
+	// Len is the number of tokens accepted once this event was applied, so a
+	// reader can show the text as it grew.
+	Len int `json:"len"`
+}
+
+// Replay folds a request's stored events, in stream order, into its state
+// and timeline. ok is false when the history has no accepted event.
+func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bool) {
+	r = NewRequest()
+	var start time.Time
+	for _, e := range envs {
+		if a, isAccepted := e.Event.(events.RequestAccepted); isAccepted && start.IsZero() && a.RequestID != "" {
+			start = e.Time
+		}
+	}
+	if start.IsZero() && len(envs) > 0 {
+		start = envs[0].Time
+	}
+	timeline = make([]TimelineEntry, 0, len(envs))
+	for _, e := range envs {
+		note := WhyIgnored(r, e)
+		applied := r.Apply(e)
+		if applied {
+			note = ""
+		}
+		timeline = append(timeline, TimelineEntry{
+			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: SubjectKind(e.Event),
+			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
+			Summary: Describe(e), Event: e.Event, Len: r.Len(),
+		})
+	}
+	if !r.Known() {
+		return nil, nil, false
+	}
+	return r, timeline, true
+}
+
+// SubjectKind names the subject an event is stored on, below
+// baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
+func SubjectKind(ev events.Event) string {
+	switch ev := ev.(type) {
+	case events.TokensGenerated:
+		return fmt.Sprintf("tokens.%d", ev.Attempt)
+	case events.RequestCompleted:
+		return fmt.Sprintf("tokens.%d", ev.Attempt)
+	case events.AttemptFailed:
+		return fmt.Sprintf("tokens.%d", ev.Attempt)
+	}
+	return "events"
+}
+
+// WhyIgnored says, before e is applied to r, why the fold would ignore it;
+// it is meaningful only if Apply then reports no change.
+func WhyIgnored(r *Request, e events.Envelope) string {
+	fenced := func(k int) bool {
+		cur, ok := r.Current()
+		return !ok || k != cur.Attempt || cur.Closed
+	}
+	switch ev := e.Event.(type) {
+	case events.TokensGenerated:
+		switch {
+		case r.Status.Terminal():
+			return "ignored (after the end)"
+		case fenced(ev.Attempt):
+			return "ignored (fenced)"
+		case ev.Offset > r.Len():
+			return "ignored (gap)"
+		}
+		return "ignored (duplicate)"
+	case events.RequestCompleted:
+		if r.Status.Terminal() {
+			return "ignored (after the end)"
+		}
+		return "ignored (fenced)"
+	case events.AttemptFailed:
+		return "no effect (attempt already closed)"
+	case events.RequestAttached:
+		return "no effect (already the owner)"
+	case events.RequestMigrated, events.RequestFailed, events.RequestCancelled, events.RequestRouted:
+		if r.Status.Terminal() {
+			return "ignored (after the end)"
+		}
+		return "no effect (already applied)"
+	}
+	return "no effect"
+}
+
+// FencedBy reports the frontend that wrote an AttemptFailed marker, if a
+// frontend (rather than the attempt's worker) wrote it: a fence.
+func FencedBy(e events.Envelope) (string, bool) {
+	if rest, ok := strings.CutPrefix(e.Source, "baton/frontend/"); ok {
+		return rest, true
+	}
+	return "", false
+}
+
+// Describe is a one-line, plain-words summary of an event.
+func Describe(e events.Envelope) string {
+	switch ev := e.Event.(type) {
+	case events.RequestAccepted:
+		parts := []string{fmt.Sprintf("model %s (%s), %d prompt tokens, max_tokens %d, owner %s",
+			ev.Model, ev.Endpoint, ev.PromptTokens, ev.MaxTokens, ev.Frontend)}
+		if ev.Stream {
+			parts = append(parts, "streaming")
+		}
+		if ev.Resumable {
+			parts = append(parts, "resumable")
+		}
+		if ev.ParentID != "" {
+			parts = append(parts, "parent "+ev.ParentID)
+		}
+		if ev.PinnedWorker != "" {
+			parts = append(parts, "pinned to "+ev.PinnedWorker)
+		}
+		if ev.Choices > 1 {
+			parts = append(parts, fmt.Sprintf("n=%d", ev.Choices))
+		}
+		return strings.Join(parts, ", ")
+	case events.RequestRouted:
+		return fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
+	case events.TokensGenerated:
+		return fmt.Sprintf("attempt %d: %s", ev.Attempt, TokenRange(ev.Offset, len(ev.Tokens), 1))
+	case events.RequestCompleted:
+		return fmt.Sprintf("attempt %d completed: finish reason %s, %d completion tokens",
+			ev.Attempt, ev.FinishReason, ev.CompletionTokens)
+	case events.AttemptFailed:
+		if fe, ok := FencedBy(e); ok {
+			return fmt.Sprintf("attempt %d (worker %s) fenced by frontend %s at token %d: %s",
+				ev.Attempt, ev.WorkerID, fe, ev.Offset, ev.Reason)
+		}
+		return fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
+			ev.Attempt, ev.WorkerID, ev.Offset, ev.Reason)
+	case events.RequestMigrated:
+		return fmt.Sprintf("%s migration: attempt %d (worker %s) cut at token %d by frontend %s: %s",
+			ev.MigrationType, ev.FromAttempt, ev.FromWorker, ev.Cut, ev.Frontend, ev.Reason)
+	case events.RequestAttached:
+		return fmt.Sprintf("attached to frontend %s (client at token %d)", ev.Frontend, ev.Offset)
+	case events.RequestCancelled:
+		return fmt.Sprintf("cancel (%s): %s", ev.Mode, ev.Reason)
+	case events.RequestFailed:
+		return fmt.Sprintf("failed: %s (status %d) after %d tokens: %s", ev.Code, ev.Status, ev.Offset, ev.Message)
+	case events.ChildAdded:
+		return "child request " + ev.ChildID
+	case events.WorkerRegistered:
+		return fmt.Sprintf("worker %s registered: model %s, pid %d on %s, lease ttl %v, %d KV blocks",
+			ev.WorkerID, ev.Model, ev.PID, ev.Host, time.Duration(ev.LeaseTTLMS)*time.Millisecond, ev.KVBlocks)
+	case events.WorkerDraining:
+		return fmt.Sprintf("worker %s draining: %s", ev.WorkerID, ev.Reason)
+	case events.WorkerDeregistered:
+		return fmt.Sprintf("worker %s deregistered", ev.WorkerID)
+	case events.WorkerLost:
+		return fmt.Sprintf("worker %s lost: %s", ev.WorkerID, ev.Reason)
+	case nil:
+		return ""
+	}
+	return fmt.Sprintf("%+v", e.Event)
+}
+
+// TokenRange describes n tokens at offset, received in deltas deltas.
+func TokenRange(offset, n, deltas int) string {
+	var s string
+	switch n {
+	case 0:
+		s = fmt.Sprintf("no tokens at %d", offset)
+	case 1:
+		s = fmt.Sprintf("token %d", offset)
+	default:
+		s = fmt.Sprintf("tokens %d-%d", offset, offset+n-1)
+	}
+	if deltas > 1 {
+		s += fmt.Sprintf(" (%d tokens in %d deltas)", n, deltas)
+	} else if n > 1 {
+		s += fmt.Sprintf(" (%d)", n)
+	}
+	return s
+}
