@@ -26,7 +26,7 @@ type RequestSummary struct {
 	ParentID     string    `json:"parent_id,omitempty"`
 	Accepted     time.Time `json:"accepted"` // the accepted event's time
 	Updated      time.Time `json:"updated"`  // the last applied event's time
-	Seq          uint64    `json:"seq"`      // the last applied stream sequence
+	Seq          uint64    `json:"seq"`      // the last stream sequence folded (applied or not)
 }
 
 // Recent is the bounded view of the requests stream behind the console:
@@ -44,6 +44,7 @@ type Recent struct {
 }
 
 type recentRequest struct {
+	id       string
 	r        *Request
 	accepted time.Time
 	updated  time.Time
@@ -82,9 +83,9 @@ func (v *Recent) Apply(e events.Envelope) (changed bool) {
 		if _, isAccepted := e.Event.(events.RequestAccepted); !isAccepted {
 			return false
 		}
-		rr = &recentRequest{r: NewRequest(), accepted: e.Time}
+		rr = &recentRequest{id: id, r: NewRequest(), accepted: e.Time}
 		v.reqs[id] = rr
-		v.evict()
+		defer v.evict()
 	}
 	if !rr.r.Apply(e) {
 		return false
@@ -113,7 +114,7 @@ func (v *Recent) evict() {
 		return cmp.Or(a.updated.Compare(b.updated), a.accepted.Compare(b.accepted))
 	})
 	for _, rr := range rows[:len(rows)-v.limit] {
-		delete(v.reqs, rr.r.Accepted.RequestID)
+		delete(v.reqs, rr.id)
 	}
 }
 

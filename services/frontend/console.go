@@ -128,22 +128,25 @@ func (c *consoleView) follow() error {
 	since := time.Now().Add(-consoleWindow)
 	var pending sync.WaitGroup
 	for _, name := range []string{streams.RequestsStream, streams.WorkersStream} {
+		// Caught up: the stream's last message as of now was applied, or the
+		// server said nothing is pending, or the window holds nothing.
 		cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-		cons, err := c.fe.js.OrderedConsumer(cctx, name, jetstream.OrderedConsumerConfig{
+		defer cancel()
+		stream, err := c.fe.js.Stream(cctx, name)
+		if err != nil {
+			return fmt.Errorf("console: follow %s: %w", name, err)
+		}
+		last := stream.CachedInfo().State.LastSeq
+		cons, err := stream.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
 			DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
 		})
-		var info *jetstream.ConsumerInfo
-		if err == nil {
-			info, err = cons.Info(cctx)
-		}
-		cancel()
 		if err != nil {
 			return fmt.Errorf("console: follow %s: %w", name, err)
 		}
 		var once sync.Once
 		pending.Add(1)
 		done := func() { once.Do(pending.Done) }
-		if info.NumPending == 0 {
+		if last == 0 {
 			done()
 		}
 		cc, err := cons.Consume(func(m jetstream.Msg) {
@@ -155,12 +158,15 @@ func (c *consoleView) follow() error {
 				e.Seq = md.Sequence.Stream
 				c.apply(name, e)
 			}
-			if md.NumPending == 0 {
+			if md.NumPending == 0 || md.Sequence.Stream >= last {
 				done()
 			}
 		})
 		if err != nil {
 			return fmt.Errorf("console: follow %s: %w", name, err)
+		}
+		if info, err := cons.Info(cctx); err == nil && info.NumPending == 0 && info.Delivered.Stream == 0 {
+			done() // nothing stored in the window
 		}
 		c.fe.wg.Add(1)
 		go func() {

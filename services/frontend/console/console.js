@@ -288,7 +288,7 @@ function drawTimeline(doc) {
       case 'baton.request.failed.v1': marks.req.push({ s, cls: 'cut', text: 'failed: ' + ev.code }); break;
     }
   }
-  const mk = (m) => `<div class="mark ${m.cls}" style="left:${x(m.s)}" title="${esc(m.e ? m.e.summary : m.text)}"><span>${esc(m.text)}</span></div>`;
+  const mk = (m) => `<div class="mark ${m.cls}${m.s > 0.7 * end ? ' flip' : ''}" style="left:${x(m.s)}" title="${esc(m.e ? m.e.summary : m.text)}"><span>${esc(m.text)}</span></div>`;
   let html = `<div class="lane" data-lane="request"><div class="label"><b>request</b> ${esc(rq.model)}</div>
     <div class="track">${marks.req.map(mk).join('')}</div></div>`;
   for (const a of rq.attempts) {

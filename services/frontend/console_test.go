@@ -1,0 +1,220 @@
+package frontend_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+)
+
+func getBody(t *testing.T, req *http.Request) (int, http.Header, string) {
+	t.Helper()
+	resp, err := http.DefaultTransport.RoundTrip(req) // no redirects followed
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, string(b)
+}
+
+func get(t *testing.T, url string, header ...string) (int, http.Header, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	return getBody(t, req)
+}
+
+func TestConsolePageAndData(t *testing.T) {
+	url := inProcess(t, engine.MockConfig{SpeedupRatio: 1e9})
+	if code, h, _ := get(t, url+"/console"); code != http.StatusMovedPermanently || h.Get("Location") != "/console/" {
+		t.Errorf("GET /console: status %d location %q, want 301 to /console/", code, h.Get("Location"))
+	}
+	for path, want := range map[string]string{"/console/": "<title>baton console</title>", "/console/console.js": "/v1/console/events", "/console/console.css": "--bg"} {
+		if code, _, body := get(t, url+path); code != 200 || !strings.Contains(body, want) {
+			t.Errorf("GET %s: status %d, body lacks %q", path, code, want)
+		}
+	}
+	text, _ := stream(t, url, "console data", 12)
+
+	var list struct {
+		Data []struct {
+			ID, Status, Model string
+			Tokens, Attempts  int
+		} `json:"data"`
+	}
+	code, _, body := get(t, url+"/v1/console/requests?model=mock&status=completed")
+	if code != 200 || json.Unmarshal([]byte(body), &list) != nil || len(list.Data) != 1 {
+		t.Fatalf("GET /v1/console/requests: status %d, body %s, want one completed request", code, body)
+	}
+	if r := list.Data[0]; r.Tokens != 12 || r.Attempts != 1 || r.Model != "mock" {
+		t.Errorf("row %+v, want 12 tokens in 1 attempt of model mock", r)
+	}
+	id := list.Data[0].ID
+	if _, _, body := get(t, url+"/v1/console/requests?status=running"); !strings.Contains(body, `"data":[]`) {
+		t.Errorf("status=running lists %s, want none", body)
+	}
+	for _, q := range []string{"status=bogus", "limit=0", "limit=x"} {
+		if code, _, body := get(t, url+"/v1/console/requests?"+q); code != 400 || !strings.Contains(body, `"error"`) {
+			t.Errorf("?%s: status %d body %s, want a 400 error", q, code, body)
+		}
+	}
+
+	var doc struct {
+		Request struct {
+			TokensGenerated int `json:"tokens_generated"`
+		} `json:"request"`
+		Timeline []struct {
+			Type string `json:"type"`
+			Len  int    `json:"len"`
+		} `json:"timeline"`
+		Output string `json:"output"`
+	}
+	code, _, body = get(t, url+"/v1/console/requests/"+id+"/timeline")
+	if code != 200 || json.Unmarshal([]byte(body), &doc) != nil {
+		t.Fatalf("timeline: status %d body %s", code, body)
+	}
+	if doc.Output != text || doc.Request.TokensGenerated != 12 || doc.Timeline[0].Type != "baton.request.accepted.v1" || doc.Timeline[len(doc.Timeline)-1].Len != 12 {
+		t.Errorf("timeline: output %q (want %q), %d tokens, %d entries", doc.Output, text, doc.Request.TokensGenerated, len(doc.Timeline))
+	}
+	for _, bad := range []string{"nope", "bad.id"} {
+		if code, _, body := get(t, url+"/v1/console/requests/"+bad+"/timeline"); code != 404 || !strings.Contains(body, "request_not_found") {
+			t.Errorf("timeline of %q: status %d body %s, want 404 request_not_found", bad, code, body)
+		}
+	}
+}
+
+// feedEvent is one SSE event of /v1/console/events.
+type feedEvent struct {
+	id, event string
+	data      map[string]any
+}
+
+// readFeed reads the console's event stream until until returns true.
+func readFeed(t *testing.T, url, lastID string, until func(feedEvent) bool) []feedEvent {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url+"/v1/console/events", nil)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("events: status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	timer := time.AfterFunc(20*time.Second, func() { resp.Body.Close() })
+	defer timer.Stop()
+	var out []feedEvent
+	var cur feedEvent
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "id: "):
+			cur.id = line[4:]
+		case strings.HasPrefix(line, "event: "):
+			cur.event = line[7:]
+		case strings.HasPrefix(line, "data: "):
+			if err := json.Unmarshal([]byte(line[6:]), &cur.data); err != nil {
+				t.Fatalf("bad data %q: %v", line, err)
+			}
+		case line == "" && cur.event != "":
+			out = append(out, cur)
+			if until(cur) {
+				return out
+			}
+			cur = feedEvent{}
+		}
+	}
+	t.Fatalf("events ended before the condition held; got %d events", len(out))
+	return nil
+}
+
+func TestConsoleEventsResume(t *testing.T) {
+	url := inProcess(t, engine.MockConfig{SpeedupRatio: 1e9})
+	if code, _, body := get(t, url+"/v1/console/events", "Last-Event-ID", "12"); code != 400 || !strings.Contains(body, "invalid_last_event_id") {
+		t.Errorf("bad Last-Event-ID: status %d body %s, want 400 invalid_last_event_id", code, body)
+	}
+	stream(t, url, "first", 3)
+	var sawCompleted, sawState bool
+	first := readFeed(t, url, "", func(e feedEvent) bool {
+		sawCompleted = sawCompleted || (e.event == "feed" && e.data["kind"] == "completed")
+		sawState = sawState || e.event == "state"
+		return sawCompleted && sawState
+	})
+	completed := func(e feedEvent) bool { return e.event == "feed" && e.data["kind"] == "completed" }
+	var state bool
+	for _, e := range first {
+		state = state || (e.event == "state" && len(e.data["workers"].([]any)) == 1)
+	}
+	if !state {
+		t.Errorf("no state event with the worker among %d events", len(first))
+	}
+	var last feedEvent
+	for _, e := range first {
+		if e.event == "feed" {
+			last = e
+		}
+	}
+	kinds := map[string]bool{}
+	for _, e := range first {
+		if e.event == "feed" {
+			kinds[e.data["kind"].(string)] = true
+		}
+	}
+	for _, k := range []string{"registered", "accepted", "completed"} {
+		if !kinds[k] {
+			t.Errorf("feed lacks a %q event: %v", k, kinds)
+		}
+	}
+
+	stream(t, url, "second", 3)
+	resumed := readFeed(t, url, last.id, completed)
+	for _, e := range resumed {
+		if e.event != "feed" {
+			continue
+		}
+		if e.data["seq"].(float64) <= last.data["seq"].(float64) && e.data["stream"] == last.data["stream"] {
+			t.Errorf("resumed after %s but got %s again", last.id, e.id)
+		}
+		if e.data["kind"] == "registered" {
+			t.Errorf("resumed feed repeats the worker's registration (id %s)", e.id)
+		}
+	}
+}
+
+func TestConsoleCORSAndMetrics(t *testing.T) {
+	url := inProcess(t, engine.MockConfig{SpeedupRatio: 1e9})
+	preflight := func(origin string) (int, http.Header) {
+		req, _ := http.NewRequest(http.MethodOptions, url+"/v1/requests/x/cancel", nil)
+		req.Header.Set("Origin", origin)
+		req.Header.Set("Access-Control-Request-Method", "POST")
+		req.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+		code, h, _ := getBody(t, req)
+		return code, h
+	}
+	if code, h := preflight(url); code != 204 || h.Get("Access-Control-Allow-Origin") != url || !strings.Contains(h.Get("Access-Control-Allow-Headers"), "Authorization") {
+		t.Errorf("preflight from a frontend's origin: status %d, headers %v", code, h)
+	}
+	if _, h := preflight("http://evil.example:1234"); h.Get("Access-Control-Allow-Origin") != "" {
+		t.Errorf("preflight from a foreign origin allowed: %v", h)
+	}
+	stream(t, url, "metrics", 3)
+	_, _, body := get(t, url+"/metrics")
+	for _, want := range []string{`baton_frontend_workers{model="mock",state="ready"} 1`, `baton_jetstream_stream_messages{stream="BATON_REQUESTS"}`, `baton_jetstream_stream_bytes{stream="BATON_WORKERS"}`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+}
