@@ -94,7 +94,7 @@ func promQuery(promURL, expr string) ([]float64, error) {
 }
 
 // TestDashboard runs Debian's prometheus with docs/grafana/prometheus.yml
-// (targets rewritten to this stack) against two frontends and two workers,
+// (targets rewritten to this stack) against two frontends and three workers,
 // makes traffic of every kind the dashboard shows (streams, kill -9s and
 // their migrations, a request over --migration-max-seq-len, a rejection, a
 // cancellation, a resume, canaries), and checks that every PromQL
@@ -113,13 +113,15 @@ func TestDashboard(t *testing.T) {
 	fe2 := s.frontend(nil, "--migration-limit", "3", "--migration-max-seq-len", "1", "--active-decode-blocks-threshold", "0")
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1", "DYN_HEALTH_CHECK_ENABLED=true", "DYN_CANARY_WAIT_TIME=1"}
 	var workerTargets []string
-	for _, id := range []string{"w1", "w2"} {
+	// Three workers: two are killed by the migrations below, the third
+	// still reports readiness and canaries at the end.
+	for _, id := range []string{"w1", "w2", "w3"} {
 		port := freePort(t)
 		s.worker(id, "--mock-tokens-per-sec", "50", "--mock-ttft", "10ms", "--system-port", strconv.Itoa(port))
 		workerTargets = append(workerTargets, fmt.Sprintf("%q", "127.0.0.1:"+strconv.Itoa(port)))
 	}
-	fe1.waitRoutable(t, "w1", "w2")
-	fe2.waitRoutable(t, "w1", "w2")
+	fe1.waitRoutable(t, "w1", "w2", "w3")
+	fe2.waitRoutable(t, "w1", "w2", "w3")
 
 	// Prometheus, with the shipped config scraping this stack every second.
 	cfg, err := os.ReadFile(filepath.Join("..", "docs", "grafana", "prometheus.yml"))
@@ -162,9 +164,9 @@ func TestDashboard(t *testing.T) {
 			promMu.Unlock()
 		}
 	})
-	waitFor(t, 30*time.Second, "prometheus to scrape all four targets", func() bool {
+	waitFor(t, 30*time.Second, "prometheus to scrape all five targets", func() bool {
 		v, err := promQuery(promURL, `sum(up)`)
-		return err == nil && len(v) == 1 && v[0] == 4
+		return err == nil && len(v) == 1 && v[0] == 5
 	})
 
 	// Traffic. One request on fe2 goes over its max-seq-len at once.
@@ -179,12 +181,10 @@ func TestDashboard(t *testing.T) {
 	// Two long streams whose worker is killed mid-stream: two
 	// ongoing_request migrations (a histogram's rate, and so its quantiles,
 	// needs its series to grow after it first appears, as a real
-	// deployment's does). A third worker replaces the first one killed.
+	// deployment's does).
 	const prompt = "the long one"
 	res := faultAfter(t, fe1, "dash-long", prompt, 150, 20, func(w string) { s.workers[w].signal(syscall.SIGKILL) })
 	checkComplete(t, res, prompt, 150)
-	s.worker("w3", "--mock-tokens-per-sec", "50", "--mock-ttft", "10ms")
-	fe1.waitRoutable(t, "w3")
 	res = faultAfter(t, fe1, "dash-long-2", prompt+" again", 150, 20, func(w string) { s.workers[w].signal(syscall.SIGKILL) })
 	checkComplete(t, res, prompt+" again", 150)
 	// A resume of the finished stream.
