@@ -19,7 +19,7 @@ const st = {
   frontends: [],             // from state events
   extra: (new URLSearchParams(location.search).get('frontends') || '').split(',').filter(Boolean),
   workers: [], requests: [], now: Date.now(), skew: 0, self: '',
-  selected: '', timeline: null, tlTimer: 0,
+  selected: '', timeline: null, tlTimer: 0, tlLoading: false, tlAt: 0,
 };
 
 function headers(extra = {}) {
@@ -162,20 +162,39 @@ function renderFrontends() {
     f.id === st.self ? `<b>${esc(f.id)}</b>` : esc(f.id)).join(', ');
 }
 
+// syncRows updates a table body to rows ({key, attrs, cells}) in place:
+// rows and cells that did not change keep their nodes, so a button under
+// the pointer survives the updates that arrive several times a second.
+function syncRows(tbody, rows) {
+  const old = new Map([...tbody.children].map((tr) => [tr.dataset.key, tr]));
+  let prev = null;
+  for (const r of rows) {
+    let tr = old.get(r.key);
+    if (!tr) { tr = document.createElement('tr'); tr.dataset.key = r.key; }
+    old.delete(r.key);
+    for (const [k, v] of Object.entries(r.attrs)) if (tr.getAttribute(k) !== v) tr.setAttribute(k, v);
+    while (tr.children.length < r.cells.length) tr.appendChild(document.createElement('td'));
+    while (tr.children.length > r.cells.length) tr.lastElementChild.remove();
+    r.cells.forEach((h, i) => { const td = tr.children[i]; if (td.dataset.h !== h) { td.innerHTML = h; td.dataset.h = h; } });
+    const at = prev ? prev.nextElementSibling : tbody.firstElementChild;
+    if (at !== tr) tbody.insertBefore(tr, at);
+    prev = tr;
+  }
+  for (const tr of old.values()) tr.remove();
+}
+
 function renderWorkers() {
   $('#workers-count').textContent = st.workers.length + ' live';
-  $('#workers tbody').innerHTML = st.workers.map((w) => {
+  syncRows($('#workers tbody'), st.workers.map((w) => {
     const l = w.load || {};
     const kv = l.kv_blocks_total ? Math.round(100 * l.kv_blocks_used / l.kv_blocks_total) : 0;
     const state = w.state === 'not_ready' ? badge(w.state) + ' <small>health checks failing</small>' : badge(w.state);
-    return `<tr data-worker="${esc(w.id)}" data-state="${esc(w.state)}">
-      <td class="id">${esc(w.id)}</td><td>${state}</td><td>${esc(w.model)}</td>
-      <td>${l.active_requests || 0}</td>
-      <td><span class="bar"><i style="width:${kv}%"></i></span>${l.kv_blocks_used || 0}/${l.kv_blocks_total || 0}</td>
-      <td>${l.queued_prefill_tokens || 0}</td>
-      <td>renewed ${age(w.lease_renewed)} ago · ttl ${esc(w.lease_ttl)}</td>
-      <td>${w.pid}</td><td>${esc(w.host)}</td></tr>`;
-  }).join('');
+    return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state }, cells: [
+      `<b>${esc(w.id)}</b>`, state, esc(w.model), String(l.active_requests || 0),
+      `<span class="bar"><i style="width:${kv}%"></i></span>${l.kv_blocks_used || 0}/${l.kv_blocks_total || 0}`,
+      String(l.queued_prefill_tokens || 0), `renewed ${age(w.lease_renewed)} ago · ttl ${esc(w.lease_ttl)}`,
+      String(w.pid), esc(w.host)] };
+  }));
 }
 
 function renderRequests() {
@@ -190,20 +209,19 @@ function renderRequests() {
   const fm = sel.value, fs = $('#f-status').value;
   const rows = st.requests.filter((r) => (!fm || r.model === fm) && (!fs || r.status === fs));
   $('#requests-count').textContent = rows.length + ' of ' + st.requests.length;
-  $('#requests tbody').innerHTML = rows.map((r) => {
+  syncRows($('#requests tbody'), rows.map((r) => {
     const live = r.status === 'pending' || r.status === 'running';
     const btns = live ? `<button data-action="stop" data-request="${esc(r.id)}">stop</button>
       <button class="danger" data-action="kill" data-request="${esc(r.id)}">kill</button>` : '';
-    return `<tr data-request="${esc(r.id)}" data-status="${esc(r.status)}" class="${r.id === st.selected ? 'sel' : ''}">
-      <td class="id"><a href="#${esc(r.id)}" data-open="${esc(r.id)}">${esc(r.id)}</a></td>
-      <td>${esc(r.model)}</td><td>${badge(r.status)}${r.finish_reason ? ' <small>' + esc(r.finish_reason) + '</small>' : ''}</td>
-      <td>${esc(r.worker || '–')}</td><td>${esc(r.owner)}</td>
-      <td>${r.tokens}${r.max_tokens ? '/' + r.max_tokens : ''}</td><td>${r.attempts}</td>
-      <td>${r.migrations || ''}</td><td>${age(r.accepted)}</td><td>${btns}</td></tr>`;
-  }).join('');
+    return { key: r.id, attrs: { 'data-request': r.id, 'data-status': r.status, class: r.id === st.selected ? 'sel' : '' }, cells: [
+      `<a href="#${esc(r.id)}" data-open="${esc(r.id)}">${esc(r.id)}</a>`, esc(r.model),
+      badge(r.status) + (r.finish_reason ? ' <small>' + esc(r.finish_reason) + '</small>' : ''),
+      esc(r.worker || '–'), esc(r.owner), `${r.tokens}${r.max_tokens ? '/' + r.max_tokens : ''}`, String(r.attempts),
+      r.migrations ? String(r.migrations) : '', age(r.accepted), btns] };
+  }));
   if (st.selected) {
     const r = st.requests.find((x) => x.id === st.selected);
-    if (r && st.timeline && r.seq !== st.timeline.seq) loadTimeline(st.selected);
+    if (r && st.timeline && r.seq !== st.timeline.seq && !st.tlLoading && Date.now() - st.tlAt > 1000) loadTimeline(st.selected);
   }
 }
 
@@ -240,6 +258,8 @@ async function openTimeline(id) {
 }
 
 async function loadTimeline(id) {
+  st.tlLoading = true;
+  st.tlAt = Date.now();
   try {
     const r = await api('/v1/console/requests/' + encodeURIComponent(id) + '/timeline');
     const doc = await r.json();
@@ -252,6 +272,8 @@ async function loadTimeline(id) {
     drawTimeline(doc);
   } catch (e) {
     notice('could not load the timeline of ' + id + ': ' + e.message);
+  } finally {
+    st.tlLoading = false;
   }
 }
 
