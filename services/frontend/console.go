@@ -18,13 +18,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The console's bounds. A frontend reads the log for the console only once
-// someone opened it there, from consoleWindow back.
+// The console's fixed bounds; Config.ConsoleWindow and ConsoleRequests set
+// how far back it reads and how much it keeps.
 const (
-	consoleWindow    = 15 * time.Minute // how far back the views start reading
-	consoleRequests  = 500              // requests kept in the request table
-	consoleFeedLimit = 2000             // feed entries kept for resumes
-	consoleRows      = 200              // rows of the request table sent in a state event
+	consoleRows      = 200 // rows of the request table sent in a state event
 	consoleStateRate = 250 * time.Millisecond
 	consoleHeartbeat = 15 * time.Second
 	consoleCatchUp   = 5 * time.Second // how long a first reader waits for the views to catch up
@@ -48,7 +45,8 @@ type consoleView struct {
 
 	mu     sync.Mutex
 	recent *projections.Recent
-	feed   []feedEntry // oldest first
+	feed   []feedEntry // oldest first, at most limit
+	limit  int         // feed entries kept for resumes
 	cursor feedCursor  // of the newest feed entry of each stream
 }
 
@@ -95,7 +93,7 @@ type feedEntry struct {
 
 func newConsoleView(fe *Frontend) *consoleView {
 	return &consoleView{fe: fe, changed: newSignal(), caughtUp: make(chan struct{}),
-		recent: projections.NewRecent(consoleRequests)}
+		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests}
 }
 
 // start starts the readers once, on the frontend's lifetime, and waits up to
@@ -125,7 +123,7 @@ func (c *consoleView) start(ctx context.Context) error {
 
 func (c *consoleView) follow() error {
 	ctx := c.fe.ctx
-	since := time.Now().Add(-consoleWindow)
+	since := time.Now().Add(-c.fe.cfg.ConsoleWindow)
 	var pending sync.WaitGroup
 	for _, name := range []string{streams.RequestsStream, streams.WorkersStream} {
 		// Caught up: the stream's last message as of now was applied, or the
@@ -197,8 +195,8 @@ func (c *consoleView) apply(stream string, e events.Envelope) {
 		if e.Seq > *seq {
 			*seq = e.Seq
 			c.feed = append(c.feed, feedOf(stream, e, c.cursor))
-			if len(c.feed) > consoleFeedLimit {
-				c.feed = append(c.feed[:0], c.feed[len(c.feed)-consoleFeedLimit:]...)
+			if len(c.feed) > c.limit {
+				c.feed = append(c.feed[:0], c.feed[len(c.feed)-c.limit:]...)
 			}
 			changed = true
 		}

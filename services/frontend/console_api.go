@@ -184,7 +184,7 @@ func (fe *Frontend) handleConsoleRequests(w http.ResponseWriter, r *http.Request
 		writeAPIError(w, badRequest("invalid_status", "status must be one of pending, running, completed, failed, cancelled; got %q", status))
 		return
 	}
-	limit := consoleRequests
+	limit := fe.cfg.ConsoleRequests
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
