@@ -10,10 +10,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 )
 
@@ -107,6 +109,7 @@ func TestConsoleBrowser(t *testing.T) {
 	fe2.waitRoutable(t, "w1", "w2")
 
 	ctx := newBrowser(t)
+	sent := recordRequests(ctx)
 	browse(t, ctx, 20*time.Second, "load the console and see both workers",
 		chromedp.Navigate(fe1.url+"/console"),
 		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
@@ -118,6 +121,12 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(css(`#conn[data-frontend="frontend-1"]`)),
 	)
 	loadedAt := value(t, ctx, "read the load time", chromedp.Evaluate[float64](`window.__loaded`))
+	// From here on every call of the page carries the key.
+	keyed := sent.len()
+	browse(t, ctx, 10*time.Second, "enter an API key",
+		chromedp.SendKeys(css(`#key`), "test-key"),
+		chromedp.Click(css(`#keyform button`)),
+	)
 
 	// A long stream, and another one to kill from the page later.
 	const prompt = "a long story about migrations"
@@ -219,6 +228,76 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("the page was reloaded to fail over")
 	}
 	screenshot(t, ctx, filepath.Join(t.TempDir(), "console-failover.png"))
+
+	// Every API call after the key was entered carried it: the event stream
+	// (reopened at once, and again on the second frontend), the timeline,
+	// the cancel.
+	calls := map[string]int{}
+	for _, r := range sent.since(keyed) {
+		if !strings.Contains(r.url, "/v1/") || r.method == http.MethodOptions {
+			continue
+		}
+		if r.auth != "Bearer test-key" {
+			t.Errorf("%s %s sent Authorization %q, want the key entered", r.method, r.url, r.auth)
+		}
+		switch {
+		case strings.HasSuffix(r.url, "/v1/console/events"):
+			calls["events"]++
+		case strings.HasSuffix(r.url, "/timeline"):
+			calls["timeline"]++
+		case strings.HasSuffix(r.url, "/cancel"):
+			calls["cancel"]++
+		}
+	}
+	if calls["events"] < 2 || calls["timeline"] < 1 || calls["cancel"] != 1 {
+		t.Errorf("calls with the key: %v, want the event stream twice or more, the timeline, one cancel", calls)
+	}
+}
+
+// sentRequest is a request the page sent, as the browser reported it.
+type sentRequest struct{ method, url, auth string }
+
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []sentRequest
+}
+
+func (l *requestLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.reqs)
+}
+
+func (l *requestLog) since(n int) []sentRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sentRequest(nil), l.reqs[n:]...)
+}
+
+// recordRequests records every request the tab sends, until ctx ends.
+func recordRequests(ctx context.Context) *requestLog {
+	l := &requestLog{}
+	evs := chromedp.Events(ctx, network.RequestWillBeSent)
+	go func() {
+		for ev, err := range evs {
+			if err != nil {
+				return
+			}
+			if ev.Request == nil {
+				continue
+			}
+			r := sentRequest{method: ev.Request.Method, url: ev.Request.URL}
+			for k, v := range ev.Request.Headers {
+				if strings.EqualFold(k, "Authorization") {
+					r.auth, _ = v.(string)
+				}
+			}
+			l.mu.Lock()
+			l.reqs = append(l.reqs, r)
+			l.mu.Unlock()
+		}
+	}()
+	return l
 }
 
 // tryState reads GET /v1/requests/{id} without failing the test (the

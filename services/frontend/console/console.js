@@ -20,6 +20,7 @@ const st = {
   extra: (new URLSearchParams(location.search).get('frontends') || '').split(',').filter(Boolean),
   workers: [], requests: [], now: Date.now(), skew: 0, self: '',
   selected: '', timeline: null, tlTimer: 0, tlLoading: false, tlAt: 0,
+  stream: null, rekey: false, // the event stream's AbortController; set when a new key restarts it
 };
 
 function headers(extra = {}) {
@@ -56,7 +57,8 @@ async function run() {
     try {
       const h = headers({ Accept: 'text/event-stream' });
       if (st.cursor) h['Last-Event-ID'] = st.cursor;
-      const resp = await fetch(st.base + '/v1/console/events', { headers: h, cache: 'no-store' });
+      st.stream = new AbortController();
+      const resp = await fetch(st.base + '/v1/console/events', { headers: h, cache: 'no-store', signal: st.stream.signal });
       if (resp.status === 401 || resp.status === 403) {
         setConn(false, 'not authorised');
         notice('This frontend wants an API key: enter it above.');
@@ -79,6 +81,7 @@ async function run() {
       }
       throw new Error('the stream ended');
     } catch (e) {
+      if (st.rekey) { st.rekey = false; continue; } // a new key: reconnect here, resuming
       setConn(false, 'lost ' + st.base.replace(/^https?:\/\//, '') + ' (' + e.message + '), reconnecting…');
       await failover();
     }
@@ -375,7 +378,8 @@ $('#keyform').addEventListener('submit', (ev) => {
   ev.preventDefault();
   st.key = $('#key').value.trim();
   if (st.key) localStorage.setItem(KEY, st.key); else localStorage.removeItem(KEY);
-  if (keyWaiter) { keyWaiter(); keyWaiter = null; }
+  if (keyWaiter) { keyWaiter(); keyWaiter = null; return; }
+  if (st.stream) { st.rekey = true; st.stream.abort(); }
 });
 setInterval(() => { st.now = Date.now() - st.skew; renderWorkers(); }, 1000);
 if (location.hash.length > 1) openTimeline(decodeURIComponent(location.hash.slice(1)));
