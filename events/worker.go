@@ -65,6 +65,9 @@ type Lease struct {
 	// worker is live but must not receive new requests. Cleared when a
 	// canary passes again. Absent (false) in leases of older builds.
 	NotReady bool `json:"not_ready,omitempty"`
+	// NotReadyReason says why, while NotReady: "stalled" (in-flight
+	// requests stopped producing) or "canary_failed".
+	NotReadyReason string `json:"not_ready_reason,omitempty"`
 	// ClientID is the worker's NATS client id on its server, matched against
 	// disconnect advisories.
 	ClientID uint64 `json:"client_id,omitempty"`

@@ -30,6 +30,8 @@ type Worker struct {
 	ClientID      uint64      `json:"client_id,omitempty"`
 	Server        string      `json:"server,omitempty"`
 	Load          events.Load `json:"load"`
+	// Reason says why a not_ready worker is not ready (stalled, canary_failed).
+	Reason string `json:"reason,omitempty"`
 	// LeaseRenewed is when the lease key was last written; zero if unknown.
 	LeaseRenewed time.Time `json:"lease_renewed,omitzero"`
 }
@@ -100,7 +102,7 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 	case l.Draining || d.ended[u.Key] == l.LeaseID:
 		w.State = WorkerDraining
 	case l.NotReady:
-		w.State = WorkerNotReady
+		w.State, w.Reason = WorkerNotReady, l.NotReadyReason
 	}
 	d.workers[u.Key] = w
 	return true

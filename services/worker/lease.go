@@ -186,16 +186,16 @@ func (l *lease) setDraining() error {
 	return l.write(func(v *events.Lease) { v.Draining = true })
 }
 
-// setNotReady sets the lease's NotReady flag if it differs, so discovery
-// takes the worker out of routing (or puts it back).
-func (l *lease) setNotReady(notReady bool) error {
+// setNotReady sets the lease's NotReady flag and its reason if they differ,
+// so discovery takes the worker out of routing (or puts it back).
+func (l *lease) setNotReady(notReady bool, reason string) error {
 	l.mu.Lock()
-	same := l.value.NotReady == notReady
+	same := l.value.NotReady == notReady && l.value.NotReadyReason == reason
 	l.mu.Unlock()
 	if same {
 		return nil
 	}
-	return l.write(func(v *events.Lease) { v.NotReady = notReady })
+	return l.write(func(v *events.Lease) { v.NotReady, v.NotReadyReason = notReady, reason })
 }
 
 // revoke stops the renewals and deletes the key if it still holds this lease.

@@ -337,11 +337,14 @@ func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
 
 // register grants a new lease with a new lease id and appends worker_registered.
 func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
-	healthy, _ := w.health.state()
+	healthy, reason := w.health.state()
 	v := events.Lease{
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
 		NotReady: !healthy,
+	}
+	if !healthy {
+		v.NotReadyReason = reason
 	}
 	w.connInfo(&v)
 	rctx, cancel := withDefaultTimeout(ctx)
@@ -400,12 +403,15 @@ func (w *Worker) canaryDone(ok bool, at time.Time) {
 func (w *Worker) syncReady() {
 	w.readyMu.Lock()
 	defer w.readyMu.Unlock()
-	healthy, _ := w.health.state()
+	healthy, reason := w.health.state()
 	l := w.currentLease()
 	if l == nil {
 		return // re-registering: register reads the health itself
 	}
-	if err := l.setNotReady(!healthy); err != nil {
+	if healthy {
+		reason = ""
+	}
+	if err := l.setNotReady(!healthy, reason); err != nil {
 		w.log.Warn("mark lease readiness", "lease_id", l.ID(), "not_ready", !healthy, "err", err)
 	}
 }

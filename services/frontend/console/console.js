@@ -191,7 +191,7 @@ function renderWorkers() {
   syncRows($('#workers tbody'), st.workers.map((w) => {
     const l = w.load || {};
     const kv = l.kv_blocks_total ? Math.round(100 * l.kv_blocks_used / l.kv_blocks_total) : 0;
-    const state = w.state === 'not_ready' ? badge(w.state) + ' <small>health checks failing</small>' : badge(w.state);
+    const state = w.state === 'not_ready' ? badge(w.state) + ` <small>${esc((w.reason || 'health checks failing').replace('_', ' '))}</small>` : badge(w.state);
     return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state }, cells: [
       `<b>${esc(w.id)}</b>`, state, esc(w.model), String(l.active_requests || 0),
       `<span class="bar"><i style="width:${kv}%"></i></span>${l.kv_blocks_used || 0}/${l.kv_blocks_total || 0}`,
