@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -101,7 +102,7 @@ func newConsoleView(fe *Frontend) *consoleView {
 func (c *consoleView) start(ctx context.Context) error {
 	c.startMu.Lock()
 	if !c.started {
-		if c.fe.ctx == nil {
+		if c.fe.ctx == nil || c.fe.isDraining() {
 			c.startMu.Unlock()
 			return fmt.Errorf("console: the frontend is not running")
 		}
@@ -121,10 +122,22 @@ func (c *consoleView) start(ctx context.Context) error {
 	return nil
 }
 
-func (c *consoleView) follow() error {
-	ctx := c.fe.ctx
+// follow starts the two readers; if either cannot start, neither runs.
+func (c *consoleView) follow() (err error) {
+	ctx, stop := context.WithCancel(c.fe.ctx)
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
 	since := time.Now().Add(-c.fe.cfg.ConsoleWindow)
-	var pending sync.WaitGroup
+	var pending atomic.Int32 // readers not caught up yet
+	pending.Store(2)
+	caughtUp := func() {
+		if pending.Add(-1) == 0 {
+			close(c.caughtUp)
+		}
+	}
 	for _, name := range []string{streams.RequestsStream, streams.WorkersStream} {
 		// Caught up: the stream's last message as of now was applied, or the
 		// server said nothing is pending, or the window holds nothing.
@@ -142,8 +155,7 @@ func (c *consoleView) follow() error {
 			return fmt.Errorf("console: follow %s: %w", name, err)
 		}
 		var once sync.Once
-		pending.Add(1)
-		done := func() { once.Do(pending.Done) }
+		done := func() { once.Do(caughtUp) }
 		if last == 0 {
 			done()
 		}
@@ -173,10 +185,6 @@ func (c *consoleView) follow() error {
 			cc.Stop()
 		}()
 	}
-	go func() {
-		pending.Wait()
-		close(c.caughtUp)
-	}()
 	return nil
 }
 
