@@ -2,6 +2,7 @@ package frontend_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -9,7 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/streams"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 func getBody(t *testing.T, req *http.Request) (int, http.Header, string) {
@@ -217,4 +222,58 @@ func TestConsoleCORSAndMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+}
+
+// TestConsoleEventsEndAtShutdown: an open console stream does not hold a
+// frontend's shutdown for its graceful budget: it ends when draining starts.
+func TestConsoleEventsEndAtShutdown(t *testing.T) {
+	s := natstest.Start(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fe, err := frontend.New(s.Connect(t), nil, prometheus.NewRegistry(), frontend.Config{
+		HTTPAddr: "127.0.0.1:0", Streams: streams.Config{MemoryStorage: true}, ShutdownTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, err := fe.Listen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- fe.Run(ctx) }()
+	url := "http://" + addr.String()
+	var resp *http.Response
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err = http.Get(url + "/v1/console/events")
+		if err == nil && resp.StatusCode == 200 {
+			break
+		}
+		if err == nil {
+			resp.Body.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("console events never answered: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	defer resp.Body.Close()
+	start := time.Now()
+	cancel()
+	ended := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, resp.Body); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the console stream outlived the shutdown's start by 10 s")
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the frontend did not stop within 10 s (budget 30 s) with a console open")
+	}
+	t.Logf("stream ended and frontend stopped %v after the shutdown began", time.Since(start))
 }
