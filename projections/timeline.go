@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
 )
 
 // TimelineEntry is one stored event of a request's history as the replay
@@ -43,11 +44,7 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 	}
 	timeline = make([]TimelineEntry, 0, len(envs))
 	for _, e := range envs {
-		note := WhyIgnored(r, e)
-		applied := r.Apply(e)
-		if applied {
-			note = ""
-		}
+		applied, note := r.Fold(e)
 		timeline = append(timeline, TimelineEntry{
 			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: SubjectKind(e.Event),
 			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
@@ -63,51 +60,8 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 // SubjectKind names the subject an event is stored on, below
 // baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
 func SubjectKind(ev events.Event) string {
-	switch ev := ev.(type) {
-	case events.TokensGenerated:
-		return fmt.Sprintf("tokens.%d", ev.Attempt)
-	case events.RequestCompleted:
-		return fmt.Sprintf("tokens.%d", ev.Attempt)
-	case events.AttemptFailed:
-		return fmt.Sprintf("tokens.%d", ev.Attempt)
-	}
-	return "events"
-}
-
-// WhyIgnored says, before e is applied to r, why the fold would ignore it;
-// it is meaningful only if Apply then reports no change.
-func WhyIgnored(r *Request, e events.Envelope) string {
-	fenced := func(k int) bool {
-		cur, ok := r.Current()
-		return !ok || k != cur.Attempt || cur.Closed
-	}
-	switch ev := e.Event.(type) {
-	case events.TokensGenerated:
-		switch {
-		case r.Status.Terminal():
-			return "ignored (after the end)"
-		case fenced(ev.Attempt):
-			return "ignored (fenced)"
-		case ev.Offset > r.Len():
-			return "ignored (gap)"
-		}
-		return "ignored (duplicate)"
-	case events.RequestCompleted:
-		if r.Status.Terminal() {
-			return "ignored (after the end)"
-		}
-		return "ignored (fenced)"
-	case events.AttemptFailed:
-		return "no effect (attempt already closed)"
-	case events.RequestAttached:
-		return "no effect (already the owner)"
-	case events.RequestMigrated, events.RequestFailed, events.RequestCancelled, events.RequestRouted:
-		if r.Status.Terminal() {
-			return "ignored (after the end)"
-		}
-		return "no effect (already applied)"
-	}
-	return "no effect"
+	const id = "_"
+	return strings.TrimPrefix(streams.SubjectOf(id, ev), strings.TrimSuffix(streams.RequestEvents(id), "events"))
 }
 
 // FencedBy reports the frontend that wrote an AttemptFailed marker, if a

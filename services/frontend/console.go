@@ -40,9 +40,11 @@ type consoleView struct {
 	fe      *Frontend
 	changed *signal
 
-	startMu  sync.Mutex
-	started  bool          // guarded by startMu
-	caughtUp chan struct{} // closed when both readers reached the log's end as of their start
+	startMu   sync.Mutex
+	ctx       context.Context            // the frontend's lifetime while run runs; guarded by startMu
+	started   bool                       // guarded by startMu
+	consumers []jetstream.ConsumeContext // guarded by startMu
+	caughtUp  chan struct{}              // closed when both readers reached the log's end as of their start
 
 	mu     sync.Mutex
 	recent *projections.Recent
@@ -97,12 +99,28 @@ func newConsoleView(fe *Frontend) *consoleView {
 		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests}
 }
 
+// run gives the console the frontend's lifetime: readers start on ctx, and
+// run stops them when ctx is done.
+func (c *consoleView) run(ctx context.Context) {
+	c.startMu.Lock()
+	c.ctx = ctx
+	c.startMu.Unlock()
+	<-ctx.Done()
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
+	c.ctx = nil
+	for _, cc := range c.consumers {
+		cc.Stop()
+	}
+	c.consumers = nil
+}
+
 // start starts the readers once, on the frontend's lifetime, and waits up to
 // consoleCatchUp for them to catch up.
 func (c *consoleView) start(ctx context.Context) error {
 	c.startMu.Lock()
 	if !c.started {
-		if c.fe.ctx == nil || c.fe.isDraining() {
+		if c.ctx == nil || c.fe.isDraining() {
 			c.startMu.Unlock()
 			return fmt.Errorf("console: the frontend is not running")
 		}
@@ -123,11 +141,15 @@ func (c *consoleView) start(ctx context.Context) error {
 }
 
 // follow starts the two readers; if either cannot start, neither runs.
+// Called with startMu held.
 func (c *consoleView) follow() (err error) {
-	ctx, stop := context.WithCancel(c.fe.ctx)
+	ctx := c.ctx
+	var started []jetstream.ConsumeContext
 	defer func() {
 		if err != nil {
-			stop()
+			for _, cc := range started {
+				cc.Stop()
+			}
 		}
 	}()
 	since := time.Now().Add(-c.fe.cfg.ConsoleWindow)
@@ -178,13 +200,9 @@ func (c *consoleView) follow() (err error) {
 		if info, err := cons.Info(cctx); err == nil && info.NumPending == 0 && info.Delivered.Stream == 0 {
 			done() // nothing stored in the window
 		}
-		c.fe.wg.Add(1)
-		go func() {
-			defer c.fe.wg.Done()
-			<-ctx.Done()
-			cc.Stop()
-		}()
+		started = append(started, cc)
 	}
+	c.consumers = append(c.consumers, started...)
 	return nil
 }
 

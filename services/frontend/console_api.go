@@ -8,9 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -28,42 +26,26 @@ type consoleFrontend struct {
 	PID  int    `json:"pid"`
 }
 
+func consoleFrontends(fs []projections.Frontend) []consoleFrontend {
+	out := make([]consoleFrontend, 0, len(fs))
+	for _, f := range fs {
+		out = append(out, consoleFrontend{ID: f.FrontendID, Addr: f.Addr, Host: f.Host, PID: f.PID})
+	}
+	return out
+}
+
+// list returns the live frontends.
 func (p *presence) list() []consoleFrontend {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make([]consoleFrontend, 0, len(p.alive))
-	for _, e := range p.alive {
-		out = append(out, consoleFrontend{ID: e.FrontendID, Addr: e.Addr, Host: e.Host, PID: e.PID})
-	}
-	slices.SortFunc(out, func(a, b consoleFrontend) int { return strings.Compare(a.ID, b.ID) })
-	return out
+	return consoleFrontends(p.view.Members())
 }
 
-// goneLimit bounds how many departed frontends a replica remembers.
-const goneLimit = 64
-
-// forget remembers a frontend whose key is going, so that a console it
-// served may still fail over to this one (withCORS). Called with p.mu held.
-func (p *presence) forget(id string) {
-	e, ok := p.alive[id]
-	if !ok {
-		return
-	}
-	if p.gone == nil || len(p.gone) >= goneLimit {
-		p.gone = map[string]presenceEntry{}
-	}
-	p.gone[id] = e
-}
-
-// known returns the live and the departed frontends.
+// known returns the live frontends and those that departed.
 func (p *presence) known() []consoleFrontend {
-	out := p.list()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, e := range p.gone {
-		out = append(out, consoleFrontend{ID: e.FrontendID, Addr: e.Addr, Host: e.Host, PID: e.PID})
-	}
-	return out
+	return consoleFrontends(append(p.view.Members(), p.view.Departed()...))
 }
 
 // consoleState is the data of a "state" event of GET /v1/console/events: the
