@@ -208,15 +208,23 @@ func TestConsoleBrowser(t *testing.T) {
 	// The page's frontend dies: it reconnects to the other one and catches up.
 	fe1.signal(syscall.SIGKILL)
 	fe1.wait(10 * time.Second)
-	after := postStream(t, fe2.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "after the failover", "max_tokens": 5},
-		map[string]string{"X-Request-Id": "after"}, nil)
-	if !after.done {
-		t.Fatalf("request after the failover did not complete: %+v", after)
-	}
+	// A request on the second frontend, killed through the API: its row and
+	// the feed's cancellation must reach the page.
+	afterDone := make(chan sseResult, 1)
+	go func() {
+		afterDone <- postStream(t, fe2.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "after the failover", "max_tokens": 2000},
+			map[string]string{"X-Request-Id": "after"}, nil)
+	}()
+	waitFor(t, 20*time.Second, "the request after the failover to run", func() bool {
+		st, ok := tryState(fe2, "after")
+		return ok && st.TokensGenerated > 0
+	})
+	cancelRequest(t, fe2, "after", "kill")
+	<-afterDone
 	browse(t, ctx, 30*time.Second, "fail over to the second frontend and catch up",
 		chromedp.WaitVisible(css(`#conn[data-frontend="frontend-2"]`)),
-		chromedp.WaitVisible(css(`#requests tr[data-request="after"][data-status="completed"]`)),
-		chromedp.WaitVisible(css(`#feed li[data-kind="completed"][data-request="after"]`)),
+		chromedp.WaitVisible(css(`#requests tr[data-request="after"][data-status="cancelled"]`)),
+		chromedp.WaitVisible(css(`#feed li[data-kind="cancelled"][data-request="after"]`)),
 	)
 	migrated := value(t, ctx, "count the feed's migrations",
 		chromedp.Evaluate[int](`document.querySelectorAll('#feed li[data-kind="migrated"][data-request="long"]').length`))

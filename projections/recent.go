@@ -178,13 +178,16 @@ func requestOf(ev events.Event) string {
 }
 
 // InFeed reports whether an event belongs in the console's live feed of the
-// log: the decisions and incidents people watch (migrations, fences and
-// failed attempts, failures, cancellations, completions, attaches, new
-// requests, and every worker lifecycle event), not token deltas or routing.
+// log: the incidents people watch (migrations, fences and failed attempts,
+// failures, cancellations, attaches, and every worker lifecycle event). The
+// events every request has (accepted, routed, tokens, completed) stay out,
+// so the feed grows with trouble, not with traffic.
 func InFeed(ev events.Event) bool {
 	switch ev.(type) {
-	case events.TokensGenerated, events.RequestRouted, events.ChildAdded, nil:
-		return false
+	case events.AttemptFailed, events.RequestMigrated, events.RequestFailed, events.RequestCancelled,
+		events.RequestAttached, events.WorkerRegistered, events.WorkerDraining, events.WorkerDeregistered,
+		events.WorkerLost:
+		return true
 	}
-	return true
+	return false
 }

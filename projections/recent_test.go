@@ -83,6 +83,10 @@ func TestInFeed(t *testing.T) {
 		{events.RequestCancelled{}, true},
 		{events.TokensGenerated{}, false},
 		{events.RequestRouted{}, false},
+		{events.RequestAccepted{}, false},
+		{events.RequestCompleted{}, false},
+		{events.RequestAttached{}, true},
+		{events.WorkerRegistered{}, true},
 	}
 	for _, tt := range tests {
 		if got := InFeed(tt.ev); got != tt.want {

@@ -146,55 +146,82 @@ func readFeed(t *testing.T, url, lastID string, until func(feedEvent) bool) []fe
 	return nil
 }
 
+// killed starts a streaming request id and kills it through the API once
+// it runs, so that a cancelled event reaches the feed.
+func killed(t *testing.T, url, id string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions",
+			strings.NewReader(`{"model":"mock","prompt":"kill me","max_tokens":500,"stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Id", id)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, _, body := get(t, url+"/v1/requests/"+id); strings.Contains(body, `"status":"running"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("request %s never ran", id)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Post(url+"/v1/requests/"+id+"/cancel", "application/json", strings.NewReader(`{"mode":"kill"}`))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("cancel %s: %v %v", id, err, resp)
+	}
+	resp.Body.Close()
+	<-done
+}
+
 func TestConsoleEventsResume(t *testing.T) {
-	url := inProcess(t, engine.MockConfig{SpeedupRatio: 1e9})
+	url := inProcess(t, engine.MockConfig{TokensPerSec: 20})
 	if code, _, body := get(t, url+"/v1/console/events", "Last-Event-ID", "12"); code != 400 || !strings.Contains(body, "invalid_last_event_id") {
 		t.Errorf("bad Last-Event-ID: status %d body %s, want 400 invalid_last_event_id", code, body)
 	}
-	stream(t, url, "first", 3)
-	var sawCompleted, sawState bool
-	first := readFeed(t, url, "", func(e feedEvent) bool {
-		sawCompleted = sawCompleted || (e.event == "feed" && e.data["kind"] == "completed")
-		sawState = sawState || e.event == "state"
-		return sawCompleted && sawState
-	})
-	completed := func(e feedEvent) bool { return e.event == "feed" && e.data["kind"] == "completed" }
-	var state bool
-	for _, e := range first {
-		state = state || (e.event == "state" && len(e.data["workers"].([]any)) == 1)
-	}
-	if !state {
-		t.Errorf("no state event with the worker among %d events", len(first))
-	}
-	var last feedEvent
-	for _, e := range first {
-		if e.event == "feed" {
-			last = e
+	cancelledOf := func(id string) func(e feedEvent) bool {
+		return func(e feedEvent) bool {
+			return e.event == "feed" && e.data["kind"] == "cancelled" && e.data["request_id"] == id
 		}
 	}
+	killed(t, url, "r1")
+	var sawCancel, sawState bool
+	first := readFeed(t, url, "", func(e feedEvent) bool {
+		sawCancel = sawCancel || cancelledOf("r1")(e)
+		sawState = sawState || (e.event == "state" && len(e.data["workers"].([]any)) == 1)
+		return sawCancel && sawState
+	})
+	var last feedEvent
 	kinds := map[string]bool{}
 	for _, e := range first {
 		if e.event == "feed" {
+			last = e
 			kinds[e.data["kind"].(string)] = true
 		}
 	}
-	for _, k := range []string{"registered", "accepted", "completed"} {
+	for _, k := range []string{"registered", "cancelled"} {
 		if !kinds[k] {
 			t.Errorf("feed lacks a %q event: %v", k, kinds)
 		}
 	}
+	if kinds["accepted"] || kinds["completed"] || kinds["tokens"] {
+		t.Errorf("feed carries the events every request has: %v", kinds)
+	}
 
-	stream(t, url, "second", 3)
-	resumed := readFeed(t, url, last.id, completed)
+	killed(t, url, "r2")
+	resumed := readFeed(t, url, last.id, cancelledOf("r2"))
 	for _, e := range resumed {
 		if e.event != "feed" {
 			continue
 		}
-		if e.data["seq"].(float64) <= last.data["seq"].(float64) && e.data["stream"] == last.data["stream"] {
-			t.Errorf("resumed after %s but got %s again", last.id, e.id)
-		}
-		if e.data["kind"] == "registered" {
-			t.Errorf("resumed feed repeats the worker's registration (id %s)", e.id)
+		if e.data["kind"] == "registered" || e.data["request_id"] == "r1" {
+			t.Errorf("resumed after %s but got %s (%v) again", last.id, e.id, e.data["summary"])
 		}
 	}
 }
