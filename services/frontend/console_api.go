@@ -268,7 +268,11 @@ func (fe *Frontend) frontendOrigin(origin, reqHost string) bool {
 		ip := net.ParseIP(h)
 		return h == "localhost" || (ip != nil && ip.IsLoopback())
 	}
-	for _, f := range fe.presence.known() {
+	fronts := fe.presence.known()
+	if fe.listener != nil { // itself, before its own presence key comes back from the watch
+		fronts = append(fronts, consoleFrontend{ID: fe.id, Addr: fe.listener.Addr().String()})
+	}
+	for _, f := range fronts {
 		h, p, err := net.SplitHostPort(f.Addr)
 		if err != nil || p != port {
 			continue
