@@ -22,10 +22,10 @@ import (
 // The console's fixed bounds; Config.ConsoleWindow and ConsoleRequests set
 // how far back it reads and how much it keeps.
 const (
-	consoleRows      = 200 // rows of the request table sent in a state event
-	consoleStateRate = 250 * time.Millisecond
-	consoleHeartbeat = 15 * time.Second
-	consoleCatchUp   = 5 * time.Second // how long a first reader waits for the views to catch up
+	consoleRows      = 200                    // rows of the request table sent in a state event
+	consoleStateRate = 250 * time.Millisecond // at most one state event per
+	consoleStateIdle = 2 * time.Second        // at least one state event per (a heartbeat too)
+	consoleCatchUp   = 5 * time.Second        // how long a first reader waits for the views to catch up
 )
 
 //go:embed console

@@ -130,7 +130,7 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 				return
 			}
 			lastState, stateDue = time.Now(), false
-			timer.Reset(2 * time.Second)
+			timer.Reset(consoleStateIdle)
 		} else if stateDue {
 			timer.Reset(wait)
 		}
