@@ -31,8 +31,8 @@ type RequestSummary struct {
 
 // Recent is the bounded view of the requests stream behind the console:
 // every request whose accepted event it saw, folded exactly as a frontend
-// folds one request (Request), so any replica reading the same log shows the
-// same rows. Beyond Limit requests it forgets the least recently updated
+// folds one request (Request, without the token text), so any replica
+// reading the same log shows the same rows. Beyond Limit requests it forgets the least recently updated
 // ones, ended requests first. Events of requests whose accepted event it
 // did not see (accepted before the reader started) are ignored.
 //
@@ -83,7 +83,7 @@ func (v *Recent) Apply(e events.Envelope) (changed bool) {
 		if _, isAccepted := e.Event.(events.RequestAccepted); !isAccepted {
 			return false
 		}
-		rr = &recentRequest{id: id, r: NewRequest(), accepted: e.Time}
+		rr = &recentRequest{id: id, r: NewRequestCounter(), accepted: e.Time}
 		v.reqs[id] = rr
 		defer v.evict()
 	}

@@ -2,6 +2,7 @@ package projections
 
 import (
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -92,5 +93,35 @@ func TestInFeed(t *testing.T) {
 		if got := InFeed(tt.ev); got != tt.want {
 			t.Errorf("InFeed(%T) = %v, want %v", tt.ev, got, tt.want)
 		}
+	}
+}
+
+// TestRequestCounter: a counter folds to the same state as a full
+// projection, fences and duplicates included, without keeping the text.
+func TestRequestCounter(t *testing.T) {
+	full, count := NewRequest(), NewRequestCounter()
+	evs := []events.Event{
+		events.RequestAccepted{RequestID: "r", Model: "m", MaxTokens: 6},
+		events.RequestRouted{RequestID: "r", WorkerID: "w1"},
+		events.TokensGenerated{RequestID: "r", Tokens: []string{"a ", "b "}},
+		events.TokensGenerated{RequestID: "r", Offset: 1, Tokens: []string{"b ", "c "}},
+		events.AttemptFailed{RequestID: "r", WorkerID: "w1", Offset: 3, Reason: "worker_lost"},
+		events.RequestMigrated{RequestID: "r", FromWorker: "w1", Cut: 3, MigrationType: events.MigrationOngoingRequest},
+		events.TokensGenerated{RequestID: "r", Offset: 3, Tokens: []string{"zombie "}},
+		events.RequestRouted{RequestID: "r", Attempt: 1, WorkerID: "w2", StartOffset: 3},
+		events.TokensGenerated{RequestID: "r", Attempt: 1, Offset: 3, Tokens: []string{"d ", "e ", "f ", "g "}},
+		events.RequestCompleted{RequestID: "r", Attempt: 1, FinishReason: "length"},
+	}
+	for i, ev := range evs {
+		e := events.Envelope{Seq: uint64(i + 1), Subject: "r", Event: ev}
+		if a, b := full.Apply(e), count.Apply(e); a != b {
+			t.Fatalf("event %d (%T): full applied %v, counter %v", i, ev, a, b)
+		}
+	}
+	if !reflect.DeepEqual(full.State(), count.State()) {
+		t.Errorf("states differ:\n full    %+v\n counter %+v", full.State(), count.State())
+	}
+	if full.Len() != 6 || count.Len() != 6 || count.Text() != "" || full.Text() != "a b c d e f " {
+		t.Errorf("full %d tokens %q, counter %d tokens %q; want 6 and the text only in full", full.Len(), full.Text(), count.Len(), count.Text())
 	}
 }

@@ -75,6 +75,9 @@ type Request struct {
 	CompletedAt  int64    // unix seconds, from the completion event's time
 
 	tokens []string
+	n      int // tokens accepted: len(tokens), unless countOnly
+	// countOnly keeps no token text (NewRequestCounter).
+	countOnly bool
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the missing delta with every later
@@ -86,6 +89,11 @@ type Request struct {
 // NewRequest returns an empty projection.
 func NewRequest() *Request { return &Request{} }
 
+// NewRequestCounter returns an empty projection that keeps no token text:
+// its state and Len are those of NewRequest's, Tokens and Text are empty.
+// It suits views of many requests at once (the console's).
+func NewRequestCounter() *Request { return &Request{countOnly: true} }
+
 // LastSeq is the stream sequence of the last applied event.
 func (r *Request) LastSeq() uint64 { return r.lastSeq }
 
@@ -93,7 +101,7 @@ func (r *Request) LastSeq() uint64 { return r.lastSeq }
 func (r *Request) Known() bool { return r.Accepted.RequestID != "" }
 
 // Len is the number of tokens accepted so far (the token offset).
-func (r *Request) Len() int { return len(r.tokens) }
+func (r *Request) Len() int { return r.n }
 
 // Tokens returns a copy of the tokens at offsets [from, Len()).
 func (r *Request) Tokens(from int) []string {
@@ -199,7 +207,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 		a := &r.Attempts[ev.Attempt]
 		a.Closed = true
-		a.Cut = len(r.tokens)
+		a.Cut = r.n
 		a.CloseReason = ev.Reason
 		a.CloseClass, a.CloseStatus, a.CloseCode, a.CloseMessage = ev.Class, ev.Status, ev.Code, ev.Message
 		a.RetryAfterMS = ev.RetryAfterMS
@@ -242,7 +250,7 @@ func (r *Request) applyMigrated(ev events.RequestMigrated) {
 	if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
 		a := &r.Attempts[k]
 		a.Closed = true
-		a.Cut = len(r.tokens)
+		a.Cut = r.n
 		a.CloseReason = ev.Reason
 	}
 	r.Migrations = append(r.Migrations, Migration{
@@ -294,7 +302,7 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if why := r.closedFor(ev.Attempt); why != "" {
 		return false, why
 	}
-	have := len(r.tokens)
+	have := r.n
 	if ev.Offset > have {
 		r.Skipped++ // a gap: never accept tokens out of order
 		return false, IgnoredGap
@@ -310,6 +318,9 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if len(add) == 0 {
 		return false, IgnoredPastMax
 	}
-	r.tokens = append(r.tokens, add...)
+	r.n += len(add)
+	if !r.countOnly {
+		r.tokens = append(r.tokens, add...)
+	}
 	return true, ""
 }
