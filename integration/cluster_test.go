@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -193,10 +194,20 @@ func streamAll(t *testing.T, fe *frontend, tag string, n, maxTokens, faultAt int
 }
 
 // checkClusterStreams checks that every stream completed with the fault-free
-// text, and that the log, read through another frontend, holds all of it.
-func checkClusterStreams(t *testing.T, reader *frontend, streams []*clusterStream, maxTokens int) {
+// text, that the log, read through another frontend, holds all of it, and
+// that the log stored at most twice the tokens delivered, counted over every
+// delta of the request (a re-send after a failed append carries only what was
+// not acknowledged).
+func checkClusterStreams(t *testing.T, js jetstream.JetStream, reader *frontend, css []*clusterStream, maxTokens int) {
 	t.Helper()
-	for _, cs := range streams {
+	for _, cs := range css {
+		stored, deltas := storedTokens(t, js, cs.id)
+		t.Logf("%s: the log stores %d tokens in %d deltas for %d delivered", cs.id, stored, deltas, maxTokens)
+		if stored > 2*maxTokens {
+			t.Errorf("%s: the log stores %d tokens for %d delivered; want at most %d", cs.id, stored, maxTokens, 2*maxTokens)
+		}
+	}
+	for _, cs := range css {
 		want := engine.MockText(cs.prompt, 0, maxTokens)
 		if !cs.res.done || cs.res.text != want {
 			t.Errorf("%s: done=%v error=%q\n got %q\nwant %q", cs.id, cs.res.done, cs.res.errorBody, cs.res.text, want)
@@ -213,6 +224,24 @@ func checkClusterStreams(t *testing.T, reader *frontend, streams []*clusterStrea
 		}
 		t.Logf("%s: %d tokens, longest pause %v, %d migrations", cs.id, maxTokens, cs.maxGap.Round(time.Millisecond), len(st.Migrations))
 	}
+}
+
+// storedTokens sums the tokens of every delta stored for request id, over
+// all its attempts, duplicates included, and counts the deltas.
+func storedTokens(t *testing.T, js jetstream.JetStream, id string) (tokens, deltas int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for e, err := range streams.ReadRequest(ctx, js, id, 1) {
+		if err != nil {
+			t.Fatalf("read %s from the log: %v", id, err)
+		}
+		if ev, ok := e.Event.(events.TokensGenerated); ok {
+			tokens += len(ev.Tokens)
+			deltas++
+		}
+	}
+	return tokens, deltas
 }
 
 // postlessReplay reads a whole request from the log through fe's resume API.
@@ -276,7 +305,7 @@ func TestClusterNodeLoss(t *testing.T) {
 				killed = time.Now()
 			})
 			t.Logf("streams ended %v after the kill", time.Since(killed).Round(time.Millisecond))
-			checkClusterStreams(t, fe1, res, maxTokens)
+			checkClusterStreams(t, js, fe1, res, maxTokens)
 
 			// Bring the node back with its store, so the next phase has three.
 			c.startNode(victim)

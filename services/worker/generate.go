@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // FinishCancelled is the finish reason of a request stopped by a cancel
@@ -349,10 +347,15 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 		timer.Stop()
 		timerC = nil
 		if errors.Is(context.Cause(ctx), errCancelKill) {
-			return // a kill aborts at once: what was not sent yet is dropped
+			out.drop() // a kill aborts at once: what was not sent yet is dropped
+			return
 		}
 		out.flush()
 		w.notifyLoad()
+		if out.pending() > 0 { // held back by a repair: look again soon
+			timer.Reset(w.cfg.DeltaMaxDelay)
+			timerC = timer.C
+		}
 	}
 	for {
 		select {
@@ -374,151 +377,6 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 			flush()
 		}
 	}
-}
-
-// deltas is the token output of one attempt: what was produced, and the
-// appends that carry it to the log.
-type deltas struct {
-	log       *streams.Log
-	subject   string
-	requestID string
-	attempt   int
-	start     int      // StartOffset of the attempt
-	tokens    []string // every token produced, from start
-	ids       []int    // their ids, while every one is known
-	idsLost   bool
-	details   []json.RawMessage // parallel to tokens once any token had details
-	promptIDs []int             // the prompt's ids, from the first token
-	flushed   int               // tokens already handed to an append
-	sent      []sentDelta
-	acked     int       // d.sent[:acked] are acknowledged
-	retryAt   time.Time // when resend may try again
-	backoff   time.Duration
-}
-
-type sentDelta struct {
-	offset int
-	future jetstream.PubAckFuture
-	err    error
-}
-
-func (d *deltas) add(t engine.Token) {
-	if len(d.tokens) == 0 {
-		d.promptIDs = t.PromptIDs
-	}
-	switch {
-	case d.idsLost:
-	case !t.HasID:
-		d.idsLost, d.ids = true, nil
-	default:
-		d.ids = append(d.ids, t.ID)
-	}
-	if t.Details != nil && d.details == nil {
-		d.details = make([]json.RawMessage, len(d.tokens), cap(d.tokens)+1)
-	}
-	if d.details != nil {
-		d.details = append(d.details, t.Details)
-	}
-	d.tokens = append(d.tokens, t.Text)
-}
-
-// event is the delta of the tokens at indexes [from, to) of the attempt.
-func (d *deltas) event(from, to int) events.TokensGenerated {
-	ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: d.start + from, Tokens: d.tokens[from:to]}
-	if !d.idsLost {
-		ev.IDs = d.ids[from:to]
-	}
-	if d.details != nil && slices.ContainsFunc(d.details[from:to], func(r json.RawMessage) bool { return r != nil }) {
-		ev.Details = d.details[from:to]
-	}
-	if from == 0 && d.start == 0 {
-		ev.PromptIDs = d.promptIDs // a continuation's are prompt + generated ids: not the request's
-	}
-	return ev
-}
-
-func (d *deltas) pending() int      { return len(d.tokens) - d.flushed }
-func (d *deltas) offset() int       { return d.start + len(d.tokens) }
-func (d *deltas) id(off int) string { return events.ID(d.requestID, d.attempt, off) }
-
-// flush appends the pending tokens asynchronously.
-func (d *deltas) flush() {
-	if d.pending() == 0 {
-		return
-	}
-	d.resend(time.Now())
-	off := d.start + d.flushed
-	ev := d.event(d.flushed, len(d.tokens))
-	f, err := d.log.AppendAsync(d.subject, d.log.Envelope(d.id(off), d.requestID, ev))
-	d.sent = append(d.sent, sentDelta{offset: off, future: f, err: err})
-	d.flushed = len(d.tokens)
-}
-
-// Spacing of resend's tries while appends fail (a leader election, a
-// reconnect to another node).
-const (
-	resendBackoffMin = 100 * time.Millisecond
-	resendBackoffMax = time.Second
-)
-
-// resend re-appends, asynchronously, the oldest delta whose append failed,
-// with every token flushed since its offset, under the same id (a stored
-// original deduplicates it; readers skip tokens they already have). Readers
-// never accept tokens past a gap, so without it a failed append mid-stream
-// (the stream leader died, the connection moved to another node) would hold
-// every later token back until settle at the end of the attempt. Tries are
-// spaced by a backoff; settle makes the last, synchronous and bounded, one.
-func (d *deltas) resend(now time.Time) {
-	for d.acked < len(d.sent) {
-		s := &d.sent[d.acked]
-		if s.err == nil {
-			select {
-			case <-s.future.Ok():
-				d.acked++
-				d.backoff = 0
-				continue
-			case err := <-s.future.Err():
-				s.err = err
-			default:
-				return // still in flight
-			}
-		}
-		if now.Before(d.retryAt) {
-			return
-		}
-		d.backoff = min(max(2*d.backoff, resendBackoffMin), resendBackoffMax)
-		d.retryAt = now.Add(d.backoff)
-		ev := d.event(s.offset-d.start, d.flushed)
-		s.future, s.err = d.log.AppendAsync(d.subject, d.log.Envelope(d.id(s.offset), d.requestID, ev))
-		return
-	}
-}
-
-// settle waits for every append's acknowledgement. A failed one is retried
-// once, synchronously, with the same id (so a stored original deduplicates
-// it) and every token from its offset to the end, so that the log has a
-// contiguous run of tokens even if later deltas were stored before it.
-func (d *deltas) settle(ctx context.Context) error {
-	for _, s := range d.sent[d.acked:] { // resend consumed the acks before acked
-		err := s.err
-		if err == nil {
-			select {
-			case <-s.future.Ok():
-			case err = <-s.future.Err():
-			case <-ctx.Done():
-				err = ctx.Err()
-			}
-		}
-		if err == nil {
-			continue
-		}
-		ev := d.event(s.offset-d.start, len(d.tokens))
-		if _, rerr := d.log.Append(ctx, d.subject, d.log.Envelope(d.id(s.offset), d.requestID, ev), -1); rerr != nil {
-			return fmt.Errorf("tokens at offset %d: %w (first try: %w)", s.offset, rerr, err)
-		}
-	}
-	d.sent, d.acked = nil, 0
-	return nil
 }
 
 // promptTokens is the prompt's length to report at completion: the engine's

@@ -1,0 +1,237 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// appender is what deltas needs of the log (a *streams.Log).
+type appender interface {
+	Envelope(id, subject string, ev events.Event) events.Envelope
+	AppendAsync(subject string, e events.Envelope) (jetstream.PubAckFuture, error)
+	Append(ctx context.Context, subject string, e events.Envelope, expectLast int64) (uint64, error)
+}
+
+// deltas is the token output of one attempt: what was produced, and the
+// appends that carry it to the log.
+//
+// Readers accept a delta only if every token before its offset was stored
+// before it, so an append that fails mid-stream (the stream leader died, the
+// connection moved to another node) holds every later token back until a
+// re-send fills the gap. A re-send (a repair) carries the tokens from the
+// failed delta's offset to the last one flushed when the repair began, and no
+// further: while it is unacknowledged no new delta is sent (the tokens wait),
+// and every try of it is the same message under one id, so JetStream stores it
+// at most once. Once it is acknowledged, every token it carries is readable;
+// deltas sent before it are no longer waited for. Each token is thus stored at
+// most twice, once in its own delta and once in one repair, through any number
+// of failed appends.
+type deltas struct {
+	log       appender
+	subject   string
+	requestID string
+	attempt   int
+	start     int      // StartOffset of the attempt
+	tokens    []string // every token produced, from start
+	ids       []int    // their ids, while every one is known
+	idsLost   bool
+	details   []json.RawMessage // parallel to tokens once any token had details
+	promptIDs []int             // the prompt's ids, from the first token
+	flushed   int               // tokens already handed to an append
+	stored    int               // tokens [0, stored) are known readable in the log
+	sent      []sentDelta       // appends not yet known to be covered, by offset
+	retryAt   time.Time         // when a repair may try again
+	backoff   time.Duration
+}
+
+// sentDelta is one append of tokens [offset, end) (attempt-relative indexes
+// into deltas.tokens) and its outcome.
+type sentDelta struct {
+	offset, end int
+	repair      bool   // a re-send: its range and id are fixed from its first try
+	id          string // the event id of a repair
+	future      jetstream.PubAckFuture
+	err         error
+}
+
+func (d *deltas) add(t engine.Token) {
+	if len(d.tokens) == 0 {
+		d.promptIDs = t.PromptIDs
+	}
+	switch {
+	case d.idsLost:
+	case !t.HasID:
+		d.idsLost, d.ids = true, nil
+	default:
+		d.ids = append(d.ids, t.ID)
+	}
+	if t.Details != nil && d.details == nil {
+		d.details = make([]json.RawMessage, len(d.tokens), cap(d.tokens)+1)
+	}
+	if d.details != nil {
+		d.details = append(d.details, t.Details)
+	}
+	d.tokens = append(d.tokens, t.Text)
+}
+
+// drop forgets the tokens not flushed yet: a kill aborts at once.
+func (d *deltas) drop() {
+	d.tokens = d.tokens[:d.flushed]
+	if !d.idsLost {
+		d.ids = d.ids[:d.flushed]
+	}
+	if d.details != nil {
+		d.details = d.details[:d.flushed]
+	}
+}
+
+// event is the delta of the tokens at indexes [from, to) of the attempt.
+func (d *deltas) event(from, to int) events.TokensGenerated {
+	ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: d.start + from, Tokens: d.tokens[from:to]}
+	if !d.idsLost {
+		ev.IDs = d.ids[from:to]
+	}
+	if d.details != nil && slices.ContainsFunc(d.details[from:to], func(r json.RawMessage) bool { return r != nil }) {
+		ev.Details = d.details[from:to]
+	}
+	if from == 0 && d.start == 0 {
+		ev.PromptIDs = d.promptIDs // a continuation's are prompt + generated ids: not the request's
+	}
+	return ev
+}
+
+func (d *deltas) pending() int { return len(d.tokens) - d.flushed }
+func (d *deltas) offset() int  { return d.start + len(d.tokens) }
+
+// id is the event id of the delta at attempt-relative index from.
+func (d *deltas) id(from int) string { return events.ID(d.requestID, d.attempt, d.start+from) }
+
+// envelope is the event of a sent delta.
+func (d *deltas) envelope(s *sentDelta) events.Envelope {
+	id := s.id
+	if id == "" {
+		id = d.id(s.offset)
+	}
+	return d.log.Envelope(id, d.requestID, d.event(s.offset, s.end))
+}
+
+// repairing reports whether a repair is unacknowledged: new tokens wait.
+func (d *deltas) repairing() bool { return len(d.sent) > 0 && d.sent[0].repair }
+
+// flush appends the pending tokens asynchronously, unless a repair is under
+// way: then they wait for it (pending stays above 0; flush again later).
+func (d *deltas) flush() {
+	if d.pending() == 0 {
+		return
+	}
+	d.poll(time.Now())
+	if d.repairing() {
+		return
+	}
+	d.sent = append(d.sent, sentDelta{offset: d.flushed, end: len(d.tokens)})
+	s := &d.sent[len(d.sent)-1]
+	s.future, s.err = d.log.AppendAsync(d.subject, d.envelope(s))
+	d.flushed = len(d.tokens)
+}
+
+// Spacing of a repair's tries while appends fail (a leader election, a
+// reconnect to another node).
+const (
+	resendBackoffMin = 100 * time.Millisecond
+	resendBackoffMax = time.Second
+)
+
+// poll takes in the outcomes of the oldest appends, without waiting, and
+// starts or retries a repair of the oldest that failed. Tries are spaced by a
+// backoff; settle makes the last, synchronous and bounded, one.
+func (d *deltas) poll(now time.Time) {
+	for len(d.sent) > 0 {
+		s := &d.sent[0]
+		if s.end <= d.stored {
+			d.sent = d.sent[1:] // carried by a repair already stored
+			continue
+		}
+		if s.err == nil {
+			select {
+			case <-s.future.Ok():
+				d.ack(s)
+				continue
+			case err := <-s.future.Err():
+				s.err = err
+			default:
+				return // still in flight
+			}
+		}
+		if now.Before(d.retryAt) {
+			return
+		}
+		d.backoff = min(max(2*d.backoff, resendBackoffMin), resendBackoffMax)
+		d.retryAt = now.Add(d.backoff)
+		d.startRepair(s)
+		s.future, s.err = d.log.AppendAsync(d.subject, d.envelope(s))
+		return
+	}
+}
+
+// startRepair turns the failed append s into a repair, once: it carries every
+// token flushed so far from its offset, under an id of its own (an original
+// delta stored late must not deduplicate it).
+func (d *deltas) startRepair(s *sentDelta) {
+	if s.repair {
+		return
+	}
+	s.repair, s.end = true, d.flushed
+	s.id = events.ID(d.requestID, d.attempt, d.start+s.offset, d.start+s.end)
+}
+
+// ack records that s is stored: every token before its end is readable.
+func (d *deltas) ack(s *sentDelta) {
+	d.stored = max(d.stored, s.end)
+	d.sent = d.sent[1:]
+	d.backoff = 0
+}
+
+// settle waits for every append's acknowledgement, repairs a failed one
+// synchronously (Append retries it through a leader election, bounded by
+// ctx), then appends the tokens a repair held back.
+func (d *deltas) settle(ctx context.Context) error {
+	for len(d.sent) > 0 {
+		s := &d.sent[0]
+		if s.end <= d.stored {
+			d.sent = d.sent[1:]
+			continue
+		}
+		err := s.err
+		if err == nil {
+			select {
+			case <-s.future.Ok():
+			case err = <-s.future.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+		}
+		if err != nil {
+			d.startRepair(s)
+			if _, rerr := d.log.Append(ctx, d.subject, d.envelope(s), -1); rerr != nil {
+				return fmt.Errorf("tokens at offset %d: %w (first try: %w)", d.start+s.offset, rerr, err)
+			}
+		}
+		d.ack(s)
+	}
+	if d.pending() > 0 {
+		s := sentDelta{offset: d.flushed, end: len(d.tokens)}
+		if _, err := d.log.Append(ctx, d.subject, d.envelope(&s), -1); err != nil {
+			return fmt.Errorf("tokens at offset %d: %w", d.start+s.offset, err)
+		}
+		d.flushed, d.stored = s.end, s.end
+	}
+	d.sent = nil
+	return nil
+}

@@ -1,0 +1,168 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// outcome is what the fake log does with one append.
+type outcome int
+
+const (
+	appendOK      outcome = iota
+	appendFails           // nothing stored, the append fails (no leader)
+	appendAckLost         // stored, but the append fails (the ack was lost)
+)
+
+// fakeLog stores appends in order, deduplicates ids as JetStream does, and
+// fails them as mode says.
+type fakeLog struct {
+	mode   outcome
+	stored []events.TokensGenerated
+	ids    map[string]bool
+	tries  int
+}
+
+func (l *fakeLog) Envelope(id, subject string, ev events.Event) events.Envelope {
+	return events.Envelope{ID: id, Subject: subject, Time: time.Now(), Event: ev}
+}
+
+func (l *fakeLog) append(e events.Envelope) error {
+	l.tries++
+	if l.mode == appendFails {
+		return jetstream.ErrNoStreamResponse
+	}
+	if !l.ids[e.ID] {
+		l.ids[e.ID] = true
+		l.stored = append(l.stored, e.Event.(events.TokensGenerated))
+	}
+	if l.mode == appendAckLost {
+		return jetstream.ErrAsyncPublishTimeout
+	}
+	return nil
+}
+
+func (l *fakeLog) AppendAsync(_ string, e events.Envelope) (jetstream.PubAckFuture, error) {
+	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	if err := l.append(e); err != nil {
+		f.err <- err
+	} else {
+		f.ok <- &jetstream.PubAck{}
+	}
+	return f, nil
+}
+
+func (l *fakeLog) Append(_ context.Context, _ string, e events.Envelope, _ int64) (uint64, error) {
+	// Append retries a transient failure: the synchronous repair succeeds.
+	if err := l.append(e); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+		return 0, err
+	}
+	return 0, nil
+}
+
+type fakeFuture struct {
+	ok  chan *jetstream.PubAck
+	err chan error
+}
+
+func (f *fakeFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *fakeFuture) Err() <-chan error            { return f.err }
+func (f *fakeFuture) Msg() *nats.Msg               { return nil }
+
+// readable is what a reader gets from the stored deltas in order: it accepts
+// a delta only if it starts at or before the tokens it has (no gaps).
+func readable(stored []events.TokensGenerated, start int) []string {
+	var got []string
+	for _, ev := range stored {
+		have := start + len(got)
+		if ev.Offset > have || ev.Offset+len(ev.Tokens) <= have {
+			continue
+		}
+		got = append(got, ev.Tokens[have-ev.Offset:]...)
+	}
+	return got
+}
+
+// TestDeltasRepairBounded flushes one token per delta through append
+// failures (elections with lost or no acks) and checks that a reader gets
+// every token in order, and that the log stores at most twice the tokens.
+func TestDeltasRepairBounded(t *testing.T) {
+	const n = 400
+	for _, tc := range []struct {
+		name  string
+		start int
+		mode  func(i int) outcome // the log's behaviour when token i is flushed
+		exact bool                // every token stored exactly once
+	}{
+		{name: "no failure", mode: func(int) outcome { return appendOK }, exact: true},
+		{name: "one election", start: 7, exact: true, mode: func(i int) outcome {
+			if i >= 50 && i < 150 {
+				return appendFails
+			}
+			return appendOK
+		}},
+		{name: "elections every 40 tokens", exact: true, mode: func(i int) outcome {
+			if i%40 >= 20 {
+				return appendFails
+			}
+			return appendOK
+		}},
+		{name: "acks lost", mode: func(i int) outcome {
+			switch {
+			case i >= 30 && i < 60, i >= 200 && i < 260:
+				return appendAckLost
+			case i >= 60 && i < 120:
+				return appendFails
+			}
+			return appendOK
+		}},
+		{name: "failing until the end", mode: func(i int) outcome {
+			if i >= 300 {
+				return appendFails
+			}
+			return appendOK
+		}, exact: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := &fakeLog{ids: map[string]bool{}}
+			d := &deltas{log: log, subject: "s", requestID: "r", start: tc.start}
+			clock := time.Now()
+			for i := range n {
+				log.mode = tc.mode(i)
+				d.add(engine.Token{Text: fmt.Sprint(i)})
+				d.flush()
+				clock = clock.Add(time.Second) // past any backoff: the repair tries again
+				d.poll(clock)
+			}
+			log.mode = appendOK
+			if err := d.settle(context.Background()); err != nil {
+				t.Fatalf("settle: %v", err)
+			}
+			got := readable(log.stored, tc.start)
+			if len(got) != n {
+				t.Fatalf("a reader gets %d tokens, want %d", len(got), n)
+			}
+			for i, tok := range got {
+				if tok != fmt.Sprint(i) {
+					t.Fatalf("token %d is %q, want %q", i, tok, fmt.Sprint(i))
+				}
+			}
+			total := 0
+			for _, ev := range log.stored {
+				total += len(ev.Tokens)
+			}
+			t.Logf("%d tokens stored in %d deltas, %d appends tried", total, len(log.stored), log.tries)
+			if total > 2*n || (tc.exact && total != n) {
+				t.Errorf("the log stores %d tokens for %d; want at most %d (exactly %d: %v)", total, n, 2*n, n, tc.exact)
+			}
+		})
+	}
+}
