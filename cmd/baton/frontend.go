@@ -213,6 +213,7 @@ type frontendOptions struct {
 	nats    *natsFlags
 	streams *streamFlags
 	fe      *frontendFlags
+	pprof   *string
 	cfg     frontend.Config
 }
 
@@ -220,6 +221,7 @@ func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
 	f := newFlagSet("frontend", frontendSummary, env.lookup, env.stdout)
 	o := &frontendOptions{
 		common:  addCommonFlags(f),
+		pprof:   addPprofFlag(f),
 		nats:    addNATSFlags(f),
 		streams: addStreamFlags(f),
 		fe:      addFrontendFlags(f),
@@ -242,6 +244,9 @@ func runFrontend(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "frontend")
+	if err := servePprof(ctx, *o.pprof, log); err != nil {
+		return err
+	}
 	nc, err := connectNATS(ctx, o.nats.urls, "baton-frontend", natsConnectTimeout, log, o.nats.options()...)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -146,6 +146,8 @@ type workerOptions struct {
 	openai     engine.OpenAIConfig
 	id         string
 	systemPort int
+	pprof      *string
+	benchEmit  bool
 	cfg        worker.Config
 }
 
@@ -153,6 +155,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f := newFlagSet("worker", workerSummary, env.lookup, env.stdout)
 	o := &workerOptions{
 		common:  addCommonFlags(f),
+		pprof:   addPprofFlag(f),
 		nats:    addNATSFlags(f),
 		streams: addStreamFlags(f),
 	}
@@ -168,6 +171,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.IntVar(&o.systemPort, "system-port", 0, "status server `port` (/health, /live, /metrics); 0 off")
 	f.bindEnv("system-port", "DYN_SYSTEM_PORT", nil)
 	f.showDefault("system-port", "off")
+	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: stamp each token delta with its emit time, which frontends pass to SSE clients as a comment line")
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
 		return nil, err
@@ -210,6 +214,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		HealthCheck:           o.w.healthCheck,
 		CanaryWait:            o.w.canaryWait,
 		HealthCheckTimeout:    o.w.healthTimeout,
+		BenchEmitTime:         o.benchEmit,
 	}
 	if o.systemPort != 0 {
 		o.cfg.SystemAddr = fmt.Sprintf(":%d", o.systemPort)
@@ -227,6 +232,9 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "worker") // the worker adds its worker_id
+	if err := servePprof(ctx, *o.pprof, log); err != nil {
+		return err
+	}
 	var eng engine.Engine
 	if o.engine == "openai" {
 		eng, err = engine.NewOpenAI(o.openai)

@@ -15,6 +15,7 @@ type snapshot struct {
 	acc          events.RequestAccepted
 	tokens       []string          // from the client's offset on
 	details      []json.RawMessage // the tokens' details (nil: none)
+	emits        []int64           // the tokens' emit times (nil: none; benchmarks)
 	worker       string            // the worker of the current attempt
 	promptTokens int               // the engine's count when it reported one
 	total        int
@@ -29,7 +30,7 @@ func (t *tracked) snapshot(from int) snapshot {
 	t.f.view(func(p *projections.Request) {
 		cur, _ := p.Current()
 		s = snapshot{
-			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), worker: cur.WorkerID,
+			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), emits: p.Emits(from), worker: cur.WorkerID,
 			promptTokens: p.PromptTokens(), total: p.Len(), status: p.Status,
 			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
 		}
@@ -227,6 +228,9 @@ func (o *output) stream(from int, start time.Time) bool {
 			if n := len(s.tokens); n > 0 {
 				sent[i] += n
 				total += n
+				if s.emits != nil {
+					sse.emits(s.emits)
+				}
 				sse.delta(total, i, s.tokens, s.details, !started[i])
 				started[i] = true
 				m.sent(n)
@@ -351,6 +355,22 @@ func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
 
 // delta writes the chunk of choice index carrying tokens and their details
 // (see chunk.go).
+// emits writes the emit times of the next event's tokens as an SSE comment
+// (": emit <unix ns> ..."), which clients ignore; only a worker run for a
+// benchmark records them.
+func (s *sseWriter) emits(ns []int64) {
+	if s.err != nil {
+		return
+	}
+	s.buf = append(s.buf[:0], ": emit"...)
+	for _, v := range ns {
+		s.buf = append(s.buf, ' ')
+		s.buf = strconv.AppendInt(s.buf, v, 10)
+	}
+	s.buf = append(s.buf, '\n')
+	_, s.err = s.w.Write(s.buf)
+}
+
 func (s *sseWriter) delta(id, index int, tokens []string, details []json.RawMessage, first bool) {
 	s.chunk(id, merge(tokens, details).chunkChoice(s.acc.Endpoint, index, first), nil)
 }

@@ -39,6 +39,11 @@ type Config struct {
 	LoadInterval          time.Duration  // minimum spacing of load reports; default 100ms
 	Streams               streams.Config // provisioning of streams and buckets
 	Host                  string         // reported host name; default os.Hostname()
+	// BenchEmitTime stamps each token delta with the time the engine emitted
+	// its first token (events.TokensGenerated.EmitUnixNano), for benchmarks
+	// that measure emit-to-client latency. Off in production: off, a delta
+	// carries nothing more.
+	BenchEmitTime bool
 
 	// SystemAddr is the listen address of the status server (/live, /health,
 	// /metrics), such as ":9090"; empty means no status server

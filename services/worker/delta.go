@@ -49,6 +49,8 @@ type deltas struct {
 	sent      []sentDelta       // appends not yet known to be covered, by offset
 	retryAt   time.Time         // when a repair may try again
 	backoff   time.Duration
+	stampEmit bool  // record emit times (Config.BenchEmitTime)
+	emit      int64 // when the first pending token was emitted (Unix ns)
 }
 
 // sentDelta is one append of tokens [offset, end) (attempt-relative indexes
@@ -57,6 +59,7 @@ type sentDelta struct {
 	offset, end int
 	repair      bool   // a re-send: its range and id are fixed from its first try
 	id          string // the event id of a repair
+	emit        int64  // EmitUnixNano of an original delta
 	future      jetstream.PubAckFuture
 	err         error
 }
@@ -77,6 +80,9 @@ func (d *deltas) add(t engine.Token) {
 	}
 	if d.details != nil {
 		d.details = append(d.details, t.Details)
+	}
+	if d.stampEmit && d.pending() == 0 {
+		d.emit = time.Now().UnixNano()
 	}
 	d.tokens = append(d.tokens, t.Text)
 }
@@ -119,7 +125,9 @@ func (d *deltas) envelope(s *sentDelta) events.Envelope {
 	if id == "" {
 		id = d.id(s.offset)
 	}
-	return d.log.Envelope(id, d.requestID, d.event(s.offset, s.end))
+	ev := d.event(s.offset, s.end)
+	ev.EmitUnixNano = s.emit // a repair's first token is its original's
+	return d.log.Envelope(id, d.requestID, ev)
 }
 
 // repairing reports whether a repair is unacknowledged: new tokens wait.
@@ -135,7 +143,7 @@ func (d *deltas) flush() {
 	if d.repairing() {
 		return
 	}
-	d.sent = append(d.sent, sentDelta{offset: d.flushed, end: len(d.tokens)})
+	d.sent = append(d.sent, sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
 	s := &d.sent[len(d.sent)-1]
 	s.future, s.err = d.log.AppendAsync(d.subject, d.envelope(s))
 	d.flushed = len(d.tokens)
@@ -226,7 +234,7 @@ func (d *deltas) settle(ctx context.Context) error {
 		d.ack(s)
 	}
 	if d.pending() > 0 {
-		s := sentDelta{offset: d.flushed, end: len(d.tokens)}
+		s := sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit}
 		if _, err := d.log.Append(ctx, d.subject, d.envelope(&s), -1); err != nil {
 			return fmt.Errorf("tokens at offset %d: %w", d.start+s.offset, err)
 		}

@@ -146,7 +146,7 @@ func (w *Worker) generate(j *job) {
 
 	out := &deltas{
 		log: w.events, subject: streams.RequestTokens(d.RequestID, d.Attempt),
-		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset,
+		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset, stampEmit: w.cfg.BenchEmitTime,
 	}
 	req := engine.Request{
 		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,

@@ -1,0 +1,496 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// scaleCase is one workload of BenchmarkScale.
+type scaleCase struct {
+	name    string
+	streams int           // concurrent streams
+	rate    int           // mock decode rate, tokens/s per stream
+	tokens  int           // max_tokens of every stream
+	ramp    time.Duration // the streams start evenly over this long
+}
+
+// BenchmarkScale measures what one stream costs when thousands are open at
+// decode rates, each token in its own delta (as real engines produce them):
+// separate processes (`baton nats`, one frontend, two mock workers), a Go
+// client opening the streams over a ramp. For each process it reports CPU µs
+// per delivered token (from /proc/<pid>/stat), RSS, Go heap and goroutines
+// per open stream (the processes' /metrics), then delivered against offered
+// tokens/s while every stream is open, the emit-to-client latency of every
+// token (the worker stamps deltas with --bench-emit-time and the frontend
+// passes the stamp as an SSE comment), and the machine's CPU headroom.
+//
+// BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
+// worker (10 s, taken while every stream is open) to dir.
+func BenchmarkScale(b *testing.B) {
+	for _, sc := range []scaleCase{
+		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		{name: "4000x50", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second},
+		{name: "10000x1", streams: 10000, rate: 1, tokens: 24, ramp: 10 * time.Second},
+	} {
+		b.Run(sc.name, func(b *testing.B) { runScale(b, sc) })
+	}
+}
+
+// scaleProc is one measured process.
+type scaleProc struct {
+	name    string
+	pid     int
+	metrics string // its /metrics URL; "" if it has none (NATS)
+}
+
+// procSample is what one process looked like at one moment.
+type procSample struct {
+	cpu        time.Duration // user + system since it started
+	rss        float64       // bytes
+	heap       float64       // go_memstats_heap_inuse_bytes
+	goroutines float64
+}
+
+func runScale(b *testing.B, sc scaleCase) {
+	s := newStack(b)
+	pprofAddr := map[string]string{}
+	profDir := os.Getenv("BATON_BENCH_PROFILE")
+	// A dispatch that times out on a saturated machine is tried again on
+	// another worker, as a deployment would configure it.
+	feArgs := []string{"--migration-limit", "3"}
+	if profDir != "" {
+		pprofAddr["frontend"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+		feArgs = append(feArgs, "--pprof-addr", pprofAddr["frontend"])
+	}
+	fe := s.frontend(nil, feArgs...)
+	procs := []scaleProc{{name: "nats", pid: s.nats.pid()}, {name: "frontend", pid: fe.pid(), metrics: fe.url + "/metrics"}}
+	for _, id := range []string{"w1", "w2"} {
+		port := freePort(b)
+		args := []string{"--mock-tokens-per-sec", strconv.Itoa(sc.rate), "--mock-kv-blocks", "10000000",
+			"--system-port", strconv.Itoa(port), "--bench-emit-time"}
+		if profDir != "" && id == "w1" {
+			pprofAddr["worker"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+			args = append(args, "--pprof-addr", pprofAddr["worker"])
+		}
+		p := s.worker(id, args...)
+		procs = append(procs, scaleProc{name: "worker-" + id, pid: p.pid(), metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port)})
+	}
+	fe.waitRoutable(b, "w1", "w2")
+	procs = append(procs, scaleProc{name: "client", pid: os.Getpid()})
+
+	for i := 0; b.Loop(); i++ {
+		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr)
+		r.report(b, sc, procs)
+	}
+}
+
+// scaleResult is what one run of a scaleCase measured.
+type scaleResult struct {
+	base, open, end []procSample // per process: before, while every stream is open, after
+	openStreams     int
+	delivered       int
+	windowRate      float64 // tokens/s delivered while every stream was open (if for 1 s or more)
+	peakRate        float64 // the most tokens/s delivered over 1 s
+	unstamped       int     // tokens delivered without an emit time
+	elapsed         time.Duration
+	latencies       []time.Duration
+	errors          int
+	busy            float64 // the machine's CPU use over the run, 0-1
+}
+
+func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string) *scaleResult {
+	r := &scaleResult{base: sampleProcs(b, procs)}
+	cpuStart := machineCPU(b)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: sc.streams, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+
+	var open, delivered, unstamped atomic.Int64
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var firstErr string
+	start := time.Now()
+	for i := range sc.streams {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Until(start.Add(sc.ramp * time.Duration(i) / time.Duration(sc.streams))))
+			lat, n, err := scaleStream(client, url, fmt.Sprintf("%s-%d", tag, i), sc.tokens, &open, &delivered, &unstamped)
+			mu.Lock()
+			defer mu.Unlock()
+			r.latencies = append(r.latencies, lat...)
+			if err == nil && n != sc.tokens {
+				err = fmt.Errorf("%d tokens, want %d", n, sc.tokens)
+			}
+			if err != nil {
+				r.errors++
+				if firstErr == "" {
+					firstErr = err.Error()
+				}
+			}
+		}()
+	}
+
+	// Sample while the streams run: the moment every stream is open gives
+	// the per-stream figures; the window in which all are open gives the
+	// delivered rate.
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		var winStart, winEnd time.Time
+		var winFrom, winTo int64
+		type point struct {
+			t time.Time
+			d int64
+		}
+		var series []point
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		profiled := false
+		for {
+			select {
+			case <-stop:
+				if winEnd.Sub(winStart) >= time.Second {
+					r.windowRate = float64(winTo-winFrom) / winEnd.Sub(winStart).Seconds()
+				}
+				return
+			case <-tick.C:
+			}
+			n := int(open.Load())
+			now, d := time.Now(), delivered.Load()
+			series = append(series, point{now, d})
+			for j := len(series) - 1; j >= 0; j-- {
+				if el := now.Sub(series[j].t); el >= time.Second {
+					r.peakRate = max(r.peakRate, float64(d-series[j].d)/el.Seconds())
+					break
+				}
+			}
+			if n == sc.streams {
+				if winStart.IsZero() {
+					winStart, winFrom = now, d
+				}
+				winEnd, winTo = now, d
+			}
+			if n > r.openStreams || (n == sc.streams && r.open == nil) {
+				r.openStreams = n
+				r.open = sampleProcs(b, procs)
+			}
+			if n == sc.streams && profDir != "" && !profiled {
+				profiled = true
+				go saveProfiles(b, profDir, sc.name, pprofAddr)
+			}
+		}
+	}()
+	wg.Wait()
+	r.elapsed = time.Since(start)
+	close(stop)
+	<-sampled
+	r.end = sampleProcs(b, procs)
+	r.busy = machineCPU(b).busySince(cpuStart)
+	r.delivered = int(delivered.Load())
+	r.unstamped = int(unstamped.Load())
+	if r.errors > 0 {
+		b.Errorf("%d of %d streams failed; first: %s", r.errors, sc.streams, firstErr)
+	}
+	return r
+}
+
+// scaleStream runs one streaming completion and returns the emit-to-read
+// latency of each of its tokens and how many it received. open counts it from
+// its first token to its end; delivered counts its tokens.
+func scaleStream(client *http.Client, url, id string, tokens int, open, delivered, unstamped *atomic.Int64) ([]time.Duration, int, error) {
+	body, _ := json.Marshal(map[string]any{"model": "mock", "prompt": "scale " + id, "max_tokens": tokens, "stream": true})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(resp.Body)
+		return nil, 0, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
+	}
+	lat := make([]time.Duration, 0, tokens)
+	rd := bufio.NewReaderSize(resp.Body, 4096)
+	got, started, done := 0, false, false
+	defer func() {
+		if started {
+			open.Add(-1)
+		}
+	}()
+	for {
+		line, err := rd.ReadSlice('\n')
+		if err != nil {
+			break
+		}
+		switch {
+		case bytes.HasPrefix(line, []byte(": emit ")):
+			now := time.Now().UnixNano()
+			for f := range strings.FieldsSeq(string(line[len(": emit "):])) {
+				if v, err := strconv.ParseInt(f, 10, 64); err == nil && v > 0 {
+					lat = append(lat, time.Duration(now-v))
+				} else {
+					unstamped.Add(1)
+				}
+			}
+		case bytes.HasPrefix(line, []byte("id: ")):
+			if off, err := strconv.Atoi(string(bytes.TrimSpace(line[4:]))); err == nil && off > got {
+				delivered.Add(int64(off - got))
+				got = off
+				if !started {
+					started = true
+					open.Add(1)
+				}
+			}
+		case bytes.HasPrefix(line, []byte("data: [DONE]")):
+			done = true
+		case bytes.HasPrefix(line, []byte(`data: {"error"`)):
+			return lat, got, fmt.Errorf("error event: %s", bytes.TrimSpace(line))
+		}
+	}
+	if !done {
+		return lat, got, fmt.Errorf("stream ended without [DONE] after %d tokens", got)
+	}
+	return lat, got, nil
+}
+
+// sampleProcs reads every process's CPU time and RSS from /proc, and its Go
+// heap and goroutines from its metrics.
+func sampleProcs(b *testing.B, procs []scaleProc) []procSample {
+	out := make([]procSample, len(procs))
+	for i, p := range procs {
+		out[i].cpu, out[i].rss = procCPU(b, p.pid)
+		if p.metrics != "" {
+			m := scrape(p.metrics, "go_memstats_heap_inuse_bytes", "go_goroutines")
+			out[i].heap, out[i].goroutines = m["go_memstats_heap_inuse_bytes"], m["go_goroutines"]
+		}
+	}
+	return out
+}
+
+// clockTick is the unit of /proc/<pid>/stat times (USER_HZ, 100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// procCPU is a process's user + system CPU time and its resident set.
+func procCPU(b *testing.B, pid int) (time.Duration, float64) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatalf("read stat of %d: %v", pid, err)
+	}
+	// The command name (field 2) may hold spaces: count fields after it.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, _ := strconv.ParseInt(f[12], 10, 64) // field 15
+	rssPages, _ := strconv.ParseInt(f[21], 10, 64)
+	return time.Duration(utime+stime) * clockTick, float64(rssPages * int64(os.Getpagesize()))
+}
+
+// scrape returns the values of the named unlabelled metrics at url.
+func scrape(url string, names ...string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get(url)
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if ok && slices.Contains(names, name) {
+			out[name], _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return out
+}
+
+// cpuTimes are the machine's CPU counters from /proc/stat, in ticks.
+type cpuTimes struct{ busy, total int64 }
+
+func machineCPU(b *testing.B) cpuTimes {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	var t cpuTimes
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseInt(f, 10, 64)
+		if i < 8 { // user nice system idle iowait irq softirq steal
+			t.total += v
+			if i != 3 && i != 4 {
+				t.busy += v
+			}
+		}
+	}
+	return t
+}
+
+func (t cpuTimes) busySince(from cpuTimes) float64 {
+	if t.total == from.total {
+		return 0
+	}
+	return float64(t.busy-from.busy) / float64(t.total-from.total)
+}
+
+// saveProfiles saves a 10 s CPU profile of each process in addrs to dir.
+func saveProfiles(b *testing.B, dir, name string, addrs map[string]string) {
+	for proc, addr := range addrs {
+		go func() {
+			resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=10")
+			if err != nil {
+				b.Logf("profile %s: %v", proc, err)
+				return
+			}
+			defer resp.Body.Close()
+			data, _ := io.ReadAll(resp.Body)
+			path := filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", name, proc))
+			if err := os.WriteFile(path, data, 0o644); err != nil {
+				b.Logf("profile %s: %v", proc, err)
+			}
+		}()
+	}
+}
+
+// report logs a table of the run and reports its headline figures.
+func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
+	if r.delivered == 0 || r.open == nil {
+		b.Fatalf("nothing delivered (%d tokens, %d streams open at most)", r.delivered, r.openStreams)
+	}
+	perTok := func(i int) float64 {
+		return float64((r.end[i].cpu - r.base[i].cpu).Microseconds()) / float64(r.delivered)
+	}
+	perStream := func(v func(procSample) float64, i int) float64 {
+		return (v(r.open[i]) - v(r.base[i])) / float64(r.openStreams)
+	}
+	rss := func(s procSample) float64 { return s.rss / 1024 }
+	heap := func(s procSample) float64 { return s.heap / 1024 }
+	gor := func(s procSample) float64 { return s.goroutines }
+	var cpuServers float64
+	var lines strings.Builder
+	fmt.Fprintf(&lines, "%d streams x %d tok/s x %d tokens, ramp %v: %d tokens delivered in %v, %d streams open at the sample, %d errors\n",
+		sc.streams, sc.rate, sc.tokens, sc.ramp, r.delivered, r.elapsed.Round(time.Millisecond), r.openStreams, r.errors)
+	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %16s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "goroutines/strm")
+	workers := map[string]float64{}
+	for i, p := range procs {
+		fmt.Fprintf(&lines, "%-10s %12.1f %14.1f %14.1f %16.2f\n", p.name, perTok(i), perStream(rss, i), perStream(heap, i), perStream(gor, i))
+		if p.name != "client" {
+			cpuServers += perTok(i)
+		}
+		if strings.HasPrefix(p.name, "worker-") {
+			workers["cpu"] += perTok(i)
+			workers["rss"] += perStream(rss, i)
+			workers["heap"] += perStream(heap, i)
+			workers["gor"] += perStream(gor, i)
+		}
+	}
+	slices.Sort(r.latencies)
+	ms := func(p float64) float64 {
+		if len(r.latencies) == 0 {
+			return 0
+		}
+		return float64(r.latencies[int(p*float64(len(r.latencies)-1))].Microseconds()) / 1000
+	}
+	offered := float64(sc.streams * sc.rate)
+	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while all open (0: open together for less than 1 s), %.0f at the peak second, %.0f on average\n",
+		offered, r.windowRate, r.peakRate, float64(r.delivered)/r.elapsed.Seconds())
+	fmt.Fprintf(&lines, "emit-to-client p50 %.1f ms p99 %.1f ms p999 %.1f ms over %d tokens (%d without an emit time); machine CPU busy %.0f%% (headroom %.0f%%)",
+		ms(0.5), ms(0.99), ms(0.999), len(r.latencies), r.unstamped, 100*r.busy, 100*(1-r.busy))
+	b.Log("\n" + lines.String())
+
+	b.ReportMetric(cpuServers, "cpu_us/tok")
+	for i, p := range procs {
+		switch p.name {
+		case "nats":
+			b.ReportMetric(perTok(i), "nats_cpu_us/tok")
+			b.ReportMetric(perStream(rss, i), "nats_rss_KB/stream")
+		case "frontend":
+			b.ReportMetric(perTok(i), "fe_cpu_us/tok")
+			b.ReportMetric(perStream(rss, i), "fe_rss_KB/stream")
+			b.ReportMetric(perStream(heap, i), "fe_heap_KB/stream")
+			b.ReportMetric(perStream(gor, i), "fe_goroutines/stream")
+		case "client":
+			b.ReportMetric(perTok(i), "client_cpu_us/tok")
+		}
+	}
+	b.ReportMetric(workers["cpu"], "workers_cpu_us/tok")
+	b.ReportMetric(workers["rss"], "workers_rss_KB/stream")
+	b.ReportMetric(workers["heap"], "workers_heap_KB/stream")
+	b.ReportMetric(workers["gor"], "workers_goroutines/stream")
+	b.ReportMetric(r.windowRate, "all_open_tok/s")
+	b.ReportMetric(r.peakRate, "peak_tok/s")
+	b.ReportMetric(offered, "offered_tok/s")
+	b.ReportMetric(r.peakRate/offered, "peak/offered")
+	b.ReportMetric(ms(0.5), "p50_ms")
+	b.ReportMetric(ms(0.99), "p99_ms")
+	b.ReportMetric(ms(0.999), "p999_ms")
+	b.ReportMetric(100*(1-r.busy), "cpu_headroom_%")
+	b.ReportMetric(float64(r.errors), "errors")
+}
+
+// TestBenchEmitTime checks the benchmark's latency probe: a worker run with
+// --bench-emit-time stamps its deltas, and the frontend passes each token's
+// stamp to the SSE client as a comment line before the token's event; a
+// worker without the flag adds nothing to the stream.
+func TestBenchEmitTime(t *testing.T) {
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.worker("stamped", "--bench-emit-time", "--mock-tokens-per-sec", "500")
+	s.worker("plain", "--mock-tokens-per-sec", "500")
+	fe.waitRoutable(t, "stamped", "plain")
+	for _, tc := range []struct {
+		worker string
+		want   int // emit times in the stream
+	}{{"stamped", 40}, {"plain", 0}} {
+		t.Run(tc.worker, func(t *testing.T) {
+			before := time.Now().UnixNano()
+			resp := post(t, fe.url+"/v1/completions", map[string]any{"model": "mock", "prompt": "emit " + tc.worker, "max_tokens": 40, "stream": true},
+				map[string]string{"X-Worker-Id": tc.worker})
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			after := time.Now().UnixNano()
+			var emits []int64
+			for line := range strings.Lines(string(body)) {
+				if rest, ok := strings.CutPrefix(line, ": emit "); ok {
+					for f := range strings.FieldsSeq(rest) {
+						v, err := strconv.ParseInt(f, 10, 64)
+						if err != nil || v < before || v > after {
+							t.Errorf("emit time %q: want a Unix ns time within the request (%d..%d)", f, before, after)
+						}
+						emits = append(emits, v)
+					}
+				}
+			}
+			if len(emits) != tc.want {
+				t.Errorf("%d emit times in the stream, want %d:\n%s", len(emits), tc.want, body)
+			}
+			if !slices.IsSorted(emits) {
+				t.Errorf("emit times out of order: %v", emits)
+			}
+			if !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+				t.Errorf("stream did not end with [DONE]:\n%s", body)
+			}
+		})
+	}
+}
