@@ -17,6 +17,10 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // scaleCase is one workload of BenchmarkScale.
@@ -26,6 +30,7 @@ type scaleCase struct {
 	rate    int           // mock decode rate, tokens/s per stream
 	tokens  int           // max_tokens of every stream
 	ramp    time.Duration // the streams start evenly over this long
+	logOff  bool          // the baseline: deltas over core NATS, not the log (--bench-log-off)
 }
 
 // BenchmarkScale measures what one stream costs when thousands are open at
@@ -38,11 +43,17 @@ type scaleCase struct {
 // token (the worker stamps deltas with --bench-emit-time and the frontend
 // passes the stamp as an SSE comment), and the machine's CPU headroom.
 //
+// The -logoff workloads are the baseline: the same processes with the log off
+// for token deltas (workers run with --bench-log-off and publish them over
+// core NATS to the subjects frontends follow). Each workload also reports the
+// raw JetStream async publish rate of its server, measured before it.
+//
 // BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
-// worker (10 s, taken while every stream is open) to dir.
+// worker (10 s, from when 90% of the streams are open) to dir.
 func BenchmarkScale(b *testing.B) {
 	for _, sc := range []scaleCase{
 		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		{name: "1000x50-logoff", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, logOff: true},
 		{name: "4000x50", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second},
 		{name: "10000x1", streams: 10000, rate: 1, tokens: 24, ramp: 10 * time.Second},
 	} {
@@ -82,6 +93,9 @@ func runScale(b *testing.B, sc scaleCase) {
 		port := freePort(b)
 		args := []string{"--mock-tokens-per-sec", strconv.Itoa(sc.rate), "--mock-kv-blocks", "10000000",
 			"--system-port", strconv.Itoa(port), "--bench-emit-time"}
+		if sc.logOff {
+			args = append(args, "--bench-log-off")
+		}
 		if profDir != "" && id == "w1" {
 			pprofAddr["worker"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
 			args = append(args, "--pprof-addr", pprofAddr["worker"])
@@ -91,6 +105,7 @@ func runScale(b *testing.B, sc scaleCase) {
 	}
 	fe.waitRoutable(b, "w1", "w2")
 	procs = append(procs, scaleProc{name: "client", pid: os.Getpid()})
+	b.ReportMetric(rawPublishRate(b, s.natsURL), "raw_js_msgs/s")
 
 	for i := 0; b.Loop(); i++ {
 		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr)
@@ -103,7 +118,7 @@ type scaleResult struct {
 	base, open, end []procSample // per process: before, while every stream is open, after
 	openStreams     int
 	delivered       int
-	windowRate      float64 // tokens/s delivered while every stream was open (if for 1 s or more)
+	windowRate      float64 // tokens/s delivered while 95% of the streams were open (if for 1 s or more)
 	peakRate        float64 // the most tokens/s delivered over 1 s
 	unstamped       int     // tokens delivered without an emit time
 	elapsed         time.Duration
@@ -144,8 +159,8 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 		}()
 	}
 
-	// Sample while the streams run: the moment every stream is open gives
-	// the per-stream figures; the window in which all are open gives the
+	// Sample while the streams run: the moment most streams are open gives
+	// the per-stream figures; the window in which 95% are open gives the
 	// delivered rate.
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
@@ -179,7 +194,7 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 					break
 				}
 			}
-			if n == sc.streams {
+			if n >= sc.streams*95/100 {
 				if winStart.IsZero() {
 					winStart, winFrom = now, d
 				}
@@ -189,7 +204,7 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 				r.openStreams = n
 				r.open = sampleProcs(b, procs)
 			}
-			if n == sc.streams && profDir != "" && !profiled {
+			if n >= sc.streams*9/10 && profDir != "" && !profiled {
 				profiled = true
 				go saveProfiles(b, profDir, sc.name, pprofAddr)
 			}
@@ -214,7 +229,7 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 // its first token to its end; delivered counts its tokens.
 func scaleStream(client *http.Client, url, id string, tokens int, open, delivered, unstamped *atomic.Int64) ([]time.Duration, int, error) {
 	body, _ := json.Marshal(map[string]any{"model": "mock", "prompt": "scale " + id, "max_tokens": tokens, "stream": true})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -410,7 +425,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 		return float64(r.latencies[int(p*float64(len(r.latencies)-1))].Microseconds()) / 1000
 	}
 	offered := float64(sc.streams * sc.rate)
-	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while all open (0: open together for less than 1 s), %.0f at the peak second, %.0f on average\n",
+	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while 95%% were open (0: for less than 1 s), %.0f at the peak second, %.0f on average\n",
 		offered, r.windowRate, r.peakRate, float64(r.delivered)/r.elapsed.Seconds())
 	fmt.Fprintf(&lines, "emit-to-client p50 %.1f ms p99 %.1f ms p999 %.1f ms over %d tokens (%d without an emit time); machine CPU busy %.0f%% (headroom %.0f%%)",
 		ms(0.5), ms(0.99), ms(0.999), len(r.latencies), r.unstamped, 100*r.busy, 100*(1-r.busy))
@@ -435,7 +450,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	b.ReportMetric(workers["rss"], "workers_rss_KB/stream")
 	b.ReportMetric(workers["heap"], "workers_heap_KB/stream")
 	b.ReportMetric(workers["gor"], "workers_goroutines/stream")
-	b.ReportMetric(r.windowRate, "all_open_tok/s")
+	b.ReportMetric(r.windowRate, "open_tok/s")
 	b.ReportMetric(r.peakRate, "peak_tok/s")
 	b.ReportMetric(offered, "offered_tok/s")
 	b.ReportMetric(r.peakRate/offered, "peak/offered")
@@ -492,5 +507,33 @@ func TestBenchEmitTime(t *testing.T) {
 				t.Errorf("stream did not end with [DONE]:\n%s", body)
 			}
 		})
+	}
+}
+
+// TestBenchLogOff checks the benchmark's log-off baseline: a worker run with
+// --bench-log-off streams the whole answer to the client through a frontend,
+// and the log stores none of its tokens.
+func TestBenchLogOff(t *testing.T) {
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.worker("w1", "--bench-log-off", "--mock-tokens-per-sec", "500")
+	fe.waitRoutable(t, "w1")
+	const prompt, n = "log off", 50
+	res := postStream(t, fe.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": n}, map[string]string{"X-Request-Id": "logoff-1"}, nil)
+	if want := engine.MockText(prompt, 0, n); !res.done || res.text != want {
+		t.Fatalf("done=%v error=%q\n got %q\nwant %q", res.done, res.errorBody, res.text, want)
+	}
+	checkIDs(t, res, 0)
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored, deltas := storedTokens(t, js, "logoff-1"); stored != 0 {
+		t.Errorf("the log stores %d tokens in %d deltas; want none with the log off", stored, deltas)
 	}
 }

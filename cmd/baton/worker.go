@@ -148,6 +148,7 @@ type workerOptions struct {
 	systemPort int
 	pprof      *string
 	benchEmit  bool
+	benchOff   bool
 	cfg        worker.Config
 }
 
@@ -172,6 +173,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.bindEnv("system-port", "DYN_SYSTEM_PORT", nil)
 	f.showDefault("system-port", "off")
 	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: stamp each token delta with its emit time, which frontends pass to SSE clients as a comment line")
+	f.BoolVar(&o.benchOff, "bench-log-off", false, "benchmarks only: send token deltas over core NATS instead of the log (nothing is durable: no resume, replay or migration), for the log-off baseline")
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
 		return nil, err
@@ -215,6 +217,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		CanaryWait:            o.w.canaryWait,
 		HealthCheckTimeout:    o.w.healthTimeout,
 		BenchEmitTime:         o.benchEmit,
+		BenchLogOff:           o.benchOff,
 	}
 	if o.systemPort != 0 {
 		o.cfg.SystemAddr = fmt.Sprintf(":%d", o.systemPort)

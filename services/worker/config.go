@@ -44,6 +44,11 @@ type Config struct {
 	// that measure emit-to-client latency. Off in production: off, a delta
 	// carries nothing more.
 	BenchEmitTime bool
+	// BenchLogOff sends token deltas and outcomes over core NATS instead of
+	// appending them to the log, for the benchmark's log-off baseline:
+	// nothing the worker generates is durable (no resume, replay or
+	// migration). Never a product setting.
+	BenchLogOff bool
 
 	// SystemAddr is the listen address of the status server (/live, /health,
 	// /metrics), such as ":9090"; empty means no status server

@@ -144,8 +144,12 @@ func (w *Worker) generate(j *job) {
 		log.Warn("watch cancel commands", "err", err)
 	}
 
+	var sink appender = w.events
+	if w.cfg.BenchLogOff {
+		sink = &logOff{nc: w.nc, log: w.events, seq: &w.benchSeq}
+	}
 	out := &deltas{
-		log: w.events, subject: streams.RequestTokens(d.RequestID, d.Attempt),
+		log: sink, subject: streams.RequestTokens(d.RequestID, d.Attempt),
 		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset, stampEmit: w.cfg.BenchEmitTime,
 	}
 	req := engine.Request{
@@ -213,7 +217,7 @@ func (w *Worker) generate(j *job) {
 		if _, ok := final.(events.AttemptFailed); ok {
 			id = events.ID(d.RequestID, d.Attempt, "failed")
 		}
-		if _, err := w.events.Append(ctx, out.subject, w.events.Envelope(id, d.RequestID, final), -1); err != nil {
+		if _, err := out.log.Append(ctx, out.subject, out.log.Envelope(id, d.RequestID, final), -1); err != nil {
 			log.Error("store outcome", "event", final.EventType(), "err", err)
 			status = statusFailed
 		}

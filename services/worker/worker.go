@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -54,6 +55,8 @@ type Worker struct {
 	lease     *lease     // current lease; nil while re-registering
 	gens      sync.WaitGroup
 	listener  net.Listener // status server; nil when off or not yet bound
+
+	benchSeq atomic.Uint64 // synthetic sequences of Config.BenchLogOff
 
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
