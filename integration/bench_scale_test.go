@@ -49,7 +49,7 @@ type scaleCase struct {
 // raw JetStream async publish rate of its server, measured before it.
 //
 // BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
-// worker (10 s, from when 90% of the streams are open) to dir.
+// worker (5 s, from when 90% of the streams are open) to dir.
 func BenchmarkScale(b *testing.B) {
 	for _, sc := range []scaleCase{
 		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
@@ -164,6 +164,8 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 	// delivered rate.
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
+	var profiles sync.WaitGroup
+	defer profiles.Wait() // before the processes stop
 	go func() {
 		defer close(sampled)
 		var winStart, winEnd time.Time
@@ -206,7 +208,8 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 			}
 			if n >= sc.streams*9/10 && profDir != "" && !profiled {
 				profiled = true
-				go saveProfiles(b, profDir, sc.name, pprofAddr)
+				profiles.Add(1)
+				go saveProfiles(b, &profiles, profDir, sc.name, pprofAddr)
 			}
 		}
 	}()
@@ -366,11 +369,17 @@ func (t cpuTimes) busySince(from cpuTimes) float64 {
 	return float64(t.busy-from.busy) / float64(t.total-from.total)
 }
 
-// saveProfiles saves a 10 s CPU profile of each process in addrs to dir.
-func saveProfiles(b *testing.B, dir, name string, addrs map[string]string) {
+// saveProfiles saves a 5 s CPU profile of each process in addrs to dir,
+// then marks wg done.
+func saveProfiles(b *testing.B, wg *sync.WaitGroup, dir, name string, addrs map[string]string) {
+	defer wg.Done()
+	var each sync.WaitGroup
+	defer each.Wait()
 	for proc, addr := range addrs {
+		each.Add(1)
 		go func() {
-			resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=10")
+			defer each.Done()
+			resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=5")
 			if err != nil {
 				b.Logf("profile %s: %v", proc, err)
 				return

@@ -96,8 +96,9 @@ type Request struct {
 	countOnly bool
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
-	// reconnect), the worker re-sends the missing delta with every later
-	// token, and the fold takes them from there. The output is complete
+	// reconnect), the worker re-sends the tokens from the missing delta's
+	// offset to the last it flushed, and the fold takes them from there
+	// (deltas stored after the gap are covered by it). The output is complete
 	// whenever the request completed.
 	Skipped int
 }
