@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"github.com/baton-dev/baton/streams"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,19 @@ func flagDefaults(c *frontend.Config) {
 	c.MaxTokensLimit = frontend.DefaultMaxTokensLimit
 	c.MaxPromptTokens = frontend.DefaultMaxPromptTokens
 	c.MaxBodyBytes = frontend.DefaultMaxBodyBytes
+	if c.MaxChildren == 0 {
+		c.MaxChildren = frontend.DefaultMaxChildren
+	}
+	c.ReadHeaderTimeout = frontend.DefaultReadHeaderTimeout
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = frontend.DefaultBodyTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = frontend.DefaultIdleTimeout
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = frontend.DefaultMaxConnections
+	}
 	if c.Streams.Replicas == 0 {
 		c.Streams.Replicas = 1
 	}
@@ -72,6 +87,18 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				InhibitedDuration: 9 * time.Second, ShutdownTimeout: 2 * time.Second,
 				SystemURL: "nats://sys:pw@127.0.0.1:4222",
 			}
+			flagDefaults(&want)
+			if !equalConfig(c, want) {
+				t.Errorf("got %+v, want %+v", c, want)
+			}
+		}},
+		{"security env", nil, map[string]string{
+			"BATON_MAX_CHILDREN": "7", "BATON_BODY_TIMEOUT": "3s", "BATON_IDLE_TIMEOUT": "4s",
+			"BATON_MAX_CONNECTIONS": "50", "BATON_TENANT_MAX_CONCURRENT": "2", "BATON_TENANT_RPS": "2.5",
+		}, func(t *testing.T, c frontend.Config) {
+			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second,
+				MaxChildren: 7, BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
+				TenantMaxConcurrent: 2, TenantRPS: 2.5}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
@@ -183,6 +210,10 @@ func TestUpPassesWorkerFlags(t *testing.T) {
 // TestBadConfigExits2 checks that every bad flag, variable or configuration
 // ends with exit code 2 and a one-line reason, before anything starts.
 func TestBadConfigExits2(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("# tenants\nalice short\nbob\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -215,6 +246,12 @@ func TestBadConfigExits2(t *testing.T) {
 		{"positional argument", []string{"nats", "extra"}, nil, "extra"},
 		{"up negative workers", []string{"up", "--workers", "-1"}, nil, "--workers"},
 		{"up random http port", []string{"up", "--http-port", "0"}, nil, "--http-port"},
+		{"missing keys file", []string{"frontend"}, map[string]string{"BATON_API_KEYS_FILE": "/nonexistent/keys"}, "read API keys"},
+		{"bad keys file", []string{"frontend", "--api-keys-file", keys}, nil, "line 2: the secret of tenant alice is shorter than 16 bytes"},
+		{"keys file line without secret", []string{"frontend", "--api-keys-file", keys}, nil, "line 3: want TENANT SECRET"},
+		{"tls cert without key", []string{"frontend", "--tls-cert", keys}, nil, "--tls-cert and --tls-key"},
+		{"zero max connections", []string{"frontend", "--max-connections", "0"}, nil, "--max-connections"},
+		{"negative tenant rps", []string{"up", "--tenant-rps", "-1"}, nil, "--tenant-rps"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

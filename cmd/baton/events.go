@@ -53,7 +53,7 @@ func parseEvents(env *environment, args []string) (*eventsOptions, error) {
 	if err := o.nats.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.request != "" && !streams.ValidID(o.request) {
+	if o.request != "" && !streams.ValidRequestID(o.request) {
 		errs = append(errs, fmt.Errorf("--request %q: not a request id", o.request))
 	}
 	if o.worker != "" && !streams.ValidID(o.worker) {

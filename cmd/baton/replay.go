@@ -49,8 +49,8 @@ func parseReplay(env *environment, args []string) (*replayOptions, error) {
 		return nil, usagef("want one request id, got %d arguments (see 'baton replay --help')", len(pos))
 	}
 	o.id = pos[0]
-	if !streams.ValidID(o.id) {
-		return nil, usagef("%q is not a request id (letters, digits, '-', '_')", o.id)
+	if !streams.ValidRequestID(o.id) {
+		return nil, usagef("%q is not a request id (letters, digits, '-', '_', or <tenant>:<id>)", o.id)
 	}
 	return o, o.nats.validate()
 }

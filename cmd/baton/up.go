@@ -145,6 +145,7 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	reloadKeysOnHangup(ctx, fe, feLog)
 
 	// failed is cancelled when the frontend stops on its own: the stack
 	// cannot serve, so it shuts down and exits 1.

@@ -2,6 +2,8 @@ package frontend
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -39,13 +41,15 @@ func endpointOf(r *http.Request) string {
 func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	endpoint := endpointOf(r)
-	id := r.Header.Get(headerRequestID)
-	clientID := id != ""
+	tenant := tenantOf(r)
+	public := r.Header.Get(headerRequestID)
+	clientID := public != ""
 	if !clientID {
-		id = uuid.NewString()
+		public = uuid.NewString()
 	}
-	w.Header().Set(headerRequestID, id)
-	if clientID && !streams.ValidID(id) {
+	w.Header().Set(headerRequestID, public)
+	id, ok := requestID(tenant, public)
+	if !ok {
 		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
 		return
 	}
@@ -63,6 +67,8 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
 		return
 	}
+	sum := sha256.Sum256(body)
+	bodySHA := hex.EncodeToString(sum[:])
 	p, apiErr := fe.parseRequest(endpoint, body)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -76,6 +82,11 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if clientID {
 		// Idempotent retry: a known id attaches to the existing request.
 		if t, err := fe.attach(r.Context(), id); err == nil {
+			if apiErr := reuseError(t, tenant, public, bodySHA); apiErr != nil {
+				fe.release(t)
+				writeAPIError(w, apiErr)
+				return
+			}
 			fe.serveExisting(w, r, t, from, p.stream)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
@@ -96,24 +107,25 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	parent := r.Header.Get(headerParentID)
 	if parent != "" {
-		if !streams.ValidID(parent) {
+		if !streams.ValidRequestID(parent) {
 			writeAPIError(w, badRequest("invalid_parent_id", "%s must be a request id", headerParentID))
 			return
 		}
-		if _, err := fe.load(r.Context(), parent); err != nil {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "parent_not_found",
-				fmt.Sprintf("parent request %q (%s) is not in the log", parent, headerParentID))
+		if apiErr := fe.checkParent(r.Context(), tenant, parent); apiErr != nil {
+			writeAPIError(w, apiErr)
 			return
 		}
+		parent, _ = requestID(tenant, parent)
 	}
 	acc := events.RequestAccepted{
 		RequestID: id, Model: p.model, Endpoint: endpoint, Messages: p.messages, Prompt: p.prompt,
 		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
+		Tenant:    tenant, BodySHA256: bodySHA,
 	}
 	if p.n > 1 {
-		if len(id) > 120 {
+		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {
 			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
 			return
 		}
@@ -123,6 +135,11 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	t, err := fe.start(r.Context(), acc)
 	if errors.Is(err, errExists) {
 		if t, err = fe.attach(r.Context(), id); err == nil {
+			if apiErr := reuseError(t, tenant, public, bodySHA); apiErr != nil {
+				fe.release(t)
+				writeAPIError(w, apiErr)
+				return
+			}
 			fe.serveExisting(w, r, t, from, p.stream)
 			return
 		}
@@ -217,10 +234,10 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 	t.f.view(func(p *projections.Request) {
 		model, n, terminal, choices = p.Accepted.Model, p.Len(), p.Status.Terminal(), p.Accepted.Choices
 	})
-	w.Header().Set(headerRequestID, t.id)
 	if choices > 1 {
+		tenant := tenantOf(r)
 		writeAPIError(w, badRequest("group_request", "request %s has %d choices: resume each as %s … %s",
-			t.id, choices, childID(t.id, 0), childID(t.id, choices-1)))
+			publicID(tenant, t.id), choices, publicID(tenant, childID(t.id, 0)), publicID(tenant, childID(t.id, choices-1))))
 		return
 	}
 	if from > n && terminal {
@@ -234,10 +251,10 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 
 // handleResume serves GET /v1/requests/{id}/stream.
 func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	w.Header().Set(headerRequestID, id)
-	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
+	public := r.PathValue("id")
+	w.Header().Set(headerRequestID, public)
+	if _, ok := requestID(tenantOf(r), public); !ok {
+		writeLookupError(w, public, streams.ErrNotFound)
 		return
 	}
 	from, apiErr := parseOffset(r)
@@ -245,11 +262,12 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
-	t, err := fe.attach(r.Context(), id)
+	t, err := fe.attachFor(r, public)
 	if err != nil {
-		writeLookupError(w, id, err)
+		writeLookupError(w, public, err)
 		return
 	}
+	id := public
 	var n int
 	t.f.view(func(p *projections.Request) { n = p.Len() })
 	if from > n {
@@ -264,11 +282,7 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	w.Header().Set(headerRequestID, id)
-	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
-		return
-	}
-	t, err := fe.attach(r.Context(), id)
+	t, err := fe.attachFor(r, id)
 	if err != nil {
 		writeLookupError(w, id, err)
 		return
@@ -276,6 +290,10 @@ func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	defer fe.release(t)
 	var state RequestState
 	t.f.view(func(p *projections.Request) { state = stateOf(p) })
+	if tenant := tenantOf(r); tenant != "" && tenant != streams.AdminTenant {
+		state.ID, state.ParentID = id, publicID(tenant, state.ParentID)
+		state.Children = publicIDs(tenant, state.Children)
+	}
 	writeJSON(w, http.StatusOK, state)
 }
 
@@ -309,6 +327,9 @@ func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
 func (fe *Frontend) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	var ws []projections.Worker
 	fe.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	if fe.keys != nil && tenantOf(r) != streams.AdminTenant {
+		ws = redactWorkers(ws)
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": ws})
 }
 
