@@ -84,7 +84,9 @@ func (c apiClient) do(t testing.TB, method, path string, body []byte, header map
 	return res
 }
 
-func (c apiClient) get(t testing.TB, path string) apiResult { return c.do(t, http.MethodGet, path, nil, nil) }
+func (c apiClient) get(t testing.TB, path string) apiResult {
+	return c.do(t, http.MethodGet, path, nil, nil)
+}
 
 // want checks a result's status and error code.
 func (r apiResult) want(t testing.TB, what string, status int, code string) {
