@@ -71,9 +71,15 @@ func (w syncWriter) Write(p []byte) (int, error) {
 // its output is shown if the test failed.
 func start(t testing.TB, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
-	p.cmd = exec.Command(batonBin, args...)
-	p.cmd.Env = append(os.Environ(), env...)
+	cmd := exec.Command(batonBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	return startCmd(t, name, cmd)
+}
+
+// startCmd runs cmd as start does.
+func startCmd(t testing.TB, name string, cmd *exec.Cmd) *proc {
+	t.Helper()
+	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{}), cmd: cmd}
 	w := syncWriter{mu: p.mu, b: p.log}
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	if err := p.cmd.Start(); err != nil {

@@ -56,7 +56,15 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			_ = c.SetReadDeadline(lc.limit)
 			return lc, nil
 		}
-		go l.reject(lc)
+		if l.lingering.Add(1) <= maxLingering {
+			go l.reject(lc)
+			continue
+		}
+		// Too many lingering already: answer and close here, so that the
+		// descriptors in use stay bounded however fast connections come.
+		l.lingering.Add(-1)
+		l.answer(lc)
+		lc.Close()
 	}
 }
 
@@ -70,26 +78,29 @@ const tooManyConnections = "Service temporarily unavailable: too many open conne
 
 // reject answers 503 on a connection past the headroom and closes it. It
 // lingers (up to a second) reading what the client sent, so that the close
-// does not reset the connection before the client reads the answer; at most
-// maxLingering connections linger at once, the rest are closed at once.
+// does not reset the connection before the client reads the answer. At most
+// maxLingering connections linger at once; Accept closes the rest at once.
 func (l *limitListener) reject(c *limitConn) {
-	defer c.Close()
-	if !l.plainTCP {
-		return
-	}
-	_ = c.Conn.SetDeadline(time.Now().Add(time.Second))
-	if _, err := c.Write(rejectResponse); err != nil {
-		return
-	}
-	if l.lingering.Add(1) > maxLingering {
-		l.lingering.Add(-1)
-		return
-	}
 	defer l.lingering.Add(-1)
+	defer c.Close()
+	if !l.answer(c) {
+		return
+	}
 	if tc, ok := c.Conn.(*net.TCPConn); ok {
 		_ = tc.CloseWrite()
 	}
+	_ = c.Conn.SetReadDeadline(time.Now().Add(time.Second))
 	_, _ = io.Copy(io.Discard, io.LimitReader(c.Conn, 64<<10))
+}
+
+// answer writes the 503 on a plain TCP connection (a TLS one is just closed).
+func (l *limitListener) answer(c *limitConn) bool {
+	if !l.plainTCP {
+		return false
+	}
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	_, err := c.Write(rejectResponse)
+	return err == nil
 }
 
 const maxLingering = 64
