@@ -41,6 +41,7 @@ type upOptions struct {
 	dataDir  string
 	natsPort int
 	workers  int
+	sys      natsserver.Config // system-account user and password
 	cfg      frontend.Config
 	// workerArgs are the flags passed through to every worker.
 	workerArgs []string
@@ -52,6 +53,7 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	f.StringVar(&o.dataDir, "data-dir", "./.baton", "`directory` of the NATS store (<dir>/nats)")
 	f.IntVar(&o.natsPort, "nats-port", natsserver.DefaultPort, "NATS client `port`; -1 picks a free one")
 	f.IntVar(&o.workers, "workers", 2, "`number` of mock workers (child processes)")
+	addSysFlags(f, &o.sys)
 	o.streams = addStreamFlags(f)
 	o.fe = addFrontendFlags(f)
 	o.w = addWorkerFlags(f)
@@ -115,10 +117,15 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	// finish; (2) stop the frontend, which lets open streams continue for
 	// its graceful budget; (3) drain its NATS connection; (4) shut down
 	// NATS, which everyone needs until the end.
-	ns, err := natsserver.Start(natsserver.Config{
+	nsCfg := natsserver.Config{
 		Port:     o.natsPort,
 		StoreDir: filepath.Join(o.dataDir, "nats"),
-	}, o.common.logger(env.stderr, "nats"))
+		SysUser:  o.sys.SysUser, SysPassword: o.sys.SysPassword,
+	}
+	if _, err := nsCfg.ResolveSysPassword(); err != nil {
+		return err
+	}
+	ns, err := natsserver.Start(nsCfg, o.common.logger(env.stderr, "nats"))
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
 	}
@@ -129,7 +136,7 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	}()
 	natsURL := ns.ClientURL()
 	if o.cfg.SystemURL == "" {
-		o.cfg.SystemURL = natsserver.SysURL(natsURL, "", "")
+		o.cfg.SystemURL = natsserver.SysURL(natsURL, nsCfg.SysUser, nsCfg.SysPassword)
 	}
 
 	feLog := o.common.logger(env.stderr, "frontend")
