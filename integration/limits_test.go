@@ -112,7 +112,7 @@ func closedWithin(t *testing.T, c net.Conn, limit time.Duration, what string) st
 	data, err := io.ReadAll(c)
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
-		t.Fatalf("%s: the connection was still open after %v", what, limit)
+		t.Fatalf("%s: the connection was still open after %v (read %q)", what, limit, data)
 	}
 	return string(data)
 }
@@ -146,8 +146,8 @@ func TestConnectionBounds(t *testing.T) {
 	t.Logf("idle keep-alive closed after %v (idle timeout 1s)", idle)
 
 	// A trickled body: one byte every 100 ms of a 1000-byte body.
-	c = rawConn(t, f.url)
-	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+	tc := rawConn(t, f.url)
+	fmt.Fprintf(tc, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() {
@@ -158,14 +158,14 @@ func TestConnectionBounds(t *testing.T) {
 			case <-stop:
 				return
 			case <-tick.C:
-				if _, err := c.Write([]byte(" ")); err != nil {
+				if _, err := tc.Write([]byte(" ")); err != nil {
 					return
 				}
 			}
 		}
 	}()
 	began = time.Now()
-	got := closedWithin(t, c, 10*time.Second, "trickled body")
+	got := closedWithin(t, tc, 10*time.Second, "trickled body")
 	if !strings.HasPrefix(got, "HTTP/1.1 408") || !strings.Contains(got, "request_timeout") {
 		t.Errorf("trickled body: got %q, want a 408 request_timeout", got)
 	}

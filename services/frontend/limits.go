@@ -169,7 +169,7 @@ func limitConnections(next http.Handler) http.Handler {
 // readBody reads a request's whole body (up to limit+1 bytes, so that the
 // handler still sees what is too large) within the body timeout, then
 // clears the read deadline, so that a long response is not cut. A body that
-// does not arrive in time gets 408 and the connection is closed.
+// does not arrive in time gets 408 and the connection is closed at once.
 func readBody(timeout time.Duration, limit int64, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
@@ -179,8 +179,10 @@ func readBody(timeout time.Duration, limit int64, next http.Handler) http.Handle
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Now().Add(timeout))
 		data, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-		_ = rc.SetReadDeadline(time.Time{})
 		if err != nil {
+			// Leave the deadline passed: the server must not wait for the
+			// rest of the body before it closes the connection.
+			_ = rc.SetReadDeadline(time.Now())
 			w.Header().Set("Connection", "close")
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				writeError(w, http.StatusRequestTimeout, "invalid_request_error", "request_timeout",
@@ -190,6 +192,7 @@ func readBody(timeout time.Duration, limit int64, next http.Handler) http.Handle
 			writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
 			return
 		}
+		_ = rc.SetReadDeadline(time.Time{})
 		r.Body = io.NopCloser(bytes.NewReader(data))
 		next.ServeHTTP(w, r)
 	})
