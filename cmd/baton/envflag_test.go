@@ -214,6 +214,10 @@ func TestBadConfigExits2(t *testing.T) {
 	if err := os.WriteFile(keys, []byte("# tenants\nalice short\nbob\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	workers := filepath.Join(t.TempDir(), "workers")
+	if err := os.WriteFile(workers, []byte("w1 0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -252,6 +256,9 @@ func TestBadConfigExits2(t *testing.T) {
 		{"tls cert without key", []string{"frontend", "--tls-cert", keys}, nil, "--tls-cert and --tls-key"},
 		{"zero max connections", []string{"frontend", "--max-connections", "0"}, nil, "--max-connections"},
 		{"negative tenant rps", []string{"up", "--tenant-rps", "-1"}, nil, "--tenant-rps"},
+		{"worker users without a user", []string{"nats", "--worker-users", workers}, nil, "--worker-users needs --user"},
+		{"bad worker users", []string{"nats", "--user", "u", "--password", "p", "--worker-users", keys}, nil, "worker users"},
+		{"cluster user without password", []string{"nats", "--cluster-name", "c", "--cluster-port", "6222", "--cluster-user", "r"}, nil, "--cluster-password"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

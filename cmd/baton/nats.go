@@ -20,9 +20,10 @@ files) a node without them cannot join the cluster. For a 3-node cluster give ea
 
 // natsOptions are the flags of `baton nats`.
 type natsOptions struct {
-	common *commonFlags
-	cfg    natsserver.Config
-	routes string
+	common      *commonFlags
+	cfg         natsserver.Config
+	routes      string
+	workerUsers string
 }
 
 func parseNATS(env *environment, args []string) (*natsOptions, error) {
@@ -37,6 +38,9 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 	f.StringVar(&o.routes, "routes", "", "the other nodes, `nats-route://host:port[,...]`")
 	f.IntVar(&o.cfg.HTTPPort, "http-port", 0, "monitoring `port`; 0 off")
 	addSysFlags(f, &o.cfg)
+	f.StringVar(&o.workerUsers, "worker-users", "", "`file` of 'WORKER_ID PASSWORD' lines: one NATS user per worker, allowed only its own lease, load and lifecycle subjects and dispatches (needs --user)")
+	f.bindEnv("worker-users", "BATON_NATS_WORKER_USERS", nil)
+	f.showDefault("worker-users", "none")
 	f.StringVar(&o.cfg.ClusterUser, "cluster-user", "", "`user` every route must log in as (with --cluster-password); routes without it are refused")
 	f.bindEnv("cluster-user", "BATON_NATS_CLUSTER_USER", nil)
 	f.showDefault("cluster-user", "none: any node that reaches the route port may join")
@@ -59,6 +63,13 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 		if r = strings.TrimSpace(r); r != "" {
 			o.cfg.Routes = append(o.cfg.Routes, r)
 		}
+	}
+	if o.workerUsers != "" {
+		users, err := natsserver.ReadWorkerUsers(o.workerUsers)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		o.cfg.WorkerUsers = users
 	}
 	if o.cfg.HTTPPort < 0 || o.cfg.HTTPPort > 65535 {
 		return nil, usagef("--http-port %d out of range", o.cfg.HTTPPort)

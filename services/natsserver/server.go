@@ -65,6 +65,10 @@ type Config struct {
 	// ClusterTLSCert, ClusterTLSKey and ClusterTLSCA, when set, encrypt the
 	// routes; each side must present a certificate signed by ClusterTLSCA.
 	ClusterTLSCert, ClusterTLSKey, ClusterTLSCA string
+	// WorkerUsers are per-worker users of the BATON account, each holding
+	// WorkerPermissions pinned to its own id (PinWorker). They need User:
+	// an anonymous client would have every permission.
+	WorkerUsers []WorkerUser
 }
 
 // ResolveSysPassword sets the system-account password if c has none: the
@@ -138,6 +142,9 @@ func (c Config) Validate() error {
 	if c.ClusterName == "" && len(c.Routes) > 0 {
 		errs = append(errs, errors.New("--routes needs --cluster-name"))
 	}
+	if len(c.WorkerUsers) > 0 && c.User == "" {
+		errs = append(errs, errors.New("--worker-users needs --user and --password: anonymous clients would have every permission"))
+	}
 	if (c.ClusterUser == "") != (c.ClusterPassword == "") {
 		errs = append(errs, errors.New("--cluster-user and --cluster-password go together"))
 	}
@@ -181,7 +188,12 @@ func (c Config) configString() string {
 	if c.User != "" {
 		user, password = c.User, c.Password
 	}
-	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [{user: %s, password: %s}] }\n", AppAccount, q(user), q(password))
+	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
+	for _, w := range c.WorkerUsers {
+		perms, _ := PinWorker(WorkerPermissions, w.ID) // the constant has every pin
+		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(w.Password), perms)
+	}
+	b.WriteString("  ] }\n")
 	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(c.SysPassword))
 	fmt.Fprintf(&b, "system_account: %s\n", SysAccount)
 	if c.User == "" {

@@ -65,3 +65,42 @@ func TestClusterConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerUsers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "workers")
+	if err := os.WriteFile(path, []byte("# id password\nw1 0123456789abcdef\n\nw-2 fedcba9876543210 # second\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	users, err := ReadWorkerUsers(path)
+	if err != nil || len(users) != 2 || users[1] != (WorkerUser{"w-2", "fedcba9876543210"}) {
+		t.Fatalf("got %+v, %v", users, err)
+	}
+	for _, bad := range []string{"w1 short\n", "w.1 0123456789abcdef\n", "w1\n", "w1 0123456789abcdef\nw1 0123456789abcdeX\n"} {
+		if err := os.WriteFile(path, []byte(bad), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadWorkerUsers(path); err == nil {
+			t.Errorf("%q read without an error", bad)
+		}
+	}
+	perms, err := PinWorker(WorkerPermissions, "w7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"baton.workers.w7.events"`, `"$KV.baton_leases.w7", "$KV.baton_load.w7"`, `"baton.dispatch.w7"`} {
+		if !strings.Contains(perms, want) {
+			t.Errorf("pinned permissions lack %s:\n%s", want, perms)
+		}
+	}
+	for _, gone := range []string{`"baton.dispatch.*"`, `"$KV.baton_leases.>"`, `"baton.workers.*.events"`} {
+		if strings.Contains(perms, gone) {
+			t.Errorf("pinned permissions still grant %s", gone)
+		}
+	}
+	if _, err := PinWorker(`publish: ["x"]`, "w7"); err == nil {
+		t.Error("a set without the grants to pin was pinned")
+	}
+	if err := (Config{StoreDir: "x", WorkerUsers: users}).Validate(); err == nil {
+		t.Error("worker users without --user validated")
+	}
+}
