@@ -41,7 +41,7 @@ func parseEvents(env *environment, args []string) (*eventsOptions, error) {
 	f := newFlagSet("events", eventsSummary, env.lookup, env.stdout)
 	o := &eventsOptions{common: addCommonFlags(f), nats: addNATSFlags(f)}
 	f.BoolVar(&o.follow, "follow", false, "after what is stored, keep printing new events until SIGINT")
-	f.StringVar(&o.request, "request", "", "only the events of this request `id`")
+	f.StringVar(&o.request, "request", "", "only the events of this request `id` (<tenant>:<id> for a tenant's request)")
 	f.StringVar(&o.worker, "worker", "", "only the events of this worker `id`")
 	f.BoolVar(&o.json, "json", false, "one JSON object per event and line")
 	f.DurationVar(&o.since, "since", 0, "only events stored in the last `duration` (e.g. 10m)")

@@ -23,6 +23,7 @@ ignored (a zombie worker writing after its attempt was fenced, a duplicate)
 are marked. Then a summary (status, attempts, migrations, owner, tokens,
 finish reason) and the output text exactly as clients received it.
 --json prints {"request": state, "timeline": [every event], "output": text}.
+With API keys, a tenant's request is <tenant>:<its X-Request-Id> (alice:r1).
 Exits 1 if the request is not in the log.`
 
 // replayReadTimeout bounds reading one request's history.
