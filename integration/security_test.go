@@ -291,6 +291,13 @@ func TestTenantIsolation(t *testing.T) {
 	alice.do(t, "POST", "/v1/completions", data, map[string]string{"X-Request-Id": "r1"}).want(t, "re-POST with another body", 409, "request_id_conflict")
 	data, _ = bodyOf(map[string]any{"model": "mock", "prompt": "other", "max_tokens": 30})
 	alice.do(t, "POST", "/v1/completions", data, map[string]string{"X-Request-Id": "r1"}).want(t, "re-POST with another prompt", 409, "request_id_conflict")
+	// One body that both endpoints accept, sent to the other one.
+	both := map[string]any{"model": "mock", "prompt": "either", "messages": []map[string]string{{"role": "user", "content": "either"}}, "max_tokens": 3}
+	if r := alice.stream(t, both, map[string]string{"X-Request-Id": "r-both"}, nil); r.status != 200 || !r.done {
+		t.Fatalf("a body for both endpoints: %d %s", r.status, r.errorBody)
+	}
+	same, _ := bodyOf(both)
+	alice.do(t, "POST", "/v1/chat/completions", same, map[string]string{"X-Request-Id": "r-both"}).want(t, "re-POST to another endpoint", 409, "request_id_conflict")
 
 	// Parent links: only to one's own requests.
 	small, _ := bodyOf(map[string]any{"model": "mock", "prompt": "child", "max_tokens": 2})

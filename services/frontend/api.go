@@ -83,7 +83,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if clientID {
 		// Idempotent retry: a known id attaches to the existing request.
 		if t, err := fe.attach(r.Context(), id); err == nil {
-			if apiErr := reuseError(t, tenant, public, bodySHA); apiErr != nil {
+			if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
 				fe.release(t)
 				writeAPIError(w, apiErr)
 				return
@@ -136,7 +136,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	t, err := fe.start(r.Context(), acc)
 	if errors.Is(err, errExists) {
 		if t, err = fe.attach(r.Context(), id); err == nil {
-			if apiErr := reuseError(t, tenant, public, bodySHA); apiErr != nil {
+			if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
 				fe.release(t)
 				writeAPIError(w, apiErr)
 				return

@@ -247,17 +247,17 @@ func (fe *Frontend) attachFor(r *http.Request, public string) (*tracked, error) 
 }
 
 // reuseError checks a re-POST under an existing id: only its tenant (or the
-// admin) may attach, and only with the body the request was accepted with
-// (the id is an idempotency key).
-func reuseError(t *tracked, tenant, public, bodySHA string) *apiError {
+// admin) may attach, and only with the body and endpoint the request was
+// accepted with (the id is an idempotency key).
+func reuseError(t *tracked, tenant, public, endpoint, bodySHA string) *apiError {
 	var acc events.RequestAccepted
 	t.f.view(func(p *projections.Request) { acc = p.Accepted })
 	if !mayAccess(tenant, acc) {
 		return notFound(public)
 	}
-	if acc.BodySHA256 != "" && acc.BodySHA256 != bodySHA {
+	if acc.BodySHA256 != "" && (acc.BodySHA256 != bodySHA || acc.Endpoint != endpoint) {
 		return &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "request_id_conflict",
-			message: fmt.Sprintf("request %s exists with a different body: %s is an idempotency key, so a retry must send the same body; use a new id for a new request", public, headerRequestID)}
+			message: fmt.Sprintf("request %s exists with a different body or endpoint: %s is an idempotency key, so a retry must send the same body to the same endpoint; use a new id for a new request", public, headerRequestID)}
 	}
 	return nil
 }
