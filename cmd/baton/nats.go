@@ -14,9 +14,11 @@ client without credentials, with JetStream) and SYS (the system account, whose
 user sees the connect/disconnect advisories baton uses to detect crashed
 workers; its password is --sys-password, or generated at first start and kept
 in <store-dir>/sys-password, mode 0600). With --user/--password, BATON admits
-only that user. With --cluster-user/--cluster-password (and the route TLS
-files) a node without them cannot join the cluster. For a 3-node cluster give each node --server-name, --cluster-name,
---cluster-port and --routes naming the other nodes. Runs until SIGINT/SIGTERM.`
+only that user, and --worker-users adds one user per worker, confined to its
+own lease, load and dispatch subjects. For a 3-node cluster give each node
+--server-name, --cluster-name, --cluster-port and --routes naming the other
+nodes; with --cluster-user/--cluster-password (and the route TLS files) a node
+without them cannot join. Runs until SIGINT/SIGTERM.`
 
 // natsOptions are the flags of `baton nats`.
 type natsOptions struct {
