@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -385,4 +386,31 @@ func resumeAs(t *testing.T, c apiClient, id, last string) sseResult {
 	}
 	defer resp.Body.Close()
 	return readStream(t, resp, nil)
+}
+
+// TestTenantRequestMigrates: a tenant's request (internal id alice:…)
+// survives the loss of its worker like any other: it migrates, the client
+// gets the fault-free text, and the log shows the migration under its id.
+func TestTenantRequestMigrates(t *testing.T) {
+	s, f, _ := keyedStack(t, "--migration-limit", "3")
+	s.worker("w2", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
+	alice, admin := apiClient{f.url, aliceKey}, apiClient{f.url, adminKey}
+	waitRoutableAs(t, admin, "w1", "w2")
+	var once sync.Once
+	body := map[string]any{"model": "mock", "prompt": "migrate me", "max_tokens": 150}
+	res := alice.stream(t, body, map[string]string{"X-Request-Id": "m1"}, func(e sseEvent) {
+		if n, _ := strconv.Atoi(e.id); n >= 20 {
+			once.Do(func() {
+				var st requestState
+				_ = json.Unmarshal(admin.get(t, "/v1/requests/alice:m1").body, &st)
+				s.workers[st.Worker].signal(syscall.SIGKILL)
+			})
+		}
+	})
+	checkComplete(t, res, "migrate me", 150)
+	var st requestState
+	_ = json.Unmarshal(alice.get(t, "/v1/requests/m1").body, &st)
+	if len(st.Migrations) != 1 || st.Status != "completed" {
+		t.Errorf("alice's m1: status %s, migrations %+v; want completed after one", st.Status, st.Migrations)
+	}
 }
