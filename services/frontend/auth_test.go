@@ -1,8 +1,10 @@
 package frontend
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -139,5 +141,29 @@ func TestMayAccess(t *testing.T) {
 		if got := mayAccess(tt.tenant, tt.acc); got != tt.want {
 			t.Errorf("mayAccess(%q, tenant %q) = %v, want %v", tt.tenant, tt.acc.Tenant, got, tt.want)
 		}
+	}
+}
+
+// BenchmarkKeyringTenant is the cost of one key check against n keys (every
+// hash is compared, constant time).
+func BenchmarkKeyringTenant(b *testing.B) {
+	for _, n := range []int{10, 1000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			var file strings.Builder
+			for i := range n {
+				fmt.Fprintf(&file, "t%d secret-%016d\n", i, i)
+			}
+			keys, err := parseKeys([]byte(file.String()))
+			if err != nil {
+				b.Fatal(err)
+			}
+			k := &keyring{keys: keys}
+			secret := fmt.Sprintf("secret-%016d", n/2)
+			for b.Loop() {
+				if _, ok := k.tenant(secret); !ok {
+					b.Fatal("not found")
+				}
+			}
+		})
 	}
 }
