@@ -69,6 +69,22 @@ type Lease struct {
 	// disconnect advisories.
 	ClientID uint64 `json:"client_id,omitempty"`
 	Server   string `json:"server,omitempty"`
+	// Reason says why the worker is not ready, when it knows more than its
+	// health checks do (its upstream refused it: a bad key, an unknown model).
+	Reason string `json:"reason,omitempty"`
+	// Capabilities are what the worker's engine can do, as probed at start;
+	// absent: everything (the mock, older builds).
+	Capabilities *Capabilities `json:"capabilities,omitempty"`
+}
+
+// Capabilities is what a worker's engine can do: serve chat and
+// completions, continue a migrated request token-exactly from token ids, or
+// by assistant prefill.
+type Capabilities struct {
+	Chat        bool `json:"chat"`
+	Completions bool `json:"completions"`
+	TokenIDs    bool `json:"token_ids"`
+	Prefill     bool `json:"prefill"`
 }
 
 // Load is the value of a worker's key in the load bucket.

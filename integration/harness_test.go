@@ -20,8 +20,9 @@ import (
 	"time"
 )
 
-// batonBin is the binary under test, built once by TestMain.
-var batonBin string
+// batonBin is the binary under test and vllmsimBin the vLLM simulator,
+// built once by TestMain.
+var batonBin, vllmsimBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "baton-it-")
@@ -38,6 +39,13 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build baton:", err)
+		os.Exit(1)
+	}
+	vllmsimBin = filepath.Join(dir, "vllmsim")
+	build = exec.Command("go", "build", "-o", vllmsimBin, "../cmd/vllmsim")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build vllmsim:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -71,15 +79,15 @@ func (w syncWriter) Write(p []byte) (int, error) {
 // its output is shown if the test failed.
 func start(t testing.TB, name string, env []string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(batonBin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	return startCmd(t, name, cmd)
+	return startBin(t, batonBin, name, env, args...)
 }
 
-// startCmd runs cmd as start does.
-func startCmd(t testing.TB, name string, cmd *exec.Cmd) *proc {
+// startBin runs bin with args, as start does.
+func startBin(t testing.TB, bin, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{}), cmd: cmd}
+	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
 	w := syncWriter{mu: p.mu, b: p.log}
 	p.cmd.Stdout, p.cmd.Stderr = w, w
 	if err := p.cmd.Start(); err != nil {

@@ -17,7 +17,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -283,7 +282,7 @@ func TestIdleConnectionFlood(t *testing.T) {
 // startShell runs a shell command line as a test process.
 func startShell(t *testing.T, name, line string) *proc {
 	t.Helper()
-	return startCmd(t, name, exec.Command("/bin/sh", "-c", line))
+	return startBin(t, "/bin/sh", name, nil, "-c", line)
 }
 
 // TestTenantLimits: past --tenant-max-concurrent open completions a tenant

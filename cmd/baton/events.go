@@ -409,8 +409,22 @@ func describe(e events.Envelope) string {
 			return fmt.Sprintf("attempt %d (worker %s) fenced by frontend %s at token %d: %s",
 				ev.Attempt, ev.WorkerID, fe, ev.Offset, ev.Reason)
 		}
-		return fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
+		line := fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
 			ev.Attempt, ev.WorkerID, ev.Offset, ev.Reason)
+		if ev.Status != 0 {
+			line += fmt.Sprintf(" (upstream %d", ev.Status)
+			if ev.Code != "" {
+				line += " " + ev.Code
+			}
+			if ev.RetryAfterMS > 0 {
+				line += fmt.Sprintf(", retry after %d ms", ev.RetryAfterMS)
+			}
+			line += ")"
+		}
+		if ev.Message != "" {
+			line += ": " + ev.Message
+		}
+		return line
 	case events.RequestMigrated:
 		return fmt.Sprintf("%s migration: attempt %d (worker %s) cut at token %d by frontend %s: %s",
 			ev.MigrationType, ev.FromAttempt, ev.FromWorker, ev.Cut, ev.Frontend, ev.Reason)

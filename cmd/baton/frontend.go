@@ -64,7 +64,7 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.bindEnvSeconds("detach-timeout", "DYN_DETACH_TIMEOUT_SECS")
 	f.IntVar(&ff.defaultMaxTokens, "default-max-tokens", frontend.DefaultMaxTokens, "max_tokens of a request that does not set it")
 	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", frontend.DefaultMaxTokensLimit, "largest max_tokens accepted (400 beyond)")
-	f.IntVar(&ff.maxPromptTokens, "max-prompt-tokens", frontend.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond)")
+	f.IntVar(&ff.maxPromptTokens, "max-prompt-tokens", frontend.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond); checked again in the model server's tokens where an OpenAI engine's server reports them")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body accepted, in `bytes` (413 beyond)")
 	f.DurationVar(&ff.dispatchTimeout, "dispatch-timeout", frontend.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
 	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")

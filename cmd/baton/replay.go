@@ -11,6 +11,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -116,6 +117,10 @@ type replayDoc struct {
 	Request  projections.State `json:"request"`
 	Timeline []replayEntry     `json:"timeline"`
 	Output   string            `json:"output"`
+	// Response is the non-streaming answer a client gets for a completed
+	// request (tool calls, logprobs, finish reason and usage included),
+	// rendered from the log as a frontend renders it.
+	Response map[string]any `json:"response,omitempty"`
 }
 
 // replayEntry is one event of the timeline.
@@ -160,6 +165,9 @@ func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
 	}
 	doc.Request = r.State()
 	doc.Output = r.Text()
+	if r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1 {
+		doc.Response = frontend.Response(r)
+	}
 	return doc, true
 }
 
@@ -261,6 +269,9 @@ func writeReplay(w io.Writer, doc replayDoc) error {
 	if st.SkippedDeltas > 0 {
 		row("gaps", fmt.Sprintf("%d deltas skipped out of order (a correct log has none)", st.SkippedDeltas))
 	}
+	if calls := toolCallsOf(doc.Response); calls != "" {
+		row("tool calls", calls)
+	}
 	fmt.Fprintf(&b, "\noutput (%d tokens):\n%s", st.TokensGenerated, doc.Output)
 	if !strings.HasSuffix(doc.Output, "\n") {
 		b.WriteString("\n")
@@ -301,4 +312,19 @@ func migrationsLine(st projections.State) string {
 		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
 	}
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
+
+// toolCallsOf lists the tool calls of a chat response, as name(arguments).
+func toolCallsOf(resp map[string]any) string {
+	choices, _ := resp["choices"].([]map[string]any)
+	var out []string
+	for _, c := range choices {
+		msg, _ := c["message"].(map[string]any)
+		calls, _ := msg["tool_calls"].([]map[string]any)
+		for _, tc := range calls {
+			fn, _ := tc["function"].(map[string]any)
+			out = append(out, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
+		}
+	}
+	return strings.Join(out, ", ")
 }
