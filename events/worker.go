@@ -65,13 +65,14 @@ type Lease struct {
 	// worker is live but must not receive new requests. Cleared when a
 	// canary passes again. Absent (false) in leases of older builds.
 	NotReady bool `json:"not_ready,omitempty"`
+	// NotReadyReason says why, while NotReady: the upstream's own words when
+	// it refused the worker (a bad key, an unknown model), else "stalled"
+	// (in-flight requests stopped producing) or "canary_failed".
+	NotReadyReason string `json:"not_ready_reason,omitempty"`
 	// ClientID is the worker's NATS client id on its server, matched against
 	// disconnect advisories.
 	ClientID uint64 `json:"client_id,omitempty"`
 	Server   string `json:"server,omitempty"`
-	// Reason says why the worker is not ready, when it knows more than its
-	// health checks do (its upstream refused it: a bad key, an unknown model).
-	Reason string `json:"reason,omitempty"`
 	// Capabilities are what the worker's engine can do, as probed at start;
 	// absent: everything (the mock, older builds).
 	Capabilities *Capabilities `json:"capabilities,omitempty"`

@@ -265,7 +265,9 @@ type workerInfo struct {
 	State string `json:"state"`
 	Model string `json:"model"`
 	PID   int    `json:"pid"`
-	Load  struct {
+	// Reason says why a not_ready worker is not ready.
+	Reason string `json:"reason"`
+	Load   struct {
 		ActiveRequests int `json:"active_requests"`
 		KVBlocksUsed   int `json:"kv_blocks_used"`
 		KVBlocksTotal  int `json:"kv_blocks_total"`

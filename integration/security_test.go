@@ -187,6 +187,17 @@ func TestAPIKeys(t *testing.T) {
 		}
 	}
 	anon.do(t, "GET", "/v1/models", nil, map[string]string{"Authorization": "Basic " + aliceKey}).want(t, "Basic auth", 401, "invalid_api_key")
+	// The console: its page is open (it asks for a key), its data (every
+	// tenant's requests) is the admin's only.
+	if r := anon.get(t, "/console/"); r.status != 200 {
+		t.Errorf("the console's page without a key: %d, want 200", r.status)
+	}
+	for _, path := range []string{"/v1/console/requests", "/v1/console/frontends"} {
+		bob.get(t, path).want(t, "bob's "+path, 403, "permission_denied")
+		if r := admin.get(t, path); r.status != 200 {
+			t.Errorf("the admin's %s: %d %s", path, r.status, r.body)
+		}
+	}
 	if r := alice.get(t, "/v1/models"); r.status != 200 {
 		t.Fatalf("alice's /v1/models: %d %s", r.status, r.body)
 	}

@@ -88,6 +88,9 @@ type Request struct {
 	// EnginePromptTokens is the prompt's length as the completing worker
 	// reported it (its engine's count when it had one); 0 until completion.
 	EnginePromptTokens int
+	n                  int // tokens accepted: len(tokens), unless countOnly
+	// countOnly keeps no token text (NewRequestCounter).
+	countOnly bool
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the missing delta with every later
@@ -99,6 +102,11 @@ type Request struct {
 // NewRequest returns an empty projection.
 func NewRequest() *Request { return &Request{} }
 
+// NewRequestCounter returns an empty projection that keeps no token text:
+// its state and Len are those of NewRequest's, Tokens and Text are empty.
+// It suits views of many requests at once (the console's).
+func NewRequestCounter() *Request { return &Request{countOnly: true} }
+
 // LastSeq is the stream sequence of the last applied event.
 func (r *Request) LastSeq() uint64 { return r.lastSeq }
 
@@ -106,7 +114,7 @@ func (r *Request) LastSeq() uint64 { return r.lastSeq }
 func (r *Request) Known() bool { return r.Accepted.RequestID != "" }
 
 // Len is the number of tokens accepted so far (the token offset).
-func (r *Request) Len() int { return len(r.tokens) }
+func (r *Request) Len() int { return r.n }
 
 // Tokens returns a copy of the tokens at offsets [from, Len()).
 func (r *Request) Tokens(from int) []string {
@@ -215,7 +223,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 		a := &r.Attempts[ev.Attempt]
 		a.Closed = true
-		a.Cut = len(r.tokens)
+		a.Cut = r.n
 		a.CloseReason = ev.Reason
 		a.CloseClass, a.CloseStatus, a.CloseCode, a.CloseMessage = ev.Class, ev.Status, ev.Code, ev.Message
 		a.RetryAfterMS = ev.RetryAfterMS
@@ -258,7 +266,7 @@ func (r *Request) applyMigrated(ev events.RequestMigrated) {
 	if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
 		a := &r.Attempts[k]
 		a.Closed = true
-		a.Cut = len(r.tokens)
+		a.Cut = r.n
 		a.CloseReason = ev.Reason
 	}
 	r.Migrations = append(r.Migrations, Migration{
@@ -310,7 +318,7 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if why := r.closedFor(ev.Attempt); why != "" {
 		return false, why
 	}
-	have := len(r.tokens)
+	have := r.n
 	if ev.Offset > have {
 		r.Skipped++ // a gap: never accept tokens out of order
 		return false, IgnoredGap
@@ -325,6 +333,10 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	}
 	if len(add) == 0 {
 		return false, IgnoredPastMax
+	}
+	r.n += len(add)
+	if r.countOnly {
+		return true, ""
 	}
 	if ev.Offset == 0 && r.PromptIDs == nil && ev.PromptIDs != nil {
 		r.PromptIDs = ev.PromptIDs

@@ -50,6 +50,8 @@ func flagDefaults(c *frontend.Config) {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = frontend.DefaultMaxConnections
 	}
+	c.ConsoleWindow = frontend.DefaultConsoleWindow
+	c.ConsoleRequests = frontend.DefaultConsoleRequests
 	if c.Streams.Replicas == 0 {
 		c.Streams.Replicas = 1
 	}

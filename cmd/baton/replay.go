@@ -124,58 +124,20 @@ type replayDoc struct {
 }
 
 // replayEntry is one event of the timeline.
-type replayEntry struct {
-	Seq     uint64       `json:"seq"`
-	Time    time.Time    `json:"time"`
-	Since   float64      `json:"since_accepted_seconds"`
-	Subject string       `json:"subject"` // "events" or "tokens.<attempt>"
-	Type    string       `json:"type"`
-	ID      string       `json:"id"`
-	Source  string       `json:"source"`
-	Applied bool         `json:"applied"`        // the fold changed the state
-	Note    string       `json:"note,omitempty"` // why it did not, e.g. "ignored (fenced)"
-	Summary string       `json:"summary"`
-	Event   events.Event `json:"event"`
-}
+type replayEntry = projections.TimelineEntry
 
 // buildReplay folds a request's events, in stream order, into its state and
 // timeline. ok is false when the history has no accepted event.
 func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
-	r := projections.NewRequest()
-	var start time.Time
-	for _, e := range envs {
-		if a, isAccepted := e.Event.(events.RequestAccepted); isAccepted && start.IsZero() && a.RequestID != "" {
-			start = e.Time
-		}
-	}
-	if start.IsZero() && len(envs) > 0 {
-		start = envs[0].Time
-	}
-	doc.Timeline = make([]replayEntry, 0, len(envs))
-	for _, e := range envs {
-		applied, note := r.Fold(e)
-		doc.Timeline = append(doc.Timeline, replayEntry{
-			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: subjectKind(e.Event),
-			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
-			Summary: describe(e), Event: e.Event,
-		})
-	}
-	if !r.Known() {
+	r, timeline, ok := projections.Replay(envs)
+	if !ok {
 		return replayDoc{}, false
 	}
-	doc.Request = r.State()
-	doc.Output = r.Text()
+	doc = replayDoc{Request: r.State(), Timeline: timeline, Output: r.Text()}
 	if r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1 {
 		doc.Response = frontend.Response(r)
 	}
 	return doc, true
-}
-
-// subjectKind names the subject an event is stored on, below
-// baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
-func subjectKind(ev events.Event) string {
-	const id = "_"
-	return strings.TrimPrefix(streams.SubjectOf(id, ev), strings.TrimSuffix(streams.RequestEvents(id), "events"))
 }
 
 // timelineLine is one line of the text timeline: an entry, or a run of

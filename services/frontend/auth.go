@@ -154,10 +154,17 @@ func tenantOf(r *http.Request) string {
 }
 
 // openPath reports whether path is served without a key: the probes and
-// the metrics, which carry no request, client or server ids.
+// the metrics, which carry no request, client or server ids, and the
+// console's page (its scripts ask for a key and send it with every call of
+// the API, /v1/console/* included).
 func openPath(path string) bool {
-	return path == "/live" || path == "/health" || path == "/metrics"
+	return path == "/live" || path == "/health" || path == "/metrics" ||
+		path == "/console" || strings.HasPrefix(path, "/console/")
 }
+
+// adminPath reports whether path is the admin's only: the console's data,
+// which shows every tenant's requests.
+func adminPath(path string) bool { return strings.HasPrefix(path, "/v1/console/") }
 
 // authenticate admits a request with a known key (Authorization: Bearer)
 // and records its tenant; everything but openPath needs one. Without a
@@ -182,6 +189,11 @@ func (fe *Frontend) authenticate(next http.Handler) http.Handler {
 		tenant, ok := fe.keys.tenant(secret)
 		if !ok {
 			unauthorized(w, "Incorrect API key provided.")
+			return
+		}
+		if adminPath(r.URL.Path) && tenant != streams.AdminTenant {
+			writeError(w, http.StatusForbidden, "invalid_request_error", "permission_denied",
+				"the console's data covers every tenant: it needs the key of the tenant admin")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))

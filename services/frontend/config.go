@@ -64,6 +64,13 @@ type Config struct {
 	// component's own connection is); its credentials are in SystemURL.
 	SystemTLS *tls.Config
 
+	// ConsoleWindow is how far back a frontend starts reading the log for
+	// the console (the first time someone opens it there); default 15m.
+	ConsoleWindow time.Duration
+	// ConsoleRequests is how many recent requests the console keeps; it
+	// keeps four times as many feed events. Default 500.
+	ConsoleRequests int
+
 	// Streams sets provisioning and retention of the log.
 	Streams streams.Config
 
@@ -111,6 +118,8 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxConnections    = 4096
+	DefaultConsoleWindow     = 15 * time.Minute
+	DefaultConsoleRequests   = 500
 )
 
 func (c Config) withDefaults() Config {
@@ -159,6 +168,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
+	if c.ConsoleWindow == 0 {
+		c.ConsoleWindow = DefaultConsoleWindow
+	}
+	if c.ConsoleRequests == 0 {
+		c.ConsoleRequests = DefaultConsoleRequests
+	}
 	return c
 }
 
@@ -184,12 +199,13 @@ func (c Config) Validate() error {
 		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout,
 		"shutdown timeout": c.ShutdownTimeout, "dispatch timeout": c.DispatchTimeout,
 		"read header timeout": c.ReadHeaderTimeout, "body timeout": c.BodyTimeout, "idle timeout": c.IdleTimeout,
+		"console window": c.ConsoleWindow,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", name, d))
 		}
 	}
-	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 {
+	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
 	}
 	if c.MaxChildren < 0 || c.MaxConnections < 0 || c.TenantMaxConcurrent < 0 || c.TenantRPS < 0 {

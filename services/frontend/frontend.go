@@ -38,6 +38,7 @@ type Frontend struct {
 	policy   migrations.Policy
 	keys     *keyring // nil: the API is open
 	limits   *tenantLimits
+	console  *consoleView
 
 	launch   chan *tracked // requests whose runner Run should start
 	claims   chan *tracked // requests Run should take over if their owner is gone
@@ -95,6 +96,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	} else {
 		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
+	if err := fe.initConsole(reg); err != nil {
+		return nil, fmt.Errorf("frontend: console: %w", err)
+	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		fe.gatherer = g
 	} else {
@@ -135,6 +139,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.runSupervisors(runCtx, &g)
 		return nil
 	})
+	g.Go(func() error { fe.console.run(runCtx); return nil })
 
 	if err := fe.startWatchers(ctx, runCtx, &g); err != nil {
 		fe.listener.Close()
@@ -240,13 +245,15 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
+	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
 	// Outermost first: an overflow connection gets 503 (probes excepted);
-	// then the API key (everything but the probes and /metrics); then the
+	// CORS for the console (a preflight carries no key); then the API key
+	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's rate; then the body, read within its timeout.
-	return limitConnections(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))
+	return limitConnections(fe.withCORS(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting

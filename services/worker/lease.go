@@ -190,12 +190,12 @@ func (l *lease) setDraining() error {
 // (or puts it back) and routes by what its engine can do.
 func (l *lease) setReadiness(notReady bool, reason string, caps *events.Capabilities) error {
 	l.mu.Lock()
-	same := l.value.NotReady == notReady && l.value.Reason == reason && equalCaps(l.value.Capabilities, caps)
+	same := l.value.NotReady == notReady && l.value.NotReadyReason == reason && equalCaps(l.value.Capabilities, caps)
 	l.mu.Unlock()
 	if same {
 		return nil
 	}
-	return l.write(func(v *events.Lease) { v.NotReady, v.Reason, v.Capabilities = notReady, reason, caps })
+	return l.write(func(v *events.Lease) { v.NotReady, v.NotReadyReason, v.Capabilities = notReady, reason, caps })
 }
 
 func equalCaps(a, b *events.Capabilities) bool {

@@ -106,13 +106,13 @@ func TestUpstreamFailures(t *testing.T) {
 	e.dispatch("w-up", newDispatch("r-401", "a", 5))
 	e.waitFor("not ready with the reason", func() bool {
 		l, _ := e.lease("w-up")
-		return l.NotReady && strings.Contains(l.Reason, "401")
+		return l.NotReady && strings.Contains(l.NotReadyReason, "401")
 	})
 	if st := w.Status(); st.Engine != "upstream_not_ready" || !strings.Contains(st.Reason, "Unauthorized") {
 		t.Errorf("status %+v", st)
 	}
 	eng.set(nil, nil) // the key is fixed: the next probe passes
-	e.waitFor("ready again", func() bool { l, _ := e.lease("w-up"); return !l.NotReady && l.Reason == "" })
+	e.waitFor("ready again", func() bool { l, _ := e.lease("w-up"); return !l.NotReady && l.NotReadyReason == "" })
 	select {
 	case err := <-done:
 		t.Fatalf("worker stopped: %v", err)

@@ -342,11 +342,17 @@ func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
 
 // register grants a new lease with a new lease id and appends worker_registered.
 func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
-	healthy, _ := w.health.state()
+	healthy, reason := w.health.state()
 	v := events.Lease{
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
-		NotReady: !healthy, Reason: w.health.upstreamReason(), Capabilities: w.capabilities(),
+		NotReady: !healthy, Capabilities: w.capabilities(),
+	}
+	if !healthy {
+		v.NotReadyReason = reason
+		if up := w.health.upstreamReason(); up != "" {
+			v.NotReadyReason = up
+		}
 	}
 	w.connInfo(&v)
 	rctx, cancel := withDefaultTimeout(ctx)
@@ -405,12 +411,17 @@ func (w *Worker) canaryDone(ok bool, at time.Time) {
 func (w *Worker) syncReady() {
 	w.readyMu.Lock()
 	defer w.readyMu.Unlock()
-	healthy, _ := w.health.state()
+	healthy, reason := w.health.state()
 	l := w.currentLease()
 	if l == nil {
 		return // re-registering: register reads the health itself
 	}
-	if err := l.setReadiness(!healthy, w.health.upstreamReason(), w.capabilities()); err != nil {
+	if healthy {
+		reason = ""
+	} else if up := w.health.upstreamReason(); up != "" {
+		reason = up // the upstream's words say more than "upstream_not_ready"
+	}
+	if err := l.setReadiness(!healthy, reason, w.capabilities()); err != nil {
 		w.log.Warn("mark lease readiness", "lease_id", l.ID(), "not_ready", !healthy, "err", err)
 	}
 }
