@@ -28,7 +28,7 @@ type securityFlags struct {
 }
 
 func (s *securityFlags) add(f *flagSet) {
-	f.StringVar(&s.apiKeysFile, "api-keys-file", "", "`file` of API keys, lines of 'TENANT SECRET' ('#' comments); every endpoint but /live, /health and /metrics then needs 'Authorization: Bearer SECRET'; SIGHUP reloads it")
+	f.StringVar(&s.apiKeysFile, "api-keys-file", "", "`file` of API keys, lines of 'TENANT SECRET' ('#' comments); every endpoint but /live, /health, /metrics and the console's page then needs 'Authorization: Bearer SECRET' (the console's data: the tenant admin's); SIGHUP reloads it")
 	f.bindEnv("api-keys-file", "BATON_API_KEYS_FILE", nil)
 	f.showDefault("api-keys-file", "none: the API is open")
 	f.IntVar(&s.maxChildren, "max-children", frontend.DefaultMaxChildren, "most children of one request (X-Parent-Request-Id); 400 beyond")

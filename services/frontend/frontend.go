@@ -92,7 +92,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
 			return nil, fmt.Errorf("frontend: %w", err)
 		}
-		log.Info("API keys loaded: every endpoint but /live, /health and /metrics needs one", "keys", fe.keys.size())
+		log.Info("API keys loaded: every endpoint but /live, /health, /metrics and the console page needs one", "keys", fe.keys.size())
 	} else {
 		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
