@@ -187,8 +187,19 @@ func (f *follower) readLog() error {
 		from = max(from, s+1)
 	}
 	f.mu.Unlock()
+	// stop cuts a read short, so that releasing a request never waits on
+	// the network.
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	defer cancel()
+	read := make(chan struct{})
+	defer close(read)
+	go func() {
+		select {
+		case <-f.stopped:
+			cancel()
+		case <-read:
+		}
+	}()
 	var got []events.Envelope
 	var err error
 	for e, rerr := range streams.ReadRequest(ctx, f.js, f.id, from) {
