@@ -53,7 +53,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "draining", "Service temporarily unavailable: this frontend is shutting down, please retry")
 		return
 	}
-	p, apiErr := fe.readRequest(w, r, endpoint)
+	p, body, apiErr := fe.readRequest(w, r, endpoint)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -114,19 +114,20 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	fe.serveNew(w, r, acc, from, start)
 }
 
-// readRequest reads and parses a completion request body of at most
-// --max-body-bytes.
-func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (parsed, *apiError) {
+// readRequest reads a completion request body of at most --max-body-bytes
+// and parses it; it returns the body as sent, too.
+func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (parsed, []byte, *apiError) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, fe.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return parsed{}, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+			return parsed{}, nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				message: fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes)}
 		}
-		return parsed{}, badRequest("invalid_body", "could not read the request body: %v", err)
+		return parsed{}, nil, badRequest("invalid_body", "could not read the request body: %v", err)
 	}
-	return fe.parseRequest(endpoint, body)
+	p, apiErr := fe.parseRequest(endpoint, body)
+	return p, body, apiErr
 }
 
 // serveNew starts request acc (one choice) and answers with it; an id that
