@@ -279,6 +279,23 @@ func notFound(public string) *apiError {
 		message: fmt.Sprintf("no request %q in the log (never accepted, or past retention)", public)}
 }
 
+// parentOf is the internal id of r's X-Parent-Request-Id ("" for none),
+// once checkParent allows it.
+func (fe *Frontend) parentOf(r *http.Request, tenant string) (string, *apiError) {
+	parent := r.Header.Get(headerParentID)
+	if parent == "" {
+		return "", nil
+	}
+	if !streams.ValidRequestID(parent) {
+		return "", badRequest("invalid_parent_id", "%s must be a request id", headerParentID)
+	}
+	if apiErr := fe.checkParent(r.Context(), tenant, parent); apiErr != nil {
+		return "", apiErr
+	}
+	id, _ := requestID(tenant, parent)
+	return id, nil
+}
+
 // checkParent checks that tenant may hang a child off parent (its own
 // request, or any as the admin) and that the parent has room for one more
 // child (Config.MaxChildren).
