@@ -63,7 +63,7 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	o := &upOptions{common: addCommonFlags(f)}
 	f.StringVar(&o.dataDir, "data-dir", "./.baton", "`directory` of the NATS store (<dir>/nats)")
 	f.IntVar(&o.natsPort, "nats-port", natsserver.DefaultPort, "NATS client `port`; -1 picks a free one")
-	f.BoolVar(&o.fresh, "fresh", false, "start with an empty store: delete <data-dir>/nats first (every stored request, its events and answer, and the worker history); nothing else under --data-dir is touched")
+	f.BoolVar(&o.fresh, "fresh", false, "start with an empty store: delete <data-dir>/nats first, the whole JetStream store (every stored request with its events and answer, the worker history, leases and load); nothing else under --data-dir is touched")
 	f.StringVar(&o.natsUser, "user", "", "require this NATS `user` (with --password) on the embedded server; the frontend and workers log in with it")
 	f.bindEnv("user", "BATON_NATS_USER", nil)
 	f.StringVar(&o.natsPass, "password", "", "NATS `password` of --user")
