@@ -131,7 +131,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 
 	var problems []string
 	say(out, "the stream paused at token %d: %v from the kill to the next token (on %s), %v between the tokens either side (the usual gap is %v)",
-		o.killAt, res.afterKill.Round(time.Millisecond), res.newWorker, res.pause.Round(time.Millisecond),
+		res.killedAt, res.afterKill.Round(time.Millisecond), res.newWorker, res.pause.Round(time.Millisecond),
 		(time.Duration(float64(time.Second) / o.tokensPerSec)).Round(time.Millisecond))
 	want := engine.MockText(prompt, 0, o.maxTokens)
 	same := res.text == want
@@ -174,6 +174,7 @@ type result struct {
 	tokens    int
 	done      bool
 	killed    string        // the worker killed
+	killedAt  int           // tokens received when it was killed
 	newWorker string        // the worker that finished the request
 	afterKill time.Duration // from the kill to the next token
 	pause     time.Duration // between the last token before the kill and the first after
@@ -203,7 +204,12 @@ func stream(ctx context.Context, o options, base string, out io.Writer) (result,
 	var last, killedAt time.Time
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	offset := 0 // the SSE id of the last event: tokens so far (a chunk may carry several)
 	for sc.Scan() {
+		if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+			offset, _ = strconv.Atoi(id)
+			continue
+		}
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue
@@ -235,9 +241,9 @@ func stream(ctx context.Context, o options, base string, out io.Writer) (result,
 		}
 		last = now
 		text.WriteString(chunk.Choices[0].Text)
-		res.tokens++
+		res.tokens = offset
 		fmt.Fprint(out, chunk.Choices[0].Text)
-		if res.tokens == o.killAt {
+		if res.tokens >= o.killAt && killedAt.IsZero() {
 			id, pid, err := servingPID(ctx, base)
 			if err != nil {
 				return res, err
@@ -246,7 +252,7 @@ func stream(ctx context.Context, o options, base string, out io.Writer) (result,
 			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 				return res, fmt.Errorf("kill -9 %d: %w", pid, err)
 			}
-			res.killed, killedAt = id, time.Now()
+			res.killed, res.killedAt, killedAt = id, offset, time.Now()
 		}
 	}
 	res.text = text.String()
