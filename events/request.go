@@ -127,9 +127,35 @@ type AttemptFailed struct {
 	WorkerID  string `json:"worker_id"`
 	Offset    int    `json:"offset"` // tokens produced when it stopped
 	Reason    string `json:"reason"`
+	// Class says what kind of failure the worker saw. Empty: the worker or
+	// its engine failed (migrate as ongoing_request, inhibit the worker).
+	Class string `json:"class,omitempty"`
+	// Status, Code and Message are the upstream engine's HTTP status, error
+	// code and message, when it answered with an error.
+	Status  int    `json:"status,omitempty"`
+	Code    string `json:"code,omitempty"`
+	Message string `json:"message,omitempty"`
+	// RetryAfterMS is the upstream's Retry-After, when it sent one.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 }
 
 func (AttemptFailed) EventType() string { return TypeAttemptFailed }
+
+// Failure classes of AttemptFailed.Class.
+const (
+	// FailureClient: the upstream rejected the request itself (400, 413,
+	// 422: invalid, context too long, content policy). The request fails
+	// with the upstream's Status, Code and Message; no migration, no
+	// inhibition, the worker stays ready.
+	FailureClient = "client_error"
+	// FailureUnavailable: the upstream is overloaded (429, 503). The request
+	// migrates as new_request; the worker is inhibited for RetryAfterMS when
+	// set, else the default inhibition.
+	FailureUnavailable = "upstream_unavailable"
+	// FailureNotReady: the upstream cannot serve at all (401, 403, 404
+	// model). The worker turns not ready; the request migrates as new_request.
+	FailureNotReady = "worker_not_ready"
+)
 
 // Migration types, as in Dynamo's dynamo_frontend_model_migration_total.
 const (

@@ -3,9 +3,9 @@ package migrations
 import (
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/streams"
 )
 
 // Reasons a request may not migrate.
@@ -16,13 +16,19 @@ var (
 	ErrPinned            = errors.New("migrations: request is pinned to a worker (X-Worker-Id)")
 )
 
-// Policy decides whether a failed request may be re-dispatched. It mirrors
+// Policy is how one frontend decides for the requests it owns. It mirrors
 // Dynamo: Limit re-dispatches per request, shared by both migration types
 // (0 disables); MaxSeqLen, when set, disables migration once prompt +
 // generated tokens strictly exceed it (exactly at the limit still migrates).
 type Policy struct {
 	Limit     int
 	MaxSeqLen int // 0: unset
+	// Frontend is the deciding frontend's id: it acts only on requests it owns.
+	Frontend string
+	// StallTimeout: an attempt that produces nothing for this long failed.
+	StallTimeout time.Duration
+	// DetachTimeout: a request without clients for this long is cancelled.
+	DetachTimeout time.Duration
 }
 
 // SeqLen is a request's prompt plus generated tokens.
@@ -48,11 +54,45 @@ func (p Policy) Allow(r *projections.Request) error {
 	return nil
 }
 
+// FailureCode is the RequestFailed code of a request that may not migrate
+// because of err (one of this package's sentinels).
+func FailureCode(err error) string {
+	switch {
+	case errors.Is(err, ErrDisabled):
+		return "migration_disabled"
+	case errors.Is(err, ErrLimitExhausted):
+		return "migration_exhausted"
+	case errors.Is(err, ErrMaxSeqLenExceeded):
+		return "migration_max_seq_len_exceeded"
+	case errors.Is(err, ErrPinned):
+		return "pinned_worker_failed"
+	}
+	return "worker_failed"
+}
+
+// Dispatch is what the next attempt of a request is sent with: the original
+// prompt, the text generated so far, and the budget, continuing at
+// StartOffset. The runner turns it into the worker's wire command.
+type Dispatch struct {
+	RequestID    string
+	Attempt      int
+	Model        string
+	Prompt       string
+	PromptTokens int
+	Generated    string // the text of the tokens produced by earlier attempts
+	StartOffset  int    // tokens already produced
+	MaxTokens    int    // total budget, including StartOffset
+	Frontend     string
+	// DetachTimeoutMS is how long the worker keeps generating once the
+	// owning frontend is gone and nobody attached.
+	DetachTimeoutMS int64
+}
+
 // Continuation builds the dispatch of the next attempt of r: the original
 // prompt, the text generated so far, and the remaining budget, continuing at
 // the current token offset.
-func Continuation(r *projections.Request, attempt int, frontend string) streams.Dispatch {
-	return streams.Dispatch{
+func Continuation(r *projections.Request, attempt int, frontend string) Dispatch {
+	return Dispatch{
 		RequestID:    r.Accepted.RequestID,
 		Attempt:      attempt,
 		Model:        r.Accepted.Model,

@@ -35,6 +35,13 @@ type Attempt struct {
 	// Cut is the token offset at which the attempt was closed (valid if Closed).
 	Cut         int    `json:"cut,omitempty"`
 	CloseReason string `json:"close_reason,omitempty"`
+	// CloseClass, CloseStatus, CloseCode, CloseMessage and RetryAfterMS are
+	// the worker's report of the failure (events.AttemptFailed), if it gave one.
+	CloseClass   string `json:"close_class,omitempty"`
+	CloseStatus  int    `json:"close_status,omitempty"`
+	CloseCode    string `json:"close_code,omitempty"`
+	CloseMessage string `json:"close_message,omitempty"`
+	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
 }
 
 // Migration is one re-dispatch of a request.
@@ -120,107 +127,149 @@ func (r *Request) Current() (Attempt, bool) {
 	return r.Attempts[len(r.Attempts)-1], true
 }
 
+// Why an event changed nothing, as Fold reports it.
+const (
+	IgnoredReplayed    = "ignored (not newer than the last applied event)"
+	IgnoredAfterEnd    = "ignored (after the end)"
+	IgnoredFenced      = "ignored (fenced)"
+	IgnoredGap         = "ignored (gap)"
+	IgnoredDuplicate   = "ignored (duplicate)"
+	IgnoredPastMax     = "ignored (past max_tokens)"
+	NoEffectClosed     = "no effect (attempt already closed)"
+	NoEffectOwner      = "no effect (already the owner)"
+	NoEffectApplied    = "no effect (already applied)"
+	NoEffect           = "no effect"
+	IgnoredBadAttempt  = "ignored (no such attempt)"
+	IgnoredOutOfOrder  = "ignored (not the next attempt)"
+	IgnoredUnknownType = "no effect (not a request event)"
+)
+
 // Apply folds e into the state and reports whether anything changed. Events
 // with a sequence not newer than the last applied one are skipped (replays and
 // redeliveries); events with Seq 0 (not yet stored, e.g. just appended by this
 // process) are applied as they come.
 func (r *Request) Apply(e events.Envelope) (changed bool) {
+	changed, _ = r.Fold(e)
+	return changed
+}
+
+// Fold is Apply that also says why an event changed nothing: one of the
+// Ignored and NoEffect reasons (empty when it changed something).
+func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 	if e.Seq != 0 {
 		if e.Seq <= r.lastSeq {
-			return false
+			return false, IgnoredReplayed
 		}
 		r.lastSeq = e.Seq
 	}
 	switch ev := e.Event.(type) {
 	case events.RequestAccepted:
 		if r.Known() {
-			return false
+			return false, NoEffectApplied
 		}
 		r.Accepted = ev
 		r.Owner = ev.Frontend
 		r.Status = StatusPending
-		return true
 	case events.RequestRouted:
-		if ev.Attempt != len(r.Attempts) || r.Status.Terminal() {
-			return false
+		switch {
+		case r.Status.Terminal():
+			return false, IgnoredAfterEnd
+		case ev.Attempt < len(r.Attempts):
+			return false, NoEffectApplied
+		case ev.Attempt != len(r.Attempts):
+			return false, IgnoredOutOfOrder
 		}
 		r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset})
 		r.Status = StatusRunning
-		return true
 	case events.TokensGenerated:
 		return r.applyTokens(ev)
 	case events.RequestCompleted:
-		if !r.open(ev.Attempt) {
-			return false
+		if why := r.closedFor(ev.Attempt); why != "" {
+			return false, why
 		}
 		r.Status = StatusCompleted
 		r.FinishReason = ev.FinishReason
 		r.CompletedAt = e.Time.Unix()
-		return true
 	case events.AttemptFailed:
-		if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) || r.Attempts[ev.Attempt].Closed {
-			return false
+		if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) {
+			return false, IgnoredBadAttempt
+		}
+		if r.Attempts[ev.Attempt].Closed {
+			return false, NoEffectClosed
 		}
 		a := &r.Attempts[ev.Attempt]
 		a.Closed = true
 		a.Cut = len(r.tokens)
 		a.CloseReason = ev.Reason
-		return true
+		a.CloseClass, a.CloseStatus, a.CloseCode, a.CloseMessage = ev.Class, ev.Status, ev.Code, ev.Message
+		a.RetryAfterMS = ev.RetryAfterMS
 	case events.RequestMigrated:
-		if r.Status.Terminal() || r.migrated(ev.FromAttempt) {
-			return false
+		switch {
+		case r.Status.Terminal():
+			return false, IgnoredAfterEnd
+		case r.migrated(ev.FromAttempt):
+			return false, NoEffectApplied
 		}
-		// The decision fences the attempt it abandons, whether or not its
-		// AttemptFailed marker came first: nothing it stores later is read.
-		if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
-			a := &r.Attempts[k]
-			a.Closed = true
-			a.Cut = len(r.tokens)
-			a.CloseReason = ev.Reason
-		}
-		r.Migrations = append(r.Migrations, Migration{
-			FromAttempt: ev.FromAttempt, FromWorker: ev.FromWorker,
-			MigrationType: ev.MigrationType, Offset: ev.Cut, Reason: ev.Reason,
-		})
-		if ev.Frontend != "" {
-			r.Owner = ev.Frontend
-		}
-		r.Status = StatusPending
-		return true
+		r.applyMigrated(ev)
 	case events.RequestFailed:
 		if r.Status.Terminal() {
-			return false
+			return false, IgnoredAfterEnd
 		}
 		f := ev
 		r.Failure = &f
 		r.Status = StatusFailed
-		return true
 	case events.RequestAttached:
 		if r.Owner == ev.Frontend {
-			return false
+			return false, NoEffectOwner
 		}
 		r.Owner = ev.Frontend
-		return true
 	case events.ChildAdded:
 		if slices.Contains(r.Children, ev.ChildID) {
-			return false
+			return false, NoEffectApplied
 		}
 		r.Children = append(r.Children, ev.ChildID)
-		return true
 	case events.RequestCancelled:
-		// A kill escalates an earlier stop; anything else repeats a cancel.
-		escalates := r.Cancel != nil && r.Cancel.Mode == events.CancelStop && ev.Mode == events.CancelKill
-		if (r.Cancel != nil && !escalates) || r.Status.Terminal() {
-			return false
-		}
-		c := ev
-		r.Cancel = &c
-		if ev.Mode == events.CancelKill {
-			r.Status = StatusCancelled
-		}
-		return true
+		return r.applyCancel(ev)
+	default:
+		return false, IgnoredUnknownType
 	}
-	return false
+	return true, ""
+}
+
+func (r *Request) applyMigrated(ev events.RequestMigrated) {
+	// The decision fences the attempt it abandons, whether or not its
+	// AttemptFailed marker came first: nothing it stores later is read.
+	if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
+		a := &r.Attempts[k]
+		a.Closed = true
+		a.Cut = len(r.tokens)
+		a.CloseReason = ev.Reason
+	}
+	r.Migrations = append(r.Migrations, Migration{
+		FromAttempt: ev.FromAttempt, FromWorker: ev.FromWorker,
+		MigrationType: ev.MigrationType, Offset: ev.Cut, Reason: ev.Reason,
+	})
+	if ev.Frontend != "" {
+		r.Owner = ev.Frontend
+	}
+	r.Status = StatusPending
+}
+
+func (r *Request) applyCancel(ev events.RequestCancelled) (bool, string) {
+	if r.Status.Terminal() {
+		return false, IgnoredAfterEnd
+	}
+	// A kill escalates an earlier stop; anything else repeats a cancel.
+	escalates := r.Cancel != nil && r.Cancel.Mode == events.CancelStop && ev.Mode == events.CancelKill
+	if r.Cancel != nil && !escalates {
+		return false, NoEffectApplied
+	}
+	c := ev
+	r.Cancel = &c
+	if ev.Mode == events.CancelKill {
+		r.Status = StatusCancelled
+	}
+	return true, ""
 }
 
 // migrated reports whether a migration away from attempt k was already
@@ -229,32 +278,38 @@ func (r *Request) migrated(k int) bool {
 	return slices.ContainsFunc(r.Migrations, func(m Migration) bool { return m.FromAttempt == k })
 }
 
-// open reports whether attempt k may still contribute: it is the current
-// attempt, it was not fenced, and the request has not ended.
-func (r *Request) open(k int) bool {
-	return k >= 0 && k == len(r.Attempts)-1 && !r.Attempts[k].Closed && !r.Status.Terminal()
+// closedFor says why attempt k may not contribute, or "" if it may: it must
+// be the current attempt, not fenced, and the request must not have ended.
+func (r *Request) closedFor(k int) string {
+	switch {
+	case r.Status.Terminal():
+		return IgnoredAfterEnd
+	case k < 0 || k != len(r.Attempts)-1 || r.Attempts[k].Closed:
+		return IgnoredFenced
+	}
+	return ""
 }
 
-func (r *Request) applyTokens(ev events.TokensGenerated) bool {
-	if !r.open(ev.Attempt) {
-		return false
+func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
+	if why := r.closedFor(ev.Attempt); why != "" {
+		return false, why
 	}
 	have := len(r.tokens)
 	if ev.Offset > have {
 		r.Skipped++ // a gap: never accept tokens out of order
-		return false
+		return false, IgnoredGap
 	}
 	skip := have - ev.Offset // already accepted (a retried or overlapping delta)
 	if skip >= len(ev.Tokens) {
-		return false
+		return false, IgnoredDuplicate
 	}
 	add := ev.Tokens[skip:]
 	if limit := r.Accepted.MaxTokens; limit > 0 && have+len(add) > limit {
 		add = add[:max(0, limit-have)]
 	}
 	if len(add) == 0 {
-		return false
+		return false, IgnoredPastMax
 	}
 	r.tokens = append(r.tokens, add...)
-	return true
+	return true, ""
 }

@@ -19,9 +19,12 @@ const DefaultTimeout = 5 * time.Second
 
 // Errors translated at the package edge.
 var (
-	// ErrConflict means an expected-sequence append lost: someone else wrote
-	// the subject first (another frontend decided).
-	ErrConflict = errors.New("streams: conflicting append")
+	// ErrRevisionMismatch means a write that expected a subject's (or a KV
+	// key's) last sequence found another there: someone else wrote first.
+	ErrRevisionMismatch = errors.New("streams: revision mismatch")
+	// ErrConflict is ErrRevisionMismatch on an append: another frontend
+	// decided first.
+	ErrConflict = ErrRevisionMismatch
 	// ErrNotFound means the request has no events in the log (never existed,
 	// or its retention expired).
 	ErrNotFound = errors.New("streams: not found")
@@ -199,12 +202,16 @@ var streamLimits = map[string]bool{
 	"maximum messages per subject exceeded": true,
 }
 
+// Translate maps a JetStream error to this package's sentinels (wrapping
+// it): ErrRevisionMismatch, ErrStreamFull. Others are returned as they are.
+func Translate(err error) error { return translate(err) }
+
 func translate(err error) error {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamWrongLastSequence, jetstream.JSErrCodeStreamWrongLastSequenceConstant:
-			return fmt.Errorf("%w: %w", ErrConflict, err)
+			return fmt.Errorf("%w: %w", ErrRevisionMismatch, err)
 		case jsErrCodeStoreFailed:
 			// The server reports every refused store with this code; only the
 			// limits (not an oversized message or a storage fault) mean full.

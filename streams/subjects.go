@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/baton-dev/baton/events"
 )
 
 // Names of the streams and buckets, part of the external contract.
@@ -43,6 +45,10 @@ func RequestAll(id string) string { return requestsPrefix + id + ".>" }
 // RequestLive matches the republished copies of a request's stored messages.
 func RequestLive(id string) string { return livePrefix + id + ".>" }
 
+// KVSubject is the subject on which a KV bucket stores key: a TTL'd put
+// (jetstream.WithMsgTTL) is a publish there.
+func KVSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
 // WorkerEvents is the subject of a worker's lifecycle events.
 func WorkerEvents(id string) string { return workersPrefix + id + ".events" }
 
@@ -79,4 +85,19 @@ func StoredSubject(subj string) string {
 		return requestsPrefix + rest
 	}
 	return subj
+}
+
+// SubjectOf is the stored subject of ev, an event of request id: what
+// attempt k produces (tokens, its completion, its failure) lives on
+// RequestTokens(id, k), every decision and command on RequestEvents(id).
+func SubjectOf(id string, ev events.Event) string {
+	switch ev := ev.(type) {
+	case events.TokensGenerated:
+		return RequestTokens(id, ev.Attempt)
+	case events.RequestCompleted:
+		return RequestTokens(id, ev.Attempt)
+	case events.AttemptFailed:
+		return RequestTokens(id, ev.Attempt)
+	}
+	return RequestEvents(id)
 }

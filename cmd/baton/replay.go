@@ -147,11 +147,7 @@ func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
 	}
 	doc.Timeline = make([]replayEntry, 0, len(envs))
 	for _, e := range envs {
-		note := whyIgnored(r, e)
-		applied := r.Apply(e)
-		if applied {
-			note = ""
-		}
+		applied, note := r.Fold(e)
 		doc.Timeline = append(doc.Timeline, replayEntry{
 			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: subjectKind(e.Event),
 			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
@@ -169,51 +165,8 @@ func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
 // subjectKind names the subject an event is stored on, below
 // baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
 func subjectKind(ev events.Event) string {
-	switch ev := ev.(type) {
-	case events.TokensGenerated:
-		return fmt.Sprintf("tokens.%d", ev.Attempt)
-	case events.RequestCompleted:
-		return fmt.Sprintf("tokens.%d", ev.Attempt)
-	case events.AttemptFailed:
-		return fmt.Sprintf("tokens.%d", ev.Attempt)
-	}
-	return "events"
-}
-
-// whyIgnored says, before e is applied to r, why the fold would ignore it;
-// it is used only if Apply then reports no change.
-func whyIgnored(r *projections.Request, e events.Envelope) string {
-	fenced := func(k int) bool {
-		cur, ok := r.Current()
-		return !ok || k != cur.Attempt || cur.Closed
-	}
-	switch ev := e.Event.(type) {
-	case events.TokensGenerated:
-		switch {
-		case r.Status.Terminal():
-			return "ignored (after the end)"
-		case fenced(ev.Attempt):
-			return "ignored (fenced)"
-		case ev.Offset > r.Len():
-			return "ignored (gap)"
-		}
-		return "ignored (duplicate)"
-	case events.RequestCompleted:
-		if r.Status.Terminal() {
-			return "ignored (after the end)"
-		}
-		return "ignored (fenced)"
-	case events.AttemptFailed:
-		return "no effect (attempt already closed)"
-	case events.RequestAttached:
-		return "no effect (already the owner)"
-	case events.RequestMigrated, events.RequestFailed, events.RequestCancelled, events.RequestRouted:
-		if r.Status.Terminal() {
-			return "ignored (after the end)"
-		}
-		return "no effect (already applied)"
-	}
-	return "no effect"
+	const id = "_"
+	return strings.TrimPrefix(streams.SubjectOf(id, ev), strings.TrimSuffix(streams.RequestEvents(id), "events"))
 }
 
 // timelineLine is one line of the text timeline: an entry, or a run of

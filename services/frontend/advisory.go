@@ -4,13 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 )
 
 // disconnectSubject carries the server's client-disconnect advisories; only
@@ -35,7 +35,7 @@ type disconnectAdvisory struct {
 // milliseconds instead of at the lease TTL; a crashed frontend's presence key
 // is deleted likewise, so its requests can be taken over at once. It needs a system-account connection
 // (Config.SystemURL); without one, detection falls back to the TTL.
-func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) error {
+func (fe *Frontend) watchDisconnects(ctx context.Context, g *errgroup.Group) error {
 	if fe.cfg.SystemURL == "" {
 		return nil
 	}
@@ -62,25 +62,23 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) er
 			}
 		})
 		for _, w := range lost {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			g.Go(func() error {
 				fe.declareLost(ctx, w, "disconnected: "+a.Reason)
-			}()
+				return nil
+			})
 		}
 		for _, p := range fe.presence.connectedAs(a.Client.ID, a.Server.ID) {
 			if p.FrontendID == fe.id {
 				continue
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			g.Go(func() error {
 				ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 				defer cancel()
 				if err := fe.presence.expire(ctx, p); err != nil {
 					fe.log.Warn("expire frontend", "frontend", p.FrontendID, "err", err)
 				}
-			}()
+				return nil
+			})
 		}
 	})
 	if err != nil {
@@ -91,12 +89,11 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, wg *sync.WaitGroup) er
 		sys.Close()
 		return fmt.Errorf("subscribe %s: %w", disconnectSubject, err)
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	g.Go(func() error {
 		<-ctx.Done()
 		sys.Close()
-	}()
+		return nil
+	})
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
@@ -26,7 +27,7 @@ const (
 	headerLastEventID = "Last-Event-ID"
 )
 
-const busyMessage = "Service temporarily unavailable: All workers are busy, please retry later"
+const busyMessage = migrations.BusyMessage
 
 func endpointOf(r *http.Request) string {
 	if strings.HasSuffix(r.URL.Path, "/chat/completions") {
@@ -144,7 +145,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	case <-t.dispatched:
 	case <-r.Context().Done():
 	}
-	out := fe.respond(w, r, t, 0, p.stream, start)
+	out := fe.respond(w, r, acc, []*tracked{t}, 0, p.stream, start, func() { fe.onClientGone(t) })
 	fe.countRequest(p.model, endpoint, p.stream, out)
 }
 
@@ -228,8 +229,9 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 		return
 	}
 	fe.metrics.resumes.WithLabelValues(model).Inc()
-	fe.ensureOwner(r.Context(), t)
-	fe.respond(w, r, t, from, stream, time.Now())
+	fe.claim(t)
+	acc := t.snapshot(0).acc
+	fe.respond(w, r, acc, []*tracked{t}, from, stream, time.Now(), func() { fe.onClientGone(t) })
 }
 
 // handleResume serves GET /v1/requests/{id}/stream.
@@ -289,7 +291,7 @@ type RequestState struct {
 func stateOf(p *projections.Request) RequestState {
 	s := RequestState{State: p.State()}
 	if f := p.Failure; f != nil {
-		s.Error = errorBody("server_error", f.Code, f.Message)
+		_, s.Error = failureBody(f)
 	}
 	return s
 }
@@ -370,7 +372,7 @@ func (fe *Frontend) onClientGone(t *tracked) {
 	if resumable || terminal || fe.isClosing() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(fe.ctx), streams.DefaultTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	defer cancel()
 	if err := fe.cancelTree(ctx, t.id, events.CancelKill, "client disconnected"); err != nil {
 		fe.log.Warn("cancel after client disconnect", "request_id", t.id, "err", err)

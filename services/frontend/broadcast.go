@@ -3,13 +3,17 @@ package frontend
 import "sync"
 
 // signal is a broadcast of "something changed": waiters take the current
-// channel with C and are woken when Notify closes it. Notifications coalesce.
+// channel with C and are woken when Notify closes it; listeners get a poke
+// on their own channel. Notifications coalesce.
 type signal struct {
-	mu sync.Mutex
-	ch chan struct{}
+	mu        sync.Mutex
+	ch        chan struct{}
+	listeners map[chan struct{}]struct{}
 }
 
-func newSignal() *signal { return &signal{ch: make(chan struct{})} }
+func newSignal() *signal {
+	return &signal{ch: make(chan struct{}), listeners: map[chan struct{}]struct{}{}}
+}
 
 // C returns a channel closed at the next Notify.
 func (s *signal) C() <-chan struct{} {
@@ -18,10 +22,31 @@ func (s *signal) C() <-chan struct{} {
 	return s.ch
 }
 
-// Notify wakes every waiter.
+// listen pokes ch at every Notify until stop is called, without blocking:
+// give ch a capacity of 1 and the pokes coalesce. One channel may listen to
+// several signals, so a waiter needs no select over a varying number of
+// channels.
+func (s *signal) listen(ch chan struct{}) (stop func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.listeners[ch] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.listeners, ch)
+	}
+}
+
+// Notify wakes every waiter and pokes every listener.
 func (s *signal) Notify() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	close(s.ch)
 	s.ch = make(chan struct{})
+	for ch := range s.listeners {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
 }

@@ -1,16 +1,14 @@
 package frontend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -62,133 +60,8 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 		case <-r.Context().Done():
 		}
 	}
-	for _, t := range ts {
-		fe.clientEnter(t)
-		defer fe.clientLeave(t)
-	}
-	var ok bool
-	if parent.Stream {
-		ok = fe.streamChoices(w, r, parent, ts, start)
-	} else {
-		ok = fe.unaryChoices(w, r, parent, ts)
-	}
+	ok := fe.respond(w, r, parent, ts, 0, parent.Stream, start, func() { fe.onGroupGone(parent) })
 	fe.countRequest(parent.Model, parent.Endpoint, parent.Stream, ok)
-}
-
-// waitAny blocks until one of ts changes, the client leaves (false), or the
-// frontend cuts open streams (false).
-func (fe *Frontend) waitAny(r *http.Request, chans []<-chan struct{}) bool {
-	cases := make([]reflect.SelectCase, 0, len(chans)+2)
-	for _, ch := range chans {
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
-	}
-	cases = append(cases,
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(r.Context().Done())},
-		reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(fe.closing)})
-	i, _, _ := reflect.Select(cases)
-	return i < len(chans)
-}
-
-func (fe *Frontend) unaryChoices(w http.ResponseWriter, r *http.Request, parent events.RequestAccepted, ts []*tracked) bool {
-	for {
-		chans := make([]<-chan struct{}, len(ts))
-		snaps := make([]snapshot, len(ts))
-		done := true
-		for i, t := range ts {
-			chans[i] = t.f.changed.C()
-			snaps[i] = t.snapshot(0)
-			done = done && snaps[i].status.Terminal()
-		}
-		if done {
-			for _, s := range snaps {
-				if s.status != projections.StatusCompleted {
-					return fe.writeUnary(w, s)
-				}
-			}
-			writeJSON(w, http.StatusOK, completionBody(parent, snaps))
-			return true
-		}
-		if !fe.waitAny(r, chans) {
-			if r.Context().Err() != nil {
-				fe.onGroupGone(parent)
-			}
-			return false
-		}
-	}
-}
-
-// streamChoices streams every choice, each chunk carrying its choice index.
-// Event ids count the tokens sent over all choices (a group is resumed per
-// choice, through the child ids).
-func (fe *Frontend) streamChoices(w http.ResponseWriter, r *http.Request, parent events.RequestAccepted, ts []*tracked, start time.Time) bool {
-	flusher, _ := w.(http.Flusher)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	sse := &sseWriter{w: w, acc: parent}
-	sent := make([]int, len(ts))
-	finished := make([]bool, len(ts))
-	total, first := 0, true
-	for {
-		chans := make([]<-chan struct{}, len(ts))
-		allDone := true
-		var failed *snapshot
-		for i, t := range ts {
-			chans[i] = t.f.changed.C()
-			s := t.snapshot(sent[i])
-			if len(s.tokens) > 0 {
-				sent[i] += len(s.tokens)
-				total += len(s.tokens)
-				sse.content(total, i, strings.Join(s.tokens, ""), sent[i] == len(s.tokens))
-				fe.metrics.outputTokens.WithLabelValues(parent.Model).Add(float64(len(s.tokens)))
-				if first {
-					fe.metrics.ttft.WithLabelValues(parent.Model).Observe(time.Since(start).Seconds())
-					first = false
-				}
-			}
-			switch {
-			case s.status == projections.StatusCompleted && !finished[i]:
-				finished[i] = true
-				sse.finish(total, i, s.finishReason)
-			case s.status == projections.StatusFailed || s.status == projections.StatusCancelled:
-				failed = &s
-			}
-			allDone = allDone && s.status.Terminal()
-		}
-		if failed != nil {
-			if failed.status == projections.StatusFailed {
-				sse.error(total, errorBody("server_error", failed.failure.Code, failed.failure.Message))
-			} else {
-				sse.error(total, errorBody("cancelled", "request_cancelled", "the request was cancelled ("+failed.cancel.Reason+")"))
-			}
-			_ = fe.cancelTree(r.Context(), parent.RequestID, events.CancelKill, "another choice failed")
-			return false
-		}
-		if allDone {
-			if parent.IncludeUsage {
-				sse.usage(total, map[string]any{
-					"prompt_tokens": parent.PromptTokens, "completion_tokens": total, "total_tokens": parent.PromptTokens + total,
-				})
-			}
-			sse.done(total)
-			if flusher != nil {
-				flusher.Flush()
-			}
-			fe.metrics.duration.WithLabelValues(parent.Model).Observe(time.Since(start).Seconds())
-			return true
-		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		if sse.err != nil || !fe.waitAny(r, chans) {
-			if r.Context().Err() != nil || sse.err != nil {
-				fe.onGroupGone(parent)
-			}
-			return false
-		}
-	}
 }
 
 // onGroupGone cancels a non-resumable group whose client left.
@@ -197,7 +70,9 @@ func (fe *Frontend) onGroupGone(parent events.RequestAccepted) {
 	if parent.Resumable || fe.isClosing() {
 		return
 	}
-	if err := fe.cancelTree(fe.ctx, parent.RequestID, events.CancelKill, "client disconnected"); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
+	defer cancel()
+	if err := fe.cancelTree(ctx, parent.RequestID, events.CancelKill, "client disconnected"); err != nil {
 		fe.log.Warn("cancel after client disconnect", "request_id", parent.RequestID, "err", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 )
 
 // discovery keeps a projections.Discovery current from the leases and load
@@ -41,9 +42,9 @@ func (d *discovery) hasServed(model string) bool {
 	return d.served[model]
 }
 
-// start watches until ctx is done, in goroutines it adds to wg. It returns
+// start watches until ctx is done, in goroutines on g. It returns
 // once the initial lease state is loaded, or when startCtx is done.
-func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream, wg *sync.WaitGroup) error {
+func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream, g *errgroup.Group) error {
 	leases, err := js.KeyValue(ctx, streams.LeasesBucket)
 	if err != nil {
 		return fmt.Errorf("open bucket %s: %w", streams.LeasesBucket, err)
@@ -90,22 +91,21 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 	// The watches stop with ctx, or at once if the initial state does not
 	// arrive in time (so that a retried start does not leave them running).
 	wctx, stop := context.WithCancel(ctx)
-	wg.Add(3)
-	go func() {
-		defer wg.Done()
+	g.Go(func() error {
 		defer lw.Stop()
 		d.watchLeases(wctx, lw, initial)
-	}()
-	go func() {
-		defer wg.Done()
+		return nil
+	})
+	g.Go(func() error {
 		defer ldw.Stop()
 		d.watchLoad(wctx, ldw)
-	}()
-	go func() {
-		defer wg.Done()
+		return nil
+	})
+	g.Go(func() error {
 		<-wctx.Done()
 		cc.Stop()
-	}()
+		return nil
+	})
 	select {
 	case <-initial:
 		d.stop = stop
@@ -205,8 +205,7 @@ func (d *discovery) get(id string) (projections.Worker, bool) {
 func (d *discovery) revoke(ctx context.Context, w projections.Worker) error {
 	err := d.leases.Delete(ctx, w.ID, jetstream.LastRevision(w.LeaseRevision))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if errors.Is(streams.Translate(err), streams.ErrRevisionMismatch) {
 			return nil // the lease moved on (renewed by a live worker, or gone)
 		}
 		return fmt.Errorf("revoke lease of %s: %w", w.ID, err)

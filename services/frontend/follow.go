@@ -14,125 +14,213 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// maxQueued bounds the live messages a follower holds unapplied; past it
+// they are dropped and the log is read instead (the gap heals itself).
+const maxQueued = 4096
+
+// errStopped means the follower was stopped.
+var errStopped = errors.New("frontend: follower stopped")
+
 // follower keeps one request's projection current from the log without a
 // consumer: a core subscription on the request's republished subjects, with
 // gaps (detected by Nats-Last-Sequence) and history filled by batch direct get.
 // Every reader of the request in this process shares one follower.
+//
+// One goroutine (run) owns the reading: the NATS callback only queues a
+// message, and every catch-up, whoever asks for it, is done by run, with no
+// lock held while it reads the network. The projection is guarded by mu,
+// held only to apply events and to read.
 type follower struct {
 	id      string
 	js      jetstream.JetStream
 	changed *signal
+	sub     *nats.Subscription
+	wake    chan struct{} // capacity 1: pokes coalesce
+	stopped chan struct{} // closed by stop
+	done    chan struct{} // closed when run returns
+
+	qmu      sync.Mutex
+	queue    []*nats.Msg
+	overflow bool         // messages were dropped: read the log
+	waiters  []chan error // catch-ups asked for
 
 	mu         sync.Mutex
 	proj       *projections.Request
 	lastBySubj map[string]uint64 // last stream sequence seen per stored subject
 	progress   time.Time         // when the last token was accepted
 	err        error             // a catch-up failure; readers surface it
-	sub        *nats.Subscription
 }
 
 // follow subscribes to request id's live subjects. With history set it first
 // reads what the log already holds (ErrNotFound if nothing).
 func follow(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, changed: newSignal(),
+		id: id, js: js, changed: newSignal(), wake: make(chan struct{}, 1),
+		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}
-	// Hold the lock until the history is in, so live messages queue behind it.
-	f.mu.Lock()
 	sub, err := nc.Subscribe(streams.RequestLive(id), f.onLive)
 	if err != nil {
-		f.mu.Unlock()
 		return nil, fmt.Errorf("subscribe %s: %w", id, err)
 	}
 	_ = sub.SetPendingLimits(-1, 64<<20)
 	f.sub = sub
+	go f.run()
 	if history {
-		if err := f.catchUpLocked(ctx); err != nil {
-			f.mu.Unlock()
-			_ = sub.Unsubscribe()
+		if err := f.catchUp(ctx); err != nil {
+			f.stop()
 			return nil, err
 		}
 	}
-	f.mu.Unlock()
 	return f, nil
 }
 
-// stop ends the subscription.
-func (f *follower) stop() { _ = f.sub.Unsubscribe() }
+// stop ends the subscription and the reading goroutine.
+func (f *follower) stop() {
+	_ = f.sub.Unsubscribe()
+	close(f.stopped)
+	<-f.done
+}
 
+// onLive queues a live message for run. It does no I/O.
 func (f *follower) onLive(m *nats.Msg) {
+	f.qmu.Lock()
+	if len(f.queue) < maxQueued {
+		f.queue = append(f.queue, m)
+	} else {
+		f.overflow = true
+	}
+	f.qmu.Unlock()
+	f.poke()
+}
+
+func (f *follower) poke() {
+	select {
+	case f.wake <- struct{}{}:
+	default:
+	}
+}
+
+// catchUp asks run to read whatever the log holds past what was applied, and
+// waits for the outcome.
+func (f *follower) catchUp(ctx context.Context) error {
+	ch := make(chan error, 1)
+	f.qmu.Lock()
+	f.waiters = append(f.waiters, ch)
+	f.qmu.Unlock()
+	f.poke()
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-f.done:
+		return errStopped
+	}
+}
+
+// run applies queued live messages and does the catch-ups, until stop.
+func (f *follower) run() {
+	defer close(f.done)
+	for {
+		select {
+		case <-f.stopped:
+			return
+		case <-f.wake:
+		}
+		f.qmu.Lock()
+		msgs, overflow, waiters := f.queue, f.overflow, f.waiters
+		f.queue, f.overflow, f.waiters = nil, false, nil
+		f.qmu.Unlock()
+		changed := false
+		if overflow || len(waiters) > 0 {
+			err := f.readLog()
+			for _, w := range waiters {
+				w <- err
+			}
+			changed = true
+		}
+		for _, m := range msgs {
+			changed = f.live(m) || changed
+		}
+		if changed {
+			f.changed.Notify()
+		}
+	}
+}
+
+// live applies one republished message, reading the log first if messages
+// of its subject were stored that this follower never saw.
+func (f *follower) live(m *nats.Msg) bool {
 	e, decodeErr := streams.Decode(m)
 	stored := streams.StoredSubject(m.Subject)
 	f.mu.Lock()
+	fresh := e.Seq > f.proj.LastSeq() || e.Seq == 0
+	gap := e.LastSeq > f.lastBySubj[stored]
+	f.mu.Unlock()
+	if !fresh {
+		return false
+	}
 	changed := false
-	if e.Seq > f.proj.LastSeq() || e.Seq == 0 {
-		if e.LastSeq > f.lastBySubj[stored] {
-			// Messages of this subject were stored that we never saw: read
-			// them (and whatever else followed) from the log.
-			ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
-			_ = f.catchUpLocked(ctx) // a failure is kept in f.err until a catch-up succeeds
-			cancel()
-			changed = true
+	if gap {
+		_ = f.readLog() // a failure is kept in f.err until a catch-up succeeds
+		changed = true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e.Seq > f.proj.LastSeq() {
+		f.lastBySubj[stored] = e.Seq
+		if decodeErr == nil {
+			changed = f.applyLocked(e) || changed
 		}
-		if e.Seq > f.proj.LastSeq() {
-			f.lastBySubj[stored] = e.Seq
-			if decodeErr == nil {
-				changed = f.applyLocked(e) || changed
-			}
-		}
+	}
+	return changed
+}
+
+// readLog reads the log past the last applied sequence, without holding mu
+// while it waits for the network, and applies what it got. Its outcome is
+// kept in f.err, which readers see, until the next catch-up. Only run calls it.
+func (f *follower) readLog() error {
+	f.mu.Lock()
+	from := f.proj.LastSeq() + 1
+	for _, s := range f.lastBySubj {
+		from = max(from, s+1)
 	}
 	f.mu.Unlock()
-	if changed {
-		f.changed.Notify()
-	}
-}
-
-// catchUpLocked reads the log past the last applied sequence. Its outcome
-// is kept in f.err, which readers see, until the next catch-up.
-func (f *follower) catchUpLocked(ctx context.Context) error {
-	f.err = f.readLocked(ctx)
-	return f.err
-}
-
-func (f *follower) readLocked(ctx context.Context) error {
-	from := f.proj.LastSeq() + 1
-	if seen := f.maxSeenLocked(); seen+1 > from {
-		from = seen + 1
-	}
-	for e, err := range streams.ReadRequest(ctx, f.js, f.id, from) {
-		if err != nil {
-			if errors.Is(err, streams.ErrNotFound) && from > 1 {
-				return nil // nothing new
+	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
+	defer cancel()
+	var got []events.Envelope
+	var err error
+	for e, rerr := range streams.ReadRequest(ctx, f.js, f.id, from) {
+		if rerr != nil {
+			if !errors.Is(rerr, streams.ErrNotFound) || from <= 1 {
+				err = rerr
 			}
-			return err
+			break
 		}
+		got = append(got, e)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range got {
 		f.applyLocked(e)
 	}
-	return nil
+	f.err = err
+	return err
 }
 
-func (f *follower) maxSeenLocked() uint64 {
-	var m uint64
-	for _, s := range f.lastBySubj {
-		m = max(m, s)
-	}
-	return m
+// apply folds e, an event this process appended itself.
+func (f *follower) apply(e events.Envelope) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applyLocked(e)
 }
 
 func (f *follower) applyLocked(e events.Envelope) bool {
 	before := f.proj.Len()
 	if e.Seq != 0 {
-		switch ev := e.Event.(type) {
-		case events.TokensGenerated:
-			f.lastBySubj[streams.RequestTokens(f.id, ev.Attempt)] = max(f.lastBySubj[streams.RequestTokens(f.id, ev.Attempt)], e.Seq)
-		case events.RequestCompleted:
-			f.lastBySubj[streams.RequestTokens(f.id, ev.Attempt)] = max(f.lastBySubj[streams.RequestTokens(f.id, ev.Attempt)], e.Seq)
-		case events.AttemptFailed:
-			f.lastBySubj[streams.RequestTokens(f.id, ev.Attempt)] = max(f.lastBySubj[streams.RequestTokens(f.id, ev.Attempt)], e.Seq)
-		default:
-			f.lastBySubj[streams.RequestEvents(f.id)] = max(f.lastBySubj[streams.RequestEvents(f.id)], e.Seq)
-		}
+		subj := streams.SubjectOf(f.id, e.Event)
+		f.lastBySubj[subj] = max(f.lastBySubj[subj], e.Seq)
 	}
 	changed := f.proj.Apply(e)
 	if f.proj.Len() != before {
@@ -148,19 +236,20 @@ func (f *follower) view(fn func(p *projections.Request)) {
 	fn(f.proj)
 }
 
+// read runs fn on the projection and the time of the last accepted token,
+// under the lock; fn must not keep references.
+func (f *follower) read(fn func(p *projections.Request, progress time.Time)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f.proj, f.progress)
+}
+
 // eventsSeq is the last sequence seen on the request's events subject: the
 // expectation for the next decision appended there.
 func (f *follower) eventsSeq() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.lastBySubj[streams.RequestEvents(f.id)]
-}
-
-// lastProgress is when the last token was accepted.
-func (f *follower) lastProgress() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.progress
 }
 
 // waitFor blocks until cond holds on the projection, ctx is done, or the

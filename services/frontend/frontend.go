@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
 )
 
 // Frontend serves the HTTP API. Create it with New and run it with Run.
@@ -36,10 +37,11 @@ type Frontend struct {
 	router   *router
 	policy   migrations.Policy
 
-	ctx      context.Context // the frontend's lifetime, set by Run
-	wg       sync.WaitGroup  // supervisors and watchers
-	draining chan struct{}   // closed when shutdown starts
-	closing  chan struct{}   // closed when open streams are cut at the end of the budget
+	launch   chan *tracked // requests whose runner Run should start
+	claims   chan *tracked // requests Run should take over if their owner is gone
+	stopped  chan struct{} // closed when Run no longer starts runners
+	draining chan struct{} // closed when shutdown starts
+	closing  chan struct{} // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
 	mu       sync.Mutex
@@ -74,8 +76,12 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
 		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
-		policy:   migrations.Policy{Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen},
+		policy: migrations.Policy{
+			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
+			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
+		},
 		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
+		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
 	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
@@ -109,34 +115,20 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
+	// Watchers and request runners live until cancelRun, which comes at the
+	// end of the shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
-	fe.ctx = runCtx
+	var g errgroup.Group
+	g.Go(func() error {
+		fe.runSupervisors(runCtx, &g)
+		return nil
+	})
 
-	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
-	err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
-	if err == nil {
-		err = streams.Retry(pctx, func(tctx context.Context) error { return fe.disc.start(runCtx, tctx, fe.js, &fe.wg) })
-	}
-	if err == nil {
-		err = streams.Retry(pctx, func(tctx context.Context) error {
-			return fe.presence.start(runCtx, tctx, fe.js, events.FrontendPresence{
-				FrontendID: fe.id, Addr: fe.listener.Addr().String(),
-				ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
-			}, &fe.wg)
-		})
-	}
-	if err == nil {
-		err = fe.watchDisconnects(runCtx, &fe.wg)
-	}
-	if err == nil {
-		fe.catchUpOnReconnect(runCtx, &fe.wg)
-	}
-	cancel()
-	if err != nil {
+	if err := fe.startWatchers(ctx, runCtx, &g); err != nil {
 		fe.listener.Close()
 		cancelRun()
-		fe.wg.Wait()
+		_ = g.Wait()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
 
@@ -148,7 +140,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	select {
 	case err := <-serveErr:
 		cancelRun()
-		fe.wg.Wait()
+		_ = g.Wait()
 		return fmt.Errorf("frontend: serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -165,7 +157,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
 	defer scancel()
 	fe.waitResponses(sctx)
-	err = srv.Shutdown(sctx)
+	err := srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		close(fe.closing)
 		err = srv.Close()
@@ -176,11 +168,39 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	}
 	rcancel()
 	cancelRun()
-	fe.wg.Wait()
+	_ = g.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("frontend: shutdown: %w", err)
 	}
 	fe.log.Info("frontend stopped")
+	return nil
+}
+
+// startWatchers provisions the streams and starts the watchers on g, to run until
+// runCtx is done; it gives up when ctx is done or after streams.StartBudget.
+func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group) error {
+	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
+	defer cancel()
+	if err := streams.Provision(pctx, fe.js, fe.cfg.Streams); err != nil {
+		return err
+	}
+	err := streams.Retry(pctx, func(tctx context.Context) error { return fe.disc.start(runCtx, tctx, fe.js, g) })
+	if err != nil {
+		return err
+	}
+	err = streams.Retry(pctx, func(tctx context.Context) error {
+		return fe.presence.start(runCtx, tctx, fe.js, events.FrontendPresence{
+			FrontendID: fe.id, Addr: fe.listener.Addr().String(),
+			ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
+		}, g)
+	})
+	if err != nil {
+		return err
+	}
+	if err := fe.watchDisconnects(runCtx, g); err != nil {
+		return err
+	}
+	fe.catchUpOnReconnect(runCtx, g)
 	return nil
 }
 

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 )
 
 // presenceTTL is how long a frontend's key outlives its last renewal.
@@ -24,21 +26,16 @@ type presence struct {
 	js      jetstream.JetStream
 	changed *signal
 
-	mu    sync.Mutex
-	alive map[string]presenceEntry
-}
-
-type presenceEntry struct {
-	events.FrontendPresence
-	revision uint64
+	mu   sync.Mutex
+	view *projections.Frontends
 }
 
 func newPresence() *presence {
-	return &presence{changed: newSignal(), alive: map[string]presenceEntry{}}
+	return &presence{changed: newSignal(), view: projections.NewFrontends()}
 }
 
-// start registers id and starts renewing and watching, in goroutines on wg.
-func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, wg *sync.WaitGroup) error {
+// start registers id and starts renewing and watching, in goroutines on g.
+func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, g *errgroup.Group) error {
 	kv, err := js.KeyValue(startCtx, streams.FrontendsBucket)
 	if err != nil {
 		return fmt.Errorf("open bucket %s: %w", streams.FrontendsBucket, err)
@@ -50,7 +47,7 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return err
 	}
-	subject := "$KV." + streams.FrontendsBucket + "." + v.FrontendID
+	subject := streams.KVSubject(streams.FrontendsBucket, v.FrontendID)
 	put := func(ctx context.Context) error {
 		_, err := js.Publish(ctx, subject, data, jetstream.WithMsgTTL(presenceTTL))
 		return err
@@ -62,52 +59,44 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", streams.FrontendsBucket, err)
 	}
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
+	g.Go(func() error {
 		t := time.NewTicker(presenceTTL / 3)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-t.C:
 				rctx, cancel := context.WithTimeout(ctx, presenceTTL/3)
 				_ = put(rctx) // a missed renewal is retried at the next tick
 				cancel()
 			}
 		}
-	}()
-	go func() {
-		defer wg.Done()
+	})
+	g.Go(func() error {
 		defer w.Stop()
 		for {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case e, ok := <-w.Updates():
 				if !ok {
-					return
+					return nil
 				}
 				if e == nil {
 					continue
 				}
+				u := projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
+					Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()}
 				p.mu.Lock()
-				_, was := p.alive[e.Key()]
-				var v events.FrontendPresence
-				is := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &v) == nil
-				if is {
-					p.alive[e.Key()] = presenceEntry{FrontendPresence: v, revision: e.Revision()}
-				} else {
-					delete(p.alive, e.Key())
-				}
+				changed := p.view.Apply(u)
 				p.mu.Unlock()
-				if was != is {
+				if changed {
 					p.changed.Notify() // membership changed; renewals wake nobody
 				}
 			}
 		}
-	}()
+	})
 	return nil
 }
 
@@ -115,31 +104,23 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 func (p *presence) isAlive(id string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	_, ok := p.alive[id]
-	return ok
+	return p.view.Alive(id)
 }
 
 // connectedAs returns the frontends whose NATS connection is client id on
 // server.
-func (p *presence) connectedAs(client uint64, server string) []presenceEntry {
+func (p *presence) connectedAs(client uint64, server string) []projections.Frontend {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []presenceEntry
-	for _, e := range p.alive {
-		if e.ClientID == client && e.Server == server {
-			out = append(out, e)
-		}
-	}
-	return out
+	return p.view.ConnectedAs(client, server)
 }
 
 // expire deletes the key of a frontend whose connection closed, if it still
 // holds the given revision, so its requests can be taken over at once.
-func (p *presence) expire(ctx context.Context, e presenceEntry) error {
-	err := p.kv.Delete(ctx, e.FrontendID, jetstream.LastRevision(e.revision))
+func (p *presence) expire(ctx context.Context, e projections.Frontend) error {
+	err := p.kv.Delete(ctx, e.FrontendID, jetstream.LastRevision(e.Revision))
 	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if errors.Is(streams.Translate(err), streams.ErrRevisionMismatch) {
 			return nil // renewed meanwhile: alive after all
 		}
 		return fmt.Errorf("expire frontend %s: %w", e.FrontendID, err)

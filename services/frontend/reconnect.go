@@ -2,9 +2,9 @@ package frontend
 
 import (
 	"context"
-	"sync"
 
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 )
 
 // catchUpOnReconnect re-reads the log for every followed request each time
@@ -12,19 +12,17 @@ import (
 // were never delivered, and without this a follower would only notice the
 // gap with the next message, which may never come (a completion published
 // during the outage).
-func (fe *Frontend) catchUpOnReconnect(ctx context.Context, wg *sync.WaitGroup) {
+func (fe *Frontend) catchUpOnReconnect(ctx context.Context, g *errgroup.Group) {
 	ch := fe.nc.StatusChanged(nats.CONNECTED)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	g.Go(func() error {
 		defer fe.nc.RemoveStatusListener(ch)
 		for {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case _, ok := <-ch:
 				if !ok {
-					return
+					return nil
 				}
 				fe.mu.Lock()
 				followed := make([]*tracked, 0, len(fe.requests))
@@ -40,5 +38,5 @@ func (fe *Frontend) catchUpOnReconnect(ctx context.Context, wg *sync.WaitGroup) 
 				}
 			}
 		}
-	}()
+	})
 }

@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 )
 
 // TestCatchUpOnReconnect: a completion stored while the frontend's
@@ -45,10 +45,10 @@ func TestCatchUpOnReconnect(t *testing.T) {
 	defer f.stop()
 	fe := &Frontend{nc: nc, log: slog.New(slog.DiscardHandler), requests: map[string]*tracked{}}
 	fe.requests["r1"] = &tracked{id: "r1", f: f, refs: 1}
-	var wg sync.WaitGroup
+	var g errgroup.Group
 	rctx, rcancel := context.WithCancel(ctx)
-	fe.catchUpOnReconnect(rctx, &wg)
-	defer func() { rcancel(); wg.Wait() }()
+	fe.catchUpOnReconnect(rctx, &g)
+	defer func() { rcancel(); _ = g.Wait() }()
 
 	p.Cut()
 	appendEv(streams.RequestTokens("r1", 0), "c", events.TokensGenerated{RequestID: "r1", Tokens: []string{"x ", "y "}})

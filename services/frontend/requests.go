@@ -9,6 +9,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"golang.org/x/sync/errgroup"
 )
 
 // errExists means a request with that id is already in the log.
@@ -68,16 +69,14 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 	// Fold the accepted event now: the supervisor must not wait for the
 	// republished copy to know what to dispatch.
 	env.Seq = seq
-	f.mu.Lock()
-	f.applyLocked(env)
-	f.mu.Unlock()
+	f.apply(env)
 	fe.register(t)
 	fe.acquireSupervisor(t)
 	return t, nil
 }
 
-// acquireSupervisor runs the supervisor of t, unless one runs already,
-// holding a reference while it runs.
+// acquireSupervisor has Run start the runner of t, unless one runs
+// already, holding a reference while it runs.
 func (fe *Frontend) acquireSupervisor(t *tracked) {
 	fe.mu.Lock()
 	if t.supervising {
@@ -87,15 +86,58 @@ func (fe *Frontend) acquireSupervisor(t *tracked) {
 	t.supervising = true
 	t.refs++
 	fe.mu.Unlock()
-	fe.wg.Add(1)
-	go func() {
-		defer fe.wg.Done()
-		defer fe.release(t)
-		fe.supervise(fe.ctx, t)
-		fe.mu.Lock()
-		t.supervising = false
-		fe.mu.Unlock()
-	}()
+	select {
+	case fe.launch <- t:
+	case <-fe.stopped:
+		t.settle() // nobody will dispatch it here
+		fe.supervised(t)
+	}
+}
+
+// claim asks Run to take t over if its owner is gone (and to run it if this
+// frontend owns it). HTTP handlers call it; the work, which may append to
+// the log, is done on Run's goroutines.
+func (fe *Frontend) claim(t *tracked) {
+	fe.mu.Lock()
+	t.refs++
+	fe.mu.Unlock()
+	select {
+	case fe.claims <- t:
+	case <-fe.stopped:
+		fe.release(t)
+	}
+}
+
+// runSupervisors starts the runners acquireSupervisor asks for and the
+// takeovers claim asks for, on g, until ctx is done.
+func (fe *Frontend) runSupervisors(ctx context.Context, g *errgroup.Group) {
+	defer close(fe.stopped)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-fe.launch:
+			g.Go(func() error {
+				defer fe.supervised(t)
+				fe.supervise(ctx, t)
+				return nil
+			})
+		case t := <-fe.claims:
+			g.Go(func() error {
+				defer fe.release(t)
+				fe.ensureOwner(ctx, t)
+				return nil
+			})
+		}
+	}
+}
+
+// supervised records that t's runner ended and drops its reference.
+func (fe *Frontend) supervised(t *tracked) {
+	fe.mu.Lock()
+	t.supervising = false
+	fe.mu.Unlock()
+	fe.release(t)
 }
 
 // ensureOwner makes this frontend the owner of t if its owner is gone (its
@@ -119,14 +161,14 @@ func (fe *Frontend) ensureOwner(ctx context.Context, t *tracked) {
 		}
 		seq := t.f.eventsSeq()
 		ev := events.RequestAttached{RequestID: t.id, Frontend: fe.id, Offset: offset}
-		err := fe.decide(ctx, t, events.ID(t.id, "attached", fe.id, seq), ev)
-		if err == nil {
-			fe.log.Info("took over request", "request_id", t.id, "previous_owner", owner)
-			fe.acquireSupervisor(t)
+		ok, err := fe.decide(ctx, t, events.ID(t.id, "attached", fe.id, seq), ev)
+		if err != nil {
+			fe.log.Warn("take over request", "request_id", t.id, "err", err)
 			return
 		}
-		if !errors.Is(err, errSuperseded) {
-			fe.log.Warn("take over request", "request_id", t.id, "err", err)
+		if ok {
+			fe.log.Info("took over request", "request_id", t.id, "previous_owner", owner)
+			fe.acquireSupervisor(t)
 			return
 		}
 	}

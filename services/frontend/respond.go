@@ -33,56 +33,120 @@ func (t *tracked) snapshot(from int) snapshot {
 	return s
 }
 
-// respond writes request t to the client from token offset from, streaming
-// (SSE) or not, and reports whether it ended in success.
+// respond writes requests ts to the client (one request, or the choices of
+// a group, each chunk carrying its choice index), streaming (SSE) or not,
+// and reports whether it ended in success. acc names the response: the
+// request itself, or the group's parent. from is a single request's resume
+// offset (0 for a group). gone handles a client that left before the end.
 //
-// While it writes, t counts a client (a request without clients is cancelled
-// after the detach timeout), and if t's owner goes away this frontend takes
-// the request over.
-func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, t *tracked, from int, stream bool, start time.Time) bool {
-	fe.clientEnter(t)
-	defer fe.clientLeave(t)
-	if stream {
-		return fe.stream(w, r, t, from, start)
+// While it writes, every request counts a client (a request without clients
+// is cancelled after the detach timeout), and if a request's owner goes away
+// this frontend takes it over.
+func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, acc events.RequestAccepted, ts []*tracked, from int, stream bool, start time.Time, gone func()) bool {
+	wake := make(chan struct{}, 1) // poked by any request's change
+	for _, t := range ts {
+		fe.clientEnter(t)
+		defer fe.clientLeave(t)
+		defer t.f.changed.listen(wake)()
 	}
-	for {
-		ch, pch := t.f.changed.C(), fe.presence.changed.C()
-		s := t.snapshot(0)
-		if s.status.Terminal() {
-			return fe.writeUnary(w, s)
+	o := &output{fe: fe, w: w, r: r, acc: acc, ts: ts, wake: wake, gone: gone}
+	if stream {
+		return o.stream(from, start)
+	}
+	return o.unary()
+}
+
+// output is one response being written by respond.
+type output struct {
+	fe   *Frontend
+	w    http.ResponseWriter
+	r    *http.Request
+	acc  events.RequestAccepted
+	ts   []*tracked
+	wake chan struct{}
+	gone func()
+}
+
+// wait blocks until a request changes (true), claiming requests whose owner
+// went away, or until the client left or the frontend cut open
+// streams (false).
+func (o *output) wait(pch <-chan struct{}) bool {
+	select {
+	case <-o.wake:
+	case <-pch:
+		for _, t := range o.ts {
+			o.fe.claim(t)
 		}
-		select {
-		case <-ch:
-		case <-pch:
-			fe.ensureOwner(r.Context(), t)
-		case <-fe.closing:
-			return false
-		case <-r.Context().Done():
-			fe.onClientGone(t)
+	case <-o.fe.closing:
+		return false // cut by shutdown: the requests stay resumable
+	case <-o.r.Context().Done():
+		o.gone()
+		return false
+	}
+	return true
+}
+
+func (o *output) unary() bool {
+	for {
+		pch := o.fe.presence.changed.C()
+		snaps := make([]snapshot, len(o.ts))
+		done := true
+		for i, t := range o.ts {
+			snaps[i] = t.snapshot(0)
+			done = done && snaps[i].status.Terminal()
+		}
+		if done {
+			for _, s := range snaps {
+				if s.status != projections.StatusCompleted {
+					return writeUnary(o.w, s)
+				}
+			}
+			writeJSON(o.w, http.StatusOK, completionBody(o.acc, snaps))
+			return true
+		}
+		if !o.wait(pch) {
 			return false
 		}
 	}
 }
 
-func (fe *Frontend) writeUnary(w http.ResponseWriter, s snapshot) bool {
-	switch s.status {
-	case projections.StatusFailed:
-		status := s.failure.Status
-		if status == 0 {
-			status = http.StatusInternalServerError
-		}
-		typ := "server_error"
-		if status == http.StatusServiceUnavailable {
-			typ = "service_unavailable"
-		}
-		writeError(w, status, typ, s.failure.Code, s.failure.Message)
-		return false
-	case projections.StatusCancelled:
-		writeError(w, 499, "cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
-		return false
+// writeUnary answers with s: its completion, or its failure.
+func writeUnary(w http.ResponseWriter, s snapshot) bool {
+	if s.status == projections.StatusCompleted {
+		writeJSON(w, http.StatusOK, completionBody(s.acc, []snapshot{s}))
+		return true
 	}
-	writeJSON(w, http.StatusOK, completionBody(s.acc, []snapshot{s}))
-	return true
+	status, body := failureOf(s)
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, map[string]any{"error": body})
+	return false
+}
+
+// failureOf is the HTTP status and OpenAI error body of a request that
+// failed or was cancelled.
+func failureOf(s snapshot) (int, map[string]any) {
+	if s.status == projections.StatusCancelled {
+		return 499, errorBody("cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
+	}
+	return failureBody(s.failure)
+}
+
+// failureBody is the HTTP status and OpenAI error body of failure f.
+func failureBody(f *events.RequestFailed) (int, map[string]any) {
+	status := f.Status
+	if status == 0 {
+		status = http.StatusInternalServerError
+	}
+	typ := "server_error"
+	switch {
+	case status == http.StatusServiceUnavailable:
+		typ = "service_unavailable"
+	case status >= 400 && status < 500:
+		typ = "invalid_request_error"
+	}
+	return status, errorBody(typ, f.Code, f.Message)
 }
 
 // completionBody is the non-streaming response of acc with one choice per
@@ -116,91 +180,122 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 	}
 }
 
-func usageOf(s snapshot) map[string]any {
-	return map[string]any{
-		"prompt_tokens": s.acc.PromptTokens, "completion_tokens": s.total, "total_tokens": s.acc.PromptTokens + s.total,
+// stream writes the requests as server-sent events, a single request from
+// token offset from. Every event's id is the token offset after it (over all
+// choices of a group, which is resumed per choice), so a client that
+// reconnects with Last-Event-ID resumes exactly where it stopped. The stream
+// ends with [DONE] only on success; a failure ends with an error event.
+func (o *output) stream(from int, start time.Time) bool {
+	if len(o.ts) == 1 {
+		if s := o.ts[0].snapshot(from); s.status == projections.StatusFailed && from == 0 && s.total == 0 {
+			// Nothing was streamed yet: answer as a plain error (e.g. 503 no worker).
+			return writeUnary(o.w, s)
+		}
 	}
-}
-
-// stream writes request t as server-sent events from token offset from. Every
-// event's id is the token offset after it, so a client that reconnects with
-// Last-Event-ID resumes exactly where it stopped. The stream ends with
-// [DONE] only on success; a failure ends with an error event.
-func (fe *Frontend) stream(w http.ResponseWriter, r *http.Request, t *tracked, from int, start time.Time) bool {
-	flusher, _ := w.(http.Flusher)
-	s := t.snapshot(from)
-	if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
-		// Nothing was streamed yet: answer as a plain error (e.g. 503 no worker).
-		return fe.writeUnary(w, s)
+	flusher, _ := o.w.(http.Flusher)
+	flush := func() {
+		if flusher != nil {
+			flusher.Flush()
+		}
 	}
-	h := w.Header()
+	h := o.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	sse := &sseWriter{w: w, acc: s.acc}
-	model := s.acc.Model
-	sent := from
-	var last time.Time
-	first := true
+	o.w.WriteHeader(http.StatusOK)
+	sse := &sseWriter{w: o.w, acc: o.acc}
+	m := o.fe.tokenMetrics(o.acc.Model, start)
+	sent := make([]int, len(o.ts))
+	sent[0] = from
+	total := from
+	started, finished := make([]bool, len(o.ts)), make([]bool, len(o.ts))
 	for {
-		ch, pch := t.f.changed.C(), fe.presence.changed.C()
-		s := t.snapshot(sent)
-		if len(s.tokens) > 0 {
-			sent += len(s.tokens)
-			sse.content(sent, 0, strings.Join(s.tokens, ""), first)
-			now := time.Now()
-			if first {
-				fe.metrics.ttft.WithLabelValues(model).Observe(now.Sub(start).Seconds())
-			} else if n := len(s.tokens); n > 0 {
-				per := now.Sub(last).Seconds() / float64(n)
-				for range n {
-					fe.metrics.itl.WithLabelValues(model).Observe(per)
-				}
+		pch := o.fe.presence.changed.C()
+		var failed *snapshot
+		done, completion := true, 0
+		for i, t := range o.ts {
+			s := t.snapshot(sent[i])
+			if n := len(s.tokens); n > 0 {
+				sent[i] += n
+				total += n
+				sse.content(total, i, strings.Join(s.tokens, ""), !started[i])
+				started[i] = true
+				m.sent(n)
 			}
-			fe.metrics.outputTokens.WithLabelValues(model).Add(float64(len(s.tokens)))
-			first, last = false, now
-		}
-		if s.status.Terminal() && sent >= s.total {
-			ok := false
 			switch s.status {
 			case projections.StatusCompleted:
-				sse.finish(sent, 0, s.finishReason)
-				if s.acc.IncludeUsage {
-					sse.usage(sent, usageOf(s))
+				if !finished[i] {
+					finished[i] = true
+					sse.finish(total, i, s.finishReason)
 				}
-				sse.done(sent)
-				ok = true
-			case projections.StatusFailed:
-				sse.error(sent, errorBody("server_error", s.failure.Code, s.failure.Message))
-			case projections.StatusCancelled:
-				sse.error(sent, errorBody("cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")"))
+			case projections.StatusFailed, projections.StatusCancelled:
+				if failed == nil {
+					failed = &s
+				}
 			}
-			if flusher != nil {
-				flusher.Flush()
+			done = done && s.status.Terminal()
+			completion += s.total
+		}
+		if failed != nil {
+			_, body := failureOf(*failed)
+			sse.error(total, body)
+			if len(o.ts) > 1 {
+				_ = o.fe.cancelTree(o.r.Context(), o.acc.RequestID, events.CancelKill, "another choice failed")
 			}
-			fe.metrics.duration.WithLabelValues(model).Observe(time.Since(start).Seconds())
-			return ok
+		} else if done {
+			if o.acc.IncludeUsage {
+				sse.usage(total, map[string]any{
+					"prompt_tokens": o.acc.PromptTokens, "completion_tokens": completion, "total_tokens": o.acc.PromptTokens + completion,
+				})
+			}
+			sse.done(total)
+		}
+		flush()
+		if failed != nil || done {
+			m.end()
+			return failed == nil
 		}
 		if sse.err != nil {
-			fe.onClientGone(t)
+			o.gone()
 			return false
 		}
-		if flusher != nil {
-			flusher.Flush()
-		}
-		select {
-		case <-ch:
-		case <-pch:
-			fe.ensureOwner(r.Context(), t)
-		case <-fe.closing:
-			return false // cut by shutdown: the request stays resumable
-		case <-r.Context().Done():
-			fe.onClientGone(t)
+		if !o.wait(pch) {
 			return false
 		}
 	}
+}
+
+// tokenMetrics observes the tokens one response sends.
+type tokenMetrics struct {
+	fe          *Frontend
+	model       string
+	start, last time.Time
+}
+
+func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
+	return &tokenMetrics{fe: fe, model: model, start: start}
+}
+
+// sent observes n tokens sent now: time to first token, inter-token latency,
+// output tokens.
+func (m *tokenMetrics) sent(n int) {
+	now := time.Now()
+	if m.last.IsZero() {
+		m.fe.metrics.ttft.WithLabelValues(m.model).Observe(now.Sub(m.start).Seconds())
+	} else {
+		per := now.Sub(m.last).Seconds() / float64(n)
+		for range n {
+			m.fe.metrics.itl.WithLabelValues(m.model).Observe(per)
+		}
+	}
+	m.fe.metrics.outputTokens.WithLabelValues(m.model).Add(float64(n))
+	m.last = now
+}
+
+// end observes the response's duration.
+func (m *tokenMetrics) end() {
+	m.fe.metrics.duration.WithLabelValues(m.model).Observe(time.Since(m.start).Seconds())
 }
 
 // sseWriter formats OpenAI stream chunks as server-sent events.

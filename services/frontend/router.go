@@ -44,14 +44,18 @@ func newRouter(cfg Config, now func() time.Time) *router {
 	}
 }
 
-// inhibit drops w from routing for the inhibition window.
-func (r *router) inhibit(w projections.Worker) {
+// inhibit drops w from routing for d, or for the inhibition window when
+// d is zero. Nothing is inhibited while inhibition is disabled.
+func (r *router) inhibit(w projections.Worker, d time.Duration) {
 	if r.inhibitFor <= 0 {
 		return
 	}
+	if d <= 0 {
+		d = r.inhibitFor
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.inhibited[w.ID] = inhibition{leaseID: w.LeaseID, until: r.now().Add(r.inhibitFor)}
+	r.inhibited[w.ID] = inhibition{leaseID: w.LeaseID, until: r.now().Add(d)}
 }
 
 // isInhibited reports whether w is inhibited now. A worker that re-registered

@@ -50,7 +50,7 @@ func TestRouterInhibition(t *testing.T) {
 	t.Run("skipped for the window, back after it", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRouter(Config{InhibitedDuration: window}, time.Now)
-			r.inhibit(w1)
+			r.inhibit(w1, 0)
 			onlyPicked(t, picks(t, r, both, nil, 50), "w2")
 			time.Sleep(window - time.Millisecond)
 			if !r.isInhibited(w1) {
@@ -70,7 +70,7 @@ func TestRouterInhibition(t *testing.T) {
 	t.Run("a re-registered worker returns at once", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRouter(Config{InhibitedDuration: window}, time.Now)
-			r.inhibit(w1)
+			r.inhibit(w1, 0)
 			again := worker("w1", "lease-1b") // same id, new lease
 			if r.isInhibited(again) {
 				t.Fatalf("w1 with a new lease is inhibited, want it back at once")
@@ -85,7 +85,7 @@ func TestRouterInhibition(t *testing.T) {
 	t.Run("a removed worker is gone and its return is fresh", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRouter(Config{InhibitedDuration: window}, time.Now)
-			r.inhibit(w1)
+			r.inhibit(w1, 0)
 			// Removed from discovery: not a candidate at all.
 			onlyPicked(t, picks(t, r, []projections.Worker{w2}, nil, 10), "w2")
 			// Back under a new lease (a worker re-registers with a new lease id).
@@ -99,7 +99,7 @@ func TestRouterInhibition(t *testing.T) {
 		t.Run("duration "+d.String()+" disables", func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				r := newRouter(Config{InhibitedDuration: d}, time.Now)
-				r.inhibit(w1)
+				r.inhibit(w1, 0)
 				if r.isInhibited(w1) {
 					t.Fatalf("w1 inhibited with duration %v, want inhibition disabled", d)
 				}
@@ -113,8 +113,8 @@ func TestRouterInhibition(t *testing.T) {
 	t.Run("every worker inhibited is no worker, not busy", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRouter(Config{InhibitedDuration: window}, time.Now)
-			r.inhibit(w1)
-			r.inhibit(w2)
+			r.inhibit(w1, 0)
+			r.inhibit(w2, 0)
 			if _, err := r.pick(both, nil); !errors.Is(err, errNoWorkers) {
 				t.Fatalf("pick = %v, want errNoWorkers", err)
 			}
@@ -128,9 +128,9 @@ func TestRouterInhibition(t *testing.T) {
 	t.Run("a second failure extends the window", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			r := newRouter(Config{InhibitedDuration: window}, time.Now)
-			r.inhibit(w1)
+			r.inhibit(w1, 0)
 			time.Sleep(3 * time.Second)
-			r.inhibit(w1)
+			r.inhibit(w1, 0)
 			time.Sleep(3 * time.Second)
 			if !r.isInhibited(w1) {
 				t.Fatalf("w1 not inhibited 3 s after its second failure")

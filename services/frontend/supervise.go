@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
 
@@ -17,7 +16,7 @@ import (
 
 // tracked is a request this frontend follows: its follower, shared by every
 // client stream of the request here, and, while this frontend owns it, the
-// supervisor that dispatches it and decides its migrations.
+// runner that carries out its migration decisions.
 type tracked struct {
 	id         string
 	f          *follower
@@ -25,8 +24,8 @@ type tracked struct {
 	settleOnce sync.Once
 
 	// Guarded by Frontend.mu.
-	refs          int       // holders: clients, the supervisor, lookups
-	supervising   bool      // a supervisor runs for it here
+	refs          int       // holders: clients, the runner, lookups
+	supervising   bool      // a runner runs for it here
 	clients       int       // client responses being written
 	detachedSince time.Time // when the last client left (zero while one is attached)
 }
@@ -34,188 +33,178 @@ type tracked struct {
 // settle marks the first dispatch settled.
 func (t *tracked) settle() { t.settleOnce.Do(func() { close(t.dispatched) }) }
 
-// failure is why an attempt stopped producing, as the supervisor saw it.
-type failure struct {
-	migrationType string // events.MigrationNewRequest or events.MigrationOngoingRequest
-	reason        string
-	at            time.Time
-}
-
-// supervise drives request t until it ends or ctx is done: dispatch, watch
-// the attempt, fence and migrate it when its worker fails. Decisions are
-// appended with the expected sequence of the events subject, so two frontends
-// never both decide for one request.
+// supervise runs request t until it ends, another frontend owns it, or ctx
+// is done: it observes, asks migrations.Policy.Step what to do, and does it.
+// Decisions are appended with the expected sequence of the events subject,
+// so two frontends never both decide for one request.
 func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
-	settle := t.settle
-	defer settle()
-
-	var model, endpoint string
-	var choices int
-	t.f.view(func(p *projections.Request) {
-		model, endpoint, choices = p.Accepted.Model, p.Accepted.Endpoint, p.Accepted.Choices
-	})
-	if choices > 1 {
-		return // a parent of choices runs nothing itself
-	}
-	exceeded := false
-	var lastFailed string // the worker that just failed: never the continuation's target
+	defer t.settle()
+	var (
+		mem     migrations.Memory
+		outcome *migrations.DispatchOutcome
+		watched = -1        // the attempt whose dispatch untrack counts
+		untrack = func() {} // ends the router's count of watched's dispatch
+	)
+	defer func() { untrack() }()
 	for ctx.Err() == nil {
-		var (
-			st      projections.Status
-			cur     projections.Attempt
-			hasCur  bool
-			pinned  string
-			owner   string
-			overMax bool
-		)
-		t.f.view(func(p *projections.Request) {
-			st, pinned, owner = p.Status, p.Accepted.PinnedWorker, p.Owner
-			cur, hasCur = p.Current()
-			overMax = fe.policy.ExceedsMaxSeqLen(p)
+		fch, dch := t.f.changed.C(), fe.disc.changed.C()
+		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome}
+		var a migrations.Action
+		var model, endpoint string
+		t.f.read(func(p *projections.Request, progress time.Time) {
+			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
+			obs.LastProgress = progress
+			if cur, ok := p.Current(); ok {
+				w, present := fe.disc.get(cur.WorkerID)
+				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID}
+			}
+			a = fe.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
 		})
-		if overMax && !exceeded {
-			exceeded = true
-			fe.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
+		mem, outcome = a.Next, nil
+		if !mem.Watch.Active || mem.Watch.Attempt != watched {
+			untrack()
+			watched, untrack = -1, func() {}
 		}
-		if st.Terminal() || owner != fe.id {
-			return // ended, or another frontend took it over
-		}
-		var fail *failure
-		if !hasCur || cur.Closed {
-			// Pending: dispatch the next attempt.
-			w, err := fe.dispatch(ctx, t, pinned, lastFailed)
-			switch {
-			case err == nil:
-				settle()
-				fail = fe.watch(ctx, t, w, &exceeded, model)
-			case errors.Is(err, errSuperseded):
-				continue
-			case errors.As(err, &fail):
-				// The dispatch itself failed: a new_request failure.
-			default:
-				// Nothing produced yet: the client may simply retry (503).
-				// Tokens already delivered: the answer is truncated (500).
-				status := http.StatusServiceUnavailable
-				var produced int
-				t.f.view(func(p *projections.Request) { produced = p.Len() })
-				if produced > 0 {
-					status = http.StatusInternalServerError
-				}
-				if errors.Is(err, errAllBusy) && produced == 0 && lastFailed == "" {
-					// Admitted, but every worker turned busy before the
-					// first dispatch (a load report arrived in between):
-					// to the client and the metrics this is the same
-					// rejection as at admission.
-					fe.metrics.rejections.WithLabelValues(model, endpoint).Inc()
-					fe.fail(ctx, t, "all_workers_busy", busyMessage, status)
-					settle()
-					return
-				}
-				msg := "no worker available for model " + model + ": " + err.Error()
-				if lastFailed != "" {
-					msg = fmt.Sprintf("worker %s failed and no other worker is available for model %s: %v", lastFailed, model, err)
-				}
-				fe.fail(ctx, t, "no_worker", msg, status)
-				settle()
-				return
-			}
-		} else {
-			// Running (e.g. taken over after a restart): watch it.
-			w, ok := fe.disc.get(cur.WorkerID)
-			if !ok {
-				fail = &failure{migrationType: events.MigrationOngoingRequest, reason: "worker_lost", at: time.Now()}
-			} else {
-				fail = fe.watch(ctx, t, routedWorker{Worker: w, attempt: cur.Attempt}, &exceeded, model)
-			}
-		}
-		if fail == nil {
-			continue // ended, or the state moved on: look again
-		}
-		lastFailed = fe.fence(ctx, t, fail)
-		if err := fe.migrate(ctx, t, fail, model); err != nil {
-			settle()
+		fe.report(model, endpoint, a.Report)
+		switch a.Kind {
+		case migrations.Stop:
 			return
-		}
-	}
-}
-
-// errSuperseded means another writer changed the request first; re-read it.
-var errSuperseded = errors.New("frontend: request changed concurrently")
-
-func (f *failure) Error() string { return f.migrationType + ": " + f.reason }
-
-// dispatch routes the next attempt and hands it to a worker. Refusals (busy,
-// draining, wrong model) move on to another worker without counting as a
-// failure; a worker that does not answer is a new_request failure.
-func (fe *Frontend) dispatch(ctx context.Context, t *tracked, pinned, avoid string) (routedWorker, error) {
-	exclude := map[string]bool{}
-	if avoid != "" {
-		exclude[avoid] = true
-	}
-	for {
-		var d streams.Dispatch
-		var attempt int
-		t.f.view(func(p *projections.Request) {
-			attempt = len(p.Attempts)
-			d = migrations.Continuation(p, attempt, fe.id)
-		})
-		d.DetachTimeoutMS = fe.cfg.DetachTimeout.Milliseconds()
-		w, err := fe.pickWorker(d.Model, pinned, exclude)
-		if err != nil {
-			return routedWorker{}, err
-		}
-		routed := events.RequestRouted{RequestID: t.id, Attempt: attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
-		if err := fe.decide(ctx, t, events.ID(t.id, "routed", attempt), routed); err != nil {
-			return routedWorker{}, err
-		}
-		d.EventsSeq = t.f.eventsSeq()
-		done := fe.router.track(w.ID)
-		reply, err := fe.sendDispatch(ctx, w.ID, d)
-		if err == nil && reply.Accepted {
-			return routedWorker{Worker: w.Worker, attempt: attempt, untrack: done}, nil
-		}
-		done()
-		reason := "dispatch_failed"
-		if err == nil {
-			reason = "refused_" + reply.Reason
-		}
-		// Close the attempt that never ran, so its subject stays empty for good.
-		fe.appendFence(ctx, t.id, attempt, w.ID, d.StartOffset, reason)
-		if err == nil || pinned != "" {
-			// Refused: try another worker (not a failure, no inhibition).
-			exclude[w.ID] = true
-			if pinned != "" {
-				return routedWorker{}, fmt.Errorf("pinned worker %s refused: %s", w.ID, reply.Reason)
+		case migrations.Wait:
+			fe.wait(ctx, a.Until, fch, dch)
+		case migrations.DispatchNext:
+			var done func()
+			outcome, done = fe.dispatch(ctx, t, a)
+			if outcome.Result == migrations.DispatchAccepted {
+				watched, untrack = outcome.Attempt, done
+				t.settle()
 			}
-			continue
+		case migrations.CatchUp:
+			fe.catchUp(ctx, t)
+		case migrations.Fence:
+			fe.fence(ctx, t, a)
+		case migrations.Migrate:
+			m := a.Migrated
+			if ok, err := fe.decide(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, fe.id), m); ok {
+				fe.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
+					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
+			} else if err != nil {
+				fe.log.Warn("record migration", "request_id", t.id, "err", err)
+			}
+		case migrations.Fail:
+			fe.fail(ctx, t, a.Failed)
+		case migrations.Detach:
+			fe.detach(ctx, t)
 		}
-		fe.router.inhibit(w.Worker)
-		fe.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
-		return routedWorker{}, &failure{migrationType: events.MigrationNewRequest, reason: reason, at: time.Now()}
 	}
 }
 
-type routedWorker struct {
-	projections.Worker
-	attempt int
-	untrack func()
+// wait blocks until ctx is done, until (if set), or one of chans fires.
+func (fe *Frontend) wait(ctx context.Context, until time.Time, chans ...<-chan struct{}) {
+	var timeout <-chan time.Time
+	if !until.IsZero() {
+		timer := time.NewTimer(time.Until(until))
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-timeout:
+	case <-chans[0]:
+	case <-chans[1]:
+	}
 }
 
-func (fe *Frontend) pickWorker(model, pinned string, exclude map[string]bool) (routedWorker, error) {
+// report counts what a step reports.
+func (fe *Frontend) report(model, endpoint string, r migrations.Report) {
+	if r.MaxSeqLenExceeded {
+		fe.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
+	}
+	if r.Rejected {
+		fe.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+	}
+	if f := r.Migrated; f != nil {
+		fe.metrics.migrations.WithLabelValues(model, f.MigrationType).Inc()
+		fe.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "success").Observe(time.Since(f.At).Seconds())
+	}
+	if f := r.MigrationFailed; f != nil {
+		fe.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "failed").Observe(time.Since(f.At).Seconds())
+	}
+}
+
+// dispatch carries out one DispatchNext: pick a worker, record the routed
+// decision, send the command. An attempt that never ran (refused, or not
+// answered) is closed at once, so its subject stays empty for good. done
+// ends the router's count of the dispatch; the caller owns it if the worker
+// accepted.
+func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Action) (*migrations.DispatchOutcome, func()) {
+	d := a.Dispatch
+	w, err := fe.pickWorker(d.Model, a.Pinned, a.Exclude)
+	if err != nil {
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, errAllBusy), Err: err.Error()}, nil
+	}
+	routed := events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
+	ok, err := fe.decide(ctx, t, events.ID(t.id, "routed", d.Attempt, fe.id), routed)
+	switch {
+	case err != nil:
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
+	case !ok:
+		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
+	}
+	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
+	done := fe.router.track(w.ID)
+	reply, err := fe.sendDispatch(ctx, w.ID, wireDispatch(d, t.f.eventsSeq()))
+	if err == nil && reply.Accepted {
+		out.Result = migrations.DispatchAccepted
+		return out, done
+	}
+	done()
+	reason := migrations.ReasonDispatchFailed
+	out.Result = migrations.DispatchNoAnswer
+	if err == nil {
+		reason, out.Result, out.Reason = "refused_"+reply.Reason, migrations.DispatchRefused, reply.Reason
+	} else {
+		fe.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
+	}
+	fe.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	fe.waitClosed(ctx, t, d.Attempt)
+	return out, nil
+}
+
+// waitClosed waits until this frontend has folded the closure of attempt k
+// (or the request moved past it), for at most streams.DefaultTimeout.
+func (fe *Frontend) waitClosed(ctx context.Context, t *tracked, k int) {
+	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+	defer cancel()
+	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
+		c, _ := p.Current()
+		return p.Status.Terminal() || c.Attempt != k || c.Closed
+	})
+}
+
+// wireDispatch is the worker's command for d.
+func wireDispatch(d migrations.Dispatch, eventsSeq uint64) streams.Dispatch {
+	return streams.Dispatch{
+		RequestID: d.RequestID, Attempt: d.Attempt, Model: d.Model, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
+		Generated: d.Generated, StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, Frontend: d.Frontend,
+		DetachTimeoutMS: d.DetachTimeoutMS, EventsSeq: eventsSeq,
+	}
+}
+
+func (fe *Frontend) pickWorker(model, pinned string, exclude []string) (projections.Worker, error) {
 	if pinned != "" {
 		w, ok := fe.disc.get(pinned)
 		if !ok || !w.Routable() || w.Model != model {
-			return routedWorker{}, fmt.Errorf("%w: %s", errNotPinned, pinned)
+			return projections.Worker{}, fmt.Errorf("%w: %s", errNotPinned, pinned)
 		}
-		return routedWorker{Worker: w}, nil
+		return w, nil
 	}
 	var cands []projections.Worker
 	fe.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
-	w, err := fe.router.pick(cands, exclude)
-	if err != nil {
-		return routedWorker{}, err
+	skip := make(map[string]bool, len(exclude))
+	for _, id := range exclude {
+		skip[id] = true
 	}
-	return routedWorker{Worker: w}, nil
+	return fe.router.pick(cands, skip)
 }
 
 func (fe *Frontend) sendDispatch(ctx context.Context, workerID string, d streams.Dispatch) (streams.DispatchReply, error) {
@@ -236,208 +225,63 @@ func (fe *Frontend) sendDispatch(ctx context.Context, workerID string, d streams
 	return reply, nil
 }
 
-// watch waits while attempt w runs. It returns nil when the request ended or
-// its state moved on (look again), or the failure that stopped the attempt:
-// its worker left discovery or re-registered, it reported a failure, or it
-// produced nothing for the stall timeout.
-func (fe *Frontend) watch(ctx context.Context, t *tracked, w routedWorker, exceeded *bool, model string) *failure {
-	if w.untrack != nil {
-		defer w.untrack()
+// fence carries out a Fence: close the attempt in the log (unless it is
+// already), inhibit its worker, and wait until this frontend has folded the
+// closure.
+func (fe *Frontend) fence(ctx context.Context, t *tracked, a migrations.Action) {
+	if a.AppendFence {
+		fe.appendFence(ctx, a.Fence)
 	}
-	stall := time.NewTimer(fe.cfg.StallTimeout)
-	defer stall.Stop()
-	// The stall clock starts when watching starts: the last accepted token
-	// may be older than this attempt (a continuation that has produced
-	// nothing yet must get the full stall timeout, not the remainder of the
-	// failed attempt's).
-	watching := time.Now()
-	caughtUp := false // the log was read after the worker left discovery
-	for {
-		fch, dch := t.f.changed.C(), fe.disc.changed.C()
-		var (
-			st      projections.Status
-			cur     projections.Attempt
-			owner   string
-			overMax bool
-		)
-		t.f.view(func(p *projections.Request) {
-			st, owner = p.Status, p.Owner
-			cur, _ = p.Current()
-			overMax = fe.policy.ExceedsMaxSeqLen(p)
-		})
-		if overMax && !*exceeded {
-			*exceeded = true
-			fe.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
-		}
-		if st.Terminal() || cur.Attempt != w.attempt || owner != fe.id {
-			return nil
-		}
-		wait := fe.cfg.StallTimeout
-		if since := fe.detachedSince(t); !since.IsZero() {
-			left := fe.cfg.DetachTimeout - time.Since(since)
-			if left <= 0 {
-				fe.detach(ctx, t)
-				return nil
-			}
-			wait = min(wait, left)
-		}
-		if cur.Closed {
-			return &failure{migrationType: events.MigrationOngoingRequest, reason: cur.CloseReason, at: time.Now()}
-		}
-		if now, ok := fe.disc.get(w.ID); !ok || now.LeaseID != w.LeaseID {
-			if !caughtUp {
-				// A worker that leaves in order (a shutdown hand-off, an
-				// engine error) closes its attempt in the log before its
-				// lease goes, but the two reach this frontend on separate
-				// subscriptions: read the log once, so that its reason,
-				// not the lease's, is the one recorded.
-				caughtUp = true
-				fe.catchUp(ctx, t)
-				continue
-			}
-			return &failure{migrationType: events.MigrationOngoingRequest, reason: "worker_lost", at: time.Now()}
-		}
-		last := t.f.lastProgress()
-		if last.Before(watching) {
-			last = watching
-		}
-		idle := time.Since(last)
-		if idle >= fe.cfg.StallTimeout {
-			return &failure{migrationType: events.MigrationOngoingRequest, reason: "stalled", at: time.Now()}
-		}
-		stall.Reset(min(wait, fe.cfg.StallTimeout-idle))
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-fch:
-		case <-dch:
-		case <-stall.C:
-		}
+	if w, ok := fe.disc.get(a.Fence.WorkerID); ok && a.Inhibit {
+		fe.router.inhibit(w, a.InhibitFor)
 	}
+	fe.waitClosed(ctx, t, a.Fence.Attempt)
 }
 
-// fence closes the current attempt in the log (unless it already is), waits
-// until this frontend has folded the marker, and inhibits the worker. It
-// returns the failed worker's id.
-func (fe *Frontend) fence(ctx context.Context, t *tracked, fail *failure) string {
-	var cur projections.Attempt
-	var n int
-	t.f.view(func(p *projections.Request) { cur, _ = p.Current(); n = p.Len() })
-	if !cur.Closed {
-		fe.appendFence(ctx, t.id, cur.Attempt, cur.WorkerID, n, fail.reason)
+func (fe *Frontend) appendFence(ctx context.Context, ev events.AttemptFailed) {
+	id := ev.RequestID
+	env := fe.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
+	if _, err := fe.events.Append(ctx, streams.RequestTokens(id, ev.Attempt), env, -1); err != nil {
+		fe.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
 	}
-	if w, ok := fe.disc.get(cur.WorkerID); ok && fail.reason != "shutdown" {
-		fe.router.inhibit(w)
-	}
-	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-	defer cancel()
-	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
-		c, _ := p.Current()
-		return p.Status.Terminal() || c.Attempt != cur.Attempt || c.Closed
-	})
-	return cur.WorkerID
-}
-
-func (fe *Frontend) appendFence(ctx context.Context, id string, attempt int, workerID string, offset int, reason string) {
-	ev := events.AttemptFailed{RequestID: id, Attempt: attempt, WorkerID: workerID, Offset: offset, Reason: reason}
-	env := fe.events.Envelope(events.ID(id, attempt, "fenced"), id, ev)
-	if _, err := fe.events.Append(ctx, streams.RequestTokens(id, attempt), env, -1); err != nil {
-		fe.log.Warn("fence attempt", "request_id", id, "attempt", attempt, "err", err)
-	}
-}
-
-// migrate records the decision to continue a failed request elsewhere, or
-// its terminal failure when migration is not allowed. A non-nil error means
-// the request ended.
-func (fe *Frontend) migrate(ctx context.Context, t *tracked, fail *failure, model string) error {
-	var (
-		allow    error
-		from     projections.Attempt
-		cut      int
-		terminal bool
-	)
-	t.f.view(func(p *projections.Request) {
-		terminal = p.Status.Terminal()
-		from, _ = p.Current()
-		cut = p.Len()
-		allow = fe.policy.Allow(p)
-	})
-	if terminal {
-		return errors.New("ended")
-	}
-	if allow != nil {
-		fe.metrics.migrationDuration.WithLabelValues(model, fail.migrationType, "failed").Observe(time.Since(fail.at).Seconds())
-		msg := fmt.Sprintf("worker %s failed (%s) and the request cannot migrate: %v", from.WorkerID, fail.reason, allow)
-		fe.fail(ctx, t, failureCode(allow), msg, http.StatusInternalServerError)
-		return allow
-	}
-	ev := events.RequestMigrated{
-		RequestID: t.id, FromAttempt: from.Attempt, FromWorker: from.WorkerID, Cut: cut,
-		MigrationType: fail.migrationType, Reason: fail.reason, Frontend: fe.id,
-	}
-	if err := fe.decide(ctx, t, events.ID(t.id, "migrated", from.Attempt), ev); err != nil {
-		return nil // superseded: look again
-	}
-	fe.metrics.migrations.WithLabelValues(model, fail.migrationType).Inc()
-	fe.metrics.migrationDuration.WithLabelValues(model, fail.migrationType, "success").Observe(time.Since(fail.at).Seconds())
-	fe.log.Info("migrating request", "request_id", t.id, "from_worker", from.WorkerID, "migration_type", fail.migrationType, "reason", fail.reason, "offset", cut)
-	return nil
-}
-
-func failureCode(err error) string {
-	switch {
-	case errors.Is(err, migrations.ErrDisabled):
-		return "migration_disabled"
-	case errors.Is(err, migrations.ErrLimitExhausted):
-		return "migration_exhausted"
-	case errors.Is(err, migrations.ErrMaxSeqLenExceeded):
-		return "migration_max_seq_len_exceeded"
-	case errors.Is(err, migrations.ErrPinned):
-		return "pinned_worker_failed"
-	}
-	return "worker_failed"
 }
 
 // decide appends a decision to the request's events subject, expecting the
 // last sequence this frontend has seen there, and waits until the follower
-// has folded it. errSuperseded means someone else wrote first.
-func (fe *Frontend) decide(ctx context.Context, t *tracked, id string, ev events.Event) error {
+// has folded it. It reports false with a nil error when someone else wrote
+// first (the follower has caught up by then: look again).
+func (fe *Frontend) decide(ctx context.Context, t *tracked, id string, ev events.Event) (bool, error) {
 	expect := int64(t.f.eventsSeq())
 	seq, err := fe.events.Append(ctx, streams.RequestEvents(t.id), fe.events.Envelope(id, t.id, ev), expect)
 	if errors.Is(err, streams.ErrConflict) {
 		fe.catchUp(ctx, t)
-		return errSuperseded
+		return false, nil
 	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
 	if err := t.f.waitFor(wctx, func(p *projections.Request) bool { return p.LastSeq() >= seq }); err != nil {
 		fe.catchUp(ctx, t)
 	}
-	return nil
+	return true, nil
 }
 
 // catchUp reads whatever the follower missed.
 func (fe *Frontend) catchUp(ctx context.Context, t *tracked) {
-	t.f.mu.Lock()
-	_ = t.f.catchUpLocked(ctx)
-	t.f.mu.Unlock()
-	t.f.changed.Notify()
+	_ = t.f.catchUp(ctx)
 }
 
-// fail appends the request's terminal failure.
-func (fe *Frontend) fail(ctx context.Context, t *tracked, code, msg string, status int) {
-	var n int
-	t.f.view(func(p *projections.Request) { n = p.Len() })
-	ev := events.RequestFailed{RequestID: t.id, Code: code, Message: msg, Status: status, Offset: n}
+// fail appends the request's terminal failure, trying again (with the
+// expected sequence caught up) when another writer came first.
+func (fe *Frontend) fail(ctx context.Context, t *tracked, ev events.RequestFailed) {
 	for range 3 {
-		err := fe.decide(ctx, t, events.ID(t.id, "failed"), ev)
-		if err == nil || !errors.Is(err, errSuperseded) {
-			if err != nil {
-				fe.log.Error("record request failure", "request_id", t.id, "err", err)
-			}
+		ok, err := fe.decide(ctx, t, events.ID(t.id, "failed"), ev)
+		if err != nil {
+			fe.log.Error("record request failure", "request_id", t.id, "err", err)
+		}
+		if ok || err != nil {
 			return
 		}
 	}

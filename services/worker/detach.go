@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -16,26 +17,27 @@ import (
 // cancelled after the detach timeout instead of generating for nobody.
 type frontends struct {
 	mu      sync.Mutex
-	alive   map[string]bool
+	view    *projections.Frontends
 	changed chan struct{} // closed and replaced on every change
 }
 
 func newFrontends() *frontends {
-	return &frontends{alive: map[string]bool{}, changed: make(chan struct{})}
+	return &frontends{view: projections.NewFrontends(), changed: make(chan struct{})}
 }
 
 func (f *frontends) isAlive(id string) (bool, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.alive[id], f.changed
+	return f.view.Alive(id), f.changed
 }
 
-func (f *frontends) set(id string, alive bool) {
+func (f *frontends) apply(u projections.FrontendUpdate) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.alive[id] = alive
-	close(f.changed)
-	f.changed = make(chan struct{})
+	if f.view.Apply(u) {
+		close(f.changed)
+		f.changed = make(chan struct{})
+	}
 }
 
 // watchFrontends follows the frontends bucket until ctx is done.
@@ -60,7 +62,8 @@ func (w *Worker) watchFrontends(ctx context.Context) {
 				return
 			}
 			if e != nil {
-				w.frontends.set(e.Key(), e.Operation() == jetstream.KeyValuePut)
+				w.frontends.apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
+					Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()})
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -61,7 +62,7 @@ type lease struct {
 func grantLease(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, v events.Lease, ttl time.Duration,
 	ownedLeaseID string, refresh func(*events.Lease), log *slog.Logger) (*lease, error) {
 	l := &lease{
-		js: js, kv: kv, key: v.WorkerID, id: v.LeaseID, subject: "$KV." + kv.Bucket() + "." + v.WorkerID,
+		js: js, kv: kv, key: v.WorkerID, id: v.LeaseID, subject: streams.KVSubject(kv.Bucket(), v.WorkerID),
 		ttl: ttl, log: log, refresh: refresh, value: v,
 		done: make(chan struct{}), stop: make(chan struct{}),
 	}
@@ -169,9 +170,7 @@ func (l *lease) write(edit func(*events.Lease)) error {
 	ack, err := l.js.Publish(ctx, l.subject, data,
 		jetstream.WithMsgTTL(l.ttl), jetstream.WithExpectLastSequencePerSubject(l.rev))
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if errors.Is(streams.Translate(err), streams.ErrRevisionMismatch) {
 			err = fmt.Errorf("%w: key %s changed under revision %d: %w", errLeaseLost, l.key, l.rev, err)
 			l.end(err)
 		}

@@ -146,9 +146,12 @@ func TestStatusServer(t *testing.T) {
 func TestStatusNotReadyWhileDraining(t *testing.T) {
 	e := newEnv(t)
 	mock, _ := engine.NewMock(slow)
-	r, base := e.startStatus(mock, worker.Config{ID: "w-dr", ShutdownTimeout: 3 * time.Second})
-	e.accept("r-dr", "x", 5, "w-dr")
-	if rep := e.dispatch("w-dr", newDispatch("r-dr", "x", 5)); !rep.Accepted {
+	// 20 tokens at 10/s keep the worker draining for about 2 s, long enough
+	// for the poll below to see the draining lease on a loaded machine; the
+	// budget is well above that, so the request still drains to completion.
+	r, base := e.startStatus(mock, worker.Config{ID: "w-dr", ShutdownTimeout: 15 * time.Second})
+	e.accept("r-dr", "x", 20, "w-dr")
+	if rep := e.dispatch("w-dr", newDispatch("r-dr", "x", 20)); !rep.Accepted {
 		t.Fatalf("dispatch: %+v", rep)
 	}
 	stopped := make(chan error, 1)
@@ -161,7 +164,7 @@ func TestStatusNotReadyWhileDraining(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 	last, _ := ended(e.request("r-dr"))
-	if c, ok := last.Event.(events.RequestCompleted); !ok || c.CompletionTokens != 5 {
+	if c, ok := last.Event.(events.RequestCompleted); !ok || c.CompletionTokens != 20 {
 		t.Errorf("outcome %+v, want the in-flight request drained to completion", last.Event)
 	}
 }

@@ -524,7 +524,7 @@ func (w *Worker) putLoad(ctx context.Context, l events.Load) error {
 	}
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	_, err = w.js.Publish(ctx, "$KV."+streams.LoadBucket+"."+w.cfg.ID, data, jetstream.WithMsgTTL(w.cfg.LeaseTTL))
+	_, err = w.js.Publish(ctx, streams.KVSubject(streams.LoadBucket, w.cfg.ID), data, jetstream.WithMsgTTL(w.cfg.LeaseTTL))
 	return err
 }
 

@@ -1,0 +1,415 @@
+package migrations
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+)
+
+// BusyMessage is the message of a request refused because every worker is
+// busy, as Dynamo words it.
+const BusyMessage = "Service temporarily unavailable: All workers are busy, please retry later"
+
+// Reasons a runner records when it closes an attempt itself.
+const (
+	ReasonDispatchFailed = "dispatch_failed" // the worker did not answer the dispatch
+	ReasonWorkerLost     = "worker_lost"     // its lease went or was replaced
+	ReasonStalled        = "stalled"         // nothing produced for the stall timeout
+	ReasonShutdown       = "shutdown"        // the worker handed it off while draining
+)
+
+// detachRetry is how long a runner waits for a detach cancel to take effect
+// before it sends it again.
+const detachRetry = time.Second
+
+// State is what Step decides from: the request's projection, which Step only
+// reads, and what the runner remembers.
+type State struct {
+	Request *projections.Request
+	Memory
+}
+
+// Memory is what the runner of one request keeps between steps. Step
+// returns the next Memory in every Action; the zero Memory starts a runner.
+type Memory struct {
+	Watch Watch
+	// Failure is a failure detected and fenced, awaiting the decision.
+	Failure *Failure
+	// Migration is a migration decided and recorded, counted once a worker
+	// accepts the continuation.
+	Migration *Failure
+	// LastFailed is the worker that failed last: never the continuation's target.
+	LastFailed string
+	// Exclude lists the workers that refused the dispatch being routed.
+	Exclude []string
+	// Exceeded is set once the request was counted past max-seq-len.
+	Exceeded bool
+	// DetachSent is when the detach cancel was last sent.
+	DetachSent time.Time
+}
+
+// Watch is the attempt a runner watches.
+type Watch struct {
+	Active   bool
+	Attempt  int
+	WorkerID string
+	LeaseID  string    // the lease the worker held when watching started
+	Since    time.Time // the stall clock starts here, not at an earlier attempt's last token
+	CaughtUp bool      // the log was re-read after the worker left discovery
+}
+
+// Failure is why an attempt stopped producing, as the runner saw it.
+type Failure struct {
+	Attempt       int
+	WorkerID      string
+	MigrationType string // events.MigrationNewRequest or events.MigrationOngoingRequest
+	Reason        string
+	At            time.Time
+}
+
+// Observation is what the runner saw outside the log just before a step.
+type Observation struct {
+	// Worker is the watched (or current) attempt's worker in discovery.
+	Worker WorkerSeen
+	// LastProgress is when the last token was accepted.
+	LastProgress time.Time
+	// DetachedSince is when the last client left; zero while one is attached.
+	DetachedSince time.Time
+	// Dispatch is the outcome of the Dispatch action just carried out; nil
+	// after any other action.
+	Dispatch *DispatchOutcome
+}
+
+// WorkerSeen is a worker as discovery shows it.
+type WorkerSeen struct {
+	Present bool
+	LeaseID string
+}
+
+// DispatchResult is how one dispatch try ended.
+type DispatchResult int
+
+// Dispatch results.
+const (
+	// DispatchAccepted: the worker accepted the attempt.
+	DispatchAccepted DispatchResult = iota
+	// DispatchRefused: the worker declined (busy, draining, wrong model); not a failure.
+	DispatchRefused
+	// DispatchNoAnswer: the worker did not answer; a new_request failure.
+	DispatchNoAnswer
+	// DispatchUnroutable: no worker could be picked, or the log refused the routed decision.
+	DispatchUnroutable
+	// DispatchSuperseded: another writer changed the request first; look again.
+	DispatchSuperseded
+)
+
+// DispatchOutcome is the result of a Dispatch action.
+type DispatchOutcome struct {
+	Result   DispatchResult
+	Attempt  int
+	WorkerID string
+	LeaseID  string // Accepted: the lease the worker held
+	Reason   string // Refused: the worker's reason
+	Busy     bool   // Unroutable: every candidate worker is busy
+	Err      string // Unroutable: why no worker could take it
+}
+
+// ActionKind is what the runner must do next.
+type ActionKind int
+
+// Actions.
+const (
+	// Stop: nothing is left for this runner: the request ended, another
+	// frontend owns it, or it is a parent of choices.
+	Stop ActionKind = iota
+	// Wait for a change of the request or of discovery, or until Until (if set).
+	Wait
+	// DispatchNext routes Dispatch to a worker (Pinned, else any routable
+	// worker not in Exclude), records the routed decision, sends it, and
+	// reports the outcome in the next Observation.
+	DispatchNext
+	// CatchUp re-reads the request's log, then steps again.
+	CatchUp
+	// Fence closes attempt Fence.Attempt (appending Fence when AppendFence),
+	// inhibits its worker when Inhibit (for InhibitFor, or the configured
+	// window when zero), and waits until the closure is folded.
+	Fence
+	// Migrate appends Migrated as a decision (expected sequence).
+	Migrate
+	// Fail appends Failed as a decision (expected sequence).
+	Fail
+	// Detach cancels the request and its children: no client came back.
+	Detach
+)
+
+// Action is the result of a step: what to do and what to remember.
+type Action struct {
+	Kind ActionKind
+	Next Memory
+
+	Until time.Time // Wait
+
+	Dispatch Dispatch // DispatchNext
+	Pinned   string
+	Exclude  []string
+
+	Fence       events.AttemptFailed // Fence
+	AppendFence bool
+	Inhibit     bool
+	InhibitFor  time.Duration
+
+	Migrated events.RequestMigrated // Migrate
+	Failed   events.RequestFailed   // Fail
+
+	Report Report
+}
+
+// Report lists what a step counts, for the runner's metrics.
+type Report struct {
+	// MaxSeqLenExceeded: the request went past max-seq-len (once per runner).
+	MaxSeqLenExceeded bool
+	// Rejected: every worker turned busy before the first dispatch.
+	Rejected bool
+	// Migrated: a worker accepted a migrated request's continuation: one
+	// re-dispatch happened.
+	Migrated *Failure
+	// MigrationFailed: a migration ended without a re-dispatch.
+	MigrationFailed *Failure
+}
+
+// Step decides the next action for the request in s, given what the runner
+// observed at now. It is pure: it reads s.Request and returns a new Memory
+// in the action, sharing nothing the caller may change.
+func (p Policy) Step(s State, o Observation, now time.Time) Action {
+	r := s.Request
+	if !r.Known() || r.Accepted.Choices > 1 || r.Status.Terminal() || r.Owner != p.Frontend {
+		return Action{Kind: Stop, Next: s.Memory}
+	}
+	a := p.step(r, s.Memory, o, now)
+	if p.ExceedsMaxSeqLen(r) && !a.Next.Exceeded {
+		a.Next.Exceeded = true
+		a.Report.MaxSeqLenExceeded = true
+	}
+	return a
+}
+
+func (p Policy) step(r *projections.Request, m Memory, o Observation, now time.Time) Action {
+	if o.Dispatch != nil {
+		return p.afterDispatch(r, m, o, now)
+	}
+	cur, running := r.Current()
+	if f := m.Failure; f != nil {
+		if !migratedFrom(r, f.Attempt) {
+			return p.decide(r, m, *f)
+		}
+		m.Migration, m.Failure = f, nil // recorded (by us, or by a racing writer)
+	}
+	if running && (!cur.Closed || (m.Watch.Active && m.Watch.Attempt == cur.Attempt)) {
+		return p.watch(r, m, o, now, cur)
+	}
+	return p.dispatch(r, m)
+}
+
+// dispatch routes the next attempt.
+func (p Policy) dispatch(r *projections.Request, m Memory) Action {
+	m.Watch = Watch{}
+	d := Continuation(r, len(r.Attempts), p.Frontend)
+	d.DetachTimeoutMS = p.DetachTimeout.Milliseconds()
+	exclude := slices.Clone(m.Exclude)
+	if m.LastFailed != "" && !slices.Contains(exclude, m.LastFailed) {
+		exclude = append(exclude, m.LastFailed)
+	}
+	return Action{Kind: DispatchNext, Next: m, Dispatch: d, Pinned: r.Accepted.PinnedWorker, Exclude: exclude}
+}
+
+func (p Policy) afterDispatch(r *projections.Request, m Memory, o Observation, now time.Time) Action {
+	out := *o.Dispatch
+	o.Dispatch = nil
+	switch out.Result {
+	case DispatchAccepted:
+		m.Exclude = nil
+		m.Watch = Watch{Active: true, Attempt: out.Attempt, WorkerID: out.WorkerID, LeaseID: out.LeaseID, Since: now}
+		var done *Failure
+		done, m.Migration = m.Migration, nil
+		a := p.step(r, m, o, now)
+		a.Report.Migrated = done
+		return a
+	case DispatchRefused:
+		if pinned := r.Accepted.PinnedWorker; pinned != "" {
+			return p.unroutable(r, m, fmt.Sprintf("pinned worker %s refused: %s", out.WorkerID, out.Reason), false)
+		}
+		// The refused attempt never ran: route the next one, whether or
+		// not its closure has been folded yet.
+		m.Exclude = append(slices.Clone(m.Exclude), out.WorkerID)
+		return p.dispatch(r, m)
+	case DispatchNoAnswer:
+		m.Exclude = nil
+		f := Failure{Attempt: out.Attempt, WorkerID: out.WorkerID, MigrationType: events.MigrationNewRequest, Reason: ReasonDispatchFailed, At: now}
+		a := p.fence(r, m, f, true, 0)
+		a.Report.MigrationFailed = m.Migration
+		a.Next.Migration = nil
+		return a
+	case DispatchUnroutable:
+		return p.unroutable(r, m, out.Err, out.Busy)
+	}
+	return p.step(r, m, o, now) // superseded: look again
+}
+
+// unroutable fails a request no worker can take: 503 while nothing was
+// produced (a retry is safe), 500 once the answer would be truncated.
+func (p Policy) unroutable(r *projections.Request, m Memory, why string, busy bool) Action {
+	produced := r.Len()
+	status := http.StatusServiceUnavailable
+	if produced > 0 {
+		status = http.StatusInternalServerError
+	}
+	rep := Report{MigrationFailed: m.Migration}
+	m.Exclude, m.Migration = nil, nil
+	model := r.Accepted.Model
+	if busy && produced == 0 && m.LastFailed == "" {
+		// Admitted, but every worker turned busy before the first dispatch
+		// (a load report arrived in between): to the client and the metrics
+		// this is the same rejection as at admission.
+		rep.Rejected = true
+		return p.fail(r, m, "all_workers_busy", BusyMessage, status, rep)
+	}
+	msg := "no worker available for model " + model + ": " + why
+	if m.LastFailed != "" {
+		msg = fmt.Sprintf("worker %s failed and no other worker is available for model %s: %s", m.LastFailed, model, why)
+	}
+	return p.fail(r, m, "no_worker", msg, status, rep)
+}
+
+func (p Policy) fail(r *projections.Request, m Memory, code, msg string, status int, rep Report) Action {
+	return Action{Kind: Fail, Next: m, Report: rep, Failed: events.RequestFailed{
+		RequestID: r.Accepted.RequestID, Code: code, Message: msg, Status: status, Offset: r.Len(),
+	}}
+}
+
+// watch checks the running attempt cur: the client gone for the detach
+// timeout, the worker's report, its lease, the stall clock.
+func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.Time, cur projections.Attempt) Action {
+	if !m.Watch.Active || m.Watch.Attempt != cur.Attempt {
+		m.Watch = Watch{Active: true, Attempt: cur.Attempt, WorkerID: cur.WorkerID, LeaseID: o.Worker.LeaseID, Since: now}
+		if !o.Worker.Present {
+			m.Watch.LeaseID = ""
+		}
+	}
+	wait := p.StallTimeout
+	if since := o.DetachedSince; !since.IsZero() {
+		left := p.DetachTimeout - now.Sub(since)
+		if left <= 0 {
+			// No client came back: cancel, and again after detachRetry if
+			// the cancel has not ended the request by then.
+			if next := m.DetachSent.Add(detachRetry); m.DetachSent.IsZero() || !now.Before(next) {
+				m.DetachSent = now
+				return Action{Kind: Detach, Next: m}
+			}
+			left = m.DetachSent.Add(detachRetry).Sub(now)
+		}
+		wait = min(wait, left)
+	} else {
+		m.DetachSent = time.Time{}
+	}
+	if cur.Closed {
+		return p.closed(r, m, cur, now)
+	}
+	if !o.Worker.Present || o.Worker.LeaseID != m.Watch.LeaseID {
+		if !m.Watch.CaughtUp {
+			// A worker that leaves in order (a shutdown hand-off, an engine
+			// error) closes its attempt in the log before its lease goes, but
+			// the two reach the runner separately: read the log once, so that
+			// its reason, not the lease's, is the one recorded.
+			m.Watch.CaughtUp = true
+			return Action{Kind: CatchUp, Next: m}
+		}
+		f := Failure{Attempt: cur.Attempt, WorkerID: cur.WorkerID, MigrationType: events.MigrationOngoingRequest, Reason: ReasonWorkerLost, At: now}
+		return p.fence(r, m, f, true, 0)
+	}
+	last := o.LastProgress
+	if last.Before(m.Watch.Since) {
+		last = m.Watch.Since
+	}
+	idle := now.Sub(last)
+	if idle >= p.StallTimeout {
+		f := Failure{Attempt: cur.Attempt, WorkerID: cur.WorkerID, MigrationType: events.MigrationOngoingRequest, Reason: ReasonStalled, At: now}
+		return p.fence(r, m, f, true, 0)
+	}
+	return Action{Kind: Wait, Next: m, Until: now.Add(min(wait, p.StallTimeout-idle))}
+}
+
+// closed handles an attempt its worker closed, by the failure's class.
+func (p Policy) closed(r *projections.Request, m Memory, cur projections.Attempt, now time.Time) Action {
+	f := Failure{Attempt: cur.Attempt, WorkerID: cur.WorkerID, MigrationType: events.MigrationOngoingRequest, Reason: cur.CloseReason, At: now}
+	switch cur.CloseClass {
+	case events.FailureClient:
+		// The upstream rejected the request itself: the same request fails
+		// the same way anywhere. No migration, no inhibition. The watch is
+		// kept, so that if the failure cannot be recorded the next step
+		// records it again instead of dispatching.
+		status := cur.CloseStatus
+		if status < 400 || status > 499 {
+			status = http.StatusBadRequest
+		}
+		code, msg := cur.CloseCode, cur.CloseMessage
+		if code == "" {
+			code = "upstream_rejected"
+		}
+		if msg == "" {
+			msg = fmt.Sprintf("the model server rejected the request (%s)", cur.CloseReason)
+		}
+		return p.fail(r, m, code, msg, status, Report{})
+	case events.FailureUnavailable:
+		f.MigrationType = events.MigrationNewRequest
+		return p.fence(r, m, f, true, time.Duration(cur.RetryAfterMS)*time.Millisecond)
+	case events.FailureNotReady:
+		f.MigrationType = events.MigrationNewRequest
+	}
+	return p.fence(r, m, f, f.Reason != ReasonShutdown, 0)
+}
+
+// fence closes the failed attempt and remembers the failure for the decision.
+func (p Policy) fence(r *projections.Request, m Memory, f Failure, inhibit bool, inhibitFor time.Duration) Action {
+	cur, _ := r.Current()
+	m.Watch = Watch{}
+	m.Failure = &f
+	m.LastFailed = f.WorkerID
+	return Action{
+		Kind: Fence, Next: m, AppendFence: cur.Attempt != f.Attempt || !cur.Closed,
+		Inhibit: inhibit, InhibitFor: inhibitFor,
+		Fence: events.AttemptFailed{
+			RequestID: r.Accepted.RequestID, Attempt: f.Attempt, WorkerID: f.WorkerID, Offset: r.Len(), Reason: f.Reason,
+		},
+	}
+}
+
+// decide records what happens to a request whose attempt failed: a
+// migration, or its end when the policy forbids one.
+func (p Policy) decide(r *projections.Request, m Memory, f Failure) Action {
+	if err := p.Allow(r); err != nil {
+		// Nothing produced yet: the client may simply retry (503).
+		// Tokens already delivered: the answer is truncated (500).
+		status := http.StatusInternalServerError
+		if r.Len() == 0 {
+			status = http.StatusServiceUnavailable
+		}
+		// The failure stays remembered until the request has ended: if the
+		// decision cannot be recorded, the next step decides again rather
+		// than dispatching past the policy.
+		msg := fmt.Sprintf("worker %s failed (%s) and the request cannot migrate: %v", f.WorkerID, f.Reason, err)
+		return p.fail(r, m, FailureCode(err), msg, status, Report{MigrationFailed: &f})
+	}
+	return Action{Kind: Migrate, Next: m, Migrated: events.RequestMigrated{
+		RequestID: r.Accepted.RequestID, FromAttempt: f.Attempt, FromWorker: f.WorkerID, Cut: r.Len(),
+		MigrationType: f.MigrationType, Reason: f.Reason, Frontend: p.Frontend,
+	}}
+}
+
+// migratedFrom reports whether a migration away from attempt k is recorded.
+func migratedFrom(r *projections.Request, k int) bool {
+	return slices.ContainsFunc(r.Migrations, func(m projections.Migration) bool { return m.FromAttempt == k })
+}
