@@ -96,6 +96,41 @@ func shell(t *testing.T, line string, env []string) (string, int) {
 	return string(out), code
 }
 
+// TestReadmeQuickStart runs the quick start's `baton up` (plus free ports and
+// a private store) and "Ask it something" as written.
+func TestReadmeQuickStart(t *testing.T) {
+	readme := readDoc(t, "README.md")
+	quick := shBlocks(section(t, readme, "## Quick start (a fresh machine with Go 1.26)"))
+	ask := shBlocks(section(t, readme, "### Ask it something"))
+	if len(quick) == 0 || len(quick[0]) != 1 || len(ask) != 1 || len(ask[0]) != 1 {
+		t.Fatalf("the quick start's blocks changed shape, update this test: %q %q", quick, ask)
+	}
+	upLine, ok := strings.CutPrefix(quick[0][0], "go run ./cmd/baton ")
+	if !ok {
+		t.Fatalf("the quick start %q does not start with go run ./cmd/baton", quick[0][0])
+	}
+	port := freePort(t)
+	args := append(strings.Fields(upLine), "--http-port", strconv.Itoa(port), "--nats-port", strconv.Itoa(freePort(t)),
+		"--data-dir", filepath.Join(t.TempDir(), "data"))
+	up := start(t, "up", nil, args...)
+	f := &frontend{proc: up, url: "http://127.0.0.1:" + strconv.Itoa(port)}
+	f.waitRoutable(t, "up-w1", "up-w2")
+	if !strings.Contains(up.output(), "listening on 127.0.0.1:"+strconv.Itoa(port)) {
+		t.Errorf("the banner does not say the frontend listens on 127.0.0.1:%d:\n%s", port, up.output())
+	}
+	line := strings.ReplaceAll(ask[0][0], "127.0.0.1:8000", "127.0.0.1:"+strconv.Itoa(port))
+	out, code := shell(t, line, nil)
+	var last string
+	for _, l := range strings.Split(out, "\n") {
+		if d, ok := strings.CutPrefix(l, "data: "); ok {
+			last = d
+		}
+	}
+	if code != 0 || last != "[DONE]" || !strings.Contains(out, "id: 20\n") {
+		t.Errorf("%s: exit %d, want 0, 20 tokens and [DONE]:\n%s", ask[0][0], code, out)
+	}
+}
+
 // TestReadmeDemo runs "Watch a migration happen" from README.md: `baton up`
 // as written (plus free ports and a private store, and a mock 3 times faster
 // so the test takes 10 s, not 30), the stream, the lookups and the kill of

@@ -204,6 +204,8 @@ func TestUpFlags(t *testing.T) {
 		{name: "user without password", args: []string{"--user", "u"}, wantErr: "--user and --password go together"},
 		{name: "system ports past 65535", args: []string{"--system-port", "65535"}, wantErr: "--system-port 65535"},
 	}
+	t.Setenv("NATS_CREDS", "/elsewhere.creds")
+	t.Setenv("NATS_USER", "someone-else")
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env, _, _ := testEnv(tt.env)
@@ -228,6 +230,9 @@ func TestUpFlags(t *testing.T) {
 				}
 				if strings.Contains(got, "password") {
 					t.Errorf("worker %d args %q carry a password", i+1, got)
+				}
+				if strings.Contains(strings.Join(cmd.Env, " "), "NATS_CREDS=") {
+					t.Errorf("worker %d inherits NATS_CREDS, meant for another server", i+1)
 				}
 				var user string
 				for _, kv := range cmd.Env {

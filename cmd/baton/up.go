@@ -256,7 +256,7 @@ func (o *upOptions) workerCommand(ctx context.Context, exe string, i int, natsUR
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = o.w.shutdownBudget + workerStopMargin
-	cmd.Env = append(os.Environ(), supervisorEnv+"="+strconv.Itoa(os.Getpid()))
+	cmd.Env = append(childEnv(os.Environ()), supervisorEnv+"="+strconv.Itoa(os.Getpid()))
 	if o.natsUser != "" {
 		cmd.Env = append(cmd.Env, "NATS_USER="+o.natsUser, "NATS_PASSWORD="+o.natsPass)
 	}
@@ -264,6 +264,19 @@ func (o *upOptions) workerCommand(ctx context.Context, exe string, i int, natsUR
 	cmd.Stderr = env.stderr
 	cmd.SysProcAttr = childProcAttr()
 	return cmd
+}
+
+// childEnv is env without the connection variables of another NATS server
+// (NATS_USER, NATS_CREDS, NATS_TLS_CA, ...): up's workers connect to up's
+// embedded server, with up's credentials.
+func childEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "NATS_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // upWorkerID is the id of up's worker i (from 1).
