@@ -1,6 +1,9 @@
 package events
 
-import "fmt"
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // Request event types. Lifecycle decisions live on a request's events subject;
 // what a worker produces for dispatch attempt k lives on its tokens subject k.
@@ -35,7 +38,7 @@ type RequestAccepted struct {
 	RequestID    string    `json:"request_id"`
 	Model        string    `json:"model"`
 	Endpoint     string    `json:"endpoint"`
-	Messages     []Message `json:"messages,omitempty"` // chat only
+	Messages     []Message `json:"messages,omitempty"` // chat only; builds that record Body leave it out
 	Prompt       string    `json:"prompt"`             // the text the engine sees
 	PromptTokens int       `json:"prompt_tokens"`
 	MaxTokens    int       `json:"max_tokens"`
@@ -49,6 +52,10 @@ type RequestAccepted struct {
 	// Choices > 1 marks a parent of n choices: it is not dispatched itself;
 	// each choice runs as a child request.
 	Choices int `json:"choices,omitempty"`
+	// Body is the client's request body as sent (at most --max-body-bytes),
+	// every field included: engines build the upstream request from it.
+	// Absent in events of older builds.
+	Body json.RawMessage `json:"body,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }
@@ -88,6 +95,16 @@ type TokensGenerated struct {
 	Attempt   int      `json:"attempt"`
 	Offset    int      `json:"offset"`
 	Tokens    []string `json:"tokens"`
+	// IDs are the tokens' ids in the engine's vocabulary, one per token,
+	// when the engine reported every one of them.
+	IDs []int `json:"ids,omitempty"`
+	// Details, when present, has one entry per token: what the engine said
+	// about it beyond its text (tool-call deltas, logprobs, reasoning), as
+	// the JSON of engine.Details, or null.
+	Details []json.RawMessage `json:"details,omitempty"`
+	// PromptIDs, on an attempt's first delta, are the prompt's token ids
+	// as the engine reported them.
+	PromptIDs []int `json:"prompt_ids,omitempty"`
 }
 
 func (TokensGenerated) EventType() string { return TypeTokensGenerated }
@@ -95,6 +112,9 @@ func (TokensGenerated) EventType() string { return TypeTokensGenerated }
 func (e *TokensGenerated) validate() error {
 	if e.Attempt < 0 || e.Offset < 0 {
 		return fmt.Errorf("negative attempt or offset")
+	}
+	if (e.IDs != nil && len(e.IDs) != len(e.Tokens)) || (e.Details != nil && len(e.Details) != len(e.Tokens)) {
+		return fmt.Errorf("ids or details do not match the tokens")
 	}
 	return nil
 }

@@ -65,10 +65,27 @@ type Lease struct {
 	// worker is live but must not receive new requests. Cleared when a
 	// canary passes again. Absent (false) in leases of older builds.
 	NotReady bool `json:"not_ready,omitempty"`
+	// NotReadyReason says why, while NotReady: the upstream's own words when
+	// it refused the worker (a bad key, an unknown model), else "stalled"
+	// (in-flight requests stopped producing) or "canary_failed".
+	NotReadyReason string `json:"not_ready_reason,omitempty"`
 	// ClientID is the worker's NATS client id on its server, matched against
 	// disconnect advisories.
 	ClientID uint64 `json:"client_id,omitempty"`
 	Server   string `json:"server,omitempty"`
+	// Capabilities are what the worker's engine can do, as probed at start;
+	// absent: everything (the mock, older builds).
+	Capabilities *Capabilities `json:"capabilities,omitempty"`
+}
+
+// Capabilities is what a worker's engine can do: serve chat and
+// completions, continue a migrated request token-exactly from token ids, or
+// by assistant prefill.
+type Capabilities struct {
+	Chat        bool `json:"chat"`
+	Completions bool `json:"completions"`
+	TokenIDs    bool `json:"token_ids"`
+	Prefill     bool `json:"prefill"`
 }
 
 // Load is the value of a worker's key in the load bucket.

@@ -87,8 +87,8 @@ func passthroughRate(b *testing.B, streams, tokens int) float64 {
 			flusher.Flush()
 			buf = buf[:0]
 		}
-		_, _ = eng.Generate(r.Context(), engine.Request{Prompt: prompt, MaxTokens: tokens}, func(tok string) error {
-			if buf = append(buf, tok); len(buf) == 16 {
+		_, _ = eng.Generate(r.Context(), engine.Request{Prompt: prompt, MaxTokens: tokens}, func(tok engine.Token) error {
+			if buf = append(buf, tok.Text); len(buf) == 16 {
 				flush()
 			}
 			return nil

@@ -20,8 +20,9 @@ import (
 	"time"
 )
 
-// batonBin is the binary under test, built once by TestMain.
-var batonBin string
+// batonBin is the binary under test and vllmsimBin the vLLM simulator,
+// built once by TestMain.
+var batonBin, vllmsimBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "baton-it-")
@@ -38,6 +39,13 @@ func TestMain(m *testing.M) {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build baton:", err)
+		os.Exit(1)
+	}
+	vllmsimBin = filepath.Join(dir, "vllmsim")
+	build = exec.Command("go", "build", "-o", vllmsimBin, "../cmd/vllmsim")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build vllmsim:", err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -71,8 +79,14 @@ func (w syncWriter) Write(p []byte) (int, error) {
 // its output is shown if the test failed.
 func start(t testing.TB, name string, env []string, args ...string) *proc {
 	t.Helper()
+	return startBin(t, batonBin, name, env, args...)
+}
+
+// startBin runs bin with args, as start does.
+func startBin(t testing.TB, bin, name string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
-	p.cmd = exec.Command(batonBin, args...)
+	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	w := syncWriter{mu: p.mu, b: p.log}
 	p.cmd.Stdout, p.cmd.Stderr = w, w
@@ -251,7 +265,9 @@ type workerInfo struct {
 	State string `json:"state"`
 	Model string `json:"model"`
 	PID   int    `json:"pid"`
-	Load  struct {
+	// Reason says why a not_ready worker is not ready.
+	Reason string `json:"reason"`
+	Load   struct {
 		ActiveRequests int `json:"active_requests"`
 		KVBlocksUsed   int `json:"kv_blocks_used"`
 		KVBlocksTotal  int `json:"kv_blocks_total"`

@@ -95,7 +95,7 @@ func TestCanaryCatchesStalledEngine(t *testing.T) {
 		}
 		for _, w := range ws {
 			if w.ID == "w1" {
-				return w.State == "not_ready"
+				return w.State == "not_ready" && (w.Reason == "stalled" || w.Reason == "canary_failed")
 			}
 		}
 		return false

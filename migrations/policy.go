@@ -1,6 +1,7 @@
 package migrations
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"time"
@@ -31,8 +32,9 @@ type Policy struct {
 	DetachTimeout time.Duration
 }
 
-// SeqLen is a request's prompt plus generated tokens.
-func SeqLen(r *projections.Request) int { return r.Accepted.PromptTokens + r.Len() }
+// SeqLen is a request's prompt plus generated tokens, the prompt counted by
+// the engine when it reported its count.
+func SeqLen(r *projections.Request) int { return r.PromptTokens() + r.Len() }
 
 // ExceedsMaxSeqLen reports whether r is past the max-seq-len limit.
 func (p Policy) ExceedsMaxSeqLen(r *projections.Request) bool {
@@ -79,6 +81,13 @@ type Dispatch struct {
 	Model        string
 	Prompt       string
 	PromptTokens int
+	// Endpoint and Body are the request as the client sent it.
+	Endpoint string
+	Body     json.RawMessage
+	// PromptIDs and GeneratedIDs are the prompt's and the generated tokens'
+	// ids, when an engine reported every one: a token-exact continuation.
+	PromptIDs    []int
+	GeneratedIDs []int
 	Generated    string // the text of the tokens produced by earlier attempts
 	StartOffset  int    // tokens already produced
 	MaxTokens    int    // total budget, including StartOffset
@@ -91,16 +100,26 @@ type Dispatch struct {
 // Continuation builds the dispatch of the next attempt of r: the original
 // prompt, the text generated so far, and the remaining budget, continuing at
 // the current token offset.
+//
+// It carries the client's request body, and the prompt's token ids and the
+// generated tokens' ids when every one is known, so that an engine that
+// takes token ids continues token-exactly.
 func Continuation(r *projections.Request, attempt int, frontend string) Dispatch {
-	return Dispatch{
+	d := Dispatch{
 		RequestID:    r.Accepted.RequestID,
 		Attempt:      attempt,
 		Model:        r.Accepted.Model,
 		Prompt:       r.Accepted.Prompt,
 		PromptTokens: r.Accepted.PromptTokens,
+		Endpoint:     r.Accepted.Endpoint,
+		Body:         r.Accepted.Body,
 		Generated:    strings.Join(r.Tokens(0), ""),
 		StartOffset:  r.Len(),
 		MaxTokens:    r.Accepted.MaxTokens,
 		Frontend:     frontend,
 	}
+	if ids, ok := r.TokenIDs(); ok && r.PromptIDs != nil && r.Len() > 0 {
+		d.PromptIDs, d.GeneratedIDs = r.PromptIDs, ids
+	}
+	return d
 }

@@ -30,6 +30,37 @@ type Worker struct {
 	ClientID      uint64      `json:"client_id,omitempty"`
 	Server        string      `json:"server,omitempty"`
 	Load          events.Load `json:"load"`
+	// Reason says why a not_ready worker is not ready: the upstream's words
+	// when it refused the worker, else stalled or canary_failed.
+	Reason string `json:"reason,omitempty"`
+	// LeaseRenewed is when the lease key was last written; zero if unknown.
+	LeaseRenewed time.Time `json:"lease_renewed,omitzero"`
+	// Capabilities are what the worker's engine can do; nil: everything.
+	Capabilities *events.Capabilities `json:"capabilities,omitempty"`
+}
+
+// CanServe reports whether the worker's engine serves endpoint
+// (events.EndpointChat or events.EndpointCompletions).
+func (w Worker) CanServe(endpoint string) bool {
+	c := w.Capabilities
+	return c == nil || (endpoint == events.EndpointChat && c.Chat) || (endpoint != events.EndpointChat && c.Completions)
+}
+
+// CanContinue reports whether the worker's engine can continue a migrated
+// request of endpoint: token-exactly when tokenIDs (every id is known) and
+// it takes token ids, else by prefill (assistant prefill on chat; the
+// prompt plus the text so far on completions).
+func (w Worker) CanContinue(endpoint string, tokenIDs bool) bool {
+	c := w.Capabilities
+	switch {
+	case c == nil:
+		return true
+	case tokenIDs && c.TokenIDs && c.Completions:
+		return true
+	case endpoint == events.EndpointChat:
+		return c.Chat && c.Prefill
+	}
+	return c.Completions
 }
 
 // Routable reports whether the worker may receive new requests: leased, not
@@ -43,6 +74,7 @@ type LeaseUpdate struct {
 	Key      string
 	Revision uint64
 	Lease    *events.Lease
+	Time     time.Time // when the key was written (a registration or renewal)
 }
 
 // LoadUpdate is a change of a key in the load bucket (Load nil: deleted).
@@ -91,13 +123,13 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		ID: u.Key, LeaseID: l.LeaseID, Model: l.Model, State: WorkerReady,
 		PID: l.PID, Host: l.Host, LeaseTTL: (time.Duration(l.TTLMS) * time.Millisecond).String(),
 		LeaseRevision: u.Revision, ClientID: l.ClientID, Server: l.Server,
-		Load: d.loads[u.Key],
+		Load: d.loads[u.Key], LeaseRenewed: u.Time, Capabilities: l.Capabilities,
 	}
 	switch {
 	case l.Draining || d.ended[u.Key] == l.LeaseID:
 		w.State = WorkerDraining
 	case l.NotReady:
-		w.State = WorkerNotReady
+		w.State, w.Reason = WorkerNotReady, l.NotReadyReason
 	}
 	d.workers[u.Key] = w
 	return true

@@ -112,6 +112,16 @@ func TestDiscoveryNotReadyState(t *testing.T) {
 		t.Errorf("got state %q, want %q", w.State, projections.WorkerNotReady)
 	}
 	l := notReady(lease("w1", "l1", "m"))
+	l.NotReadyReason = "canary_failed"
+	d = discover(put(1, l))
+	if w, _ := d.Get("w1"); w.Reason != "canary_failed" {
+		t.Errorf("got reason %q, want canary_failed", w.Reason)
+	}
+	d = discover(put(1, notReady(lease("w1", "l1", "m"))), put(2, lease("w1", "l1", "m")))
+	if w, _ := d.Get("w1"); w.State != projections.WorkerReady || w.Reason != "" {
+		t.Errorf("ready again: got state %q reason %q, want ready and no reason", w.State, w.Reason)
+	}
+	l = notReady(lease("w1", "l1", "m"))
 	l.Draining = true
 	d = discover(put(1, l))
 	if w, _ := d.Get("w1"); w.State != projections.WorkerDraining {

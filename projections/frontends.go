@@ -30,7 +30,11 @@ type FrontendUpdate struct {
 // Frontends is not safe for concurrent use.
 type Frontends struct {
 	alive map[string]Frontend
+	gone  map[string]Frontend // departed members, at most departedLimit
 }
+
+// departedLimit bounds how many departed frontends a view remembers.
+const departedLimit = 64
 
 // NewFrontends returns an empty membership.
 func NewFrontends() *Frontends { return &Frontends{alive: map[string]Frontend{}} }
@@ -45,9 +49,38 @@ func (v *Frontends) Apply(u FrontendUpdate) (changed bool) {
 		p.FrontendID = u.Key
 		v.alive[u.Key] = Frontend{FrontendPresence: p, Revision: u.Revision}
 	} else {
+		if f, ok := v.alive[u.Key]; ok {
+			if v.gone == nil || len(v.gone) >= departedLimit {
+				v.gone = map[string]Frontend{}
+			}
+			v.gone[u.Key] = f
+		}
 		delete(v.alive, u.Key)
 	}
 	return was != is
+}
+
+// Members returns copies of the live frontends, sorted by id.
+func (v *Frontends) Members() []Frontend {
+	out := make([]Frontend, 0, len(v.alive))
+	for _, f := range v.alive {
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].FrontendID < out[j].FrontendID })
+	return out
+}
+
+// Departed returns copies of frontends that were members and are gone (the
+// most recent ones; the view forgets them in batches past 64), sorted by id.
+func (v *Frontends) Departed() []Frontend {
+	out := make([]Frontend, 0, len(v.gone))
+	for id, f := range v.gone {
+		if _, back := v.alive[id]; !back {
+			out = append(out, f)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].FrontendID < out[j].FrontendID })
+	return out
 }
 
 // Alive reports whether frontend id holds a live key.

@@ -44,3 +44,27 @@ func TestFrontends(t *testing.T) {
 		t.Errorf("ConnectedAs(7, S) = %+v, want none", got)
 	}
 }
+
+func TestFrontendsMembersAndDeparted(t *testing.T) {
+	v := projections.NewFrontends()
+	v.Apply(projections.FrontendUpdate{Key: "fe-1", Revision: 1, Value: presence("fe-1", 1)})
+	v.Apply(projections.FrontendUpdate{Key: "fe-2", Revision: 2, Value: presence("fe-2", 2)})
+	v.Apply(projections.FrontendUpdate{Key: "fe-1", Revision: 3, Deleted: true})
+	v.Apply(projections.FrontendUpdate{Key: "fe-3", Revision: 4, Deleted: true}) // never a member
+	ids := func(fs []projections.Frontend) (out []string) {
+		for _, f := range fs {
+			out = append(out, f.FrontendID)
+		}
+		return out
+	}
+	if got := ids(v.Members()); len(got) != 1 || got[0] != "fe-2" {
+		t.Errorf("members %v, want [fe-2]", got)
+	}
+	if got := ids(v.Departed()); len(got) != 1 || got[0] != "fe-1" {
+		t.Errorf("departed %v, want [fe-1]", got)
+	}
+	v.Apply(projections.FrontendUpdate{Key: "fe-1", Revision: 5, Value: presence("fe-1", 1)})
+	if got := ids(v.Departed()); len(got) != 0 {
+		t.Errorf("departed after fe-1 came back: %v, want none", got)
+	}
+}

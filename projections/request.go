@@ -1,6 +1,7 @@
 package projections
 
 import (
+	"encoding/json"
 	"slices"
 
 	"github.com/baton-dev/baton/events"
@@ -75,6 +76,21 @@ type Request struct {
 	CompletedAt  int64    // unix seconds, from the completion event's time
 
 	tokens []string
+	// ids parallels tokens while every token's id is known (idsLost: not).
+	ids     []int
+	idsLost bool
+	// details parallels tokens once any token has details (nil entries:
+	// none).
+	details []json.RawMessage
+	// PromptIDs are the prompt's token ids, from the first delta at offset 0
+	// that carried them; nil when no engine reported them.
+	PromptIDs []int
+	// EnginePromptTokens is the prompt's length as the completing worker
+	// reported it (its engine's count when it had one); 0 until completion.
+	EnginePromptTokens int
+	n                  int // tokens accepted: len(tokens), unless countOnly
+	// countOnly keeps no token text (NewRequestCounter).
+	countOnly bool
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the missing delta with every later
@@ -86,6 +102,11 @@ type Request struct {
 // NewRequest returns an empty projection.
 func NewRequest() *Request { return &Request{} }
 
+// NewRequestCounter returns an empty projection that keeps no token text:
+// its state and Len are those of NewRequest's, Tokens and Text are empty.
+// It suits views of many requests at once (the console's).
+func NewRequestCounter() *Request { return &Request{countOnly: true} }
+
 // LastSeq is the stream sequence of the last applied event.
 func (r *Request) LastSeq() uint64 { return r.lastSeq }
 
@@ -93,7 +114,7 @@ func (r *Request) LastSeq() uint64 { return r.lastSeq }
 func (r *Request) Known() bool { return r.Accepted.RequestID != "" }
 
 // Len is the number of tokens accepted so far (the token offset).
-func (r *Request) Len() int { return len(r.tokens) }
+func (r *Request) Len() int { return r.n }
 
 // Tokens returns a copy of the tokens at offsets [from, Len()).
 func (r *Request) Tokens(from int) []string {
@@ -189,6 +210,9 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 		r.Status = StatusCompleted
 		r.FinishReason = ev.FinishReason
+		if ev.PromptTokens > 0 {
+			r.EnginePromptTokens = ev.PromptTokens
+		}
 		r.CompletedAt = e.Time.Unix()
 	case events.AttemptFailed:
 		if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) {
@@ -199,7 +223,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 		a := &r.Attempts[ev.Attempt]
 		a.Closed = true
-		a.Cut = len(r.tokens)
+		a.Cut = r.n
 		a.CloseReason = ev.Reason
 		a.CloseClass, a.CloseStatus, a.CloseCode, a.CloseMessage = ev.Class, ev.Status, ev.Code, ev.Message
 		a.RetryAfterMS = ev.RetryAfterMS
@@ -242,7 +266,7 @@ func (r *Request) applyMigrated(ev events.RequestMigrated) {
 	if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
 		a := &r.Attempts[k]
 		a.Closed = true
-		a.Cut = len(r.tokens)
+		a.Cut = r.n
 		a.CloseReason = ev.Reason
 	}
 	r.Migrations = append(r.Migrations, Migration{
@@ -294,7 +318,7 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if why := r.closedFor(ev.Attempt); why != "" {
 		return false, why
 	}
-	have := len(r.tokens)
+	have := r.n
 	if ev.Offset > have {
 		r.Skipped++ // a gap: never accept tokens out of order
 		return false, IgnoredGap
@@ -310,6 +334,60 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if len(add) == 0 {
 		return false, IgnoredPastMax
 	}
+	r.n += len(add)
+	if r.countOnly {
+		return true, ""
+	}
+	if ev.Offset == 0 && r.PromptIDs == nil && ev.PromptIDs != nil {
+		r.PromptIDs = ev.PromptIDs
+	}
+	switch {
+	case r.idsLost:
+	case ev.IDs == nil:
+		r.idsLost, r.ids = true, nil
+	default:
+		r.ids = append(r.ids, ev.IDs[skip:skip+len(add)]...)
+	}
+	if ev.Details != nil || r.details != nil {
+		if r.details == nil {
+			r.details = make([]json.RawMessage, have, have+len(add))
+		}
+		if ev.Details != nil {
+			r.details = append(r.details, ev.Details[skip:skip+len(add)]...)
+		} else {
+			r.details = append(r.details, make([]json.RawMessage, len(add))...)
+		}
+	}
 	r.tokens = append(r.tokens, add...)
 	return true, ""
+}
+
+// TokenIDs returns a copy of the ids of every token so far, and whether the
+// engines reported all of them.
+func (r *Request) TokenIDs() ([]int, bool) {
+	if r.idsLost {
+		return nil, false
+	}
+	return slices.Clone(r.ids), true
+}
+
+// Details returns the details of the tokens at offsets [from, Len()), nil
+// when none of them has any. The entries are shared: do not modify them.
+func (r *Request) Details(from int) []json.RawMessage {
+	if r.details == nil || from >= len(r.details) {
+		return nil
+	}
+	return slices.Clone(r.details[max(from, 0):])
+}
+
+// PromptTokens is the prompt's length in tokens: the engine's count when an
+// engine reported one (its usage or its prompt ids), else the frontend's.
+func (r *Request) PromptTokens() int {
+	switch {
+	case r.EnginePromptTokens > 0:
+		return r.EnginePromptTokens
+	case r.PromptIDs != nil:
+		return len(r.PromptIDs)
+	}
+	return r.Accepted.PromptTokens
 }

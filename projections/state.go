@@ -18,7 +18,7 @@ type State struct {
 	Created         int64                    `json:"created"`
 	Worker          string                   `json:"worker,omitempty"` // of the current attempt
 	Owner           string                   `json:"owner"`
-	PromptTokens    int                      `json:"prompt_tokens"`
+	PromptTokens    int                      `json:"prompt_tokens"` // the engine's count once reported
 	MaxTokens       int                      `json:"max_tokens"`
 	TokensGenerated int                      `json:"tokens_generated"`
 	FinishReason    string                   `json:"finish_reason,omitempty"`
@@ -37,7 +37,7 @@ func (r *Request) State() State {
 	s := State{
 		ID: r.Accepted.RequestID, Object: "request", Status: string(r.Status), Model: r.Accepted.Model,
 		Endpoint: r.Accepted.Endpoint, Created: r.Accepted.Created, Owner: r.Owner,
-		PromptTokens: r.Accepted.PromptTokens, MaxTokens: r.Accepted.MaxTokens, TokensGenerated: r.Len(),
+		PromptTokens: r.PromptTokens(), MaxTokens: r.Accepted.MaxTokens, TokensGenerated: r.Len(),
 		FinishReason: r.FinishReason, Attempts: append([]Attempt{}, r.Attempts...),
 		Migrations: append([]Migration{}, r.Migrations...), ParentID: r.Accepted.ParentID,
 		Choices: r.Accepted.Choices, Children: slices.Clone(r.Children), SkippedDeltas: r.Skipped,

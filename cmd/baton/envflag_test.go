@@ -36,6 +36,8 @@ func flagDefaults(c *frontend.Config) {
 	c.MaxTokensLimit = frontend.DefaultMaxTokensLimit
 	c.MaxPromptTokens = frontend.DefaultMaxPromptTokens
 	c.MaxBodyBytes = frontend.DefaultMaxBodyBytes
+	c.ConsoleWindow = frontend.DefaultConsoleWindow
+	c.ConsoleRequests = frontend.DefaultConsoleRequests
 	if c.Streams.Replicas == 0 {
 		c.Streams.Replicas = 1
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -366,92 +367,9 @@ func producer(source string) string {
 	return source[strings.LastIndex(source, "/")+1:]
 }
 
-// fencedBy reports the frontend that wrote an AttemptFailed marker, if a
-// frontend (rather than the attempt's worker) wrote it: a fence.
-func fencedBy(e events.Envelope) (string, bool) {
-	if rest, ok := strings.CutPrefix(e.Source, "baton/frontend/"); ok {
-		return rest, true
-	}
-	return "", false
-}
-
-// describe is a one-line, plain-words summary of an event.
-func describe(e events.Envelope) string {
-	switch ev := e.Event.(type) {
-	case events.RequestAccepted:
-		parts := []string{fmt.Sprintf("model %s (%s), %d prompt tokens, max_tokens %d, owner %s",
-			ev.Model, ev.Endpoint, ev.PromptTokens, ev.MaxTokens, ev.Frontend)}
-		if ev.Stream {
-			parts = append(parts, "streaming")
-		}
-		if ev.Resumable {
-			parts = append(parts, "resumable")
-		}
-		if ev.ParentID != "" {
-			parts = append(parts, "parent "+ev.ParentID)
-		}
-		if ev.PinnedWorker != "" {
-			parts = append(parts, "pinned to "+ev.PinnedWorker)
-		}
-		if ev.Choices > 1 {
-			parts = append(parts, fmt.Sprintf("n=%d", ev.Choices))
-		}
-		return strings.Join(parts, ", ")
-	case events.RequestRouted:
-		return fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
-	case events.TokensGenerated:
-		return fmt.Sprintf("attempt %d: %s", ev.Attempt, tokenRange(ev.Offset, len(ev.Tokens), 1))
-	case events.RequestCompleted:
-		return fmt.Sprintf("attempt %d completed: finish reason %s, %d completion tokens",
-			ev.Attempt, ev.FinishReason, ev.CompletionTokens)
-	case events.AttemptFailed:
-		if fe, ok := fencedBy(e); ok {
-			return fmt.Sprintf("attempt %d (worker %s) fenced by frontend %s at token %d: %s",
-				ev.Attempt, ev.WorkerID, fe, ev.Offset, ev.Reason)
-		}
-		return fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
-			ev.Attempt, ev.WorkerID, ev.Offset, ev.Reason)
-	case events.RequestMigrated:
-		return fmt.Sprintf("%s migration: attempt %d (worker %s) cut at token %d by frontend %s: %s",
-			ev.MigrationType, ev.FromAttempt, ev.FromWorker, ev.Cut, ev.Frontend, ev.Reason)
-	case events.RequestAttached:
-		return fmt.Sprintf("attached to frontend %s (client at token %d)", ev.Frontend, ev.Offset)
-	case events.RequestCancelled:
-		return fmt.Sprintf("cancel (%s): %s", ev.Mode, ev.Reason)
-	case events.RequestFailed:
-		return fmt.Sprintf("failed: %s (status %d) after %d tokens: %s", ev.Code, ev.Status, ev.Offset, ev.Message)
-	case events.ChildAdded:
-		return "child request " + ev.ChildID
-	case events.WorkerRegistered:
-		return fmt.Sprintf("worker %s registered: model %s, pid %d on %s, lease ttl %v, %d KV blocks",
-			ev.WorkerID, ev.Model, ev.PID, ev.Host, time.Duration(ev.LeaseTTLMS)*time.Millisecond, ev.KVBlocks)
-	case events.WorkerDraining:
-		return fmt.Sprintf("worker %s draining: %s", ev.WorkerID, ev.Reason)
-	case events.WorkerDeregistered:
-		return fmt.Sprintf("worker %s deregistered", ev.WorkerID)
-	case events.WorkerLost:
-		return fmt.Sprintf("worker %s lost: %s", ev.WorkerID, ev.Reason)
-	case nil:
-		return ""
-	}
-	return fmt.Sprintf("%+v", e.Event)
-}
-
-// tokenRange describes n tokens starting at offset, in deltas messages.
-func tokenRange(offset, n, deltas int) string {
-	var s string
-	switch n {
-	case 0:
-		s = fmt.Sprintf("no tokens at %d", offset)
-	case 1:
-		s = fmt.Sprintf("token %d", offset)
-	default:
-		s = fmt.Sprintf("tokens %d-%d", offset, offset+n-1)
-	}
-	if deltas > 1 {
-		s += fmt.Sprintf(" (%d tokens in %d deltas)", n, deltas)
-	} else if n > 1 {
-		s += fmt.Sprintf(" (%d)", n)
-	}
-	return s
-}
+// describe and tokenRange are the projections' summaries of events, shared
+// with the console.
+var (
+	describe   = projections.Describe
+	tokenRange = projections.TokenRange
+)

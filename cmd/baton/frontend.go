@@ -40,6 +40,8 @@ type frontendFlags struct {
 	maxPromptTokens    int
 	maxBodyBytes       int64
 	dispatchTimeout    time.Duration
+	consoleWindow      time.Duration
+	consoleRequests    int
 }
 
 func addFrontendFlags(f *flagSet) *frontendFlags {
@@ -63,9 +65,11 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.bindEnvSeconds("detach-timeout", "DYN_DETACH_TIMEOUT_SECS")
 	f.IntVar(&ff.defaultMaxTokens, "default-max-tokens", frontend.DefaultMaxTokens, "max_tokens of a request that does not set it")
 	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", frontend.DefaultMaxTokensLimit, "largest max_tokens accepted (400 beyond)")
-	f.IntVar(&ff.maxPromptTokens, "max-prompt-tokens", frontend.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond)")
+	f.IntVar(&ff.maxPromptTokens, "max-prompt-tokens", frontend.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond); checked again in the model server's tokens where an OpenAI engine's server reports them")
 	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body accepted, in `bytes` (413 beyond)")
 	f.DurationVar(&ff.dispatchTimeout, "dispatch-timeout", frontend.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
+	f.DurationVar(&ff.consoleWindow, "console-window", frontend.DefaultConsoleWindow, "how far back the console starts reading the log; a `duration`")
+	f.IntVar(&ff.consoleRequests, "console-requests", frontend.DefaultConsoleRequests, "recent requests the console keeps (and 4x as many feed events)")
 	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
 	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
@@ -89,6 +93,7 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 	for name, v := range map[string]int64{
 		"--default-max-tokens": int64(ff.defaultMaxTokens), "--max-tokens-limit": int64(ff.maxTokensLimit),
 		"--max-prompt-tokens": int64(ff.maxPromptTokens), "--max-body-bytes": ff.maxBodyBytes,
+		"--console-requests": int64(ff.consoleRequests),
 	} {
 		if v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %d: must be positive", name, v))
@@ -99,6 +104,9 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 	}
 	if ff.dispatchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--dispatch-timeout %v: must be positive", ff.dispatchTimeout))
+	}
+	if ff.consoleWindow <= 0 {
+		errs = append(errs, fmt.Errorf("--console-window %v: must be positive", ff.consoleWindow))
 	}
 	if ff.detachTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.detachTimeout))
@@ -123,6 +131,8 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 		MaxPromptTokens:              ff.maxPromptTokens,
 		MaxBodyBytes:                 ff.maxBodyBytes,
 		DispatchTimeout:              ff.dispatchTimeout,
+		ConsoleWindow:                ff.consoleWindow,
+		ConsoleRequests:              ff.consoleRequests,
 	}
 	cfg.Streams = sc
 	// DYN_RUNTIME_INHIBITED_DURATION_SECS: integer seconds; 0 disables

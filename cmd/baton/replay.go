@@ -11,6 +11,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -115,58 +116,27 @@ type replayDoc struct {
 	Request  projections.State `json:"request"`
 	Timeline []replayEntry     `json:"timeline"`
 	Output   string            `json:"output"`
+	// Response is the non-streaming answer a client gets for a completed
+	// request (tool calls, logprobs, finish reason and usage included),
+	// rendered from the log as a frontend renders it.
+	Response map[string]any `json:"response,omitempty"`
 }
 
 // replayEntry is one event of the timeline.
-type replayEntry struct {
-	Seq     uint64       `json:"seq"`
-	Time    time.Time    `json:"time"`
-	Since   float64      `json:"since_accepted_seconds"`
-	Subject string       `json:"subject"` // "events" or "tokens.<attempt>"
-	Type    string       `json:"type"`
-	ID      string       `json:"id"`
-	Source  string       `json:"source"`
-	Applied bool         `json:"applied"`        // the fold changed the state
-	Note    string       `json:"note,omitempty"` // why it did not, e.g. "ignored (fenced)"
-	Summary string       `json:"summary"`
-	Event   events.Event `json:"event"`
-}
+type replayEntry = projections.TimelineEntry
 
 // buildReplay folds a request's events, in stream order, into its state and
 // timeline. ok is false when the history has no accepted event.
 func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
-	r := projections.NewRequest()
-	var start time.Time
-	for _, e := range envs {
-		if a, isAccepted := e.Event.(events.RequestAccepted); isAccepted && start.IsZero() && a.RequestID != "" {
-			start = e.Time
-		}
-	}
-	if start.IsZero() && len(envs) > 0 {
-		start = envs[0].Time
-	}
-	doc.Timeline = make([]replayEntry, 0, len(envs))
-	for _, e := range envs {
-		applied, note := r.Fold(e)
-		doc.Timeline = append(doc.Timeline, replayEntry{
-			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: subjectKind(e.Event),
-			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
-			Summary: describe(e), Event: e.Event,
-		})
-	}
-	if !r.Known() {
+	r, timeline, ok := projections.Replay(envs)
+	if !ok {
 		return replayDoc{}, false
 	}
-	doc.Request = r.State()
-	doc.Output = r.Text()
+	doc = replayDoc{Request: r.State(), Timeline: timeline, Output: r.Text()}
+	if r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1 {
+		doc.Response = frontend.Response(r)
+	}
 	return doc, true
-}
-
-// subjectKind names the subject an event is stored on, below
-// baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
-func subjectKind(ev events.Event) string {
-	const id = "_"
-	return strings.TrimPrefix(streams.SubjectOf(id, ev), strings.TrimSuffix(streams.RequestEvents(id), "events"))
 }
 
 // timelineLine is one line of the text timeline: an entry, or a run of
@@ -260,6 +230,9 @@ func writeReplay(w io.Writer, doc replayDoc) error {
 	if st.SkippedDeltas > 0 {
 		row("gaps", fmt.Sprintf("%d deltas skipped out of order (a correct log has none)", st.SkippedDeltas))
 	}
+	if calls := toolCallsOf(doc.Response); calls != "" {
+		row("tool calls", calls)
+	}
 	fmt.Fprintf(&b, "\noutput (%d tokens):\n%s", st.TokensGenerated, doc.Output)
 	if !strings.HasSuffix(doc.Output, "\n") {
 		b.WriteString("\n")
@@ -300,4 +273,19 @@ func migrationsLine(st projections.State) string {
 		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
 	}
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
+
+// toolCallsOf lists the tool calls of a chat response, as name(arguments).
+func toolCallsOf(resp map[string]any) string {
+	choices, _ := resp["choices"].([]map[string]any)
+	var out []string
+	for _, c := range choices {
+		msg, _ := c["message"].(map[string]any)
+		calls, _ := msg["tool_calls"].([]map[string]any)
+		for _, tc := range calls {
+			fn, _ := tc["function"].(map[string]any)
+			out = append(out, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
+		}
+	}
+	return strings.Join(out, ", ")
 }

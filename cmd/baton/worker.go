@@ -21,8 +21,12 @@ drains for up to DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS, then hands what is
 left off to be migrated. Exits 1 if the engine fails.
 The mock engine's output is deterministic; its --mock-* flags simulate timing,
 a KV cache and scripted faults. --engine openai runs requests on an
-OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama) through its
-streaming /v1/completions API.
+OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama): it sends each
+client's request as sent (chat to /v1/chat/completions, completions to
+/v1/completions), probes the server at start (chat, completions, token ids,
+prefill), and continues a migrated request from token ids where the server
+takes them, else by prefill. A server that answers 401, 403 or 404 makes the
+worker not ready (reason in /health) until a probe passes again.
 With DYN_HEALTH_CHECK_ENABLED, an idle worker sends its engine a one-token
 canary every DYN_CANARY_WAIT_TIME seconds; a canary that fails or takes longer
 than DYN_HEALTH_CHECK_REQUEST_TIMEOUT, or in-flight requests that produce no
@@ -157,6 +161,8 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.StringVar(&o.openai.Model, "openai-model", "", "engine openai: model `name` sent to the server")
 	f.showDefault("openai-model", "the value of --model")
 	f.documentEnv("OPENAI_API_KEY", "engine openai: bearer token sent to the server", "none")
+	f.DurationVar(&o.openai.FirstTokenTimeout, "first-token-timeout", engine.DefaultFirstTokenTimeout, "engine openai: a request whose first token (response headers included) takes longer than this `duration` fails, and migrates")
+	f.bindEnvSeconds("first-token-timeout", "DYN_FIRST_TOKEN_TIMEOUT_SECS")
 	f.StringVar(&o.id, "worker-id", "", "worker `id` (letters, digits, '-', '_')")
 	f.showDefault("worker-id", "w-<random>")
 	f.IntVar(&o.systemPort, "system-port", 0, "status server `port` (/health, /live, /metrics); 0 off")
@@ -173,6 +179,9 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 			o.openai.Model = o.w.model
 		}
 		o.openai.APIKey, _ = lookupSet(env.lookup, "OPENAI_API_KEY")
+		if o.openai.FirstTokenTimeout <= 0 {
+			return nil, badConfig(fmt.Errorf("--first-token-timeout %v: must be positive", o.openai.FirstTokenTimeout))
+		}
 		if err := o.openai.Validate(); err != nil {
 			return nil, badConfig(fmt.Errorf("--engine openai: %w", err))
 		}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/vllmsim"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
@@ -61,7 +62,7 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 		r.cuts += o.cuts
 		r.retries += o.retries
 		r.clientResumes += o.resumes
-		want := engine.MockText(o.prompt, 0, o.maxTokens)
+		want := h.expected(o.prompt, o.maxTokens)
 		got := o.text.String()
 		for _, p := range o.problems {
 			r.violate("%s: %s", o.id, p)
@@ -279,3 +280,12 @@ func pct(sorted []time.Duration, q float64) time.Duration {
 }
 
 func engineText(prompt string, maxTokens int) string { return engine.MockText(prompt, 0, maxTokens) }
+
+// expected is the fault-free answer to prompt: the mock's, or the greedy
+// simulator's with -engine openai.
+func (h *harness) expected(prompt string, maxTokens int) string {
+	if h.cfg.engine == "openai" {
+		return vllmsim.GreedyCompletion(prompt, maxTokens)
+	}
+	return engineText(prompt, maxTokens)
+}

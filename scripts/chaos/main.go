@@ -39,7 +39,8 @@ type profile struct {
 	spanTokens     int // max_tokens is minTokens + a deterministic value below spanTokens
 	tokensPerSec   int
 	migrationLimit int
-	drainSecs      int // DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS: short, so SIGTERM hands requests off too
+	drainSecs      int    // DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS: short, so SIGTERM hands requests off too
+	engine         string // "mock", or "openai": workers in front of vLLM simulators
 }
 
 var profiles = map[string]profile{
@@ -57,6 +58,7 @@ func main() {
 		clients  = flag.Int("clients", 0, "concurrent clients (default: the profile's, 8)")
 		bin      = flag.String("baton", "", "a built baton binary (default: go build ./cmd/baton into the run directory)")
 		keep     = flag.Bool("keep", false, "keep the run directory (process logs, JetStream stores) even on success")
+		engName  = flag.String("engine", "mock", "workers' engine: mock, or openai (each worker in front of its own vLLM simulator, cmd/vllmsim)")
 
 		composeCheck = flag.Bool("compose-check", false, "be one resilient client of a running stack (see -urls); exit 0 iff the text is the fault-free one")
 		urls         = flag.String("urls", "http://127.0.0.1:8000,http://127.0.0.1:8001", "-compose-check: frontends, the first preferred")
@@ -80,6 +82,11 @@ func main() {
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
+	if *engName != "mock" && *engName != "openai" {
+		fmt.Fprintf(os.Stderr, "chaos: unknown engine %q (mock or openai)\n", *engName)
+		os.Exit(2)
+	}
+	cfg.engine = *engName
 	os.Exit(soak(cfg, *duration, *seed, *bin, *keep, strings.Join(os.Args, " ")))
 }
 
@@ -108,6 +115,16 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 		}
 	}
 	h := &harness{bin: bin, dir: dir, cfg: cfg, fronts: make([]*feInc, 2), gen: make([]int, 2)}
+	if cfg.engine == "openai" {
+		h.simBin = filepath.Join(dir, "vllmsim")
+		fmt.Println("building vllmsim ...")
+		build := exec.Command("go", "build", "-o", h.simBin, "./cmd/vllmsim")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos: build vllmsim:", err)
+			return 1
+		}
+	}
 	defer h.stopAll()
 	// Ctrl-C: stop every process we started, then exit.
 	sigs := make(chan os.Signal, 1)

@@ -100,15 +100,18 @@ type counters struct {
 	resumes    float64 // dynamo_frontend_model_resume_total
 }
 
-// workerSlot is one worker id; restarts keep the id.
+// workerSlot is one worker id; restarts keep the id (and the simulator in
+// front of which an openai worker runs, which the faults leave alone).
 type workerSlot struct {
-	id string
-	p  *proc
+	id     string
+	p      *proc
+	simURL string
 }
 
 // harness owns every process of the soak and its run directory.
 type harness struct {
 	bin     string
+	simBin  string // the vLLM simulator, with -engine openai
 	dir     string
 	cfg     profile
 	nodes   []*natsNode
@@ -124,14 +127,40 @@ type harness struct {
 	nc *nats.Conn
 }
 
+// startSim starts the vLLM simulator of worker w: greedy, so that every
+// answer is the fault-free one, at the profile's decode rate.
+func (h *harness) startSim(w *workerSlot) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	delay := time.Second / time.Duration(h.cfg.tokensPerSec)
+	if _, err := h.startBin(h.simBin, "sim-"+w.id, nil, "--port", strconv.Itoa(port), "--model", "mock", "--greedy",
+		"--ttft", "10ms", "--token-delay", delay.String()); err != nil {
+		return err
+	}
+	w.simURL = "http://127.0.0.1:" + strconv.Itoa(port)
+	return waitUntil(20*time.Second, "simulator of "+w.id, func() bool {
+		resp, err := http.Get(w.simURL + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+}
+
 func (h *harness) start(name string, env []string, args ...string) (*proc, error) {
+	return h.startBin(h.bin, name, env, args...)
+}
+
+func (h *harness) startBin(bin, name string, env []string, args ...string) (*proc, error) {
 	f, err := os.OpenFile(filepath.Join(h.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fmt.Fprintf(f, "==== %s baton %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
-	cmd := exec.Command(h.bin, args...)
+	fmt.Fprintf(f, "==== %s %s %s\n", time.Now().Format(time.RFC3339Nano), filepath.Base(bin), strings.Join(args, " "))
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // nothing outlives the soak
@@ -335,9 +364,18 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 // startWorker (re)starts the worker in slot i with its id.
 func (h *harness) startWorker(i int) error {
 	w := h.workers[i]
-	p, err := h.start("worker-"+w.id, []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=" + strconv.Itoa(h.cfg.drainSecs)},
-		"worker", "--nats", h.natsURLs(), "--replicas", "3", "--worker-id", w.id,
-		"--mock-tokens-per-sec", strconv.Itoa(h.cfg.tokensPerSec), "--mock-ttft", "10ms")
+	args := []string{"worker", "--nats", h.natsURLs(), "--replicas", "3", "--worker-id", w.id}
+	if h.cfg.engine == "openai" {
+		if w.simURL == "" {
+			if err := h.startSim(w); err != nil {
+				return err
+			}
+		}
+		args = append(args, "--engine", "openai", "--openai-url", w.simURL, "--model", "mock", "--first-token-timeout", "10s")
+	} else {
+		args = append(args, "--mock-tokens-per-sec", strconv.Itoa(h.cfg.tokensPerSec), "--mock-ttft", "10ms")
+	}
+	p, err := h.start("worker-"+w.id, []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=" + strconv.Itoa(h.cfg.drainSecs)}, args...)
 	if err != nil {
 		return err
 	}

@@ -22,10 +22,10 @@ func conformance(t *testing.T, newEngine func(t *testing.T) engine.Engine) {
 		e := newEngine(t)
 		for _, start := range []int{0, 3} {
 			var toks []string
-			reason, err := e.Generate(context.Background(), engine.Request{Prompt: "alpha beta", PromptTokens: 2, StartOffset: start, MaxTokens: 12},
-				func(s string) error { toks = append(toks, s); return nil })
-			if err != nil || reason != engine.FinishLength || len(toks) != 12-start {
-				t.Fatalf("start %d: %d tokens, reason %q, err %v; want %d, length, nil", start, len(toks), reason, err, 12-start)
+			res, err := e.Generate(context.Background(), engine.Request{Prompt: "alpha beta", PromptTokens: 2, StartOffset: start, MaxTokens: 12},
+				func(tk engine.Token) error { toks = append(toks, tk.Text); return nil })
+			if err != nil || res.FinishReason != engine.FinishLength || len(toks) != 12-start {
+				t.Fatalf("start %d: %d tokens, reason %q, err %v; want %d, length, nil", start, len(toks), res.FinishReason, err, 12-start)
 			}
 			for i, tok := range toks {
 				if tok == "" {
@@ -39,7 +39,7 @@ func conformance(t *testing.T, newEngine func(t *testing.T) engine.Engine) {
 		stop := errors.New("client gone")
 		n := 0
 		_, err := e.Generate(context.Background(), engine.Request{Prompt: "p", MaxTokens: 50},
-			func(string) error { n++; return stop })
+			func(engine.Token) error { n++; return stop })
 		if !errors.Is(err, stop) || n != 1 {
 			t.Fatalf("err %v after %d emits, want %v after 1", err, n, stop)
 		}
@@ -49,7 +49,7 @@ func conformance(t *testing.T, newEngine func(t *testing.T) engine.Engine) {
 		ctx, cancel := context.WithCancel(context.Background())
 		n := 0
 		start := time.Now()
-		_, err := e.Generate(ctx, engine.Request{Prompt: "p", MaxTokens: 100000}, func(string) error {
+		_, err := e.Generate(ctx, engine.Request{Prompt: "p", MaxTokens: 100000}, func(engine.Token) error {
 			if n++; n == 3 {
 				cancel()
 			}
@@ -72,7 +72,7 @@ func conformance(t *testing.T, newEngine func(t *testing.T) engine.Engine) {
 				defer wg.Done()
 				var b strings.Builder
 				if _, err := e.Generate(context.Background(), engine.Request{Prompt: "same prompt", PromptTokens: 2, MaxTokens: 20},
-					func(s string) error { b.WriteString(s); return nil }); err != nil {
+					func(tk engine.Token) error { b.WriteString(tk.Text); return nil }); err != nil {
 					t.Error(err)
 				}
 				texts[i] = b.String()
@@ -132,7 +132,8 @@ func (s *mockBackedServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	mock, _ := engine.NewMock(engine.MockConfig{TokensPerSec: 1000, TTFT: time.Millisecond})
 	w.Header().Set("Content-Type", "text/event-stream")
 	fl := w.(http.Flusher)
-	_, err := mock.Generate(r.Context(), engine.Request{Prompt: req.Prompt, MaxTokens: req.MaxTokens}, func(tok string) error {
+	_, err := mock.Generate(r.Context(), engine.Request{Prompt: req.Prompt, MaxTokens: req.MaxTokens}, func(tk engine.Token) error {
+		tok := tk.Text
 		_, err := fmt.Fprintf(w, "data: {\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":%q,\"finish_reason\":null}]}\n\n", tok)
 		fl.Flush()
 		return err

@@ -2,23 +2,79 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+
+	"github.com/baton-dev/baton/events"
 )
 
 // ErrFatal marks an engine that can no longer serve anything: its worker
 // shuts down gracefully and the process exits 1.
 var ErrFatal = errors.New("engine: fatal error")
 
+// Endpoints of a request, as in events.EndpointChat and
+// events.EndpointCompletions.
+const (
+	EndpointChat        = "chat_completions"
+	EndpointCompletions = "completions"
+)
+
 // Request is one generation to run: the tokens at offsets
 // [StartOffset, MaxTokens) of a request's output. StartOffset > 0 means a
-// continuation after a migration: Generated holds the text produced so far.
+// continuation after a migration: Generated holds the text produced so far
+// and, when every earlier token's id is known, GeneratedIDs their ids.
 type Request struct {
-	RequestID    string
+	RequestID string
+	// Endpoint is EndpointChat or EndpointCompletions ("": completions).
+	Endpoint string
+	// Body is the client's request as it sent it; nil means a request made
+	// of Prompt alone (canaries, old dispatches).
+	Body         json.RawMessage
 	Prompt       string
 	PromptTokens int
+	// PromptIDs are the prompt's token ids, as the engine that ran an earlier
+	// attempt reported them; nil when unknown.
+	PromptIDs    []int
 	Generated    string
+	GeneratedIDs []int
 	StartOffset  int
 	MaxTokens    int
+	// MaxPromptTokens, if positive, bounds the prompt in the server's own
+	// tokens: an engine that learns that count (its prompt ids) fails a
+	// first attempt over it with a client-class *UpstreamError (413).
+	MaxPromptTokens int
+}
+
+// Continuation modes an engine can offer for a request that migrated.
+const (
+	// ContinueTokenIDs: prompt ids plus generated ids, token-exact.
+	ContinueTokenIDs = "token_ids"
+	// ContinuePrefill: the text so far as assistant prefill (chat) or
+	// appended to the prompt (completions).
+	ContinuePrefill = "prefill"
+)
+
+// Token is one token of output as the engine produced it. ID is its id in
+// the engine's vocabulary when HasID; Details, when set, is what the
+// engine said about it beyond the text (tool-call deltas, logprobs,
+// reasoning), as JSON that a response can carry back verbatim.
+type Token struct {
+	Text    string
+	ID      int
+	HasID   bool
+	Details json.RawMessage
+	// PromptIDs, on the first token of a generation only, are the prompt's
+	// token ids when the engine reports them.
+	PromptIDs []int
+}
+
+// Result is how a generation ended.
+type Result struct {
+	FinishReason string
+	// PromptTokens and CompletionTokens are the engine's own counts when it
+	// reported them (0: not reported).
+	PromptTokens     int
+	CompletionTokens int
 }
 
 // Finish reasons.
@@ -38,10 +94,20 @@ type Stats struct {
 // Engine generates tokens. Implementations are safe for concurrent use.
 type Engine interface {
 	// Generate produces the tokens of req in order, calling emit once per
-	// token, until MaxTokens, a stop, or ctx is done. It returns the finish
-	// reason, or an error: ctx's error when cancelled, ErrFatal (wrapped) when
-	// the engine can no longer serve anything.
-	Generate(ctx context.Context, req Request, emit func(token string) error) (finishReason string, err error)
+	// token, until MaxTokens, a stop, or ctx is done. It returns how the
+	// generation ended, or an error: ctx's error when cancelled, ErrFatal
+	// (wrapped) when the engine can no longer serve anything, an
+	// *UpstreamError when a server behind the engine failed.
+	Generate(ctx context.Context, req Request, emit func(Token) error) (Result, error)
 	// Stats reports the current load.
 	Stats() Stats
+}
+
+// Capabilities is what an engine can do, as its worker advertises it.
+type Capabilities = events.Capabilities
+
+// Prober is an engine that can find out its capabilities (by asking the
+// server behind it). Engines that are not Probers can do everything.
+type Prober interface {
+	Probe(ctx context.Context) (Capabilities, error)
 }

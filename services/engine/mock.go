@@ -132,13 +132,13 @@ func scale(d time.Duration, speedup float64) time.Duration {
 // output, waiting TTFT before the first and the inter-token latency between
 // tokens. It finishes with FinishLength, ctx's error when cancelled, or an
 // error wrapping ErrFatal when the script says so.
-func (m *Mock) Generate(ctx context.Context, req Request, emit func(token string) error) (string, error) {
+func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error) (Result, error) {
 	if req.StartOffset < 0 || req.MaxTokens < req.StartOffset {
-		return "", fmt.Errorf("engine: mock: bad token range [%d, %d)", req.StartOffset, req.MaxTokens)
+		return Result{}, fmt.Errorf("engine: mock: bad token range [%d, %d)", req.StartOffset, req.MaxTokens)
 	}
 	n := m.started.Add(1)
 	if lim := m.cfg.EngineErrorAfter; lim > 0 && n > int64(lim) {
-		return "", fmt.Errorf("%w: mock scripted failure after %d requests", ErrFatal, lim)
+		return Result{}, fmt.Errorf("%w: mock scripted failure after %d requests", ErrFatal, lim)
 	}
 	prompt := req.PromptTokens
 	if prompt <= 0 {
@@ -184,25 +184,25 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(token string
 			d = m.ttft
 		}
 		if err := wait(d); err != nil {
-			return "", err
+			return Result{}, err
 		}
 		total := m.emitted.Add(1)
 		if lim := m.cfg.StallAfterTokens; lim > 0 && total > int64(lim) {
 			<-ctx.Done() // stalled: alive, leased, silent
-			return "", ctx.Err()
+			return Result{}, ctx.Err()
 		}
-		if err := emit(tokenAt(h, i)); err != nil {
-			return "", err
+		if err := emit(Token{Text: tokenAt(h, i)}); err != nil {
+			return Result{}, err
 		}
 		r.generated.Add(1)
 		if lim := m.cfg.CrashAfterTokens; lim > 0 && total == int64(lim) {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
-				return "", fmt.Errorf("%w: mock crash: %w", ErrFatal, err)
+				return Result{}, fmt.Errorf("%w: mock crash: %w", ErrFatal, err)
 			}
 			select {} // SIGKILL cannot be caught: the process is going
 		}
 	}
-	return FinishLength, nil
+	return Result{FinishReason: FinishLength}, nil
 }
 
 // Stats reports the simulated load: each active request holds

@@ -30,11 +30,12 @@ func newMock(t *testing.T, cfg engine.MockConfig) *engine.Mock {
 func collect(t *testing.T, m *engine.Mock, req engine.Request) ([]string, string, error) {
 	t.Helper()
 	var toks []string
-	reason, err := m.Generate(context.Background(), req, func(tok string) error {
+	res, err := m.Generate(context.Background(), req, func(tk engine.Token) error {
+		tok := tk.Text
 		toks = append(toks, tok)
 		return nil
 	})
-	return toks, reason, err
+	return toks, res.FinishReason, err
 }
 
 func TestMockDeterministic(t *testing.T) {
@@ -131,7 +132,7 @@ func TestMockTiming(t *testing.T) {
 		m := newMock(t, engine.MockConfig{TokensPerSec: 10, TTFT: time.Second, SpeedupRatio: 2})
 		start := time.Now()
 		var at []time.Duration
-		_, err := m.Generate(t.Context(), engine.Request{Prompt: "a b", MaxTokens: 3}, func(string) error {
+		_, err := m.Generate(t.Context(), engine.Request{Prompt: "a b", MaxTokens: 3}, func(engine.Token) error {
 			at = append(at, time.Since(start))
 			return nil
 		})
@@ -156,7 +157,7 @@ func TestMockStats(t *testing.T) {
 		var wg sync.WaitGroup
 		gen := func(prompt string) {
 			wg.Go(func() {
-				_, _ = m.Generate(t.Context(), engine.Request{Prompt: prompt, MaxTokens: 5}, func(string) error { return nil })
+				_, _ = m.Generate(t.Context(), engine.Request{Prompt: prompt, MaxTokens: 5}, func(engine.Token) error { return nil })
 			})
 		}
 		gen("one two three") // 3 prompt tokens
@@ -184,7 +185,7 @@ func TestMockKVBlocks(t *testing.T) {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			_, _ = m.Generate(t.Context(), engine.Request{Prompt: "a b c", MaxTokens: 10}, func(string) error { return nil })
+			_, _ = m.Generate(t.Context(), engine.Request{Prompt: "a b c", MaxTokens: 10}, func(engine.Token) error { return nil })
 		}()
 		for _, tc := range []struct {
 			after time.Duration
@@ -207,7 +208,7 @@ func TestMockCancel(t *testing.T) {
 		n := 0
 		done := make(chan error)
 		go func() {
-			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 1000}, func(string) error { n++; return nil })
+			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 1000}, func(engine.Token) error { n++; return nil })
 			done <- err
 		}()
 		time.Sleep(2100 * time.Millisecond)
@@ -231,7 +232,7 @@ func TestMockCancel(t *testing.T) {
 func TestMockEmitError(t *testing.T) {
 	m := newMock(t, fullSpeed)
 	boom := errors.New("boom")
-	_, err := m.Generate(context.Background(), engine.Request{Prompt: "x", MaxTokens: 10}, func(string) error { return boom })
+	_, err := m.Generate(context.Background(), engine.Request{Prompt: "x", MaxTokens: 10}, func(engine.Token) error { return boom })
 	if !errors.Is(err, boom) {
 		t.Errorf("got %v, want the emit error", err)
 	}
@@ -254,12 +255,12 @@ func TestMockStallAfterTokens(t *testing.T) {
 		var got []string
 		done := make(chan error)
 		go func() {
-			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 3}, func(s string) error { got = append(got, s); return nil })
+			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 3}, func(tk engine.Token) error { got = append(got, tk.Text); return nil })
 			if err != nil {
 				done <- err
 				return
 			}
-			_, err = m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 10}, func(s string) error { got = append(got, s); return nil })
+			_, err = m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 10}, func(tk engine.Token) error { got = append(got, tk.Text); return nil })
 			done <- err
 		}()
 		time.Sleep(time.Hour)
@@ -287,7 +288,8 @@ func TestMockCrashAfterTokens(t *testing.T) {
 		if err != nil {
 			os.Exit(3)
 		}
-		_, _ = m.Generate(context.Background(), engine.Request{Prompt: "x", MaxTokens: 100}, func(s string) error {
+		_, _ = m.Generate(context.Background(), engine.Request{Prompt: "x", MaxTokens: 100}, func(tk engine.Token) error {
+			s := tk.Text
 			os.Stdout.WriteString(s + "\n")
 			return nil
 		})

@@ -89,8 +89,8 @@ func newOpenAI(t *testing.T, f *fakeOpenAI, url string) *engine.OpenAI {
 func generateAll(t *testing.T, e engine.Engine, ctx context.Context, req engine.Request) ([]string, string, error) {
 	t.Helper()
 	var toks []string
-	reason, err := e.Generate(ctx, req, func(s string) error { toks = append(toks, s); return nil })
-	return toks, reason, err
+	res, err := e.Generate(ctx, req, func(tk engine.Token) error { toks = append(toks, tk.Text); return nil })
+	return toks, res.FinishReason, err
 }
 
 func TestOpenAIStreamsTokens(t *testing.T) {
@@ -178,7 +178,7 @@ func TestOpenAICancel(t *testing.T) {
 	var n int
 	var mu sync.Mutex
 	var cancelledAt time.Time
-	_, err := e.Generate(ctx, engine.Request{Prompt: "p", MaxTokens: 1000}, func(string) error {
+	_, err := e.Generate(ctx, engine.Request{Prompt: "p", MaxTokens: 1000}, func(engine.Token) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if n++; n == 3 {

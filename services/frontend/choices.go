@@ -43,6 +43,7 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 	for i := range n {
 		child := parent
 		child.RequestID, child.ParentID, child.Choices = childID(parent.RequestID, i), parent.RequestID, 0
+		child.Body = choiceBody(parent.Body, i)
 		fe.linkChild(r.Context(), parent.RequestID, child.RequestID)
 		t, err := fe.start(r.Context(), child)
 		if err != nil {

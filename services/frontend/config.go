@@ -64,6 +64,13 @@ type Config struct {
 	// component's own connection is); its credentials are in SystemURL.
 	SystemTLS *tls.Config
 
+	// ConsoleWindow is how far back a frontend starts reading the log for
+	// the console (the first time someone opens it there); default 15m.
+	ConsoleWindow time.Duration
+	// ConsoleRequests is how many recent requests the console keeps; it
+	// keeps four times as many feed events. Default 500.
+	ConsoleRequests int
+
 	// Streams sets provisioning and retention of the log.
 	Streams streams.Config
 }
@@ -80,6 +87,8 @@ const (
 	DefaultMaxTokensLimit    = 32768
 	DefaultMaxPromptTokens   = 32768
 	DefaultMaxBodyBytes      = 1 << 20
+	DefaultConsoleWindow     = 15 * time.Minute
+	DefaultConsoleRequests   = 500
 )
 
 func (c Config) withDefaults() Config {
@@ -113,6 +122,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.ConsoleWindow == 0 {
+		c.ConsoleWindow = DefaultConsoleWindow
+	}
+	if c.ConsoleRequests == 0 {
+		c.ConsoleRequests = DefaultConsoleRequests
+	}
 	return c
 }
 
@@ -137,12 +152,13 @@ func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout,
 		"shutdown timeout": c.ShutdownTimeout, "dispatch timeout": c.DispatchTimeout,
+		"console window": c.ConsoleWindow,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", name, d))
 		}
 	}
-	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 {
+	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
 	}
 	if err := c.Streams.Validate(); err != nil {

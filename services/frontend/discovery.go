@@ -133,7 +133,7 @@ func (d *discovery) watchLeases(ctx context.Context, w jetstream.KeyWatcher, ini
 				d.changed.Notify()
 				continue
 			}
-			u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision()}
+			u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision(), Time: entry.Created()}
 			if entry.Operation() == jetstream.KeyValuePut {
 				var l events.Lease
 				if err := json.Unmarshal(entry.Value(), &l); err != nil {

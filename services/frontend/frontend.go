@@ -36,6 +36,7 @@ type Frontend struct {
 	presence *presence
 	router   *router
 	policy   migrations.Policy
+	console  *consoleView
 
 	launch   chan *tracked // requests whose runner Run should start
 	claims   chan *tracked // requests Run should take over if their owner is gone
@@ -84,6 +85,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
 	}
+	if err := fe.initConsole(reg); err != nil {
+		return nil, fmt.Errorf("frontend: console: %w", err)
+	}
 	if g, ok := reg.(prometheus.Gatherer); ok {
 		fe.gatherer = g
 	} else {
@@ -124,6 +128,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.runSupervisors(runCtx, &g)
 		return nil
 	})
+	g.Go(func() error { fe.console.run(runCtx); return nil })
 
 	if err := fe.startWatchers(ctx, runCtx, &g); err != nil {
 		fe.listener.Close()
@@ -217,10 +222,11 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
+	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return mux
+	return fe.withCORS(mux)
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -14,7 +13,10 @@ import (
 // snapshot is what a client stream needs from the projection at one moment.
 type snapshot struct {
 	acc          events.RequestAccepted
-	tokens       []string // from the client's offset on
+	tokens       []string          // from the client's offset on
+	details      []json.RawMessage // the tokens' details (nil: none)
+	worker       string            // the worker of the current attempt
+	promptTokens int               // the engine's count when it reported one
 	total        int
 	status       projections.Status
 	finishReason string
@@ -25,8 +27,10 @@ type snapshot struct {
 func (t *tracked) snapshot(from int) snapshot {
 	var s snapshot
 	t.f.view(func(p *projections.Request) {
+		cur, _ := p.Current()
 		s = snapshot{
-			acc: p.Accepted, tokens: p.Tokens(from), total: p.Len(), status: p.Status,
+			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), worker: cur.WorkerID,
+			promptTokens: p.PromptTokens(), total: p.Len(), status: p.Status,
 			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
 		}
 	})
@@ -101,6 +105,7 @@ func (o *output) unary() bool {
 					return writeUnary(o.w, s)
 				}
 			}
+			setWorker(o.w, snaps[len(snaps)-1])
 			writeJSON(o.w, http.StatusOK, completionBody(o.acc, snaps))
 			return true
 		}
@@ -113,6 +118,7 @@ func (o *output) unary() bool {
 // writeUnary answers with s: its completion, or its failure.
 func writeUnary(w http.ResponseWriter, s snapshot) bool {
 	if s.status == projections.StatusCompleted {
+		setWorker(w, s)
 		writeJSON(w, http.StatusOK, completionBody(s.acc, []snapshot{s}))
 		return true
 	}
@@ -153,20 +159,16 @@ func failureBody(f *events.RequestFailed) (int, map[string]any) {
 // snapshot.
 func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]any {
 	list := make([]map[string]any, 0, len(choices))
-	completion := 0
+	completion, prompt := 0, acc.PromptTokens
 	for i, s := range choices {
-		text := strings.Join(s.tokens, "")
-		completion += s.total
-		if acc.Endpoint == events.EndpointChat {
-			list = append(list, map[string]any{
-				"index": i, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": s.finishReason,
-			})
-		} else {
-			list = append(list, map[string]any{"index": i, "text": text, "logprobs": nil, "finish_reason": s.finishReason})
+		if i == 0 && s.promptTokens > 0 {
+			prompt = s.promptTokens // the engine's count
 		}
+		completion += s.total
+		list = append(list, merge(s.tokens, s.details).answerChoice(acc.Endpoint, i, s.finishReason))
 	}
 	usage := map[string]any{
-		"prompt_tokens": acc.PromptTokens, "completion_tokens": completion, "total_tokens": acc.PromptTokens + completion,
+		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 	}
 	if acc.Endpoint == events.EndpointChat {
 		return map[string]any{
@@ -187,10 +189,16 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 // ends with [DONE] only on success; a failure ends with an error event.
 func (o *output) stream(from int, start time.Time) bool {
 	if len(o.ts) == 1 {
-		if s := o.ts[0].snapshot(from); s.status == projections.StatusFailed && from == 0 && s.total == 0 {
-			// Nothing was streamed yet: answer as a plain error (e.g. 503 no worker).
+		s := o.ts[0].snapshot(from)
+		if from == 0 && s.total == 0 && !s.status.Terminal() {
+			s = o.awaitFirstToken()
+		}
+		if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
+			// Nothing was streamed yet: answer as a plain error (e.g. 503 no
+			// worker, or the model server's 400).
 			return writeUnary(o.w, s)
 		}
+		setWorker(o.w, s) // the worker of the first token: SSE headers cannot change later
 	}
 	flusher, _ := o.w.(http.Flusher)
 	flush := func() {
@@ -213,13 +221,13 @@ func (o *output) stream(from int, start time.Time) bool {
 	for {
 		pch := o.fe.presence.changed.C()
 		var failed *snapshot
-		done, completion := true, 0
+		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
 			s := t.snapshot(sent[i])
 			if n := len(s.tokens); n > 0 {
 				sent[i] += n
 				total += n
-				sse.content(total, i, strings.Join(s.tokens, ""), !started[i])
+				sse.delta(total, i, s.tokens, s.details, !started[i])
 				started[i] = true
 				m.sent(n)
 			}
@@ -236,6 +244,9 @@ func (o *output) stream(from int, start time.Time) bool {
 			}
 			done = done && s.status.Terminal()
 			completion += s.total
+			if i == 0 && s.promptTokens > 0 {
+				prompt = s.promptTokens // the engine's count
+			}
 		}
 		if failed != nil {
 			_, body := failureOf(*failed)
@@ -246,7 +257,7 @@ func (o *output) stream(from int, start time.Time) bool {
 		} else if done {
 			if o.acc.IncludeUsage {
 				sse.usage(total, map[string]any{
-					"prompt_tokens": o.acc.PromptTokens, "completion_tokens": completion, "total_tokens": o.acc.PromptTokens + completion,
+					"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 				})
 			}
 			sse.done(total)
@@ -338,16 +349,10 @@ func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
 	s.event(id, data)
 }
 
-func (s *sseWriter) content(id, index int, text string, first bool) {
-	if s.acc.Endpoint == events.EndpointChat {
-		delta := map[string]any{"content": text}
-		if first {
-			delta["role"] = "assistant"
-		}
-		s.chunk(id, map[string]any{"index": index, "delta": delta, "finish_reason": nil}, nil)
-		return
-	}
-	s.chunk(id, map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": nil}, nil)
+// delta writes the chunk of choice index carrying tokens and their details
+// (see chunk.go).
+func (s *sseWriter) delta(id, index int, tokens []string, details []json.RawMessage, first bool) {
+	s.chunk(id, merge(tokens, details).chunkChoice(s.acc.Endpoint, index, first), nil)
 }
 
 func (s *sseWriter) finish(id, index int, reason string) {
@@ -365,4 +370,44 @@ func (s *sseWriter) done(id int) { s.event(id, []byte("[DONE]")) }
 func (s *sseWriter) error(id int, body map[string]any) {
 	data, _ := json.Marshal(map[string]any{"error": body})
 	s.event(id, data)
+}
+
+// setWorker names the worker of s's current attempt in the X-Worker-Id
+// response header.
+func setWorker(w http.ResponseWriter, s snapshot) {
+	if s.worker != "" {
+		w.Header().Set(headerWorkerID, s.worker)
+	}
+}
+
+// headerWait bounds how long a new stream's headers wait for its first
+// token: a request that fails before it (the model server's 400, no worker
+// left) still gets a real HTTP status rather than 200 and an error event.
+const headerWait = 10 * time.Second
+
+// awaitFirstToken waits, at most headerWait, until the single request of o
+// has a token or has ended, and returns its state then. A client that left
+// or a frontend that cuts streams ends the wait too; the stream then sees
+// them as it would have.
+func (o *output) awaitFirstToken() snapshot {
+	deadline := time.NewTimer(headerWait)
+	defer deadline.Stop()
+	for {
+		pch := o.fe.presence.changed.C()
+		s := o.ts[0].snapshot(0)
+		if s.total > 0 || s.status.Terminal() {
+			return s
+		}
+		select {
+		case <-o.wake:
+		case <-pch:
+			o.fe.claim(o.ts[0])
+		case <-deadline.C:
+			return s
+		case <-o.fe.closing:
+			return s
+		case <-o.r.Context().Done():
+			return s
+		}
+	}
 }

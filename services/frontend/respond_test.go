@@ -72,18 +72,18 @@ func TestSSEWriter(t *testing.T) {
 		want     []string // the data lines, in order
 	}{
 		{"chat: the first chunk names the role", events.EndpointChat, func(s *sseWriter) {
-			s.content(2, 0, "a b ", true)
-			s.content(3, 0, "c ", false)
+			s.delta(2, 0, []string{"a b "}, nil, true)
+			s.delta(3, 0, []string{"c "}, nil, false)
 			s.finish(3, 0, "stop")
 			s.done(3)
 		}, []string{
-			`{"choices":[{"delta":{"content":"a b ","role":"assistant"},"finish_reason":null,"index":0}],"created":7,"id":"chatcmpl-r","model":"m","object":"chat.completion.chunk"}`,
-			`{"choices":[{"delta":{"content":"c "},"finish_reason":null,"index":0}],"created":7,"id":"chatcmpl-r","model":"m","object":"chat.completion.chunk"}`,
+			`{"choices":[{"delta":{"content":"a b ","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}],"created":7,"id":"chatcmpl-r","model":"m","object":"chat.completion.chunk"}`,
+			`{"choices":[{"delta":{"content":"c "},"finish_reason":null,"index":0,"logprobs":null}],"created":7,"id":"chatcmpl-r","model":"m","object":"chat.completion.chunk"}`,
 			`{"choices":[{"delta":{},"finish_reason":"stop","index":0}],"created":7,"id":"chatcmpl-r","model":"m","object":"chat.completion.chunk"}`,
 			`[DONE]`,
 		}},
 		{"completions: choice index and usage", events.EndpointCompletions, func(s *sseWriter) {
-			s.content(1, 1, "a ", true)
+			s.delta(1, 1, []string{"a "}, nil, true)
 			s.usage(1, map[string]any{"completion_tokens": 1})
 		}, []string{
 			`{"choices":[{"finish_reason":null,"index":1,"logprobs":null,"text":"a "}],"created":7,"id":"cmpl-r","model":"m","object":"text_completion"}`,

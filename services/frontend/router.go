@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -14,6 +15,9 @@ var (
 	errNoWorkers = errors.New("frontend: no worker serves this model")
 	errAllBusy   = errors.New("frontend: all workers are busy")
 	errNotPinned = errors.New("frontend: pinned worker is not in discovery")
+	// errNotCapable: workers are routable, but none of their engines can
+	// serve the request's endpoint or continue it after a migration.
+	errNotCapable = errors.New("frontend: no routable worker's engine can run this request")
 )
 
 // router picks a worker for a dispatch: the least loaded routable worker of
@@ -137,4 +141,25 @@ func (r *router) track(id string) (done func()) {
 			r.mu.Unlock()
 		})
 	}
+}
+
+// capable keeps the workers whose engines can run a request of endpoint:
+// serve it and, for a continuation (start > 0), continue it (token ids, when
+// ids says every generated id is known, or prefill). It fails with
+// errNotCapable when workers were routable but none is capable.
+func capable(ws []projections.Worker, endpoint string, start int, ids bool) ([]projections.Worker, error) {
+	out := ws[:0:0]
+	for _, w := range ws {
+		if w.CanServe(endpoint) && (start == 0 || w.CanContinue(endpoint, ids)) {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 && len(ws) > 0 {
+		what := "serve " + endpoint
+		if start > 0 {
+			what = fmt.Sprintf("continue it at token %d (needs token ids or prefill)", start)
+		}
+		return nil, fmt.Errorf("%w: %d routable, none can %s", errNotCapable, len(ws), what)
+	}
+	return out, nil
 }

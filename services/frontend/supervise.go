@@ -138,7 +138,7 @@ func (fe *Frontend) report(model, endpoint string, r migrations.Report) {
 // accepted.
 func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Action) (*migrations.DispatchOutcome, func()) {
 	d := a.Dispatch
-	w, err := fe.pickWorker(d.Model, a.Pinned, a.Exclude)
+	w, err := fe.pickWorker(d, a.Pinned, a.Exclude)
 	if err != nil {
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, errAllBusy), Err: err.Error()}, nil
 	}
@@ -152,7 +152,9 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
 	done := fe.router.track(w.ID)
-	reply, err := fe.sendDispatch(ctx, w.ID, wireDispatch(d, t.f.eventsSeq()))
+	wd := wireDispatch(d, t.f.eventsSeq())
+	wd.MaxPromptTokens = fe.cfg.MaxPromptTokens
+	reply, err := fe.sendDispatch(ctx, w.ID, wd)
 	if err == nil && reply.Accepted {
 		out.Result = migrations.DispatchAccepted
 		return out, done
@@ -185,12 +187,14 @@ func (fe *Frontend) waitClosed(ctx context.Context, t *tracked, k int) {
 func wireDispatch(d migrations.Dispatch, eventsSeq uint64) streams.Dispatch {
 	return streams.Dispatch{
 		RequestID: d.RequestID, Attempt: d.Attempt, Model: d.Model, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
+		Endpoint: d.Endpoint, Body: d.Body, PromptIDs: d.PromptIDs, GeneratedIDs: d.GeneratedIDs,
 		Generated: d.Generated, StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, Frontend: d.Frontend,
 		DetachTimeoutMS: d.DetachTimeoutMS, EventsSeq: eventsSeq,
 	}
 }
 
-func (fe *Frontend) pickWorker(model, pinned string, exclude []string) (projections.Worker, error) {
+func (fe *Frontend) pickWorker(d migrations.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
+	model := d.Model
 	if pinned != "" {
 		w, ok := fe.disc.get(pinned)
 		if !ok || !w.Routable() || w.Model != model {
@@ -200,6 +204,10 @@ func (fe *Frontend) pickWorker(model, pinned string, exclude []string) (projecti
 	}
 	var cands []projections.Worker
 	fe.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
+	cands, err := capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
+	if err != nil {
+		return projections.Worker{}, err
+	}
 	skip := make(map[string]bool, len(exclude))
 	for _, id := range exclude {
 		skip[id] = true

@@ -54,6 +54,10 @@ type Config struct {
 	HealthCheck        bool
 	CanaryWait         time.Duration // DYN_CANARY_WAIT_TIME; default 10s
 	HealthCheckTimeout time.Duration // DYN_HEALTH_CHECK_REQUEST_TIMEOUT; default 3s
+	// UpstreamProbeInterval is how often an engine whose server refused it
+	// (or could not be reached) is probed again; default
+	// DefaultUpstreamProbeInterval.
+	UpstreamProbeInterval time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -82,6 +86,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CanaryWait == 0 {
 		c.CanaryWait = DefaultCanaryWait
+	}
+	if c.UpstreamProbeInterval <= 0 {
+		c.UpstreamProbeInterval = DefaultUpstreamProbeInterval
 	}
 	if c.HealthCheckTimeout == 0 {
 		c.HealthCheckTimeout = DefaultHealthCheckTimeout

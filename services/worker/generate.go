@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -150,10 +151,11 @@ func (w *Worker) generate(j *job) {
 		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset,
 	}
 	req := engine.Request{
-		RequestID: d.RequestID, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
-		Generated: d.Generated, StartOffset: d.StartOffset, MaxTokens: d.MaxTokens,
+		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
+		PromptIDs: d.PromptIDs, Generated: d.Generated, GeneratedIDs: d.GeneratedIDs,
+		StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, MaxPromptTokens: d.MaxPromptTokens,
 	}
-	reason, genErr := w.produce(j.ctx, req, out)
+	res, genErr := w.produce(j.ctx, req, out)
 
 	// Appends below outlive the job's context: they record how it ended.
 	// settle may retry a failed append through a leader election.
@@ -164,15 +166,16 @@ func (w *Worker) generate(j *job) {
 	cause := context.Cause(j.ctx)
 	completed := func(reason string) events.Event {
 		return events.RequestCompleted{RequestID: d.RequestID, Attempt: d.Attempt, FinishReason: reason,
-			PromptTokens: d.PromptTokens, CompletionTokens: out.offset()}
+			PromptTokens: promptTokens(d, res, out), CompletionTokens: out.offset()}
 	}
-	failed := func(reason string) events.Event {
+	failed := func(reason string) events.AttemptFailed {
 		return events.AttemptFailed{RequestID: d.RequestID, Attempt: d.Attempt, WorkerID: w.cfg.ID,
 			Offset: out.offset(), Reason: reason}
 	}
+	var upstream *engine.UpstreamError
 	switch {
 	case genErr == nil:
-		final = completed(reason)
+		final = completed(res.FinishReason)
 	case errors.Is(cause, errCancelStop):
 		w.metrics.cancellation.WithLabelValues(w.cfg.Model, events.CancelStop).Inc()
 		final = completed(FinishCancelled)
@@ -183,8 +186,20 @@ func (w *Worker) generate(j *job) {
 		status = statusHandedOff // the frontend fenced this attempt already
 	case errors.Is(cause, errHandOff):
 		status, final = statusHandedOff, failed("shutdown")
+	case errors.As(genErr, &upstream):
+		// The upstream failed: never a reason for this worker to exit.
+		f := failed(failureReason(upstream.Class))
+		f.Class, f.Status, f.Code, f.Message = upstream.Class, upstream.Status, upstream.Code, upstream.Message
+		f.RetryAfterMS = upstream.RetryAfter.Milliseconds()
+		status, final = statusFailed, f
+		if upstream.Class == events.FailureNotReady {
+			w.upstreamNotReady(upstream)
+		}
+		log.Warn("upstream failed", "class", upstream.Class, "status", upstream.Status, "code", upstream.Code, "err", genErr)
 	default:
-		status, final = statusFailed, failed("engine_error")
+		f := failed("engine_error")
+		f.Message = genErr.Error()
+		status, final = statusFailed, f
 		if errors.Is(genErr, engine.ErrFatal) {
 			defer w.fail(genErr) // after the attempt_failed is stored
 		}
@@ -311,13 +326,13 @@ func obey(j *job, ev events.Event) {
 // flushed at DeltaMaxTokens tokens or DeltaMaxDelay after its first token,
 // and at the end, unless a kill cancelled the job: then nothing more is
 // appended once the kill is seen.
-func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (string, error) {
-	toks := make(chan string, w.cfg.DeltaMaxTokens)
-	var reason string
+func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (engine.Result, error) {
+	toks := make(chan engine.Token, w.cfg.DeltaMaxTokens)
+	var res engine.Result
 	var genErr error
 	go func() {
 		defer close(toks)
-		reason, genErr = w.eng.Generate(ctx, req, func(t string) error {
+		res, genErr = w.eng.Generate(ctx, req, func(t engine.Token) error {
 			select {
 			case toks <- t:
 				return nil
@@ -344,7 +359,7 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 		case t, ok := <-toks:
 			if !ok {
 				flush()
-				return reason, genErr
+				return res, genErr
 			}
 			w.health.token()
 			out.add(t)
@@ -370,7 +385,11 @@ type deltas struct {
 	attempt   int
 	start     int      // StartOffset of the attempt
 	tokens    []string // every token produced, from start
-	flushed   int      // tokens already handed to an append
+	ids       []int    // their ids, while every one is known
+	idsLost   bool
+	details   []json.RawMessage // parallel to tokens once any token had details
+	promptIDs []int             // the prompt's ids, from the first token
+	flushed   int               // tokens already handed to an append
 	sent      []sentDelta
 	acked     int       // d.sent[:acked] are acknowledged
 	retryAt   time.Time // when resend may try again
@@ -383,7 +402,41 @@ type sentDelta struct {
 	err    error
 }
 
-func (d *deltas) add(t string)      { d.tokens = append(d.tokens, t) }
+func (d *deltas) add(t engine.Token) {
+	if len(d.tokens) == 0 {
+		d.promptIDs = t.PromptIDs
+	}
+	switch {
+	case d.idsLost:
+	case !t.HasID:
+		d.idsLost, d.ids = true, nil
+	default:
+		d.ids = append(d.ids, t.ID)
+	}
+	if t.Details != nil && d.details == nil {
+		d.details = make([]json.RawMessage, len(d.tokens), cap(d.tokens)+1)
+	}
+	if d.details != nil {
+		d.details = append(d.details, t.Details)
+	}
+	d.tokens = append(d.tokens, t.Text)
+}
+
+// event is the delta of the tokens at indexes [from, to) of the attempt.
+func (d *deltas) event(from, to int) events.TokensGenerated {
+	ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: d.start + from, Tokens: d.tokens[from:to]}
+	if !d.idsLost {
+		ev.IDs = d.ids[from:to]
+	}
+	if d.details != nil && slices.ContainsFunc(d.details[from:to], func(r json.RawMessage) bool { return r != nil }) {
+		ev.Details = d.details[from:to]
+	}
+	if from == 0 && d.start == 0 {
+		ev.PromptIDs = d.promptIDs // a continuation's are prompt + generated ids: not the request's
+	}
+	return ev
+}
+
 func (d *deltas) pending() int      { return len(d.tokens) - d.flushed }
 func (d *deltas) offset() int       { return d.start + len(d.tokens) }
 func (d *deltas) id(off int) string { return events.ID(d.requestID, d.attempt, off) }
@@ -395,7 +448,7 @@ func (d *deltas) flush() {
 	}
 	d.resend(time.Now())
 	off := d.start + d.flushed
-	ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: off, Tokens: d.tokens[d.flushed:]}
+	ev := d.event(d.flushed, len(d.tokens))
 	f, err := d.log.AppendAsync(d.subject, d.log.Envelope(d.id(off), d.requestID, ev))
 	d.sent = append(d.sent, sentDelta{offset: off, future: f, err: err})
 	d.flushed = len(d.tokens)
@@ -435,7 +488,7 @@ func (d *deltas) resend(now time.Time) {
 		}
 		d.backoff = min(max(2*d.backoff, resendBackoffMin), resendBackoffMax)
 		d.retryAt = now.Add(d.backoff)
-		ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: s.offset, Tokens: d.tokens[s.offset-d.start : d.flushed]}
+		ev := d.event(s.offset-d.start, d.flushed)
 		s.future, s.err = d.log.AppendAsync(d.subject, d.log.Envelope(d.id(s.offset), d.requestID, ev))
 		return
 	}
@@ -459,11 +512,34 @@ func (d *deltas) settle(ctx context.Context) error {
 		if err == nil {
 			continue
 		}
-		ev := events.TokensGenerated{RequestID: d.requestID, Attempt: d.attempt, Offset: s.offset, Tokens: d.tokens[s.offset-d.start:]}
+		ev := d.event(s.offset-d.start, len(d.tokens))
 		if _, rerr := d.log.Append(ctx, d.subject, d.log.Envelope(d.id(s.offset), d.requestID, ev), -1); rerr != nil {
 			return fmt.Errorf("tokens at offset %d: %w (first try: %w)", s.offset, rerr, err)
 		}
 	}
 	d.sent, d.acked = nil, 0
 	return nil
+}
+
+// promptTokens is the prompt's length to report at completion: the engine's
+// count when it gave one for the original prompt (its usage on a first
+// attempt, the recorded prompt ids on a continuation), else the frontend's.
+func promptTokens(d streams.Dispatch, res engine.Result, out *deltas) int {
+	switch {
+	case d.StartOffset == 0 && res.PromptTokens > 0:
+		return res.PromptTokens
+	case d.StartOffset == 0 && out.promptIDs != nil:
+		return len(out.promptIDs)
+	case d.PromptIDs != nil:
+		return len(d.PromptIDs)
+	}
+	return d.PromptTokens
+}
+
+// failureReason is AttemptFailed.Reason for an upstream failure of class.
+func failureReason(class string) string {
+	if class == "" {
+		return "engine_error"
+	}
+	return class
 }

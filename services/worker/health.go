@@ -15,6 +15,9 @@ const (
 	engineOK      = "ok"
 	engineStalled = "stalled"       // in-flight requests stopped producing tokens
 	canaryFailed  = "canary_failed" // the last canary timed out or failed
+	// upstreamNotReady: the server behind the engine refused it (a bad key,
+	// an unknown model) or could not be reached at start.
+	upstreamNotReady = "upstream_not_ready"
 )
 
 // canaryPrompt is the prompt of a canary request.
@@ -48,9 +51,26 @@ type monitor struct {
 	idleSince time.Time // last start, end or canary while nothing ran
 	progress  time.Time // last token, or when active went from 0 to 1
 	stalled   bool
-	failed    bool // last canary failed
-	suspect   bool // run a canary now
-	reported  bool // the health last given to onChange (true = healthy)
+	failed    bool   // last canary failed
+	suspect   bool   // run a canary now
+	reported  bool   // the health last given to onChange (true = healthy)
+	upstream  string // why the upstream cannot serve; "" when it can
+}
+
+// setUpstream records why the upstream cannot serve ("" when it can again).
+// It works whether or not health checks are enabled.
+func (m *monitor) setUpstream(reason string) {
+	m.mu.Lock()
+	m.upstream = reason
+	m.mu.Unlock()
+	m.notify()
+}
+
+// upstreamReason is why the upstream cannot serve; "" when it can.
+func (m *monitor) upstreamReason() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.upstream
 }
 
 func newMonitor(enabled bool, wait, timeout time.Duration, probe func(context.Context) error, onChange func(bool)) *monitor {
@@ -114,6 +134,8 @@ func (m *monitor) state() (healthy bool, reason string) {
 
 func (m *monitor) stateLocked() (bool, string) {
 	switch {
+	case m.upstream != "":
+		return false, upstreamNotReady
 	case m.stalled:
 		return false, engineStalled
 	case m.failed || m.suspect:
@@ -207,7 +229,7 @@ func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(con
 			PromptTokens: engine.CountTokens(canaryPrompt), MaxTokens: 1,
 		}
 		tokens := 0
-		_, err := eng.Generate(ctx, req, func(string) error { tokens++; return nil })
+		_, err := eng.Generate(ctx, req, func(engine.Token) error { tokens++; return nil })
 		switch {
 		case errors.Is(err, engine.ErrFatal):
 			fatal(err)

@@ -185,16 +185,21 @@ func (l *lease) setDraining() error {
 	return l.write(func(v *events.Lease) { v.Draining = true })
 }
 
-// setNotReady sets the lease's NotReady flag if it differs, so discovery
-// takes the worker out of routing (or puts it back).
-func (l *lease) setNotReady(notReady bool) error {
+// setReadiness sets the lease's NotReady flag, its reason and the engine's
+// capabilities if they differ, so discovery takes the worker out of routing
+// (or puts it back) and routes by what its engine can do.
+func (l *lease) setReadiness(notReady bool, reason string, caps *events.Capabilities) error {
 	l.mu.Lock()
-	same := l.value.NotReady == notReady
+	same := l.value.NotReady == notReady && l.value.NotReadyReason == reason && equalCaps(l.value.Capabilities, caps)
 	l.mu.Unlock()
 	if same {
 		return nil
 	}
-	return l.write(func(v *events.Lease) { v.NotReady = notReady })
+	return l.write(func(v *events.Lease) { v.NotReady, v.NotReadyReason, v.Capabilities = notReady, reason, caps })
+}
+
+func equalCaps(a, b *events.Capabilities) bool {
+	return (a == nil && b == nil) || (a != nil && b != nil && *a == *b)
 }
 
 // revoke stops the renewals and deletes the key if it still holds this lease.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -18,9 +19,14 @@ type Status struct {
 	Model     string            `json:"model"`
 	LeaseID   string            `json:"lease_id,omitempty"`
 	Lease     string            `json:"lease"`  // "live" or "lost"
-	Engine    string            `json:"engine"` // "ok", "stalled" or "canary_failed"
-	Draining  bool              `json:"draining"`
-	InFlight  int               `json:"in_flight"`
+	Engine    string            `json:"engine"` // "ok", "stalled", "canary_failed" or "upstream_not_ready"
+	// Reason is why the upstream cannot serve, when Engine is
+	// "upstream_not_ready": its status and message.
+	Reason string `json:"reason,omitempty"`
+	// Capabilities are what the engine's server can do, as probed.
+	Capabilities *events.Capabilities `json:"capabilities,omitempty"`
+	Draining     bool                 `json:"draining"`
+	InFlight     int                  `json:"in_flight"`
 }
 
 // Ready reports whether the worker may receive new requests: its lease is
@@ -36,7 +42,7 @@ func (w *Worker) Status() Status {
 	w.mu.Unlock()
 	s := Status{
 		WorkerID: w.cfg.ID, Model: w.cfg.Model, Lease: "lost", Engine: why,
-		Draining: draining, InFlight: n,
+		Draining: draining, InFlight: n, Reason: w.health.upstreamReason(), Capabilities: w.capabilities(),
 	}
 	live := false
 	if l != nil {

@@ -29,10 +29,10 @@ type stallable struct {
 	stallReqs atomic.Bool
 }
 
-func (s *stallable) Generate(ctx context.Context, req engine.Request, emit func(string) error) (string, error) {
+func (s *stallable) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
 	if s.stallAll.Load() {
 		<-ctx.Done()
-		return "", ctx.Err()
+		return engine.Result{}, ctx.Err()
 	}
 	if s.stallReqs.Load() && !strings.HasPrefix(req.RequestID, "canary-") {
 		r, err := s.Mock.Generate(ctx, engine.Request{RequestID: req.RequestID, Prompt: req.Prompt, MaxTokens: 1}, emit)
@@ -40,7 +40,7 @@ func (s *stallable) Generate(ctx context.Context, req engine.Request, emit func(
 			return r, err
 		}
 		<-ctx.Done()
-		return "", ctx.Err()
+		return engine.Result{}, ctx.Err()
 	}
 	return s.Mock.Generate(ctx, req, emit)
 }

@@ -55,6 +55,9 @@ type Worker struct {
 	gens      sync.WaitGroup
 	listener  net.Listener // status server; nil when off or not yet bound
 
+	upstreamMu sync.Mutex
+	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
+
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
 	fatalErr  error // set once, before fatalCh closes
@@ -145,6 +148,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		_ = sub.Unsubscribe()
 		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
 	}
+	w.probeUpstream(ctx)
 	l, err := w.registerFirst(ctx)
 	if err != nil {
 		_ = sub.Unsubscribe()
@@ -158,6 +162,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.health.Run(bg) })
 	background.Go(func() { w.watchFrontends(bg) })
 	background.Go(func() { w.readCommandsOnReconnect(bg) })
+	background.Go(func() { w.reprobeUpstream(bg) })
 	w.notifyLoad()
 
 	reason := "shutdown"
@@ -337,11 +342,17 @@ func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
 
 // register grants a new lease with a new lease id and appends worker_registered.
 func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
-	healthy, _ := w.health.state()
+	healthy, reason := w.health.state()
 	v := events.Lease{
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
-		NotReady: !healthy,
+		NotReady: !healthy, Capabilities: w.capabilities(),
+	}
+	if !healthy {
+		v.NotReadyReason = reason
+		if up := w.health.upstreamReason(); up != "" {
+			v.NotReadyReason = up
+		}
 	}
 	w.connInfo(&v)
 	rctx, cancel := withDefaultTimeout(ctx)
@@ -400,12 +411,17 @@ func (w *Worker) canaryDone(ok bool, at time.Time) {
 func (w *Worker) syncReady() {
 	w.readyMu.Lock()
 	defer w.readyMu.Unlock()
-	healthy, _ := w.health.state()
+	healthy, reason := w.health.state()
 	l := w.currentLease()
 	if l == nil {
 		return // re-registering: register reads the health itself
 	}
-	if err := l.setNotReady(!healthy); err != nil {
+	if healthy {
+		reason = ""
+	} else if up := w.health.upstreamReason(); up != "" {
+		reason = up // the upstream's words say more than "upstream_not_ready"
+	}
+	if err := l.setReadiness(!healthy, reason, w.capabilities()); err != nil {
 		w.log.Warn("mark lease readiness", "lease_id", l.ID(), "not_ready", !healthy, "err", err)
 	}
 }

@@ -1,0 +1,329 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath finds Debian's chromium (installed by .ci/run when missing).
+func chromiumPath(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	t.Fatal("no chromium in PATH: install Debian's chromium package (.ci/run does)")
+	return ""
+}
+
+// newBrowser starts headless chromium for the test and returns a tab's context.
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.NoSandbox, // the tests run as root in CI
+		chromedp.WindowSize(1400, 1000),
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(actx)
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc()
+	})
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx
+}
+
+// browse runs chromedp actions with a deadline, failing the test with what
+// was being waited for.
+func browse(t *testing.T, ctx context.Context, timeout time.Duration, what string, steps ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := chromedp.Do(cctx, steps...); err != nil {
+		t.Fatalf("browser: %s: %v", what, err)
+	}
+}
+
+// value runs one action that returns a value.
+func value[T any](t *testing.T, ctx context.Context, what string, a chromedp.Action[T]) T {
+	t.Helper()
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(cctx, a)
+	if err != nil {
+		t.Fatalf("browser: %s: %v", what, err)
+	}
+	return v
+}
+
+// css selects the first element that matches a CSS selector.
+func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+
+func screenshot(t *testing.T, ctx context.Context, paths ...string) {
+	t.Helper()
+	png := value(t, ctx, "screenshot", chromedp.FullScreenshot(100))
+	for _, p := range paths {
+		if err := os.WriteFile(p, png, 0o644); err != nil {
+			t.Fatalf("write %s: %v", p, err)
+		}
+		t.Logf("screenshot: %s", p)
+	}
+}
+
+// TestConsoleBrowser drives the console in real headless chromium against
+// real processes: it sees both workers, watches a kill -9 turn into a
+// migration in the live feed without a reload, opens the request's timeline
+// (two attempt lanes, the cut at the offset the log recorded), kills another
+// request with the page's button, and follows the page as it fails over to
+// the second frontend when its own is killed. Set UPDATE_CONSOLE_PNG=1 to
+// rewrite docs/console.png from the run.
+func TestConsoleBrowser(t *testing.T) {
+	s := newStack(t)
+	args := []string{"--migration-limit", "3", "--nats-system-url", s.sysURL()}
+	fe1 := s.frontend(nil, args...)
+	fe2 := s.frontend(nil, args...)
+	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1"}
+	for _, id := range []string{"w1", "w2"} {
+		s.worker(id, "--mock-tokens-per-sec", "40", "--mock-ttft", "10ms")
+	}
+	fe1.waitRoutable(t, "w1", "w2")
+	fe2.waitRoutable(t, "w1", "w2")
+
+	ctx := newBrowser(t)
+	sent := recordRequests(ctx)
+	browse(t, ctx, 20*time.Second, "load the console and see both workers",
+		chromedp.Navigate(fe1.url+"/console"),
+		chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			_, err := chromedp.Evaluate[float64](`window.__loaded = performance.timeOrigin`)(ctx, tg)
+			return err
+		}),
+		chromedp.WaitVisible(css(`#workers tr[data-worker="w1"][data-state="ready"]`)),
+		chromedp.WaitVisible(css(`#workers tr[data-worker="w2"][data-state="ready"]`)),
+		chromedp.WaitVisible(css(`#conn[data-frontend="frontend-1"]`)),
+	)
+	loadedAt := value(t, ctx, "read the load time", chromedp.Evaluate[float64](`window.__loaded`))
+	// From here on every call of the page carries the key.
+	keyed := sent.len()
+	browse(t, ctx, 10*time.Second, "enter an API key",
+		chromedp.SendKeys(css(`#key`), "test-key"),
+		chromedp.Click(css(`#keyform button`)),
+	)
+
+	// A long stream, and another one to kill from the page later.
+	const prompt = "a long story about migrations"
+	longDone := make(chan sseResult, 1)
+	go func() {
+		longDone <- postStream(t, fe1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": 400},
+			map[string]string{"X-Request-Id": "long"}, nil)
+	}()
+	victimDone := make(chan sseResult, 1)
+	go func() {
+		victimDone <- postStream(t, fe2.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "the victim", "max_tokens": 2000},
+			map[string]string{"X-Request-Id": "victim"}, nil)
+	}()
+	var worker string
+	waitFor(t, 20*time.Second, "20 tokens of the long stream", func() bool {
+		st, ok := tryState(fe1, "long")
+		worker = st.Worker
+		return ok && st.TokensGenerated >= 20 && worker != ""
+	})
+	s.workers[worker].signal(syscall.SIGKILL)
+
+	browse(t, ctx, 20*time.Second, "see the migration in the live feed",
+		chromedp.WaitVisible(css(`#feed li[data-kind="migrated"][data-request="long"]`)),
+		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="running"]`)),
+	)
+	now := value(t, ctx, "check the page was not reloaded", chromedp.Evaluate[float64](`window.__loaded`))
+	if now != loadedAt {
+		t.Fatalf("the page was reloaded (load time %v, then %v)", loadedAt, now)
+	}
+
+	st := fe1.state(t, "long")
+	if len(st.Migrations) != 1 {
+		t.Fatalf("long has %d migrations, want 1: %+v", len(st.Migrations), st)
+	}
+	cut := st.Migrations[0].Offset
+	browse(t, ctx, 20*time.Second, "open the timeline and see two attempt lanes",
+		chromedp.Click(css(`#feed li[data-kind="migrated"][data-request="long"] a[data-open]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="long"] .lane[data-attempt="1"]`)),
+	)
+	lanes := value(t, ctx, "count the lanes", chromedp.Evaluate[int](`document.querySelectorAll('#timeline .lane[data-attempt]').length`))
+	gotCut := value(t, ctx, "read the cut", chromedp.AttributeValue(css(`#timeline .lane[data-attempt="0"]`), "data-cut")).Value
+	lane1Start := value(t, ctx, "read the second lane's start", chromedp.AttributeValue(css(`#timeline .lane[data-attempt="1"]`), "data-start")).Value
+	if lanes != 2 {
+		t.Fatalf("timeline has %d attempt lanes, want 2", lanes)
+	}
+	if gotCut != strconv.Itoa(cut) || lane1Start != strconv.Itoa(cut) {
+		t.Fatalf("timeline cuts attempt 0 at %q and starts attempt 1 at %q, want both at the migration's offset %d", gotCut, lane1Start, cut)
+	}
+	text := value(t, ctx, "read the text as it grew", chromedp.Text(css(`#tl-text`)))
+	if !strings.Contains(text, "‖") {
+		t.Errorf("the text as it grew shows no cut mark: %q", text)
+	}
+
+	browse(t, ctx, 20*time.Second, "kill the other request with the page's button",
+		chromedp.WaitVisible(css(`#requests tr[data-request="victim"][data-status="running"]`)),
+		chromedp.Click(css(`#requests button[data-action="kill"][data-request="victim"]`)),
+		chromedp.WaitVisible(css(`#requests tr[data-request="victim"][data-status="cancelled"]`)),
+	)
+	select {
+	case res := <-victimDone:
+		if res.done || res.errorBody == "" {
+			t.Errorf("the killed stream ended with done=%v error=%q, want an error event", res.done, res.errorBody)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the killed request's stream did not end")
+	}
+	res := <-longDone
+	checkComplete(t, res, prompt, 400)
+	browse(t, ctx, 20*time.Second, "see the long request complete",
+		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="completed"]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="long"][data-status="completed"]`)),
+	)
+	paths := []string{filepath.Join(t.TempDir(), "console.png")}
+	if os.Getenv("UPDATE_CONSOLE_PNG") != "" {
+		paths = append(paths, filepath.Join("..", "docs", "console.png"))
+	}
+	screenshot(t, ctx, paths...)
+
+	// The page's frontend dies: it reconnects to the other one and catches up.
+	fe1.signal(syscall.SIGKILL)
+	fe1.wait(10 * time.Second)
+	// A request on the second frontend, killed through the API: its row and
+	// the feed's cancellation must reach the page.
+	afterDone := make(chan sseResult, 1)
+	go func() {
+		afterDone <- postStream(t, fe2.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "after the failover", "max_tokens": 2000},
+			map[string]string{"X-Request-Id": "after"}, nil)
+	}()
+	waitFor(t, 20*time.Second, "the request after the failover to run", func() bool {
+		st, ok := tryState(fe2, "after")
+		return ok && st.TokensGenerated > 0
+	})
+	cancelRequest(t, fe2, "after", "kill")
+	<-afterDone
+	browse(t, ctx, 30*time.Second, "fail over to the second frontend and catch up",
+		chromedp.WaitVisible(css(`#conn[data-frontend="frontend-2"]`)),
+		chromedp.WaitVisible(css(`#requests tr[data-request="after"][data-status="cancelled"]`)),
+		chromedp.WaitVisible(css(`#feed li[data-kind="cancelled"][data-request="after"]`)),
+	)
+	migrated := value(t, ctx, "count the feed's migrations",
+		chromedp.Evaluate[int](`document.querySelectorAll('#feed li[data-kind="migrated"][data-request="long"]').length`))
+	now = value(t, ctx, "read the load time", chromedp.Evaluate[float64](`window.__loaded`))
+	if migrated != 1 {
+		t.Errorf("the feed shows the migration %d times after the failover, want once", migrated)
+	}
+	if now != loadedAt {
+		t.Errorf("the page was reloaded to fail over")
+	}
+	screenshot(t, ctx, filepath.Join(t.TempDir(), "console-failover.png"))
+
+	// Every API call after the key was entered carried it: the event stream
+	// (reopened at once, and again on the second frontend), the timeline,
+	// the cancel.
+	calls := map[string]int{}
+	for _, r := range sent.since(keyed) {
+		if !strings.Contains(r.url, "/v1/") || r.method == http.MethodOptions {
+			continue
+		}
+		if r.auth != "Bearer test-key" {
+			t.Errorf("%s %s sent Authorization %q, want the key entered", r.method, r.url, r.auth)
+		}
+		switch {
+		case strings.HasSuffix(r.url, "/v1/console/events"):
+			calls["events"]++
+		case strings.HasSuffix(r.url, "/timeline"):
+			calls["timeline"]++
+		case strings.HasSuffix(r.url, "/cancel"):
+			calls["cancel"]++
+		}
+	}
+	if calls["events"] < 2 || calls["timeline"] < 1 || calls["cancel"] != 1 {
+		t.Errorf("calls with the key: %v, want the event stream twice or more, the timeline, one cancel", calls)
+	}
+}
+
+// sentRequest is a request the page sent, as the browser reported it.
+type sentRequest struct{ method, url, auth string }
+
+type requestLog struct {
+	mu   sync.Mutex
+	reqs []sentRequest
+}
+
+func (l *requestLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.reqs)
+}
+
+func (l *requestLog) since(n int) []sentRequest {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sentRequest(nil), l.reqs[n:]...)
+}
+
+// recordRequests records every request the tab sends, until ctx ends.
+func recordRequests(ctx context.Context) *requestLog {
+	l := &requestLog{}
+	evs := chromedp.Events(ctx, network.RequestWillBeSent)
+	go func() {
+		for ev, err := range evs {
+			if err != nil {
+				return
+			}
+			if ev.Request == nil {
+				continue
+			}
+			r := sentRequest{method: ev.Request.Method, url: ev.Request.URL}
+			for k, v := range ev.Request.Headers {
+				if strings.EqualFold(k, "Authorization") {
+					r.auth, _ = v.(string)
+				}
+			}
+			l.mu.Lock()
+			l.reqs = append(l.reqs, r)
+			l.mu.Unlock()
+		}
+	}()
+	return l
+}
+
+// tryState reads GET /v1/requests/{id} without failing the test (the
+// request may not be in the log yet).
+func tryState(f *frontend, id string) (requestState, bool) {
+	var st requestState
+	resp, err := httpGetJSON(f.url+"/v1/requests/"+id, &st)
+	return st, err == nil && resp == 200
+}
+
+func httpGetJSON(url string, v any) (int, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return resp.StatusCode, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
+}

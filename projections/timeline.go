@@ -1,0 +1,169 @@
+package projections
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+)
+
+// TimelineEntry is one stored event of a request's history as the replay
+// fold saw it (the JSON of each element of `baton replay --json`'s timeline
+// and of the console's timeline).
+type TimelineEntry struct {
+	Seq     uint64       `json:"seq"`
+	Time    time.Time    `json:"time"`
+	Since   float64      `json:"since_accepted_seconds"`
+	Subject string       `json:"subject"` // "events" or "tokens.<attempt>"
+	Type    string       `json:"type"`
+	ID      string       `json:"id"`
+	Source  string       `json:"source"`
+	Applied bool         `json:"applied"`        // the fold changed the state
+	Note    string       `json:"note,omitempty"` // why it did not, e.g. "ignored (fenced)"
+	Summary string       `json:"summary"`
+	Event   events.Event `json:"event"`
+	// Len is the number of tokens accepted once this event was applied, so a
+	// reader can show the text as it grew.
+	Len int `json:"len"`
+}
+
+// Replay folds a request's stored events, in stream order, into its state
+// and timeline. ok is false when the history has no accepted event.
+func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bool) {
+	r = NewRequest()
+	var start time.Time
+	for _, e := range envs {
+		if a, isAccepted := e.Event.(events.RequestAccepted); isAccepted && start.IsZero() && a.RequestID != "" {
+			start = e.Time
+		}
+	}
+	if start.IsZero() && len(envs) > 0 {
+		start = envs[0].Time
+	}
+	timeline = make([]TimelineEntry, 0, len(envs))
+	for _, e := range envs {
+		applied, note := r.Fold(e)
+		timeline = append(timeline, TimelineEntry{
+			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: SubjectKind(e.Event),
+			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
+			Summary: Describe(e), Event: e.Event, Len: r.Len(),
+		})
+	}
+	if !r.Known() {
+		return nil, nil, false
+	}
+	return r, timeline, true
+}
+
+// SubjectKind names the subject an event is stored on, below
+// baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
+func SubjectKind(ev events.Event) string {
+	const id = "_"
+	return strings.TrimPrefix(streams.SubjectOf(id, ev), strings.TrimSuffix(streams.RequestEvents(id), "events"))
+}
+
+// FencedBy reports the frontend that wrote an AttemptFailed marker, if a
+// frontend (rather than the attempt's worker) wrote it: a fence.
+func FencedBy(e events.Envelope) (string, bool) {
+	if rest, ok := strings.CutPrefix(e.Source, "baton/frontend/"); ok {
+		return rest, true
+	}
+	return "", false
+}
+
+// Describe is a one-line, plain-words summary of an event.
+func Describe(e events.Envelope) string {
+	switch ev := e.Event.(type) {
+	case events.RequestAccepted:
+		parts := []string{fmt.Sprintf("model %s (%s), %d prompt tokens, max_tokens %d, owner %s",
+			ev.Model, ev.Endpoint, ev.PromptTokens, ev.MaxTokens, ev.Frontend)}
+		if ev.Stream {
+			parts = append(parts, "streaming")
+		}
+		if ev.Resumable {
+			parts = append(parts, "resumable")
+		}
+		if ev.ParentID != "" {
+			parts = append(parts, "parent "+ev.ParentID)
+		}
+		if ev.PinnedWorker != "" {
+			parts = append(parts, "pinned to "+ev.PinnedWorker)
+		}
+		if ev.Choices > 1 {
+			parts = append(parts, fmt.Sprintf("n=%d", ev.Choices))
+		}
+		return strings.Join(parts, ", ")
+	case events.RequestRouted:
+		return fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
+	case events.TokensGenerated:
+		return fmt.Sprintf("attempt %d: %s", ev.Attempt, TokenRange(ev.Offset, len(ev.Tokens), 1))
+	case events.RequestCompleted:
+		return fmt.Sprintf("attempt %d completed: finish reason %s, %d completion tokens",
+			ev.Attempt, ev.FinishReason, ev.CompletionTokens)
+	case events.AttemptFailed:
+		if fe, ok := FencedBy(e); ok {
+			return fmt.Sprintf("attempt %d (worker %s) fenced by frontend %s at token %d: %s",
+				ev.Attempt, ev.WorkerID, fe, ev.Offset, ev.Reason)
+		}
+		line := fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
+			ev.Attempt, ev.WorkerID, ev.Offset, ev.Reason)
+		if ev.Status != 0 {
+			line += fmt.Sprintf(" (upstream %d", ev.Status)
+			if ev.Code != "" {
+				line += " " + ev.Code
+			}
+			if ev.RetryAfterMS > 0 {
+				line += fmt.Sprintf(", retry after %d ms", ev.RetryAfterMS)
+			}
+			line += ")"
+		}
+		if ev.Message != "" {
+			line += ": " + ev.Message
+		}
+		return line
+	case events.RequestMigrated:
+		return fmt.Sprintf("%s migration: attempt %d (worker %s) cut at token %d by frontend %s: %s",
+			ev.MigrationType, ev.FromAttempt, ev.FromWorker, ev.Cut, ev.Frontend, ev.Reason)
+	case events.RequestAttached:
+		return fmt.Sprintf("attached to frontend %s (client at token %d)", ev.Frontend, ev.Offset)
+	case events.RequestCancelled:
+		return fmt.Sprintf("cancel (%s): %s", ev.Mode, ev.Reason)
+	case events.RequestFailed:
+		return fmt.Sprintf("failed: %s (status %d) after %d tokens: %s", ev.Code, ev.Status, ev.Offset, ev.Message)
+	case events.ChildAdded:
+		return "child request " + ev.ChildID
+	case events.WorkerRegistered:
+		return fmt.Sprintf("worker %s registered: model %s, pid %d on %s, lease ttl %v, %d KV blocks",
+			ev.WorkerID, ev.Model, ev.PID, ev.Host, time.Duration(ev.LeaseTTLMS)*time.Millisecond, ev.KVBlocks)
+	case events.WorkerDraining:
+		return fmt.Sprintf("worker %s draining: %s", ev.WorkerID, ev.Reason)
+	case events.WorkerDeregistered:
+		return fmt.Sprintf("worker %s deregistered", ev.WorkerID)
+	case events.WorkerLost:
+		return fmt.Sprintf("worker %s lost: %s", ev.WorkerID, ev.Reason)
+	case nil:
+		return ""
+	}
+	return fmt.Sprintf("%+v", e.Event)
+}
+
+// TokenRange describes n tokens at offset, received in deltas deltas.
+func TokenRange(offset, n, deltas int) string {
+	var s string
+	switch n {
+	case 0:
+		s = fmt.Sprintf("no tokens at %d", offset)
+	case 1:
+		s = fmt.Sprintf("token %d", offset)
+	default:
+		s = fmt.Sprintf("tokens %d-%d", offset, offset+n-1)
+	}
+	if deltas > 1 {
+		s += fmt.Sprintf(" (%d tokens in %d deltas)", n, deltas)
+	} else if n > 1 {
+		s += fmt.Sprintf(" (%d)", n)
+	}
+	return s
+}

@@ -1,0 +1,298 @@
+package frontend
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The console's fixed bounds; Config.ConsoleWindow and ConsoleRequests set
+// how far back it reads and how much it keeps.
+const (
+	consoleRows      = 200                    // rows of the request table sent in a state event
+	consoleStateRate = 250 * time.Millisecond // at most one state event per
+	consoleStateIdle = 2 * time.Second        // at least one state event per (a heartbeat too)
+	consoleCatchUp   = 5 * time.Second        // how long a first reader waits for the views to catch up
+)
+
+//go:embed console
+var consoleAssets embed.FS
+
+// consoleView is the console's read model of the log: the recent requests
+// (projections.Recent) and the feed, a bounded ring of the events people
+// watch, each with its stream and sequence. Both are folded from ordered
+// consumers on BATON_REQUESTS and BATON_WORKERS, started the first time the
+// console asks for them and stopped with the frontend.
+type consoleView struct {
+	fe      *Frontend
+	changed *signal
+
+	startMu   sync.Mutex
+	ctx       context.Context            // the frontend's lifetime while run runs; guarded by startMu
+	started   bool                       // guarded by startMu
+	consumers []jetstream.ConsumeContext // guarded by startMu
+	caughtUp  chan struct{}              // closed when both readers reached the log's end as of their start
+
+	mu     sync.Mutex
+	recent *projections.Recent
+	feed   []feedEntry // oldest first, at most limit
+	limit  int         // feed entries kept for resumes
+	cursor feedCursor  // of the newest feed entry of each stream
+}
+
+// feedCursor is a position in the feed: the last stream sequence seen of
+// BATON_REQUESTS and of BATON_WORKERS. As an SSE id it reads "R.W".
+type feedCursor struct{ Requests, Workers uint64 }
+
+func (c feedCursor) String() string { return fmt.Sprintf("%d.%d", c.Requests, c.Workers) }
+
+func parseCursor(s string) (feedCursor, error) {
+	r, w, ok := strings.Cut(strings.TrimSpace(s), ".")
+	if !ok {
+		return feedCursor{}, fmt.Errorf("want <requests sequence>.<workers sequence>, got %q", s)
+	}
+	rs, err1 := strconv.ParseUint(r, 10, 64)
+	ws, err2 := strconv.ParseUint(w, 10, 64)
+	if err1 != nil || err2 != nil {
+		return feedCursor{}, fmt.Errorf("want <requests sequence>.<workers sequence>, got %q", s)
+	}
+	return feedCursor{rs, ws}, nil
+}
+
+// after reports whether e comes after cursor c in its stream.
+func (c feedCursor) after(e feedEntry) bool {
+	if e.Stream == streams.WorkersStream {
+		return e.Seq > c.Workers
+	}
+	return e.Seq > c.Requests
+}
+
+// feedEntry is one event of the live feed.
+type feedEntry struct {
+	ID        string    `json:"id"` // the SSE id: the feed cursor after this entry
+	Stream    string    `json:"stream"`
+	Seq       uint64    `json:"seq"`
+	Time      time.Time `json:"time"`
+	Type      string    `json:"type"`
+	Kind      string    `json:"kind"` // the type's short name: migrated, attempt_failed, lost, ...
+	RequestID string    `json:"request_id,omitempty"`
+	WorkerID  string    `json:"worker_id,omitempty"`
+	Source    string    `json:"source"`
+	Summary   string    `json:"summary"`
+}
+
+func newConsoleView(fe *Frontend) *consoleView {
+	return &consoleView{fe: fe, changed: newSignal(), caughtUp: make(chan struct{}),
+		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests}
+}
+
+// run gives the console the frontend's lifetime: readers start on ctx, and
+// run stops them when ctx is done.
+func (c *consoleView) run(ctx context.Context) {
+	c.startMu.Lock()
+	c.ctx = ctx
+	c.startMu.Unlock()
+	<-ctx.Done()
+	c.startMu.Lock()
+	defer c.startMu.Unlock()
+	c.ctx = nil
+	for _, cc := range c.consumers {
+		cc.Stop()
+	}
+	c.consumers = nil
+}
+
+// start starts the readers once, on the frontend's lifetime, and waits up to
+// consoleCatchUp for them to catch up.
+func (c *consoleView) start(ctx context.Context) error {
+	c.startMu.Lock()
+	if !c.started {
+		if c.ctx == nil || c.fe.isDraining() {
+			c.startMu.Unlock()
+			return fmt.Errorf("console: the frontend is not running")
+		}
+		if err := c.follow(); err != nil {
+			c.startMu.Unlock()
+			return err // tried again by the next caller
+		}
+		c.started = true
+	}
+	c.startMu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, consoleCatchUp)
+	defer cancel()
+	select {
+	case <-c.caughtUp:
+	case <-wctx.Done():
+	}
+	return nil
+}
+
+// follow starts the two readers; if either cannot start, neither runs.
+// Called with startMu held.
+func (c *consoleView) follow() (err error) {
+	ctx := c.ctx
+	var started []jetstream.ConsumeContext
+	defer func() {
+		if err != nil {
+			for _, cc := range started {
+				cc.Stop()
+			}
+		}
+	}()
+	since := time.Now().Add(-c.fe.cfg.ConsoleWindow)
+	var pending atomic.Int32 // readers not caught up yet
+	pending.Store(2)
+	caughtUp := func() {
+		if pending.Add(-1) == 0 {
+			close(c.caughtUp)
+		}
+	}
+	for _, name := range []string{streams.RequestsStream, streams.WorkersStream} {
+		// Caught up: the stream's last message as of now was applied, or the
+		// server said nothing is pending, or the window holds nothing.
+		cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+		defer cancel()
+		stream, err := c.fe.js.Stream(cctx, name)
+		if err != nil {
+			return fmt.Errorf("console: follow %s: %w", name, err)
+		}
+		last := stream.CachedInfo().State.LastSeq
+		cons, err := stream.OrderedConsumer(cctx, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+		})
+		if err != nil {
+			return fmt.Errorf("console: follow %s: %w", name, err)
+		}
+		var once sync.Once
+		done := func() { once.Do(caughtUp) }
+		if last == 0 {
+			done()
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			md, err := m.Metadata()
+			if err != nil {
+				return
+			}
+			if e, err := events.Unmarshal(events.Header(m.Headers()), m.Data()); err == nil {
+				e.Seq = md.Sequence.Stream
+				c.apply(name, e)
+			}
+			if md.NumPending == 0 || md.Sequence.Stream >= last {
+				done()
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("console: follow %s: %w", name, err)
+		}
+		if info, err := cons.Info(cctx); err == nil && info.NumPending == 0 && info.Delivered.Stream == 0 {
+			done() // nothing stored in the window
+		}
+		started = append(started, cc)
+	}
+	c.consumers = append(c.consumers, started...)
+	return nil
+}
+
+// apply folds an event of stream into the views.
+func (c *consoleView) apply(stream string, e events.Envelope) {
+	c.mu.Lock()
+	changed := false
+	if stream == streams.RequestsStream {
+		changed = c.recent.Apply(e)
+	}
+	if projections.InFeed(e.Event) {
+		seq := &c.cursor.Requests
+		if stream == streams.WorkersStream {
+			seq = &c.cursor.Workers
+		}
+		if e.Seq > *seq {
+			*seq = e.Seq
+			c.feed = append(c.feed, feedOf(stream, e, c.cursor))
+			if len(c.feed) > c.limit {
+				c.feed = append(c.feed[:0], c.feed[len(c.feed)-c.limit:]...)
+			}
+			changed = true
+		}
+	}
+	c.mu.Unlock()
+	if changed {
+		c.changed.Notify()
+	}
+}
+
+func feedOf(stream string, e events.Envelope, cur feedCursor) feedEntry {
+	f := feedEntry{ID: cur.String(), Stream: stream, Seq: e.Seq, Time: e.Time, Type: e.Type(),
+		Kind: shortType(e.Type()), Source: e.Source, Summary: projections.Describe(e)}
+	if stream == streams.WorkersStream {
+		f.WorkerID = e.Subject
+	} else {
+		f.RequestID = e.Subject
+	}
+	return f
+}
+
+// shortType shortens an event type: "baton.request.migrated.v1" → "migrated".
+func shortType(typ string) string {
+	for _, p := range []string{"baton.request.", "baton.worker."} {
+		if rest, ok := strings.CutPrefix(typ, p); ok {
+			if i := strings.LastIndex(rest, ".v"); i > 0 {
+				return rest[:i]
+			}
+			return rest
+		}
+	}
+	return typ
+}
+
+// since returns the feed entries after cursor, oldest first.
+func (c *consoleView) since(cur feedCursor) []feedEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []feedEntry
+	for _, e := range c.feed {
+		if cur.after(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func (c *consoleView) requests(model, status string, limit int) []projections.RequestSummary {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.recent.Requests(model, status, limit)
+}
+
+// initConsole sets up the console and the metrics it adds to reg: the
+// discovery view's workers by state, and the JetStream streams' size.
+func (fe *Frontend) initConsole(reg prometheus.Registerer) error {
+	fe.console = newConsoleView(fe)
+	return reg.Register(&clusterCollector{fe: fe})
+}
+
+// registerConsole adds the console's page and data endpoints to mux. The
+// data endpoints live under /v1/ beside the API, so that whatever guards the
+// API guards them too; the page itself holds no data.
+func (fe *Frontend) registerConsole(mux *http.ServeMux) {
+	assets, _ := fs.Sub(consoleAssets, "console")
+	files := http.StripPrefix("/console/", http.FileServerFS(assets))
+	mux.Handle("GET /console/", files)
+	mux.Handle("GET /console", http.RedirectHandler("/console/", http.StatusMovedPermanently))
+	mux.HandleFunc("GET /v1/console/requests", fe.handleConsoleRequests)
+	mux.HandleFunc("GET /v1/console/requests/{id}/timeline", fe.handleTimeline)
+	mux.HandleFunc("GET /v1/console/frontends", fe.handleFrontends)
+	mux.HandleFunc("GET /v1/console/events", fe.handleConsoleEvents)
+}

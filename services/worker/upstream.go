@@ -1,0 +1,84 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+)
+
+// DefaultUpstreamProbeInterval is how often a worker whose upstream is not
+// ready probes it again.
+const DefaultUpstreamProbeInterval = 5 * time.Second
+
+// upstreamProbeTimeout bounds one probe of the upstream.
+const upstreamProbeTimeout = 30 * time.Second
+
+// capabilities is what the engine can do, as the last probe found; nil for
+// engines that are not Probers (they can do everything).
+func (w *Worker) capabilities() *events.Capabilities {
+	w.upstreamMu.Lock()
+	defer w.upstreamMu.Unlock()
+	return w.caps
+}
+
+// probeUpstream asks a probing engine what its server can do. A server that
+// refuses the engine or cannot be reached leaves the worker not ready, with
+// the reason in its lease and /health, until a later probe passes.
+func (w *Worker) probeUpstream(ctx context.Context) bool {
+	p, ok := w.eng.(engine.Prober)
+	if !ok {
+		return true
+	}
+	pctx, cancel := context.WithTimeout(ctx, upstreamProbeTimeout)
+	defer cancel()
+	caps, err := p.Probe(pctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("upstream not ready", "err", err)
+			w.health.setUpstream(err.Error())
+		}
+		return false
+	}
+	w.upstreamMu.Lock()
+	w.caps = &caps
+	w.upstreamMu.Unlock()
+	if w.health.upstreamReason() != "" {
+		w.log.Info("upstream ready again", "capabilities", caps)
+	} else {
+		w.log.Info("upstream probed", "chat", caps.Chat, "completions", caps.Completions, "token_ids", caps.TokenIDs, "prefill", caps.Prefill)
+	}
+	w.health.setUpstream("")
+	return true
+}
+
+// upstreamNotReady takes the worker out of routing after its upstream
+// refused it (401, 403, 404) until a probe passes again.
+func (w *Worker) upstreamNotReady(e *engine.UpstreamError) {
+	w.health.setUpstream(e.Error())
+	w.syncReady()
+}
+
+// reprobeUpstream probes the upstream every Config.UpstreamProbeInterval
+// while it is not ready, until ctx is done.
+func (w *Worker) reprobeUpstream(ctx context.Context) {
+	if _, ok := w.eng.(engine.Prober); !ok {
+		return
+	}
+	t := time.NewTicker(w.cfg.UpstreamProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if w.health.upstreamReason() == "" {
+			continue
+		}
+		if w.probeUpstream(ctx) {
+			w.syncReady()
+		}
+	}
+}

@@ -1,0 +1,121 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/services/worker"
+)
+
+// upstreamEngine emits two tokens with ids and details, then fails with
+// the scripted upstream error; its probe fails with probeErr while set.
+type upstreamEngine struct {
+	mu       sync.Mutex
+	fail     *engine.UpstreamError
+	probeErr error
+}
+
+func (u *upstreamEngine) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
+	u.mu.Lock()
+	fail := u.fail
+	u.mu.Unlock()
+	if err := emit(engine.Token{Text: "a", ID: 5, HasID: true, PromptIDs: []int{1, 2}, Details: json.RawMessage(`{"refusal":"no"}`)}); err != nil {
+		return engine.Result{}, err
+	}
+	if err := emit(engine.Token{Text: "b", ID: 6, HasID: true}); err != nil {
+		return engine.Result{}, err
+	}
+	return engine.Result{}, fail
+}
+
+func (u *upstreamEngine) Stats() engine.Stats { return engine.Stats{} }
+
+func (u *upstreamEngine) Probe(context.Context) (engine.Capabilities, error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return engine.Capabilities{Chat: true, Completions: true, TokenIDs: true}, u.probeErr
+}
+
+func (u *upstreamEngine) set(fail *engine.UpstreamError, probeErr error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.fail, u.probeErr = fail, probeErr
+}
+
+// TestUpstreamFailures: an upstream failure is an attempt_failed with its
+// class, status, code, message and Retry-After, after the tokens (ids,
+// prompt ids, details) produced before it; it never stops the worker. A
+// 401 makes the worker not ready with the reason in its lease and status,
+// until a probe passes again. The probed capabilities are in the lease.
+func TestUpstreamFailures(t *testing.T) {
+	e := newEnv(t)
+	eng := &upstreamEngine{}
+	eng.set(&engine.UpstreamError{Class: events.FailureUnavailable, Status: 429, Code: "TooManyRequests", Message: "slow down", RetryAfter: 2 * time.Second}, nil)
+	nc := e.s.Connect(t)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	cfg := worker.Config{ID: "w-up", Model: "mock", LeaseTTL: time.Second, UpstreamProbeInterval: 50 * time.Millisecond}
+	cfg.Streams.MemoryStorage = true
+	w, err := worker.New(nc, eng, log, nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	e.waitFor("lease with capabilities", func() bool {
+		l, ok := e.lease("w-up")
+		return ok && l.Capabilities != nil && l.Capabilities.TokenIDs && !l.Capabilities.Prefill
+	})
+
+	e.accept("r-429", "a", 5, "w-up")
+	e.dispatch("w-up", newDispatch("r-429", "a", 5))
+	e.waitFor("attempt_failed", func() bool { _, ok := ended(e.request("r-429")); return ok })
+	var toks events.TokensGenerated
+	for _, ev := range e.request("r-429") {
+		if d, ok := ev.Event.(events.TokensGenerated); ok && d.Offset == 0 {
+			toks = d
+		}
+	}
+	if !reflect.DeepEqual(toks.IDs, []int{5, 6}) || !reflect.DeepEqual(toks.PromptIDs, []int{1, 2}) || len(toks.Details) != 2 || string(toks.Details[0]) != `{"refusal":"no"}` || (toks.Details[1] != nil && string(toks.Details[1]) != "null") {
+		t.Errorf("delta %+v, want ids, prompt ids and details", toks)
+	}
+	last, _ := ended(e.request("r-429"))
+	f, ok := last.Event.(events.AttemptFailed)
+	if !ok || f.Class != events.FailureUnavailable || f.Status != 429 || f.Code != "TooManyRequests" || f.Message != "slow down" || f.RetryAfterMS != 2000 || f.Offset != 2 || f.Reason != events.FailureUnavailable {
+		t.Errorf("outcome %+v", last.Event)
+	}
+	if l, _ := e.lease("w-up"); l.NotReady || !w.Ready() {
+		t.Errorf("a 429 made the worker not ready: %+v", l)
+	}
+
+	eng.set(&engine.UpstreamError{Class: events.FailureNotReady, Status: 401, Message: "Unauthorized"}, &engine.UpstreamError{Class: events.FailureNotReady, Status: 401, Message: "Unauthorized"})
+	e.accept("r-401", "a", 5, "w-up")
+	e.dispatch("w-up", newDispatch("r-401", "a", 5))
+	e.waitFor("not ready with the reason", func() bool {
+		l, _ := e.lease("w-up")
+		return l.NotReady && strings.Contains(l.NotReadyReason, "401")
+	})
+	if st := w.Status(); st.Engine != "upstream_not_ready" || !strings.Contains(st.Reason, "Unauthorized") {
+		t.Errorf("status %+v", st)
+	}
+	eng.set(nil, nil) // the key is fixed: the next probe passes
+	e.waitFor("ready again", func() bool { l, _ := e.lease("w-up"); return !l.NotReady && l.NotReadyReason == "" })
+	select {
+	case err := <-done:
+		t.Fatalf("worker stopped: %v", err)
+	default:
+	}
+}
