@@ -53,17 +53,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "draining", "Service temporarily unavailable: this frontend is shutting down, please retry")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, fe.cfg.MaxBodyBytes))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes))
-			return
-		}
-		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
-		return
-	}
-	p, apiErr := fe.parseRequest(endpoint, body)
+	p, body, apiErr := fe.readRequest(w, r, endpoint)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -121,10 +111,32 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		fe.serveChoices(w, r, acc, p.n, start)
 		return
 	}
+	fe.serveNew(w, r, acc, from, start)
+}
+
+// readRequest reads a completion request body of at most --max-body-bytes
+// and parses it; it returns the body as sent, too.
+func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (parsed, []byte, *apiError) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, fe.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return parsed{}, nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+				message: fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes)}
+		}
+		return parsed{}, nil, badRequest("invalid_body", "could not read the request body: %v", err)
+	}
+	p, apiErr := fe.parseRequest(endpoint, body)
+	return p, body, apiErr
+}
+
+// serveNew starts request acc (one choice) and answers with it; an id that
+// turns out to exist already is served as a retry from offset from.
+func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.RequestAccepted, from int, start time.Time) {
 	t, err := fe.start(r.Context(), acc)
 	if errors.Is(err, errExists) {
-		if t, err = fe.attach(r.Context(), id); err == nil {
-			fe.serveExisting(w, r, t, from, p.stream)
+		if t, err = fe.attach(r.Context(), acc.RequestID); err == nil {
+			fe.serveExisting(w, r, t, from, acc.Stream)
 			return
 		}
 	}
@@ -133,11 +145,11 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer fe.release(t)
-	if parent != "" {
-		fe.linkChild(r.Context(), parent, id)
+	if acc.ParentID != "" {
+		fe.linkChild(r.Context(), acc.ParentID, acc.RequestID)
 	}
-	fe.metrics.active.WithLabelValues(p.model).Inc()
-	defer fe.metrics.active.WithLabelValues(p.model).Dec()
+	fe.metrics.active.WithLabelValues(acc.Model).Inc()
+	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
 
 	// Wait until the first dispatch settles, so that "no worker" is still a
 	// plain 503 rather than a broken stream.
@@ -145,8 +157,8 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	case <-t.dispatched:
 	case <-r.Context().Done():
 	}
-	out := fe.respond(w, r, acc, []*tracked{t}, 0, p.stream, start, func() { fe.onClientGone(t) })
-	fe.countRequest(p.model, endpoint, p.stream, out)
+	out := fe.respond(w, r, acc, []*tracked{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
+	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
 }
 
 // admit checks that the model is served and that some worker can take the
