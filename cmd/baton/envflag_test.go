@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"github.com/baton-dev/baton/streams"
 	"os"
 	"path/filepath"
@@ -204,8 +205,75 @@ func TestUpPassesWorkerFlags(t *testing.T) {
 	if strings.Contains(got, "migration") {
 		t.Errorf("got worker args %q, want no frontend flags", got)
 	}
-	if o.cfg.HTTPAddr != ":8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
-		t.Errorf("got addr %q limit %d workers %d, want :8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	if o.cfg.HTTPAddr != "127.0.0.1:8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
+		t.Errorf("got addr %q limit %d workers %d, want 127.0.0.1:8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	}
+}
+
+// TestUpFlags: up listens on loopback unless --http-host says otherwise,
+// gives worker i the status port --system-port+i-1 (always explicit, so a
+// DYN_SYSTEM_PORT in the environment cannot give every worker the same one),
+// and passes NATS credentials to its workers in their environment.
+func TestUpFlags(t *testing.T) {
+	tests := []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		wantAddr  string
+		wantPorts []int // of workers 1..n
+		wantUser  string
+		wantErr   string
+	}{
+		{name: "defaults", wantAddr: "127.0.0.1:8000", wantPorts: []int{0, 0}},
+		{name: "all interfaces", args: []string{"--http-host", "0.0.0.0"}, wantAddr: "0.0.0.0:8000", wantPorts: []int{0, 0}},
+		{name: "system port", args: []string{"--system-port", "9100", "--workers", "3"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{9100, 9101, 9102}},
+		{name: "system port from env", env: map[string]string{"DYN_SYSTEM_PORT": "9200"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{9200, 9201}},
+		{name: "credentials", args: []string{"--user", "u", "--password", "p"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{0, 0}, wantUser: "u"},
+		{name: "credentials from env", env: map[string]string{"BATON_NATS_USER": "eu", "BATON_NATS_PASSWORD": "ep"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{0, 0}, wantUser: "eu"},
+		{name: "user without password", args: []string{"--user", "u"}, wantErr: "--user and --password go together"},
+		{name: "system ports past 65535", args: []string{"--system-port", "65535"}, wantErr: "--system-port 65535"},
+	}
+	t.Setenv("NATS_CREDS", "/elsewhere.creds")
+	t.Setenv("NATS_USER", "someone-else")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, _ := testEnv(tt.env)
+			o, err := parseUp(env, tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.As(err, new(usageError)) {
+					t.Fatalf("parseUp = %v, want a usage error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseUp: %v", err)
+			}
+			if o.cfg.HTTPAddr != tt.wantAddr {
+				t.Errorf("got addr %q, want %q", o.cfg.HTTPAddr, tt.wantAddr)
+			}
+			for i, want := range tt.wantPorts {
+				cmd := o.workerCommand(context.Background(), "baton", i+1, "nats://127.0.0.1:4222", env)
+				got := strings.Join(cmd.Args, " ")
+				if w := fmt.Sprintf("--system-port %d", want); !strings.Contains(got, w) {
+					t.Errorf("worker %d args %q, want %q", i+1, got, w)
+				}
+				if strings.Contains(got, "password") {
+					t.Errorf("worker %d args %q carry a password", i+1, got)
+				}
+				if strings.Contains(strings.Join(cmd.Env, " "), "NATS_CREDS=") {
+					t.Errorf("worker %d inherits NATS_CREDS, meant for another server", i+1)
+				}
+				var user string
+				for _, kv := range cmd.Env {
+					if v, ok := strings.CutPrefix(kv, "NATS_USER="); ok {
+						user = v
+					}
+				}
+				if user != tt.wantUser {
+					t.Errorf("worker %d NATS_USER %q, want %q", i+1, user, tt.wantUser)
+				}
+			}
+		})
 	}
 }
 
