@@ -185,11 +185,18 @@ type Report struct {
 // observed at now. It is pure: it reads s.Request and returns a new Memory
 // in the action, sharing nothing the caller may change.
 func (p Policy) Step(s State, o Observation, now time.Time) Action {
-	r := s.Request
-	if !r.Known() || r.Accepted.Choices > 1 || r.Status.Terminal() || r.Owner != p.Frontend {
-		return Action{Kind: Stop, Next: s.Memory}
+	r, m := s.Request, s.Memory
+	var done *Failure
+	if d := o.Dispatch; d != nil && d.Result == DispatchAccepted {
+		// A worker accepted the continuation: the re-dispatch happened,
+		// even if the request has ended by now (a short answer).
+		done, m.Migration = m.Migration, nil
 	}
-	a := p.step(r, s.Memory, o, now)
+	if !r.Known() || r.Accepted.Choices > 1 || r.Status.Terminal() || r.Owner != p.Frontend {
+		return Action{Kind: Stop, Next: m, Report: Report{Migrated: done}}
+	}
+	a := p.step(r, m, o, now)
+	a.Report.Migrated = done
 	if p.ExceedsMaxSeqLen(r) && !a.Next.Exceeded {
 		a.Next.Exceeded = true
 		a.Report.MaxSeqLenExceeded = true
@@ -233,11 +240,7 @@ func (p Policy) afterDispatch(r *projections.Request, m Memory, o Observation, n
 	case DispatchAccepted:
 		m.Exclude = nil
 		m.Watch = Watch{Active: true, Attempt: out.Attempt, WorkerID: out.WorkerID, LeaseID: out.LeaseID, Since: now}
-		var done *Failure
-		done, m.Migration = m.Migration, nil
-		a := p.step(r, m, o, now)
-		a.Report.Migrated = done
-		return a
+		return p.step(r, m, o, now)
 	case DispatchRefused:
 		if pinned := r.Accepted.PinnedWorker; pinned != "" {
 			return p.unroutable(r, m, fmt.Sprintf("pinned worker %s refused: %s", out.WorkerID, out.Reason), false)

@@ -238,6 +238,12 @@ func TestStep(t *testing.T) {
 			mem:  migrations.Memory{Migration: failed(0, "w1", ongoing, "worker_lost"), LastFailed: "w1"},
 			obs:  migrations.Observation{Worker: present("w2"), Dispatch: &migrations.DispatchOutcome{Attempt: 1, WorkerID: "w2", LeaseID: "L-w2"}},
 			want: want{kind: migrations.Wait, until: stall, counted: ongoing}},
+		{name: "continuation accepted and already completed: still counted", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").tokens(0, 2).migrated(0, "w1", ongoing, "fe").routed(1, "w2").tokens(1, 2).
+				apply(events.RequestCompleted{RequestID: "r", Attempt: 1, FinishReason: "length"}),
+			mem:  migrations.Memory{Migration: failed(0, "w1", ongoing, "worker_lost"), LastFailed: "w1"},
+			obs:  migrations.Observation{Dispatch: &migrations.DispatchOutcome{Attempt: 1, WorkerID: "w2", LeaseID: "L-w2"}},
+			want: want{kind: migrations.Stop, counted: ongoing}},
 		{name: "continuation finds no worker: fail, nothing counted", policy: policy(3, 0),
 			req:  newReq("").routed(0, "w1").tokens(0, 2).migrated(0, "w1", ongoing, "fe"),
 			mem:  migrations.Memory{Migration: failed(0, "w1", ongoing, "worker_lost"), LastFailed: "w1"},

@@ -26,10 +26,12 @@ var errStopped = errors.New("frontend: follower stopped")
 // gaps (detected by Nats-Last-Sequence) and history filled by batch direct get.
 // Every reader of the request in this process shares one follower.
 //
-// One goroutine (run) owns the reading: the NATS callback only queues a
-// message, and every catch-up, whoever asks for it, is done by run, with no
-// lock held while it reads the network. The projection is guarded by mu,
-// held only to apply events and to read.
+// One goroutine (run) owns the reading of the log: every catch-up, whoever
+// asks for it (a gap, a lost race, a reconnect), is done by run, with no
+// lock held while it reads the network. The NATS callback applies a live
+// message itself only when that needs no I/O and run has nothing in hand;
+// otherwise it queues it for run. The projection is guarded by mu, held
+// only to apply events and to read.
 type follower struct {
 	id      string
 	js      jetstream.JetStream
@@ -39,7 +41,8 @@ type follower struct {
 	stopped chan struct{} // closed by stop
 	done    chan struct{} // closed when run returns
 
-	qmu      sync.Mutex
+	qmu      sync.Mutex // held by onLive while it applies, so run cannot overtake it
+	busy     bool       // run has messages or catch-ups in hand
 	queue    []*nats.Msg
 	overflow bool         // messages were dropped: read the log
 	waiters  []chan error // catch-ups asked for
@@ -82,9 +85,22 @@ func (f *follower) stop() {
 	<-f.done
 }
 
-// onLive queues a live message for run. It does no I/O.
+// onLive applies a live message at once when that needs no I/O (no gap,
+// and run has nothing in hand, so order is kept), and otherwise queues it
+// for run. It never reads the network.
 func (f *follower) onLive(m *nats.Msg) {
 	f.qmu.Lock()
+	if !f.busy && len(f.queue) == 0 && !f.overflow && len(f.waiters) == 0 {
+		changed, ok := f.applyLive(m)
+		f.qmu.Unlock()
+		if changed {
+			f.changed.Notify()
+		}
+		if ok {
+			return
+		}
+		f.qmu.Lock()
+	}
 	if len(f.queue) < maxQueued {
 		f.queue = append(f.queue, m)
 	} else {
@@ -92,6 +108,28 @@ func (f *follower) onLive(m *nats.Msg) {
 	}
 	f.qmu.Unlock()
 	f.poke()
+}
+
+// applyLive applies m unless a gap precedes it (ok false: run must read the
+// log first).
+func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
+	e, decodeErr := streams.Decode(m)
+	stored := streams.StoredSubject(m.Subject)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !(e.Seq > f.proj.LastSeq() || e.Seq == 0) {
+		return false, true // already applied
+	}
+	if e.LastSeq > f.lastBySubj[stored] {
+		return false, false
+	}
+	if e.Seq > f.proj.LastSeq() {
+		f.lastBySubj[stored] = e.Seq
+		if decodeErr == nil {
+			changed = f.applyLocked(e)
+		}
+	}
+	return changed, true
 }
 
 func (f *follower) poke() {
@@ -128,25 +166,39 @@ func (f *follower) run() {
 			return
 		case <-f.wake:
 		}
-		f.qmu.Lock()
-		msgs, overflow, waiters := f.queue, f.overflow, f.waiters
-		f.queue, f.overflow, f.waiters = nil, false, nil
-		f.qmu.Unlock()
-		changed := false
-		if overflow || len(waiters) > 0 {
-			err := f.readLog()
-			for _, w := range waiters {
-				w <- err
-			}
-			changed = true
-		}
-		for _, m := range msgs {
-			changed = f.live(m) || changed
-		}
-		if changed {
-			f.changed.Notify()
+		for f.drain() {
 		}
 	}
+}
+
+// drain does what is in hand: the catch-ups asked for, then the queued
+// messages. It reports false once nothing was left; until then onLive
+// queues behind it, so events are applied in order.
+func (f *follower) drain() bool {
+	f.qmu.Lock()
+	msgs, overflow, waiters := f.queue, f.overflow, f.waiters
+	f.queue, f.overflow, f.waiters = nil, false, nil
+	f.busy = len(msgs) > 0 || overflow || len(waiters) > 0
+	busy := f.busy
+	f.qmu.Unlock()
+	if !busy {
+		return false
+	}
+	changed := false
+	if overflow || len(waiters) > 0 {
+		err := f.readLog()
+		for _, w := range waiters {
+			w <- err
+		}
+		changed = true
+	}
+	for _, m := range msgs {
+		changed = f.live(m) || changed
+	}
+	if changed {
+		f.changed.Notify()
+	}
+	return true
 }
 
 // live applies one republished message, reading the log first if messages
@@ -187,8 +239,19 @@ func (f *follower) readLog() error {
 		from = max(from, s+1)
 	}
 	f.mu.Unlock()
+	// stop cuts a read short, so that releasing a request never waits on
+	// the network.
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	defer cancel()
+	read := make(chan struct{})
+	defer close(read)
+	go func() {
+		select {
+		case <-f.stopped:
+			cancel()
+		case <-read:
+		}
+	}()
 	var got []events.Envelope
 	var err error
 	for e, rerr := range streams.ReadRequest(ctx, f.js, f.id, from) {

@@ -201,18 +201,7 @@ func (o *output) stream(from int, start time.Time) bool {
 		}
 		setWorker(o.w, s) // the worker of the first token: SSE headers cannot change later
 	}
-	flusher, _ := o.w.(http.Flusher)
-	flush := func() {
-		if flusher != nil {
-			flusher.Flush()
-		}
-	}
-	h := o.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
-	o.w.WriteHeader(http.StatusOK)
+	flush := startSSE(o.w)
 	sse := &sseWriter{w: o.w, acc: o.acc}
 	m := o.fe.tokenMetrics(o.acc.Model, start)
 	sent := make([]int, len(o.ts))
@@ -277,6 +266,22 @@ func (o *output) stream(from int, start time.Time) bool {
 		}
 		if !o.wait(pch) {
 			return false
+		}
+	}
+}
+
+// startSSE writes the headers of an event stream and returns its flush.
+func startSSE(w http.ResponseWriter) (flush func()) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	return func() {
+		if flusher != nil {
+			flusher.Flush()
 		}
 	}
 }

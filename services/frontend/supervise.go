@@ -89,17 +89,25 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
 			} else if err != nil {
 				fe.log.Warn("record migration", "request_id", t.id, "err", err)
+				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch)
 			}
 		case migrations.Fail:
-			fe.fail(ctx, t, a.Failed)
+			if !fe.fail(ctx, t, a.Failed) {
+				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch)
+			}
 		case migrations.Detach:
 			fe.detach(ctx, t)
 		}
 	}
 }
 
-// wait blocks until ctx is done, until (if set), or one of chans fires.
-func (fe *Frontend) wait(ctx context.Context, until time.Time, chans ...<-chan struct{}) {
+// retryAfterError is how long a runner waits before deciding again when the
+// log refused a decision for another reason than a concurrent writer.
+const retryAfterError = time.Second
+
+// wait blocks until ctx is done, until (if set), or the request or
+// discovery changed.
+func (fe *Frontend) wait(ctx context.Context, until time.Time, request, discovery <-chan struct{}) {
 	var timeout <-chan time.Time
 	if !until.IsZero() {
 		timer := time.NewTimer(time.Until(until))
@@ -109,8 +117,8 @@ func (fe *Frontend) wait(ctx context.Context, until time.Time, chans ...<-chan s
 	select {
 	case <-ctx.Done():
 	case <-timeout:
-	case <-chans[0]:
-	case <-chans[1]:
+	case <-request:
+	case <-discovery:
 	}
 }
 
@@ -282,15 +290,18 @@ func (fe *Frontend) catchUp(ctx context.Context, t *tracked) {
 }
 
 // fail appends the request's terminal failure, trying again (with the
-// expected sequence caught up) when another writer came first.
-func (fe *Frontend) fail(ctx context.Context, t *tracked, ev events.RequestFailed) {
+// expected sequence caught up) when another writer came first. It reports
+// false if the log refused it.
+func (fe *Frontend) fail(ctx context.Context, t *tracked, ev events.RequestFailed) bool {
 	for range 3 {
 		ok, err := fe.decide(ctx, t, events.ID(t.id, "failed"), ev)
 		if err != nil {
 			fe.log.Error("record request failure", "request_id", t.id, "err", err)
+			return false
 		}
-		if ok || err != nil {
-			return
+		if ok {
+			return true
 		}
 	}
+	return true // superseded three times: the next step looks again
 }

@@ -479,13 +479,22 @@ func (w *Worker) appendWorker(ctx context.Context, what string, ev events.Event)
 	}
 }
 
-// reportLoad publishes the engine's load when it changes, at most once per
-// LoadInterval, and refreshes it every LeaseTTL/3. The load key has the
-// lease's TTL, so a crashed worker's load disappears with its lease.
+// reportLoad publishes the engine's load when it changes and refreshes it
+// every LeaseTTL/3. A change in the number of active requests (one started
+// or ended) is published at once, so that a finished request never shows as
+// running for longer than a publish takes; the other figures (KV blocks,
+// queued prefill tokens), which move with every token, at most once per
+// LoadInterval. The load key has the lease's TTL, so a crashed worker's load
+// disappears with its lease.
 func (w *Worker) reportLoad(ctx context.Context) {
 	refresh := time.NewTicker(w.cfg.LeaseTTL / 3)
 	defer refresh.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+	var holdC <-chan time.Time // set while a report waits for LoadInterval
 	var last events.Load
+	var lastAt time.Time
 	have := false
 	for {
 		force := false
@@ -493,25 +502,37 @@ func (w *Worker) reportLoad(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-w.loadCh:
+		case <-holdC:
+			holdC = nil
 		case <-refresh.C:
 			force = true
 		}
 		st := w.eng.Stats()
 		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
 			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
-		if force || !have || l != last {
-			if err := w.putLoad(ctx, l); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				w.log.Warn("report load", "err", err)
-			} else {
-				last, have = l, true
+		switch {
+		case force || !have || l.ActiveRequests != last.ActiveRequests:
+		case l == last:
+			continue
+		case time.Since(lastAt) < w.cfg.LoadInterval:
+			if holdC == nil {
+				hold.Reset(w.cfg.LoadInterval - time.Since(lastAt))
+				holdC = hold.C
 			}
+			continue
 		}
-		if !sleep(ctx, w.cfg.LoadInterval) {
-			return
+		if err := w.putLoad(ctx, l); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.log.Warn("report load", "err", err)
+			if holdC == nil { // try again, even if nothing changes
+				hold.Reset(w.cfg.LoadInterval)
+				holdC = hold.C
+			}
+			continue
 		}
+		last, lastAt, have = l, time.Now(), true
 	}
 }
 

@@ -1,0 +1,186 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// fakeWorker answers dispatches on core NATS the way a worker would, and
+// writes what its script says to the attempt's subject.
+type fakeWorker struct {
+	id     string
+	refuse string                // reply refused with this reason
+	fail   *events.AttemptFailed // report this failure after accepting
+}
+
+// runnerFixture is a frontend whose runner is driven directly (no HTTP, no
+// Run), with workers injected into its discovery and faked on core NATS.
+type runnerFixture struct {
+	t   *testing.T
+	ctx context.Context
+	fe  *Frontend
+	reg *prometheus.Registry
+	log *streams.Log
+	wg  sync.WaitGroup // fake workers' writes in flight
+}
+
+func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	reg := prometheus.NewRegistry()
+	fe, err := New(s.Connect(t), nil, reg, Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &runnerFixture{t: t, ctx: ctx, fe: fe, reg: reg, log: streams.NewLog(js, "fake-worker")}
+	nc := s.Connect(t)
+	for i, w := range workers {
+		fe.disc.update(func(v *projections.Discovery) bool {
+			return v.ApplyLease(projections.LeaseUpdate{Key: w.id, Revision: uint64(i + 1),
+				Lease: &events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m"}})
+		})
+		if _, err := nc.Subscribe(streams.DispatchSubject(w.id), func(m *nats.Msg) { x.serve(w, m) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
+	x.wg.Add(1) // before the reply: the runner cannot stop before this
+	defer x.wg.Done()
+	var d streams.Dispatch
+	_ = json.Unmarshal(m.Data, &d)
+	reply, _ := json.Marshal(streams.DispatchReply{Accepted: w.refuse == "", Reason: w.refuse})
+	_ = m.Respond(reply)
+	if w.refuse != "" {
+		return
+	}
+	id, k := d.RequestID, d.Attempt
+	var ev events.Event = events.TokensGenerated{RequestID: id, Attempt: k, Offset: d.StartOffset, Tokens: []string{"a ", "b "}}
+	if w.fail != nil {
+		f := *w.fail
+		f.RequestID, f.Attempt, f.WorkerID = id, k, w.id
+		ev = f
+	}
+	if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, ev), x.log.Envelope(events.ID(id, k, "1"), id, ev), -1); err != nil {
+		x.t.Error(err)
+	}
+	if w.fail == nil {
+		done := events.RequestCompleted{RequestID: id, Attempt: k, FinishReason: "length", CompletionTokens: 2}
+		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, done), x.log.Envelope(events.ID(id, k, "done"), id, done), -1); err != nil {
+			x.t.Error(err)
+		}
+	}
+}
+
+// run accepts request id and runs its runner until it stops; it returns the
+// request's final state.
+func (x *runnerFixture) run(id string) projections.State {
+	acc := events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"}
+	if _, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0); err != nil {
+		x.t.Fatal(err)
+	}
+	f, err := follow(x.ctx, x.fe.nc, x.fe.js, id, true)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	defer f.stop()
+	t := &tracked{id: id, f: f, dispatched: make(chan struct{})}
+	x.fe.supervise(x.ctx, t)
+	x.wg.Wait()
+	var st projections.State
+	f.view(func(p *projections.Request) { st = p.State() })
+	return st
+}
+
+// migrations reads dynamo_frontend_model_migration_total{model="m",migration_type=typ}.
+func (x *runnerFixture) migrations(typ string) float64 {
+	x.t.Helper()
+	mfs, err := x.reg.Gather()
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "dynamo_frontend_model_migration_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "migration_type" && l.GetValue() == typ {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestRunnerRefusalIsNoMigration: a busy refusal moves on to the next
+// worker with no migration and no inhibition.
+func TestRunnerRefusalIsNoMigration(t *testing.T) {
+	x := newRunnerFixture(t, fakeWorker{id: "w1", refuse: streams.RefusedBusy}, fakeWorker{id: "w2"})
+	x.fe.router.active["w2"] = 1 // w1 is the less loaded: tried first
+	st := x.run("r")
+	if st.Status != "completed" || len(st.Migrations) != 0 || st.Worker != "w2" || len(st.Attempts) != 2 ||
+		st.Attempts[0].WorkerID != "w1" || st.Attempts[0].CloseReason != "refused_busy" {
+		t.Fatalf("state %+v: want w1 refused, then completed on w2 with no migration", st)
+	}
+	if w, _ := x.fe.disc.get("w1"); x.fe.router.isInhibited(w) {
+		t.Error("w1 inhibited after a refusal")
+	}
+	if got := x.migrations(events.MigrationNewRequest) + x.migrations(events.MigrationOngoingRequest); got != 0 {
+		t.Errorf("migrations counted %v, want 0", got)
+	}
+}
+
+// TestRunnerUpstreamUnavailable: an overloaded upstream migrates the request
+// as new_request, counts it once the other worker accepted, and inhibits
+// the worker.
+func TestRunnerUpstreamUnavailable(t *testing.T) {
+	fail := &events.AttemptFailed{Reason: "engine_error", Class: events.FailureUnavailable, Status: 429, RetryAfterMS: 60_000}
+	x := newRunnerFixture(t, fakeWorker{id: "w1", fail: fail}, fakeWorker{id: "w2"})
+	x.fe.router.active["w2"] = 1
+	st := x.run("r")
+	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest ||
+		st.Migrations[0].FromWorker != "w1" || st.Worker != "w2" {
+		t.Fatalf("state %+v: want one new_request migration, completed on w2", st)
+	}
+	if got := x.migrations(events.MigrationNewRequest); got != 1 {
+		t.Errorf("new_request migrations counted %v, want 1", got)
+	}
+	if w, _ := x.fe.disc.get("w1"); !x.fe.router.isInhibited(w) {
+		t.Error("w1 not inhibited after its upstream was unavailable")
+	}
+}
+
+// TestRunnerClientError: an upstream that rejects the request fails it with
+// the upstream's status, without migrating it or inhibiting the worker.
+func TestRunnerClientError(t *testing.T) {
+	fail := &events.AttemptFailed{Reason: "engine_error", Class: events.FailureClient, Status: 422, Code: "context_length_exceeded", Message: "too long"}
+	x := newRunnerFixture(t, fakeWorker{id: "w1", fail: fail}, fakeWorker{id: "w2"})
+	x.fe.router.active["w2"] = 1
+	st := x.run("r")
+	if st.Status != "failed" || st.Failure == nil || st.Failure.Status != 422 || st.Failure.Code != "context_length_exceeded" ||
+		len(st.Migrations) != 0 || len(st.Attempts) != 1 || st.Attempts[0].WorkerID != "w1" {
+		t.Fatalf("state %+v failure %+v: want failed with 422 context_length_exceeded and no migration", st, st.Failure)
+	}
+	if w, _ := x.fe.disc.get("w1"); x.fe.router.isInhibited(w) {
+		t.Error("w1 inhibited after the upstream rejected the request itself")
+	}
+}
