@@ -102,11 +102,12 @@ func runScale(b *testing.B, sc scaleCase) {
 	}
 	fe.waitRoutable(b, "w1", "w2")
 	procs = append(procs, scaleProc{name: "client", pid: os.Getpid()})
-	b.ReportMetric(rawPublishRate(b, s.natsURL), "raw_js_msgs/s")
+	raw := rawPublishRate(b, s.natsURL)
 
 	for i := 0; b.Loop(); i++ {
 		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr)
 		r.report(b, sc, procs)
+		b.ReportMetric(raw, "raw_js_msgs/s") // after b.Loop's reset of the metrics
 	}
 }
 
