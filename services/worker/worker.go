@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -477,34 +476,41 @@ func (w *Worker) appendWorker(ctx context.Context, what string, ev events.Event)
 }
 
 // reportLoad publishes the engine's load when it changes, at most once per
-// LoadInterval, and refreshes it every LeaseTTL/3. The load key has the
-// lease's TTL, so a crashed worker's load disappears with its lease.
+// LoadInterval, in a streams.Session with the lease's TTL that renews it, so
+// a crashed worker's load disappears with its lease. It reads the load again
+// every LeaseTTL/3 too, in case a change came without a notification. On
+// return the session stops without deleting the key (shutdown deletes it).
 func (w *Worker) reportLoad(ctx context.Context) {
 	refresh := time.NewTicker(w.cfg.LeaseTTL / 3)
 	defer refresh.Stop()
-	var last events.Load
-	have := false
+	var s *streams.Session[events.Load]
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
 	for {
-		force := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.loadCh:
 		case <-refresh.C:
-			force = true
 		}
 		st := w.eng.Stats()
 		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
 			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
-		if force || !have || l != last {
-			if err := w.putLoad(ctx, l); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				w.log.Warn("report load", "err", err)
-			} else {
-				last, have = l, true
+		var err error
+		switch {
+		case s == nil:
+			s, err = w.startLoad(ctx, l)
+		case s.Value() != l:
+			err = s.Update(func(v *events.Load) { *v = l })
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
 			}
+			w.log.Warn("report load", "err", err)
 		}
 		if !sleep(ctx, w.cfg.LoadInterval) {
 			return
@@ -512,15 +518,12 @@ func (w *Worker) reportLoad(ctx context.Context) {
 	}
 }
 
-func (w *Worker) putLoad(ctx context.Context, l events.Load) error {
-	data, err := json.Marshal(l)
-	if err != nil {
-		return err
-	}
+// startLoad puts the first load report and starts renewing it.
+func (w *Worker) startLoad(ctx context.Context, l events.Load) (*streams.Session[events.Load], error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	_, err = w.js.Publish(ctx, streams.KVSubject(streams.LoadBucket, w.cfg.ID), data, jetstream.WithMsgTTL(w.cfg.LeaseTTL))
-	return err
+	return streams.NewSession(ctx, w.js, w.loadKV, w.cfg.ID, l,
+		streams.SessionConfig[events.Load]{TTL: w.cfg.LeaseTTL, Log: w.log})
 }
 
 // notifyLoad tells the load reporter that the load may have changed; it
