@@ -46,7 +46,7 @@ func TestCapable(t *testing.T) {
 			ws: []projections.Worker{chat, complIDs}, endpoint: events.EndpointChat, start: 5, ids: true,
 			want: nil, wantErr: "continue it at token 5"},
 		{name: "chat continuation by ids on an engine serving chat with ids and completions",
-			ws: []projections.Worker{withCaps("both", &events.Capabilities{Chat: true, Completions: true, TokenIDs: true})},
+			ws:       []projections.Worker{withCaps("both", &events.Capabilities{Chat: true, Completions: true, TokenIDs: true})},
 			endpoint: events.EndpointChat, start: 5, ids: true, want: []string{"both"}},
 		{name: "token ids without completions do not continue chat", ws: []projections.Worker{idsOnly},
 			endpoint: events.EndpointChat, start: 2, ids: true, wantErr: "continue it at token 2"},
