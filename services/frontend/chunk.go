@@ -29,7 +29,7 @@ type rendered struct {
 	text      strings.Builder
 	reasoning strings.Builder
 	refusal   strings.Builder
-	calls     []*toolCall // pointers: a toolCall holds a Builder, which must not be copied
+	calls     []*toolCall                  // pointers: a toolCall holds a Builder, which must not be copied
 	logprobs  map[string][]json.RawMessage // array fields, concatenated
 	lpKeys    []string                     // their order of first appearance
 }
