@@ -56,6 +56,12 @@ type RequestAccepted struct {
 	// every field included: engines build the upstream request from it.
 	// Absent in events of older builds.
 	Body json.RawMessage `json:"body,omitempty"`
+	// Tenant is the API key's tenant that sent the request; empty when the
+	// API has no keys. Only it (and the tenant "admin") may see the request.
+	Tenant string `json:"tenant,omitempty"`
+	// BodySHA256 is the hex SHA-256 of the request body as the client sent
+	// it: a re-POST under the same id must send the same body.
+	BodySHA256 string `json:"body_sha256,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }
@@ -232,6 +238,10 @@ type RequestCancelled struct {
 	RequestID string `json:"request_id"`
 	Mode      string `json:"mode"`
 	Reason    string `json:"reason"`
+	// Tenant is the API tenant that asked for the cancel; empty for the
+	// frontend's own cancels (client gone, detached, parent cancelled) and
+	// when the API has no keys.
+	Tenant string `json:"tenant,omitempty"`
 }
 
 func (RequestCancelled) EventType() string { return TypeRequestCancelled }

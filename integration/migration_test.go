@@ -2,6 +2,8 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -103,8 +105,15 @@ func migrationStack(t *testing.T, n, tokensPerSec int, advisory bool, workerArgs
 	return s, fe, ids
 }
 
+// sysURL is the system-account URL of the stack's server, with the password
+// it generated at its first start.
 func (s *stack) sysURL() string {
-	return strings.Replace(s.natsURL, "nats://", "nats://sys:baton-sys@", 1)
+	s.t.Helper()
+	pw, err := os.ReadFile(filepath.Join(s.dir, "nats", "sys-password"))
+	if err != nil {
+		s.t.Fatalf("the system-account password: %v", err)
+	}
+	return strings.Replace(s.natsURL, "nats://", "nats://sys:"+strings.TrimSpace(string(pw))+"@", 1)
 }
 
 // TestMigrationMatrix is Dynamo's own matrix: migration limit {3, 0} ×

@@ -28,8 +28,50 @@ const (
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 // ValidID reports whether id can name a request or worker: 1 to 128 letters,
-// digits, '-' or '_' (it becomes a NATS subject token).
+// digits, '-' or '_' (it becomes a NATS subject token). A client's
+// X-Request-Id and a tenant's name are ValidIDs; a request's internal id is a
+// ValidRequestID.
 func ValidID(id string) bool { return idPattern.MatchString(id) }
+
+// TenantSeparator joins a tenant's name and its client's request id into the
+// internal request id. It can appear in neither (both are ValidIDs), and it
+// is a legal character of a NATS subject token.
+const TenantSeparator = ":"
+
+// TenantRequestID maps a client's request id, in the namespace of tenant,
+// to the request's internal id (the one in subjects and events):
+// "<tenant>:<id>". The empty tenant (an API without keys) and the tenant
+// "admin" use the global namespace, where the internal id is the client's id
+// itself; the admin may also name any tenant's request by its internal id.
+// The mapping is injective: bob's "r1" is "bob:r1", alice's is "alice:r1".
+func TenantRequestID(tenant, id string) string {
+	if tenant == "" || tenant == AdminTenant {
+		return id
+	}
+	return tenant + TenantSeparator + id
+}
+
+// AdminTenant is the tenant that sees and cancels every request.
+const AdminTenant = "admin"
+
+// SplitRequestID splits an internal request id into its tenant (empty for
+// the global namespace) and the client's id.
+func SplitRequestID(internal string) (tenant, id string) {
+	if t, rest, ok := strings.Cut(internal, TenantSeparator); ok {
+		return t, rest
+	}
+	return "", internal
+}
+
+// ValidRequestID reports whether id is an internal request id: a ValidID,
+// or "<tenant>:<ValidID>" with a ValidID tenant.
+func ValidRequestID(id string) bool {
+	t, rest, ok := strings.Cut(id, TenantSeparator)
+	if !ok {
+		return ValidID(id)
+	}
+	return ValidID(t) && ValidID(rest)
+}
 
 // RequestEvents is the subject of a request's lifecycle decisions.
 func RequestEvents(id string) string { return requestsPrefix + id + ".events" }

@@ -179,56 +179,96 @@ type conn struct {
 // up yet. The connection then reconnects forever. It returns ctx's error if
 // ctx ends first.
 //
+// A server that answers but refuses the client (wrong or missing
+// credentials, a TLS mismatch) is not worth waiting for: that error comes at
+// once, as a usage error (exit code 2), saying what the server said.
+//
 // extra (natsFlags.options: credentials, TLS) is applied after the defaults.
 func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, log *slog.Logger, extra ...nats.Option) (*conn, error) {
-	connected := make(chan struct{}, 1)
-	closed := make(chan struct{})
-	var once sync.Once
-	opts := []nats.Option{
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(natsReconnectWait),
-		nats.RetryOnFailedConnect(true),
-		nats.DrainTimeout(natsDrainTimeout),
-		nats.ConnectHandler(func(*nats.Conn) {
-			select {
-			case connected <- struct{}{}:
-			default:
+	deadline := time.Now().Add(timeout)
+	for attempt := 0; ; attempt++ {
+		closed := make(chan struct{})
+		var once sync.Once
+		opts := []nats.Option{
+			nats.Name(name),
+			nats.MaxReconnects(-1),
+			nats.ReconnectWait(natsReconnectWait),
+			nats.DrainTimeout(natsDrainTimeout),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					log.Warn("nats disconnected", "err", err)
+				}
+			}),
+			nats.ReconnectHandler(func(c *nats.Conn) {
+				log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
+			}),
+			nats.ClosedHandler(func(*nats.Conn) {
+				once.Do(func() { close(closed) })
+			}),
+		}
+		nc, err := nats.Connect(urls, append(opts, extra...)...)
+		if err == nil {
+			return &conn{Conn: nc, closed: closed}, nil
+		}
+		if what := refused(err); what != "" {
+			hint := "--nats-user/--nats-password, --nats-creds or the user:password in --nats"
+			if what == "TLS" {
+				hint = "--nats-tls-ca, --nats-tls-cert/--nats-tls-key and whether the server uses TLS"
 			}
-		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info("nats reconnected", "url", c.ConnectedUrlRedacted())
-		}),
-		nats.ClosedHandler(func(*nats.Conn) {
-			once.Do(func() { close(closed) })
-		}),
+			return nil, usagef("NATS at %s refused the connection (%s): %v; check %s", redactURLs(urls), what, err, hint)
+		}
+		if attempt == 0 {
+			log.Info("waiting for nats", "url", redactURLs(urls), "timeout", timeout, "err", err)
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("no NATS server reachable at %s after %v (start one with 'baton nats' or use 'baton up'): %w", redactURLs(urls), timeout, err)
+		}
+		t := time.NewTimer(min(natsReconnectWait, time.Until(deadline)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
 	}
-	nc, err := nats.Connect(urls, append(opts, extra...)...)
-	if err != nil {
-		return nil, fmt.Errorf("connect to nats %s: %w", urls, err)
+}
+
+// refused says what kind of refusal err is, when a server answered and
+// turned the client away: "authentication" or "TLS"; "" for anything else
+// (no server, a timeout), which is worth waiting out.
+func refused(err error) string {
+	var (
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		verify    *tls.CertificateVerificationError
+		alert     tls.AlertError
+		recordHdr tls.RecordHeaderError
+		// A TLS alert from the server ("remote error: tls: certificate
+		// required") has no exported type.
+		tlsText = strings.Contains(err.Error(), "tls: ")
+	)
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired),
+		errors.Is(err, nats.ErrAuthRevoked), errors.Is(err, nats.ErrAccountAuthExpired):
+		return "authentication"
+	case errors.Is(err, nats.ErrSecureConnRequired), errors.Is(err, nats.ErrSecureConnWanted),
+		errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid),
+		errors.As(err, &verify), errors.As(err, &alert), errors.As(err, &recordHdr), tlsText:
+		return "TLS"
 	}
-	c := &conn{Conn: nc, closed: closed}
-	if nc.IsConnected() {
-		return c, nil
+	return ""
+}
+
+// redactURLs is a URL list with any passwords replaced, for messages.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, raw := range parts {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil {
+			parts[i] = u.Redacted()
+		}
 	}
-	log.Info("waiting for nats", "url", urls, "timeout", timeout)
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-connected:
-		return c, nil
-	case <-t.C:
-		nc.Close()
-		return nil, fmt.Errorf("no NATS server reachable at %s after %v (start one with 'baton nats' or use 'baton up')", urls, timeout)
-	case <-ctx.Done():
-		nc.Close()
-		return nil, ctx.Err()
-	}
+	return strings.Join(parts, ",")
 }
 
 // close drains the connection, so that what was published is flushed, bounded

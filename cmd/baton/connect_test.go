@@ -1,19 +1,28 @@
 package main
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
+	"log/slog"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/services/natsserver"
+	"github.com/nats-io/nats.go"
 )
 
 // writeCerts writes a CA and a client certificate and key signed by it, as
@@ -113,5 +122,88 @@ func TestNATSSecurityFlags(t *testing.T) {
 				t.Errorf("client certificate set = %v, want %v", got, tt.wantCert)
 			}
 		})
+	}
+}
+
+// TestConnectNATSRefused: a server that answers but refuses the client is
+// reported at once, as what it is, and as a usage error (exit code 2); no
+// server at all is still waited for.
+func TestConnectNATSRefused(t *testing.T) {
+	dir := t.TempDir()
+	ca, _, _ := writeCerts(t, dir)
+	s, err := natsserver.Start(natsserver.Config{Port: -1, InMemory: true, User: "alice", Password: "right"}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	url := s.ClientURL()
+	tlsOpts := (&natsFlags{urls: url, tlsCA: ca})
+	if err := tlsOpts.validate(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		urls string
+		opts []nats.Option
+		want []string // substrings of the error
+	}{
+		{name: "wrong password", urls: url, opts: []nats.Option{nats.UserInfo("alice", "wrong")}, want: []string{"refused the connection (authentication)", "authorization violation"}},
+		{name: "no credentials", urls: url, want: []string{"(authentication)", "authorization violation"}},
+		{name: "password in the URL", urls: strings.Replace(url, "nats://", "nats://alice:wrong@", 1), want: []string{"(authentication)", "alice:xxxxx@"}},
+		{name: "TLS to a plain server", urls: url, opts: tlsOpts.options(), want: []string{"refused the connection (TLS)", "secure connection not available"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			log := slog.New(slog.DiscardHandler)
+			start := time.Now()
+			nc, err := connectNATS(context.Background(), tt.urls, "test", 10*time.Second, log, tt.opts...)
+			if err == nil {
+				nc.Close()
+				t.Fatal("connected, want a refusal")
+			}
+			if d := time.Since(start); d > 3*time.Second {
+				t.Errorf("refused after %v, want at once (the wait is 10s)", d)
+			}
+			if !errors.As(err, new(usageError)) {
+				t.Errorf("%v is not a usage error (exit code 2)", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(w)) {
+					t.Errorf("got %q, want %q in it", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "wrong") {
+				t.Errorf("%q shows the password", err)
+			}
+		})
+	}
+	nc, err := connectNATS(context.Background(), url, "test", 10*time.Second, slog.New(slog.DiscardHandler), nats.UserInfo("alice", "right"))
+	if err != nil {
+		t.Fatalf("right credentials: %v", err)
+	}
+	nc.Close()
+}
+
+func TestRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"authorization", nats.ErrAuthorization, "authentication"},
+		{"expired", fmt.Errorf("connect: %w", nats.ErrAuthExpired), "authentication"},
+		{"secure required", nats.ErrSecureConnRequired, "TLS"},
+		{"unknown CA", &net.OpError{Op: "read", Err: x509.UnknownAuthorityError{}}, "TLS"},
+		{"hostname", x509.HostnameError{Certificate: &x509.Certificate{}, Host: "h"}, "TLS"},
+		{"remote alert", errors.New("remote error: tls: certificate required"), "TLS"},
+		{"not TLS", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}, "TLS"},
+		{"no servers", nats.ErrNoServers, ""},
+		{"refused", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, ""},
+		{"timeout", nats.ErrTimeout, ""},
+	}
+	for _, tt := range tests {
+		if got := refused(tt.err); got != tt.want {
+			t.Errorf("%s: refused(%v) = %q, want %q", tt.name, tt.err, got, tt.want)
+		}
 	}
 }

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"github.com/baton-dev/baton/streams"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +38,19 @@ func flagDefaults(c *frontend.Config) {
 	c.MaxTokensLimit = frontend.DefaultMaxTokensLimit
 	c.MaxPromptTokens = frontend.DefaultMaxPromptTokens
 	c.MaxBodyBytes = frontend.DefaultMaxBodyBytes
+	if c.MaxChildren == 0 {
+		c.MaxChildren = frontend.DefaultMaxChildren
+	}
+	c.ReadHeaderTimeout = frontend.DefaultReadHeaderTimeout
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = frontend.DefaultBodyTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = frontend.DefaultIdleTimeout
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = frontend.DefaultMaxConnections
+	}
 	c.ConsoleWindow = frontend.DefaultConsoleWindow
 	c.ConsoleRequests = frontend.DefaultConsoleRequests
 	if c.Streams.Replicas == 0 {
@@ -74,6 +90,18 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				InhibitedDuration: 9 * time.Second, ShutdownTimeout: 2 * time.Second,
 				SystemURL: "nats://sys:pw@127.0.0.1:4222",
 			}
+			flagDefaults(&want)
+			if !equalConfig(c, want) {
+				t.Errorf("got %+v, want %+v", c, want)
+			}
+		}},
+		{"security env", nil, map[string]string{
+			"BATON_MAX_CHILDREN": "7", "BATON_BODY_TIMEOUT": "3s", "BATON_IDLE_TIMEOUT": "4s",
+			"BATON_MAX_CONNECTIONS": "50", "BATON_TENANT_MAX_CONCURRENT": "2", "BATON_TENANT_RPS": "2.5",
+		}, func(t *testing.T, c frontend.Config) {
+			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second,
+				MaxChildren: 7, BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
+				TenantMaxConcurrent: 2, TenantRPS: 2.5}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
@@ -177,14 +205,89 @@ func TestUpPassesWorkerFlags(t *testing.T) {
 	if strings.Contains(got, "migration") {
 		t.Errorf("got worker args %q, want no frontend flags", got)
 	}
-	if o.cfg.HTTPAddr != ":8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
-		t.Errorf("got addr %q limit %d workers %d, want :8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	if o.cfg.HTTPAddr != "127.0.0.1:8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
+		t.Errorf("got addr %q limit %d workers %d, want 127.0.0.1:8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	}
+}
+
+// TestUpFlags: up listens on loopback unless --http-host says otherwise,
+// gives worker i the status port --system-port+i-1 (always explicit, so a
+// DYN_SYSTEM_PORT in the environment cannot give every worker the same one),
+// and passes NATS credentials to its workers in their environment.
+func TestUpFlags(t *testing.T) {
+	tests := []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		wantAddr  string
+		wantPorts []int // of workers 1..n
+		wantUser  string
+		wantErr   string
+	}{
+		{name: "defaults", wantAddr: "127.0.0.1:8000", wantPorts: []int{0, 0}},
+		{name: "all interfaces", args: []string{"--http-host", "0.0.0.0"}, wantAddr: "0.0.0.0:8000", wantPorts: []int{0, 0}},
+		{name: "system port", args: []string{"--system-port", "9100", "--workers", "3"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{9100, 9101, 9102}},
+		{name: "system port from env", env: map[string]string{"DYN_SYSTEM_PORT": "9200"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{9200, 9201}},
+		{name: "credentials", args: []string{"--user", "u", "--password", "p"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{0, 0}, wantUser: "u"},
+		{name: "credentials from env", env: map[string]string{"BATON_NATS_USER": "eu", "BATON_NATS_PASSWORD": "ep"}, wantAddr: "127.0.0.1:8000", wantPorts: []int{0, 0}, wantUser: "eu"},
+		{name: "user without password", args: []string{"--user", "u"}, wantErr: "--user and --password go together"},
+		{name: "system ports past 65535", args: []string{"--system-port", "65535"}, wantErr: "--system-port 65535"},
+	}
+	t.Setenv("NATS_CREDS", "/elsewhere.creds")
+	t.Setenv("NATS_USER", "someone-else")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, _ := testEnv(tt.env)
+			o, err := parseUp(env, tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.As(err, new(usageError)) {
+					t.Fatalf("parseUp = %v, want a usage error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("parseUp: %v", err)
+			}
+			if o.cfg.HTTPAddr != tt.wantAddr {
+				t.Errorf("got addr %q, want %q", o.cfg.HTTPAddr, tt.wantAddr)
+			}
+			for i, want := range tt.wantPorts {
+				cmd := o.workerCommand(context.Background(), "baton", i+1, "nats://127.0.0.1:4222", env)
+				got := strings.Join(cmd.Args, " ")
+				if w := fmt.Sprintf("--system-port %d", want); !strings.Contains(got, w) {
+					t.Errorf("worker %d args %q, want %q", i+1, got, w)
+				}
+				if strings.Contains(got, "password") {
+					t.Errorf("worker %d args %q carry a password", i+1, got)
+				}
+				if strings.Contains(strings.Join(cmd.Env, " "), "NATS_CREDS=") {
+					t.Errorf("worker %d inherits NATS_CREDS, meant for another server", i+1)
+				}
+				var user string
+				for _, kv := range cmd.Env {
+					if v, ok := strings.CutPrefix(kv, "NATS_USER="); ok {
+						user = v
+					}
+				}
+				if user != tt.wantUser {
+					t.Errorf("worker %d NATS_USER %q, want %q", i+1, user, tt.wantUser)
+				}
+			}
+		})
 	}
 }
 
 // TestBadConfigExits2 checks that every bad flag, variable or configuration
 // ends with exit code 2 and a one-line reason, before anything starts.
 func TestBadConfigExits2(t *testing.T) {
+	keys := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(keys, []byte("# tenants\nalice short\nbob\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	workers := filepath.Join(t.TempDir(), "workers")
+	if err := os.WriteFile(workers, []byte("w1 0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		args []string
@@ -217,6 +320,15 @@ func TestBadConfigExits2(t *testing.T) {
 		{"positional argument", []string{"nats", "extra"}, nil, "extra"},
 		{"up negative workers", []string{"up", "--workers", "-1"}, nil, "--workers"},
 		{"up random http port", []string{"up", "--http-port", "0"}, nil, "--http-port"},
+		{"missing keys file", []string{"frontend"}, map[string]string{"BATON_API_KEYS_FILE": "/nonexistent/keys"}, "read API keys"},
+		{"bad keys file", []string{"frontend", "--api-keys-file", keys}, nil, "line 2: the secret of tenant alice is shorter than 16 bytes"},
+		{"keys file line without secret", []string{"frontend", "--api-keys-file", keys}, nil, "line 3: want TENANT SECRET"},
+		{"tls cert without key", []string{"frontend", "--tls-cert", keys}, nil, "--tls-cert and --tls-key"},
+		{"zero max connections", []string{"frontend", "--max-connections", "0"}, nil, "--max-connections"},
+		{"negative tenant rps", []string{"up", "--tenant-rps", "-1"}, nil, "--tenant-rps"},
+		{"worker users without a user", []string{"nats", "--worker-users", workers}, nil, "--worker-users needs --user"},
+		{"bad worker users", []string{"nats", "--user", "u", "--password", "p", "--worker-users", keys}, nil, "worker users"},
+		{"cluster user without password", []string{"nats", "--cluster-name", "c", "--cluster-port", "6222", "--cluster-user", "r"}, nil, "--cluster-password"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -42,7 +42,7 @@ func parseEvents(env *environment, args []string) (*eventsOptions, error) {
 	f := newFlagSet("events", eventsSummary, env.lookup, env.stdout)
 	o := &eventsOptions{common: addCommonFlags(f), nats: addNATSFlags(f)}
 	f.BoolVar(&o.follow, "follow", false, "after what is stored, keep printing new events until SIGINT")
-	f.StringVar(&o.request, "request", "", "only the events of this request `id`")
+	f.StringVar(&o.request, "request", "", "only the events of this request `id` (<tenant>:<id> for a tenant's request)")
 	f.StringVar(&o.worker, "worker", "", "only the events of this worker `id`")
 	f.BoolVar(&o.json, "json", false, "one JSON object per event and line")
 	f.DurationVar(&o.since, "since", 0, "only events stored in the last `duration` (e.g. 10m)")
@@ -54,7 +54,7 @@ func parseEvents(env *environment, args []string) (*eventsOptions, error) {
 	if err := o.nats.validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.request != "" && !streams.ValidID(o.request) {
+	if o.request != "" && !streams.ValidRequestID(o.request) {
 		errs = append(errs, fmt.Errorf("--request %q: not a request id", o.request))
 	}
 	if o.worker != "" && !streams.ValidID(o.worker) {

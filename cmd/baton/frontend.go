@@ -40,6 +40,7 @@ type frontendFlags struct {
 	maxPromptTokens    int
 	maxBodyBytes       int64
 	dispatchTimeout    time.Duration
+	sec                securityFlags
 	consoleWindow      time.Duration
 	consoleRequests    int
 }
@@ -75,6 +76,7 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
 	f.bindEnv("nats-system-url", "BATON_NATS_SYSTEM_URL", nil)
 	f.showDefault("nats-system-url", "off")
+	ff.sec.add(f)
 	f.documentEnv("DYN_RUNTIME_INHIBITED_DURATION_SECS", "seconds a worker that failed on the request path leaves this frontend's routing set; 0 disables", "5")
 	f.documentEnv("DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", "seconds open streams may continue after SIGTERM/SIGINT before the frontend closes them", "5")
 	return ff
@@ -135,6 +137,9 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 		ConsoleRequests:              ff.consoleRequests,
 	}
 	cfg.Streams = sc
+	if err := ff.sec.apply(&cfg); err != nil {
+		errs = append(errs, err)
+	}
 	// DYN_RUNTIME_INHIBITED_DURATION_SECS: integer seconds; 0 disables
 	// (negative in Config), unset leaves the default.
 	if raw, ok := lookupSet(lookup, "DYN_RUNTIME_INHIBITED_DURATION_SECS"); ok {
@@ -255,6 +260,7 @@ func runFrontend(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log.Info("frontend starting", "addr", o.cfg.HTTPAddr, "nats", o.nats.urls)
+	reloadKeysOnHangup(ctx, fe, log)
 	if err := fe.Run(ctx); err != nil {
 		return fmt.Errorf("frontend: %w", err)
 	}

@@ -12,14 +12,20 @@ const natsSummary = `Runs a standalone NATS server with JetStream from the embed
 scripts and compose files need no separate install. Accounts: BATON (every
 client without credentials, with JetStream) and SYS (the system account, whose
 user sees the connect/disconnect advisories baton uses to detect crashed
-workers). With --user/--password, BATON admits only that user. For a 3-node cluster give each node --server-name, --cluster-name,
---cluster-port and --routes naming the other nodes. Runs until SIGINT/SIGTERM.`
+workers; its password is --sys-password, or generated at first start and kept
+in <store-dir>/sys-password, mode 0600). With --user/--password, BATON admits
+only that user, and --worker-users adds one user per worker, confined to its
+own lease, load and dispatch subjects. For a 3-node cluster give each node
+--server-name, --cluster-name, --cluster-port and --routes naming the other
+nodes; with --cluster-user/--cluster-password (and the route TLS files) a node
+without them cannot join. Runs until SIGINT/SIGTERM.`
 
 // natsOptions are the flags of `baton nats`.
 type natsOptions struct {
-	common *commonFlags
-	cfg    natsserver.Config
-	routes string
+	common      *commonFlags
+	cfg         natsserver.Config
+	routes      string
+	workerUsers string
 }
 
 func parseNATS(env *environment, args []string) (*natsOptions, error) {
@@ -33,8 +39,21 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 	f.IntVar(&o.cfg.ClusterPort, "cluster-port", 0, "route `port` for cluster traffic (with --cluster-name)")
 	f.StringVar(&o.routes, "routes", "", "the other nodes, `nats-route://host:port[,...]`")
 	f.IntVar(&o.cfg.HTTPPort, "http-port", 0, "monitoring `port`; 0 off")
-	f.StringVar(&o.cfg.SysUser, "sys-user", natsserver.DefaultSysUser, "system-account `user`")
-	f.StringVar(&o.cfg.SysPassword, "sys-password", natsserver.DefaultSysPassword, "system-account `password`")
+	addSysFlags(f, &o.cfg)
+	f.StringVar(&o.workerUsers, "worker-users", "", "`file` of 'WORKER_ID PASSWORD' lines: one NATS user per worker, allowed only its own lease, load and lifecycle subjects and dispatches (needs --user)")
+	f.bindEnv("worker-users", "BATON_NATS_WORKER_USERS", nil)
+	f.showDefault("worker-users", "none")
+	f.StringVar(&o.cfg.ClusterUser, "cluster-user", "", "`user` every route must log in as (with --cluster-password); routes without it are refused")
+	f.bindEnv("cluster-user", "BATON_NATS_CLUSTER_USER", nil)
+	f.showDefault("cluster-user", "none: any node that reaches the route port may join")
+	f.StringVar(&o.cfg.ClusterPassword, "cluster-password", "", "`password` of --cluster-user")
+	f.bindEnv("cluster-password", "BATON_NATS_CLUSTER_PASSWORD", nil)
+	f.StringVar(&o.cfg.ClusterTLSCert, "cluster-tls-cert", "", "PEM certificate `file` of this node's routes (with --cluster-tls-key and --cluster-tls-ca): routes are encrypted and verified")
+	f.bindEnv("cluster-tls-cert", "BATON_NATS_CLUSTER_TLS_CERT", nil)
+	f.StringVar(&o.cfg.ClusterTLSKey, "cluster-tls-key", "", "PEM private key `file` of --cluster-tls-cert")
+	f.bindEnv("cluster-tls-key", "BATON_NATS_CLUSTER_TLS_KEY", nil)
+	f.StringVar(&o.cfg.ClusterTLSCA, "cluster-tls-ca", "", "PEM CA `file` that signed every node's route certificate")
+	f.bindEnv("cluster-tls-ca", "BATON_NATS_CLUSTER_TLS_CA", nil)
 	f.StringVar(&o.cfg.User, "user", "", "require this `user` (with --password) for the BATON account; default: anonymous clients are let in")
 	f.bindEnv("user", "BATON_NATS_USER", nil)
 	f.StringVar(&o.cfg.Password, "password", "", "`password` of --user")
@@ -46,6 +65,13 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 		if r = strings.TrimSpace(r); r != "" {
 			o.cfg.Routes = append(o.cfg.Routes, r)
 		}
+	}
+	if o.workerUsers != "" {
+		users, err := natsserver.ReadWorkerUsers(o.workerUsers)
+		if err != nil {
+			return nil, usageError{err}
+		}
+		o.cfg.WorkerUsers = users
 	}
 	if o.cfg.HTTPPort < 0 || o.cfg.HTTPPort > 65535 {
 		return nil, usagef("--http-port %d out of range", o.cfg.HTTPPort)
@@ -62,6 +88,11 @@ func runNATS(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "nats")
+	if file, err := o.cfg.ResolveSysPassword(); err != nil {
+		return err
+	} else if file != "" {
+		log.Info("system-account password", "user", sysUser(o.cfg.SysUser), "file", file)
+	}
 	s, err := natsserver.Start(o.cfg, log)
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
@@ -72,4 +103,20 @@ func runNATS(ctx context.Context, env *environment, args []string) error {
 	s.Shutdown()
 	s.WaitForShutdown()
 	return nil
+}
+
+// addSysFlags adds the system-account flags of `baton nats` and `baton up`.
+func addSysFlags(f *flagSet, cfg *natsserver.Config) {
+	f.StringVar(&cfg.SysUser, "sys-user", natsserver.DefaultSysUser, "system-account `user`")
+	f.bindEnv("sys-user", "BATON_NATS_SYS_USER", nil)
+	f.StringVar(&cfg.SysPassword, "sys-password", "", "system-account `password`")
+	f.bindEnv("sys-password", "BATON_NATS_SYS_PASSWORD", nil)
+	f.showDefault("sys-password", "generated at first start, kept in <store-dir>/"+natsserver.SysPasswordFile)
+}
+
+func sysUser(u string) string {
+	if u == "" {
+		return natsserver.DefaultSysUser
+	}
+	return u
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -162,5 +163,42 @@ wait:
 			t.Errorf("worker pid %d still running after baton up exited", pid)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+	}
+}
+
+// TestWrongNATSPasswordExits2: a component whose NATS server refuses its
+// credentials exits 2 at once with a one-line reason that says so, rather
+// than waiting for a server as if none were there.
+func TestWrongNATSPasswordExits2(t *testing.T) {
+	bin := buildBaton(t)
+	_, sc := startBaton(t, bin, "nats", "--port", "-1", "--store-dir", t.TempDir(), "--user", "alice", "--password", "right")
+	m := waitLine(t, sc, regexp.MustCompile(`^nats listening on (nats://127\.0\.0\.1:\d+)$`), 30*time.Second)
+	for _, args := range [][]string{
+		{"worker", "--nats", m[1], "--nats-user", "alice", "--nats-password", "wrong"},
+		{"frontend", "--nats", m[1], "--http-port", strconv.Itoa(freePort(t))},
+		{"replay", "some-id", "--nats", m[1], "--nats-user", "alice", "--nats-password", "wrong"},
+	} {
+		cmd := exec.Command(bin, args...)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		cmd.Env = append(os.Environ(), "BATON_LOG_LEVEL=warn")
+		start := time.Now()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		code := waitExit(t, cmd, 30*time.Second)
+		took := time.Since(start)
+		if code != 2 {
+			t.Errorf("baton %s: exit %d, want 2; stderr:\n%s", args[0], code, stderr.String())
+		}
+		if took > 3*time.Second {
+			t.Errorf("baton %s: exited after %v, want at once (a missing server is waited for 10s)", args[0], took)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if len(lines) != 1 || !strings.Contains(lines[0], "refused the connection (authentication)") ||
+			!strings.Contains(strings.ToLower(lines[0]), "authorization violation") {
+			t.Errorf("baton %s: stderr %q, want one line saying the server refused the credentials", args[0], stderr.String())
+		}
+		t.Logf("baton %s: exit %d after %v: %s", args[0], code, took.Round(time.Millisecond), lines[0])
 	}
 }

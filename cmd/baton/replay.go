@@ -24,6 +24,7 @@ ignored (a zombie worker writing after its attempt was fenced, a duplicate)
 are marked. Then a summary (status, attempts, migrations, owner, tokens,
 finish reason) and the output text exactly as clients received it.
 --json prints {"request": state, "timeline": [every event], "output": text}.
+With API keys, a tenant's request is <tenant>:<its X-Request-Id> (alice:r1).
 Exits 1 if the request is not in the log.`
 
 // replayReadTimeout bounds reading one request's history.
@@ -50,8 +51,8 @@ func parseReplay(env *environment, args []string) (*replayOptions, error) {
 		return nil, usagef("want one request id, got %d arguments (see 'baton replay --help')", len(pos))
 	}
 	o.id = pos[0]
-	if !streams.ValidID(o.id) {
-		return nil, usagef("%q is not a request id (letters, digits, '-', '_')", o.id)
+	if !streams.ValidRequestID(o.id) {
+		return nil, usagef("%q is not a request id (letters, digits, '-', '_', or <tenant>:<id>)", o.id)
 	}
 	return o, o.nats.validate()
 }

@@ -12,11 +12,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/services/natsserver"
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -24,7 +26,10 @@ const upSummary = `Runs the whole stack on one machine: an embedded NATS server 
 JetStream (store under --data-dir), one frontend (in this process) and
 --workers mock workers, each a child process of this one (so one can be
 killed alone; a worker that exits is logged and the rest keep running).
-Takes the frontend's flags and the worker's and mock engine's flags.
+Takes the frontend's flags and the worker's and mock engine's flags. The
+frontend listens on 127.0.0.1 unless --http-host says otherwise; the store
+persists across runs (an old X-Request-Id replays its old answer) unless
+--fresh empties it.
 Ctrl-C (SIGINT/SIGTERM) stops everything gracefully: the workers drain and
 exit, then the frontend, then NATS. A second Ctrl-C exits at once.`
 
@@ -32,16 +37,24 @@ exit, then the frontend, then NATS. A second Ctrl-C exits at once.`
 // exit before it is killed.
 const workerStopMargin = 10 * time.Second
 
+// upHTTPHost is where `baton up`'s frontend listens by default.
+const upHTTPHost = "127.0.0.1"
+
 // upOptions are the flags of `baton up`.
 type upOptions struct {
-	common   *commonFlags
-	streams  *streamFlags
-	fe       *frontendFlags
-	w        *workerFlags
-	dataDir  string
-	natsPort int
-	workers  int
-	cfg      frontend.Config
+	common     *commonFlags
+	streams    *streamFlags
+	fe         *frontendFlags
+	w          *workerFlags
+	dataDir    string
+	fresh      bool
+	natsPort   int
+	natsUser   string
+	natsPass   string
+	workers    int
+	systemPort int
+	sys        natsserver.Config // system-account user and password
+	cfg        frontend.Config
 	// workerArgs are the flags passed through to every worker.
 	workerArgs []string
 }
@@ -51,9 +64,21 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	o := &upOptions{common: addCommonFlags(f)}
 	f.StringVar(&o.dataDir, "data-dir", "./.baton", "`directory` of the NATS store (<dir>/nats)")
 	f.IntVar(&o.natsPort, "nats-port", natsserver.DefaultPort, "NATS client `port`; -1 picks a free one")
+	f.BoolVar(&o.fresh, "fresh", false, "start with an empty store: delete <data-dir>/nats first, the whole JetStream store (every stored request with its events and answer, the worker history, leases and load); nothing else under --data-dir is touched")
+	f.StringVar(&o.natsUser, "user", "", "require this NATS `user` (with --password) on the embedded server; the frontend and workers log in with it")
+	f.bindEnv("user", "BATON_NATS_USER", nil)
+	f.StringVar(&o.natsPass, "password", "", "NATS `password` of --user")
+	f.bindEnv("password", "BATON_NATS_PASSWORD", nil)
 	f.IntVar(&o.workers, "workers", 2, "`number` of mock workers (child processes)")
+	addSysFlags(f, &o.sys)
+	f.IntVar(&o.systemPort, "system-port", 0, "first workers' status server `port` (/health, /live, /metrics): worker i listens on port+i-1; 0 off")
+	f.bindEnv("system-port", "DYN_SYSTEM_PORT", nil)
+	f.showDefault("system-port", "off")
 	o.streams = addStreamFlags(f)
 	o.fe = addFrontendFlags(f)
+	// up is for one machine: loopback unless asked otherwise.
+	o.fe.httpHost = upHTTPHost
+	f.showDefault("http-host", upHTTPHost+"; 0.0.0.0 for all interfaces")
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
 		return nil, err
@@ -70,6 +95,12 @@ func parseUp(env *environment, args []string) (*upOptions, error) {
 	}
 	if o.dataDir == "" {
 		errs = append(errs, errors.New("--data-dir: empty"))
+	}
+	if (o.natsUser == "") != (o.natsPass == "") {
+		errs = append(errs, errors.New("--user and --password go together"))
+	}
+	if o.systemPort < 0 || o.systemPort > 65535 || (o.systemPort > 0 && o.systemPort+o.workers-1 > 65535) {
+		errs = append(errs, fmt.Errorf("--system-port %d: the workers' ports must lie in 1-65535", o.systemPort))
 	}
 	if o.w.leaseTTL < time.Second {
 		errs = append(errs, fmt.Errorf("--lease-ttl %v: want at least 1s", o.w.leaseTTL))
@@ -115,10 +146,24 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	// finish; (2) stop the frontend, which lets open streams continue for
 	// its graceful budget; (3) drain its NATS connection; (4) shut down
 	// NATS, which everyone needs until the end.
-	ns, err := natsserver.Start(natsserver.Config{
+	storeDir := filepath.Join(o.dataDir, "nats")
+	if o.fresh {
+		if err := os.RemoveAll(storeDir); err != nil {
+			return fmt.Errorf("--fresh: %w", err)
+		}
+		log.Info("started with an empty store (--fresh)", "store", storeDir)
+	}
+	nsCfg := natsserver.Config{
 		Port:     o.natsPort,
-		StoreDir: filepath.Join(o.dataDir, "nats"),
-	}, o.common.logger(env.stderr, "nats"))
+		StoreDir: storeDir,
+		User:     o.natsUser,
+		Password: o.natsPass,
+		SysUser:  o.sys.SysUser, SysPassword: o.sys.SysPassword,
+	}
+	if _, err := nsCfg.ResolveSysPassword(); err != nil {
+		return err
+	}
+	ns, err := natsserver.Start(nsCfg, o.common.logger(env.stderr, "nats"))
 	if err != nil {
 		return fmt.Errorf("start nats: %w", err)
 	}
@@ -129,11 +174,11 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	}()
 	natsURL := ns.ClientURL()
 	if o.cfg.SystemURL == "" {
-		o.cfg.SystemURL = natsserver.SysURL(natsURL, "", "")
+		o.cfg.SystemURL = natsserver.SysURL(natsURL, nsCfg.SysUser, nsCfg.SysPassword)
 	}
 
 	feLog := o.common.logger(env.stderr, "frontend")
-	nc, err := connectNATS(ctx, natsURL, "baton-frontend", natsConnectTimeout, feLog)
+	nc, err := connectNATS(ctx, natsURL, "baton-frontend", natsConnectTimeout, feLog, o.natsOptions()...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -145,6 +190,7 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	reloadKeysOnHangup(ctx, fe, feLog)
 
 	// failed is cancelled when the frontend stops on its own: the stack
 	// cannot serve, so it shuts down and exits 1.
@@ -169,8 +215,8 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	var workers errgroup.Group
 	pids := make([]int, 0, o.workers)
 	for i := 1; i <= o.workers; i++ {
-		id := "up-w" + strconv.Itoa(i)
-		cmd := o.workerCommand(wCtx, exe, id, natsURL, env)
+		id := upWorkerID(i)
+		cmd := o.workerCommand(wCtx, exe, i, natsURL, env)
 		if err := cmd.Start(); err != nil {
 			fail(fmt.Errorf("start worker %s: %w", id, err))
 			break
@@ -207,16 +253,57 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 // workerCommand builds the child process of one worker. Cancelling ctx sends
 // it SIGTERM; if it has not exited after its drain budget plus a margin, it
 // is killed.
-func (o *upOptions) workerCommand(ctx context.Context, exe, id, natsURL string, env *environment) *exec.Cmd {
-	args := append([]string{"worker", "--nats", natsURL, "--worker-id", id}, o.workerArgs...)
+//
+// The credentials travel in the environment, not on the command line, where
+// any user of the machine could read them; --system-port is always explicit,
+// so that a DYN_SYSTEM_PORT in up's environment does not give every worker
+// the same port.
+func (o *upOptions) workerCommand(ctx context.Context, exe string, i int, natsURL string, env *environment) *exec.Cmd {
+	args := append([]string{"worker", "--nats", natsURL, "--worker-id", upWorkerID(i),
+		"--system-port", strconv.Itoa(o.workerSystemPort(i))}, o.workerArgs...)
 	cmd := exec.CommandContext(ctx, exe, args...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = o.w.shutdownBudget + workerStopMargin
-	cmd.Env = append(os.Environ(), supervisorEnv+"="+strconv.Itoa(os.Getpid()))
+	cmd.Env = append(childEnv(os.Environ()), supervisorEnv+"="+strconv.Itoa(os.Getpid()))
+	if o.natsUser != "" {
+		cmd.Env = append(cmd.Env, "NATS_USER="+o.natsUser, "NATS_PASSWORD="+o.natsPass)
+	}
 	cmd.Stdout = env.stdout
 	cmd.Stderr = env.stderr
 	cmd.SysProcAttr = childProcAttr()
 	return cmd
+}
+
+// childEnv is env without the connection variables of another NATS server
+// (NATS_USER, NATS_CREDS, NATS_TLS_CA, ...): up's workers connect to up's
+// embedded server, with up's credentials.
+func childEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "NATS_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// upWorkerID is the id of up's worker i (from 1).
+func upWorkerID(i int) string { return "up-w" + strconv.Itoa(i) }
+
+// workerSystemPort is the status server port of worker i (from 1), 0 off.
+func (o *upOptions) workerSystemPort(i int) int {
+	if o.systemPort == 0 {
+		return 0
+	}
+	return o.systemPort + i - 1
+}
+
+// natsOptions are the frontend's credentials for the embedded server.
+func (o *upOptions) natsOptions() []nats.Option {
+	if o.natsUser == "" {
+		return nil
+	}
+	return []nats.Option{nats.UserInfo(o.natsUser, o.natsPass)}
 }
 
 // waitWorker waits for a worker process and logs how it ended: an exit before
@@ -263,6 +350,18 @@ func waitLive(ctx context.Context, addr string) error {
 	}
 }
 
+// listenText says where a listen address accepts connections.
+func listenText(listen string) string {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return listen
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return listen + " (all interfaces)"
+	}
+	return listen
+}
+
 // localAddr turns a listen address into one to connect to on this machine.
 func localAddr(listen string) string {
 	host, port, err := net.SplitHostPort(listen)
@@ -279,10 +378,18 @@ func printStack(env *environment, o *upOptions, natsURL string, pids []int) {
 	base := "http://" + localAddr(o.cfg.HTTPAddr)
 	w := env.stdout
 	fmt.Fprintf(w, "baton up: the stack is running\n")
-	fmt.Fprintf(w, "  %-10s pid %-7d %s (store %s)\n", "nats", os.Getpid(), natsURL, filepath.Join(o.dataDir, "nats"))
-	fmt.Fprintf(w, "  %-10s pid %-7d %s\n", "frontend", os.Getpid(), base)
+	auth := ""
+	if o.natsUser != "" {
+		auth = ", user " + o.natsUser
+	}
+	fmt.Fprintf(w, "  %-10s pid %-7d listening on %s (store %s%s)\n", "nats", os.Getpid(), strings.TrimPrefix(natsURL, "nats://"), filepath.Join(o.dataDir, "nats"), auth)
+	fmt.Fprintf(w, "  %-10s pid %-7d listening on %s\n", "frontend", os.Getpid(), listenText(o.cfg.HTTPAddr))
 	for i, pid := range pids {
-		fmt.Fprintf(w, "  %-10s pid %-7d up-w%d (model %s)\n", "worker", pid, i+1, o.w.model)
+		status := ""
+		if p := o.workerSystemPort(i + 1); p != 0 {
+			status = fmt.Sprintf(", status http://127.0.0.1:%d", p)
+		}
+		fmt.Fprintf(w, "  %-10s pid %-7d %s (model %s%s)\n", "worker", pid, upWorkerID(i+1), o.w.model, status)
 	}
 	fmt.Fprintf(w, "API:     %s/v1\n", base)
 	fmt.Fprintf(w, "metrics: %s/metrics\n", base)

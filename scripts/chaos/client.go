@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -45,10 +46,25 @@ func (o *outcome) problem(format string, args ...any) {
 }
 
 // httpClient has no overall timeout (streams are long); readStream enforces
-// an idle timeout instead.
-var httpClient = &http.Client{Transport: &http.Transport{
+// an idle timeout instead. It sends $BATON_API_KEY, if set, as the API key
+// (the compose stack needs one).
+var httpClient = &http.Client{Transport: withAPIKey{os.Getenv("BATON_API_KEY"), &http.Transport{
 	MaxIdleConnsPerHost: 64, ResponseHeaderTimeout: 60 * time.Second, DisableCompression: true,
-}}
+}}}
+
+// withAPIKey adds "Authorization: Bearer key" to every request.
+type withAPIKey struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (t withAPIKey) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.key != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+t.key)
+	}
+	return t.next.RoundTrip(r)
+}
 
 // idleTimeout ends a stream that delivers nothing for this long (a NATS
 // leader election pauses streams for 5-7 s); the client then resumes.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -110,12 +112,13 @@ type workerSlot struct {
 
 // harness owns every process of the soak and its run directory.
 type harness struct {
-	bin     string
-	simBin  string // the vLLM simulator, with -engine openai
-	dir     string
-	cfg     profile
-	nodes   []*natsNode
-	workers []*workerSlot
+	bin         string
+	simBin      string // the vLLM simulator, with -engine openai
+	sysPassword string // of every node's system account
+	dir         string
+	cfg         profile
+	nodes       []*natsNode
+	workers     []*workerSlot
 
 	mu     sync.Mutex
 	fronts []*feInc // current incarnation per slot
@@ -222,7 +225,7 @@ func (h *harness) natsURLs() string {
 }
 
 func (h *harness) sysURLs() string {
-	return strings.ReplaceAll(h.natsURLs(), "nats://", "nats://sys:baton-sys@")
+	return strings.ReplaceAll(h.natsURLs(), "nats://", "nats://sys:"+h.sysPassword+"@")
 }
 
 // startCluster starts three `baton nats` nodes and waits for a meta leader.
@@ -242,8 +245,13 @@ func (h *harness) startCluster() error {
 		h.nodes = append(h.nodes, &natsNode{name: fmt.Sprintf("n%d", i+1), port: p})
 		routes = append(routes, "nats-route://127.0.0.1:"+strconv.Itoa(c))
 	}
+	// Every node has the same system-account password (a client of the
+	// system URL list may land on any of them), and routes log in.
+	h.sysPassword = secret()
+	clusterPassword := secret()
 	for i, n := range h.nodes {
 		n.args = []string{"nats", "--port", strconv.Itoa(n.port), "--server-name", n.name,
+			"--sys-password", h.sysPassword, "--cluster-user", "route", "--cluster-password", clusterPassword,
 			"--store-dir", filepath.Join(h.dir, "store", n.name), "--cluster-name", "chaos",
 			"--cluster-port", strconv.Itoa(cports[i]), "--routes", strings.Join(routes, ",")}
 		if err := h.startNode(n); err != nil {
@@ -412,3 +420,10 @@ func (h *harness) current() []*feInc {
 }
 
 var errNoFrontend = errors.New("no frontend")
+
+// secret is a random password.
+func secret() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

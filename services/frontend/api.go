@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -39,13 +40,15 @@ func endpointOf(r *http.Request) string {
 func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	endpoint := endpointOf(r)
-	id := r.Header.Get(headerRequestID)
-	clientID := id != ""
+	tenant := tenantOf(r)
+	public := r.Header.Get(headerRequestID)
+	clientID := public != ""
 	if !clientID {
-		id = uuid.NewString()
+		public = uuid.NewString()
 	}
-	w.Header().Set(headerRequestID, id)
-	if clientID && !streams.ValidID(id) {
+	w.Header().Set(headerRequestID, public)
+	id, ok := requestID(tenant, public)
+	if !ok {
 		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
 		return
 	}
@@ -58,6 +61,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
+	bodySHA := fmt.Sprintf("%x", sha256.Sum256(body))
 	from, apiErr := parseOffset(r)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -66,6 +70,11 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if clientID {
 		// Idempotent retry: a known id attaches to the existing request.
 		if t, err := fe.attach(r.Context(), id); err == nil {
+			if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
+				fe.release(t)
+				writeAPIError(w, apiErr)
+				return
+			}
 			fe.serveExisting(w, r, t, from, p.stream)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
@@ -84,17 +93,10 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
-	parent := r.Header.Get(headerParentID)
-	if parent != "" {
-		if !streams.ValidID(parent) {
-			writeAPIError(w, badRequest("invalid_parent_id", "%s must be a request id", headerParentID))
-			return
-		}
-		if _, err := fe.load(r.Context(), parent); err != nil {
-			writeError(w, http.StatusNotFound, "invalid_request_error", "parent_not_found",
-				fmt.Sprintf("parent request %q (%s) is not in the log", parent, headerParentID))
-			return
-		}
+	parent, apiErr := fe.parentOf(r, tenant)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
 	acc := events.RequestAccepted{
 		// Body holds the messages as sent: they are not recorded twice.
@@ -102,9 +104,10 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
+		Tenant:    tenant, BodySHA256: bodySHA,
 	}
 	if p.n > 1 {
-		if len(id) > 120 {
+		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {
 			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
 			return
 		}
@@ -136,6 +139,11 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	t, err := fe.start(r.Context(), acc)
 	if errors.Is(err, errExists) {
 		if t, err = fe.attach(r.Context(), acc.RequestID); err == nil {
+			if apiErr := reuseError(t, acc.Tenant, publicID(acc.Tenant, acc.RequestID), acc.Endpoint, acc.BodySHA256); apiErr != nil {
+				fe.release(t)
+				writeAPIError(w, apiErr)
+				return
+			}
 			fe.serveExisting(w, r, t, from, acc.Stream)
 			return
 		}
@@ -230,10 +238,10 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 	t.f.view(func(p *projections.Request) {
 		model, n, terminal, choices = p.Accepted.Model, p.Len(), p.Status.Terminal(), p.Accepted.Choices
 	})
-	w.Header().Set(headerRequestID, t.id)
 	if choices > 1 {
+		tenant := tenantOf(r)
 		writeAPIError(w, badRequest("group_request", "request %s has %d choices: resume each as %s … %s",
-			t.id, choices, childID(t.id, 0), childID(t.id, choices-1)))
+			publicID(tenant, t.id), choices, publicID(tenant, childID(t.id, 0)), publicID(tenant, childID(t.id, choices-1))))
 		return
 	}
 	if from > n && terminal {
@@ -248,10 +256,10 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tra
 
 // handleResume serves GET /v1/requests/{id}/stream.
 func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	w.Header().Set(headerRequestID, id)
-	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
+	public := r.PathValue("id")
+	w.Header().Set(headerRequestID, public)
+	if _, ok := requestID(tenantOf(r), public); !ok {
+		writeLookupError(w, public, streams.ErrNotFound)
 		return
 	}
 	from, apiErr := parseOffset(r)
@@ -259,11 +267,12 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
-	t, err := fe.attach(r.Context(), id)
+	t, err := fe.attachFor(r, public)
 	if err != nil {
-		writeLookupError(w, id, err)
+		writeLookupError(w, public, err)
 		return
 	}
+	id := public
 	var n int
 	t.f.view(func(p *projections.Request) { n = p.Len() })
 	if from > n {
@@ -278,11 +287,7 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	w.Header().Set(headerRequestID, id)
-	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
-		return
-	}
-	t, err := fe.attach(r.Context(), id)
+	t, err := fe.attachFor(r, id)
 	if err != nil {
 		writeLookupError(w, id, err)
 		return
@@ -290,6 +295,10 @@ func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	defer fe.release(t)
 	var state RequestState
 	t.f.view(func(p *projections.Request) { state = stateOf(p) })
+	if tenant := tenantOf(r); tenant != "" && tenant != streams.AdminTenant {
+		state.ID, state.ParentID = id, publicID(tenant, state.ParentID)
+		state.Children = publicIDs(tenant, state.Children)
+	}
 	writeJSON(w, http.StatusOK, state)
 }
 
@@ -323,6 +332,9 @@ func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
 func (fe *Frontend) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	var ws []projections.Worker
 	fe.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	if fe.keys != nil && tenantOf(r) != streams.AdminTenant {
+		ws = redactWorkers(ws)
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": ws})
 }
 

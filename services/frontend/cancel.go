@@ -21,6 +21,12 @@ const maxTreeSize = 10_000
 // whoever holds the work: the worker stops, every frontend following the
 // request ends its streams. Requests that already ended are skipped.
 func (fe *Frontend) cancelTree(ctx context.Context, id, mode, reason string) error {
+	return fe.cancelTreeBy(ctx, id, mode, reason, "")
+}
+
+// cancelTreeBy is cancelTree on behalf of an API tenant, recorded in each
+// cancel event.
+func (fe *Frontend) cancelTreeBy(ctx context.Context, id, mode, reason, tenant string) error {
 	queue, seen := []string{id}, map[string]bool{id: true}
 	var errs []error
 	for len(queue) > 0 && len(seen) <= maxTreeSize {
@@ -32,7 +38,7 @@ func (fe *Frontend) cancelTree(ctx context.Context, id, mode, reason string) err
 			continue
 		}
 		if !p.Status.Terminal() {
-			if err := fe.cancel(ctx, cur, mode, reason); err != nil {
+			if err := fe.cancel(ctx, cur, mode, reason, tenant); err != nil {
 				errs = append(errs, err)
 			} else {
 				fe.metrics.cancellations.WithLabelValues(p.Accepted.Model, p.Accepted.Endpoint, requestType(p.Accepted.Stream)).Inc()
@@ -72,10 +78,12 @@ func (fe *Frontend) load(ctx context.Context, id string) (*projections.Request, 
 
 // handleCancel serves POST /v1/requests/{id}/cancel with {"mode":"stop"|"kill"}.
 func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	w.Header().Set(headerRequestID, id)
-	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
+	public := r.PathValue("id")
+	w.Header().Set(headerRequestID, public)
+	tenant := tenantOf(r)
+	id, ok := requestID(tenant, public)
+	if !ok {
+		writeLookupError(w, public, streams.ErrNotFound)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
@@ -101,23 +109,26 @@ func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p, err := fe.load(r.Context(), id)
+	if err == nil && !mayAccess(tenant, p.Accepted) {
+		err = fmt.Errorf("%w: %s", streams.ErrNotFound, public)
+	}
 	if err != nil {
-		writeLookupError(w, id, err)
+		writeLookupError(w, public, err)
 		return
 	}
 	if p.Status.Terminal() && len(p.Children) == 0 {
 		writeJSON(w, http.StatusOK, map[string]any{
-			"id": id, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": false,
-			"message": fmt.Sprintf("request %s already ended (%s): nothing to cancel", id, p.Status),
+			"id": public, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": false,
+			"message": fmt.Sprintf("request %s already ended (%s): nothing to cancel", public, p.Status),
 		})
 		return
 	}
-	if err := fe.cancelTree(r.Context(), id, mode, "cancelled by API"); err != nil {
+	if err := fe.cancelTreeBy(r.Context(), id, mode, "cancelled by API", tenant); err != nil {
 		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
-		"id": id, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": true,
-		"children": p.Children,
+		"id": public, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": true,
+		"children": publicIDs(tenant, p.Children),
 	})
 }

@@ -73,6 +73,32 @@ type Config struct {
 
 	// Streams sets provisioning and retention of the log.
 	Streams streams.Config
+
+	// APIKeysFile, if set, holds the API keys ("TENANT SECRET" lines):
+	// every endpoint but /live, /health and /metrics then needs
+	// "Authorization: Bearer SECRET", and requests belong to tenants. Unset,
+	// the API is open (and the frontend says so once at start).
+	APIKeysFile string
+	// MaxChildren caps the children of one request (400 beyond); default 1024.
+	MaxChildren int
+
+	// ReadHeaderTimeout bounds the reading of a request's headers; default 10s.
+	ReadHeaderTimeout time.Duration
+	// BodyTimeout bounds the reading of a request's body (408 beyond); default 30s.
+	BodyTimeout time.Duration
+	// IdleTimeout closes a keep-alive connection idle this long; default 120s.
+	IdleTimeout time.Duration
+	// MaxConnections caps open connections: beyond it requests get 503, with
+	// ProbeHeadroom more kept for /live and /health; default 4096.
+	MaxConnections int
+	// TenantMaxConcurrent caps one tenant's open completions and resumes
+	// (429 beyond); 0 means unlimited.
+	TenantMaxConcurrent int
+	// TenantRPS caps one tenant's API requests per second (429 beyond, with
+	// a burst of max(1, TenantRPS)); 0 means unlimited.
+	TenantRPS float64
+	// TLSCertFile and TLSKeyFile, if set, serve the API over TLS.
+	TLSCertFile, TLSKeyFile string
 }
 
 // Defaults of Config.
@@ -87,6 +113,11 @@ const (
 	DefaultMaxTokensLimit    = 32768
 	DefaultMaxPromptTokens   = 32768
 	DefaultMaxBodyBytes      = 1 << 20
+	DefaultMaxChildren       = 1024
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxConnections    = 4096
 	DefaultConsoleWindow     = 15 * time.Minute
 	DefaultConsoleRequests   = 500
 )
@@ -122,6 +153,21 @@ func (c Config) withDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if c.MaxChildren == 0 {
+		c.MaxChildren = DefaultMaxChildren
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if c.BodyTimeout == 0 {
+		c.BodyTimeout = DefaultBodyTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
 	if c.ConsoleWindow == 0 {
 		c.ConsoleWindow = DefaultConsoleWindow
 	}
@@ -152,6 +198,7 @@ func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout,
 		"shutdown timeout": c.ShutdownTimeout, "dispatch timeout": c.DispatchTimeout,
+		"read header timeout": c.ReadHeaderTimeout, "body timeout": c.BodyTimeout, "idle timeout": c.IdleTimeout,
 		"console window": c.ConsoleWindow,
 	} {
 		if d < 0 {
@@ -160,6 +207,12 @@ func (c Config) Validate() error {
 	}
 	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
+	}
+	if c.MaxChildren < 0 || c.MaxConnections < 0 || c.TenantMaxConcurrent < 0 || c.TenantRPS < 0 {
+		errs = append(errs, errors.New("max children, max connections and tenant limits must not be negative"))
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		errs = append(errs, errors.New("a TLS certificate and key go together"))
 	}
 	if err := c.Streams.Validate(); err != nil {
 		errs = append(errs, err)

@@ -36,6 +36,8 @@ type Frontend struct {
 	presence *presence
 	router   *router
 	policy   migrations.Policy
+	keys     *keyring // nil: the API is open
+	limits   *tenantLimits
 	console  *consoleView
 
 	launch   chan *tracked // requests whose runner Run should start
@@ -84,6 +86,15 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
 		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
+		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
+	}
+	if cfg.APIKeysFile != "" {
+		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
+			return nil, fmt.Errorf("frontend: %w", err)
+		}
+		log.Info("API keys loaded: every endpoint but /live, /health, /metrics and the console page needs one", "keys", fe.keys.size())
+	} else {
+		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
@@ -109,7 +120,7 @@ func (fe *Frontend) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
 	}
-	fe.listener = l
+	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), plainTCP: fe.cfg.TLSCertFile == ""}
 	return l.Addr(), nil
 }
 
@@ -137,9 +148,18 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		return fmt.Errorf("frontend: start: %w", err)
 	}
 
-	srv := &http.Server{Handler: fe.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler: fe.Handler(), ReadHeaderTimeout: fe.cfg.ReadHeaderTimeout, IdleTimeout: fe.cfg.IdleTimeout,
+		ConnContext: connContext,
+	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(fe.listener) }()
+	go func() {
+		if fe.cfg.TLSCertFile != "" {
+			serveErr <- srv.ServeTLS(fe.listener, fe.cfg.TLSCertFile, fe.cfg.TLSKeyFile)
+			return
+		}
+		serveErr <- srv.Serve(fe.listener)
+	}()
 	fe.log.Info("frontend serving", "addr", fe.listener.Addr().String())
 
 	select {
@@ -189,6 +209,9 @@ func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group
 	if err := streams.Provision(pctx, fe.js, fe.cfg.Streams); err != nil {
 		return err
 	}
+	if err := streams.Retry(pctx, fe.checkChildRoom); err != nil {
+		return err
+	}
 	err := streams.Retry(pctx, func(tctx context.Context) error { return fe.disc.start(runCtx, tctx, fe.js, g) })
 	if err != nil {
 		return err
@@ -212,12 +235,12 @@ func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group
 // Handler returns the HTTP API.
 func (fe *Frontend) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", fe.counted(fe.handleCompletion))
-	mux.HandleFunc("POST /v1/completions", fe.counted(fe.handleCompletion))
+	mux.HandleFunc("POST /v1/chat/completions", fe.counted(fe.concurrent(fe.handleCompletion)))
+	mux.HandleFunc("POST /v1/completions", fe.counted(fe.concurrent(fe.handleCompletion)))
 	mux.HandleFunc("GET /v1/models", fe.handleModels)
 	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
-	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume))
+	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.concurrent(fe.handleResume)))
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
@@ -226,7 +249,11 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	return fe.withCORS(mux)
+	// Outermost first: an overflow connection gets 503 (probes excepted);
+	// CORS for the console (a preflight carries no key); then the API key
+	// (everything but the probes, /metrics and the console's page); then the
+	// tenant's rate; then the body, read within its timeout.
+	return limitConnections(fe.withCORS(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 
 	"github.com/baton-dev/baton/events"
@@ -83,7 +84,7 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 			if typeErr.Field == "" {
 				return parsed{}, badRequest("invalid_type", "request body must be a JSON object, got %s", typeErr.Value)
 			}
-			return parsed{}, badRequest("invalid_type", "invalid type for '%s': expected %s, got %s", typeErr.Field, jsonKind(typeErr.Type.String()), typeErr.Value)
+			return parsed{}, fe.typeError(typeErr)
 		}
 		return parsed{}, badRequest("invalid_json", "request body is not valid JSON: %v", err)
 	}
@@ -118,18 +119,15 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 		if mt.v == nil {
 			continue
 		}
-		if *mt.v < 1 {
-			return p, badRequest("invalid_value", "'%s' must be at least 1, got %d", mt.name, *mt.v)
-		}
-		if *mt.v > fe.cfg.MaxTokensLimit {
-			return p, badRequest("invalid_value", "'%s' is %d, more than the limit %d", mt.name, *mt.v, fe.cfg.MaxTokensLimit)
+		if *mt.v < 1 || *mt.v > fe.cfg.MaxTokensLimit {
+			return p, badRequest("invalid_value", "'%s' must be an integer from 1 to %d, got %d", mt.name, fe.cfg.MaxTokensLimit, *mt.v)
 		}
 		p.maxTokens = *mt.v
 	}
 	p.n = 1
 	if req.N != nil {
 		if *req.N < 1 || *req.N > MaxChoices {
-			return p, badRequest("invalid_value", "'n' must be from 1 to %d, got %d", MaxChoices, *req.N)
+			return p, badRequest("invalid_value", "'n' must be an integer from 1 to %d, got %d", MaxChoices, *req.N)
 		}
 		p.n = *req.N
 	}
@@ -140,16 +138,43 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 	return p, nil
 }
 
-func jsonKind(goType string) string {
-	switch {
-	case strings.Contains(goType, "int"), strings.Contains(goType, "float"):
-		return "a number"
-	case strings.Contains(goType, "bool"):
-		return "a boolean"
-	case strings.Contains(goType, "string"):
-		return "a string"
+// typeError describes a JSON value of the wrong type: for the integer
+// fields, with their range, since a number that is not an integer in range
+// (2.5, 1e3, 99999999999999999999) is as wrong as a string.
+func (fe *Frontend) typeError(e *json.UnmarshalTypeError) *apiError {
+	got := strings.TrimPrefix(e.Value, "number ")
+	switch e.Field {
+	case "max_tokens", "max_completion_tokens":
+		return badRequest("invalid_type", "'%s' must be an integer from 1 to %d, got %s", e.Field, fe.cfg.MaxTokensLimit, got)
+	case "n":
+		return badRequest("invalid_type", "'n' must be an integer from 1 to %d, got %s", MaxChoices, got)
+	case "stream_options":
+		return badRequest("invalid_type", `'stream_options' must be an object such as {"include_usage": true}, got %s`, e.Value)
 	}
-	return goType
+	return badRequest("invalid_type", "invalid type for '%s': expected %s, got %s", e.Field, jsonKind(e.Type), e.Value)
+}
+
+// jsonKind names the JSON kind that decodes into t.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.String:
+		return "a string"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return t.String()
 }
 
 func parseMessages(raw json.RawMessage) ([]events.Message, *apiError) {

@@ -2,7 +2,9 @@ package frontend
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -68,6 +70,62 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
+// TestParseRequestMessages: a rejection says what the field must be, in the
+// client's terms.
+func TestParseRequestMessages(t *testing.T) {
+	fe := testFrontend()
+	limit := fe.cfg.MaxTokensLimit
+	for _, tc := range []struct {
+		name     string
+		body     string // fields after "model" and "prompt"
+		wantCode string
+		wantMsg  string
+	}{
+		{name: "max_tokens exponent", body: `"max_tokens":1e3`, wantCode: "invalid_type",
+			wantMsg: fmt.Sprintf("'max_tokens' must be an integer from 1 to %d, got 1e3", limit)},
+		{name: "max_tokens fraction", body: `"max_tokens":2.5`, wantCode: "invalid_type",
+			wantMsg: fmt.Sprintf("'max_tokens' must be an integer from 1 to %d, got 2.5", limit)},
+		{name: "max_tokens past int64", body: `"max_tokens":99999999999999999999`, wantCode: "invalid_type",
+			wantMsg: fmt.Sprintf("'max_tokens' must be an integer from 1 to %d, got 99999999999999999999", limit)},
+		{name: "max_tokens string", body: `"max_tokens":"10"`, wantCode: "invalid_type",
+			wantMsg: fmt.Sprintf("'max_tokens' must be an integer from 1 to %d, got string", limit)},
+		{name: "max_tokens zero", body: `"max_tokens":0`, wantCode: "invalid_value",
+			wantMsg: fmt.Sprintf("'max_tokens' must be an integer from 1 to %d, got 0", limit)},
+		{name: "max_tokens past the limit", body: fmt.Sprintf(`"max_tokens":%d`, limit+1), wantCode: "invalid_value",
+			wantMsg: fmt.Sprintf("'max_tokens' must be an integer from 1 to %d, got %d", limit, limit+1)},
+		{name: "max_completion_tokens fraction", body: `"max_completion_tokens":2.5`, wantCode: "invalid_type",
+			wantMsg: fmt.Sprintf("'max_completion_tokens' must be an integer from 1 to %d, got 2.5", limit)},
+		{name: "n fraction", body: `"n":1.5`, wantCode: "invalid_type",
+			wantMsg: fmt.Sprintf("'n' must be an integer from 1 to %d, got 1.5", MaxChoices)},
+		{name: "n too large", body: `"n":17`, wantCode: "invalid_value",
+			wantMsg: fmt.Sprintf("'n' must be an integer from 1 to %d, got 17", MaxChoices)},
+		{name: "stream_options string", body: `"stream_options":"x"`, wantCode: "invalid_type",
+			wantMsg: `'stream_options' must be an object such as {"include_usage": true}, got string`},
+		{name: "stream_options array", body: `"stream_options":[true]`, wantCode: "invalid_type",
+			wantMsg: `'stream_options' must be an object such as {"include_usage": true}, got array`},
+		{name: "include_usage string", body: `"stream_options":{"include_usage":"yes"}`, wantCode: "invalid_type",
+			wantMsg: "invalid type for 'stream_options.include_usage': expected a boolean, got string"},
+		{name: "stream number", body: `"stream":1`, wantCode: "invalid_type",
+			wantMsg: "invalid type for 'stream': expected a boolean, got number"},
+		{name: "model object", body: `"model":{}`, wantCode: "invalid_type",
+			wantMsg: "invalid type for 'model': expected a string, got object"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"prompt":"hi",` + tc.body + `}`
+			if !strings.Contains(tc.body, `"model"`) {
+				body = `{"model":"m","prompt":"hi",` + tc.body + `}`
+			}
+			_, err := fe.parseRequest(events.EndpointCompletions, []byte(body))
+			if err == nil {
+				t.Fatalf("accepted %s, want %s", body, tc.wantCode)
+			}
+			if err.status != http.StatusBadRequest || err.code != tc.wantCode || err.message != tc.wantMsg {
+				t.Errorf("got %d %s %q,\nwant 400 %s %q", err.status, err.code, err.message, tc.wantCode, tc.wantMsg)
+			}
+		})
+	}
+}
+
 // FuzzParseRequest: no body panics the parser; every rejection is a 4xx
 // with a message; every acceptance is within the configured limits.
 func FuzzParseRequest(f *testing.F) {
@@ -77,6 +135,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":["a"],"max_completion_tokens":1}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
 		`{`, `null`, `[]`, `{"max_tokens":-1}`,
+		`{"model":"m","prompt":"a","max_tokens":1e3}`, `{"model":"m","prompt":"a","max_tokens":99999999999999999999}`,
+		`{"model":"m","prompt":"a","stream_options":"x"}`, `{"model":"m","prompt":"a","n":2.5}`,
 	} {
 		f.Add(s, true)
 		f.Add(s, false)

@@ -3,6 +3,7 @@ package frontend
 import (
 	"fmt"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -33,7 +34,7 @@ func TestParseRequestEdges(t *testing.T) {
 		{name: "model not a string", endpoint: events.EndpointCompletions, body: `{"model":1,"prompt":"a"}`,
 			wantCode: "invalid_type", wantMsg: "invalid type for 'model': expected a string, got number"},
 		{name: "max_tokens a string", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":"5"}`,
-			wantCode: "invalid_type", wantMsg: "invalid type for 'max_tokens': expected a number, got string"},
+			wantCode: "invalid_type", wantMsg: "'max_tokens' must be an integer from 1 to 100, got string"},
 		{name: "max_tokens a fraction", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":1.5}`,
 			wantCode: "invalid_type", wantMsg: "'max_tokens'"},
 		{name: "stream a string", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream":"yes"}`,
@@ -61,15 +62,15 @@ func TestParseRequestEdges(t *testing.T) {
 			body:  `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
 			check: func(p parsed) string { return want(p.prompt == "user: ab", "prompt %q", p.prompt) }},
 		{name: "max_tokens 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":0}`,
-			wantCode: "invalid_value", wantMsg: "'max_tokens' must be at least 1, got 0"},
+			wantCode: "invalid_value", wantMsg: "'max_tokens' must be an integer from 1 to 100, got 0"},
 		{name: "max_tokens negative", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":-3}`,
 			wantCode: "invalid_value", wantMsg: "got -3"},
 		{name: "max_tokens at the limit", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":100}`,
 			check: func(p parsed) string { return want(p.maxTokens == 100, "max tokens %d", p.maxTokens) }},
 		{name: "max_tokens over the limit", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":101}`,
-			wantCode: "invalid_value", wantMsg: "'max_tokens' is 101, more than the limit 100"},
+			wantCode: "invalid_value", wantMsg: "'max_tokens' must be an integer from 1 to 100, got 101"},
 		{name: "max_completion_tokens over the limit", endpoint: events.EndpointChat, body: `{"model":"m",` + user + `,"max_completion_tokens":101}`,
-			wantCode: "invalid_value", wantMsg: "'max_completion_tokens' is 101"},
+			wantCode: "invalid_value", wantMsg: "'max_completion_tokens' must be an integer from 1 to 100, got 101"},
 		{name: "max_completion_tokens wins over max_tokens", endpoint: events.EndpointChat, body: `{"model":"m",` + user + `,"max_tokens":5,"max_completion_tokens":6}`,
 			check: func(p parsed) string { return want(p.maxTokens == 6, "max tokens %d", p.maxTokens) }},
 		{name: "the configured default", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a"}`,
@@ -78,7 +79,7 @@ func TestParseRequestEdges(t *testing.T) {
 			}},
 		{name: "max_tokens null is the default", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":null}`,
 			check: func(p parsed) string { return want(p.maxTokens == 10, "max tokens %d", p.maxTokens) }},
-		{name: "n 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":0}`, wantCode: "invalid_value", wantMsg: "'n' must be from 1"},
+		{name: "n 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":0}`, wantCode: "invalid_value", wantMsg: "'n' must be an integer from 1 to 16, got 0"},
 		{name: "n at the most", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":16}`,
 			check: func(p parsed) string { return want(p.n == MaxChoices, "n %d", p.n) }},
 		{name: "include_usage false", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":false}}`,
@@ -144,13 +145,24 @@ func TestRenderChat(t *testing.T) {
 }
 
 func TestJSONKind(t *testing.T) {
-	cases := []struct{ in, want string }{
-		{"int", "a number"}, {"*int", "a number"}, {"float64", "a number"}, {"bool", "a boolean"},
-		{"*bool", "a boolean"}, {"string", "a string"}, {"*string", "a string"}, {"[]frontend.x", "[]frontend.x"},
+	var (
+		i  int
+		f  float64
+		b  bool
+		s  string
+		pi *int
+		ps **string
+	)
+	cases := []struct {
+		in   any
+		want string
+	}{
+		{i, "an integer"}, {uint8(0), "an integer"}, {f, "a number"}, {b, "a boolean"}, {s, "a string"},
+		{pi, "an integer"}, {ps, "a string"}, {struct{}{}, "an object"}, {map[string]int{}, "an object"},
 	}
 	for _, tc := range cases {
-		if got := jsonKind(tc.in); got != tc.want {
-			t.Errorf("jsonKind(%q): got %q, want %q", tc.in, got, tc.want)
+		if got := jsonKind(reflect.TypeOf(tc.in)); got != tc.want {
+			t.Errorf("jsonKind(%T): got %q, want %q", tc.in, got, tc.want)
 		}
 	}
 }

@@ -241,8 +241,8 @@ func (fe *Frontend) attach(ctx context.Context, id string) (*tracked, error) {
 }
 
 // cancel appends a cancel command for request id. It is idempotent.
-func (fe *Frontend) cancel(ctx context.Context, id, mode, reason string) error {
-	ev := events.RequestCancelled{RequestID: id, Mode: mode, Reason: reason}
+func (fe *Frontend) cancel(ctx context.Context, id, mode, reason, tenant string) error {
+	ev := events.RequestCancelled{RequestID: id, Mode: mode, Reason: reason, Tenant: tenant}
 	env := fe.events.Envelope(events.ID(id, "cancelled", mode), id, ev)
 	_, err := fe.events.Append(ctx, streams.RequestEvents(id), env, -1)
 	return err

@@ -6,13 +6,23 @@
 // Config.User requires a login), with JetStream;
 // and SYS, the system account, whose user "sys" sees the server's connect and
 // disconnect advisories: baton's fast path for detecting a crashed worker.
+//
+// No secret has a default: the system account's password is given, or
+// generated at first start and kept (mode 0600) in the store directory. With
+// ClusterUser and ClusterPassword, routes must authenticate; with the
+// cluster TLS files, they are encrypted and must present a certificate.
 package natsserver
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -22,12 +32,14 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultPort        = 4222
-	DefaultSysUser     = "sys"
-	DefaultSysPassword = "baton-sys"
-	AppUser            = "baton"
-	AppAccount         = "BATON"
-	SysAccount         = "SYS"
+	DefaultPort    = 4222
+	DefaultSysUser = "sys"
+	AppUser        = "baton"
+	AppAccount     = "BATON"
+	SysAccount     = "SYS"
+	// SysPasswordFile is the file, in the store directory, of the generated
+	// system-account password.
+	SysPasswordFile = "sys-password"
 )
 
 // Config describes an embedded server. Zero values mean the defaults.
@@ -42,9 +54,74 @@ type Config struct {
 	Routes      []string // nats-route://host:port of the other nodes
 	HTTPPort    int      // monitoring port; 0 off
 	SysUser     string   // system-account user; default "sys"
-	SysPassword string   // its password; default "baton-sys"
+	SysPassword string   // its password; see ResolveSysPassword
 	User        string   // BATON account user; when set, clients must log in (no anonymous access)
 	Password    string   // its password (with User)
+
+	// ClusterUser and ClusterPassword, when set, are required of every
+	// route (and sent on the routes this node makes): a node without them
+	// cannot join.
+	ClusterUser, ClusterPassword string
+	// ClusterTLSCert, ClusterTLSKey and ClusterTLSCA, when set, encrypt the
+	// routes; each side must present a certificate signed by ClusterTLSCA.
+	ClusterTLSCert, ClusterTLSKey, ClusterTLSCA string
+	// WorkerUsers are per-worker users of the BATON account, each holding
+	// WorkerPermissions pinned to its own id (PinWorker). They need User:
+	// an anonymous client would have every permission.
+	WorkerUsers []WorkerUser
+}
+
+// ResolveSysPassword sets the system-account password if c has none: the
+// one stored in StoreDir/sys-password, or else a new random one, stored
+// there with mode 0600 (kept in memory only for an InMemory server). It
+// returns the file it came from or went to ("" for none).
+func (c *Config) ResolveSysPassword() (string, error) {
+	if c.SysPassword != "" {
+		return "", nil
+	}
+	if c.StoreDir == "" {
+		c.SysPassword = randomSecret()
+		return "", nil
+	}
+	path := filepath.Join(c.StoreDir, SysPasswordFile)
+	if data, err := os.ReadFile(path); err == nil {
+		if pw := strings.TrimSpace(string(data)); pw != "" {
+			c.SysPassword = pw
+			return path, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("natsserver: read the system-account password: %w", err)
+	}
+	if err := os.MkdirAll(c.StoreDir, 0o700); err != nil {
+		return "", fmt.Errorf("natsserver: store directory: %w", err)
+	}
+	pw := randomSecret()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		if errors.Is(err, os.ErrExist) { // another process won the race
+			data, rerr := os.ReadFile(path)
+			if pw := strings.TrimSpace(string(data)); rerr == nil && pw != "" {
+				c.SysPassword = pw
+				return path, nil
+			}
+		}
+		return "", fmt.Errorf("natsserver: store the system-account password: %w", err)
+	}
+	_, err = f.WriteString(pw + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return "", fmt.Errorf("natsserver: store the system-account password: %w", err)
+	}
+	c.SysPassword = pw
+	return path, nil
+}
+
+func randomSecret() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 // Validate reports every problem with c.
@@ -65,6 +142,23 @@ func (c Config) Validate() error {
 	if c.ClusterName == "" && len(c.Routes) > 0 {
 		errs = append(errs, errors.New("--routes needs --cluster-name"))
 	}
+	if len(c.WorkerUsers) > 0 && c.User == "" {
+		errs = append(errs, errors.New("--worker-users needs --user and --password: anonymous clients would have every permission"))
+	}
+	if (c.ClusterUser == "") != (c.ClusterPassword == "") {
+		errs = append(errs, errors.New("--cluster-user and --cluster-password go together"))
+	}
+	if (c.ClusterTLSCert == "") != (c.ClusterTLSKey == "") || (c.ClusterTLSCert != "" && c.ClusterTLSCA == "") {
+		errs = append(errs, errors.New("route TLS needs --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca"))
+	}
+	if c.ClusterName == "" && (c.ClusterUser != "" || c.ClusterTLSCert != "") {
+		errs = append(errs, errors.New("route authentication and TLS need --cluster-name"))
+	}
+	for _, r := range c.Routes {
+		if u, err := url.Parse(r); err != nil || u.Host == "" {
+			errs = append(errs, fmt.Errorf("route %q: want nats-route://host:port", r))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -77,9 +171,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SysUser == "" {
 		c.SysUser = DefaultSysUser
-	}
-	if c.SysPassword == "" {
-		c.SysPassword = DefaultSysPassword
 	}
 	if c.ServerName == "" {
 		c.ServerName = "baton-" + strconv.Itoa(c.Port)
@@ -97,7 +188,12 @@ func (c Config) configString() string {
 	if c.User != "" {
 		user, password = c.User, c.Password
 	}
-	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [{user: %s, password: %s}] }\n", AppAccount, q(user), q(password))
+	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
+	for _, w := range c.WorkerUsers {
+		perms, _ := PinWorker(WorkerPermissions, w.ID) // the constant has every pin
+		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(w.Password), perms)
+	}
+	b.WriteString("  ] }\n")
 	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(c.SysPassword))
 	fmt.Fprintf(&b, "system_account: %s\n", SysAccount)
 	if c.User == "" {
@@ -106,13 +202,20 @@ func (c Config) configString() string {
 	}
 	if c.ClusterName != "" {
 		fmt.Fprintf(&b, "cluster {\n  name: %s\n  listen: %s\n", q(c.ClusterName), q(net.JoinHostPort(c.Host, strconv.Itoa(c.ClusterPort))))
+		if c.ClusterUser != "" {
+			fmt.Fprintf(&b, "  authorization { user: %s, password: %s, timeout: 2 }\n", q(c.ClusterUser), q(c.ClusterPassword))
+		}
+		if c.ClusterTLSCert != "" {
+			fmt.Fprintf(&b, "  tls { cert_file: %s, key_file: %s, ca_file: %s, verify: true, timeout: 2 }\n",
+				q(c.ClusterTLSCert), q(c.ClusterTLSKey), q(c.ClusterTLSCA))
+		}
 		if len(c.Routes) > 0 {
 			b.WriteString("  routes: [")
 			for i, r := range c.Routes {
 				if i > 0 {
 					b.WriteString(", ")
 				}
-				b.WriteString(q(r))
+				b.WriteString(q(c.routeURL(r)))
 			}
 			b.WriteString("]\n")
 		}
@@ -121,10 +224,24 @@ func (c Config) configString() string {
 	return b.String()
 }
 
+// routeURL is route r with the cluster credentials, unless it carries its own.
+func (c Config) routeURL(r string) string {
+	u, err := url.Parse(r)
+	if err != nil || c.ClusterUser == "" || u.User != nil {
+		return r
+	}
+	u.User = url.UserPassword(c.ClusterUser, c.ClusterPassword)
+	return u.String()
+}
+
 // Start starts a server and waits until it accepts connections. Stop it with
-// Shutdown and WaitForShutdown.
+// Shutdown and WaitForShutdown. Without a system-account password it calls
+// ResolveSysPassword first; call it yourself to learn the password.
 func Start(cfg Config, log *slog.Logger) (*server.Server, error) {
 	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if _, err := cfg.ResolveSysPassword(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
@@ -169,14 +286,12 @@ func SysURL(clientURL, user, password string) string {
 	if user == "" {
 		user = DefaultSysUser
 	}
-	if password == "" {
-		password = DefaultSysPassword
-	}
-	rest, ok := strings.CutPrefix(clientURL, "nats://")
-	if !ok {
+	u, err := url.Parse(clientURL)
+	if err != nil {
 		return clientURL
 	}
-	return "nats://" + user + ":" + password + "@" + rest
+	u.User = url.UserPassword(user, password)
+	return u.String()
 }
 
 type slogAdapter struct{ log *slog.Logger }

@@ -36,7 +36,7 @@ type Config struct {
 	ShutdownTimeout       time.Duration  // total shutdown budget, drain included; default 30s
 	DeltaMaxTokens        int            // flush a delta at this many tokens; default 16
 	DeltaMaxDelay         time.Duration  // flush a delta this long after its first token; default 5ms
-	LoadInterval          time.Duration  // minimum spacing of load reports; default 100ms
+	LoadInterval          time.Duration  // minimum spacing of load reports whose number of active requests is unchanged; default 100ms
 	Streams               streams.Config // provisioning of streams and buckets
 	Host                  string         // reported host name; default os.Hostname()
 

@@ -106,7 +106,7 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 }
 
 func validDispatch(d streams.Dispatch) bool {
-	return streams.ValidID(d.RequestID) && d.Attempt >= 0 && d.StartOffset >= 0 &&
+	return streams.ValidRequestID(d.RequestID) && d.Attempt >= 0 && d.StartOffset >= 0 &&
 		d.MaxTokens >= d.StartOffset && d.PromptTokens >= 0
 }
 

@@ -475,35 +475,62 @@ func (w *Worker) appendWorker(ctx context.Context, what string, ev events.Event)
 	}
 }
 
-// reportLoad publishes the engine's load when it changes, at most once per
-// LoadInterval, in a streams.Session with the lease's TTL that renews it, so
-// a crashed worker's load disappears with its lease. It reads the load again
-// every LeaseTTL/3 too, in case a change came without a notification. On
-// return the session stops without deleting the key (shutdown deletes it).
+// reportLoad publishes the engine's load when it changes, in a
+// streams.Session with the lease's TTL that renews it, so a crashed worker's
+// load disappears with its lease. A change in the number of active requests
+// (one started or ended) is published at once, so that a finished request
+// never shows as running for longer than a publish takes; the other figures
+// (KV blocks, queued prefill tokens), which move with every token, at most
+// once per LoadInterval. The load is read again every LeaseTTL/3 too, in case
+// a change came without a notification. On return the session stops without
+// deleting the key (shutdown deletes it).
 func (w *Worker) reportLoad(ctx context.Context) {
 	refresh := time.NewTicker(w.cfg.LeaseTTL / 3)
 	defer refresh.Stop()
+	hold := time.NewTimer(time.Hour)
+	hold.Stop()
+	defer hold.Stop()
+	var holdC <-chan time.Time // set while a report waits for LoadInterval
 	var s *streams.Session[events.Load]
 	defer func() {
 		if s != nil {
 			s.Close()
 		}
 	}()
+	var lastAt time.Time
 	for {
+		force := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-w.loadCh:
+		case <-holdC:
+			holdC = nil
 		case <-refresh.C:
+			force = true
 		}
 		st := w.eng.Stats()
 		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
 			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
-		var err error
+		var last events.Load
+		if s != nil {
+			last = s.Value()
+		}
 		switch {
-		case s == nil:
+		case s == nil || l.ActiveRequests != last.ActiveRequests:
+		case l == last:
+			continue // the session renews it
+		case !force && time.Since(lastAt) < w.cfg.LoadInterval:
+			if holdC == nil {
+				hold.Reset(w.cfg.LoadInterval - time.Since(lastAt))
+				holdC = hold.C
+			}
+			continue
+		}
+		var err error
+		if s == nil {
 			s, err = w.startLoad(ctx, l)
-		case s.Value() != l:
+		} else {
 			err = s.Update(func(v *events.Load) { *v = l })
 		}
 		if err != nil {
@@ -511,10 +538,13 @@ func (w *Worker) reportLoad(ctx context.Context) {
 				return
 			}
 			w.log.Warn("report load", "err", err)
+			if holdC == nil { // try again, even if nothing changes
+				hold.Reset(w.cfg.LoadInterval)
+				holdC = hold.C
+			}
+			continue
 		}
-		if !sleep(ctx, w.cfg.LoadInterval) {
-			return
-		}
+		lastAt = time.Now()
 	}
 }
 

@@ -330,9 +330,9 @@ func TestReRegistersAfterLeaseLoss(t *testing.T) {
 		second = l
 		return ok && l.LeaseID != first.LeaseID
 	})
-	if got := value(t, r.reg, "baton_worker_lease_live"); got != 1 {
-		t.Errorf("lease_live = %v, want 1", got)
-	}
+	// The key is visible before registration ends (the registered event,
+	// then the gauge): wait for the gauge rather than race it.
+	e.waitFor("lease_live 1 again", func() bool { return value(t, r.reg, "baton_worker_lease_live") == 1 })
 	e.waitFor("second registered event", func() bool { return len(e.workerEvents("w-back")) == 2 })
 	evs := e.workerEvents("w-back")
 	if reg, ok := evs[1].Event.(events.WorkerRegistered); !ok || reg.LeaseID != second.LeaseID {
@@ -555,4 +555,46 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLoadFallsToIdleAtOnce: the end of a request is reported at once, not
+// after the load report spacing (LoadInterval) that token-by-token changes
+// wait for: /v1/workers must not show a finished request as active.
+func TestLoadFallsToIdleAtOnce(t *testing.T) {
+	e := newEnv(t)
+	const interval = 2 * time.Second
+	// A long lease TTL, so that no refresh (every TTL/3) reports by chance.
+	e.start(nil, engine.MockConfig{TokensPerSec: 100, TTFT: time.Millisecond},
+		worker.Config{ID: "w-load", LoadInterval: interval, LeaseTTL: time.Minute})
+	active := func() int {
+		entry, err := e.kv(streams.LoadBucket).Get(context.Background(), "w-load")
+		if err != nil {
+			return -1
+		}
+		var l events.Load
+		if err := json.Unmarshal(entry.Value(), &l); err != nil {
+			t.Fatal(err)
+		}
+		return l.ActiveRequests
+	}
+	e.waitFor("the first load report", func() bool { return active() == 0 })
+
+	// 2.5 s of tokens: longer than the spacing, so that even a reporter
+	// that waits out the spacing after its first report sees it running.
+	const prompt, n = "report my load", 250
+	e.accept("req-load", prompt, n, "w-load")
+	if rep := e.dispatch("w-load", newDispatch("req-load", prompt, n)); !rep.Accepted {
+		t.Fatalf("dispatch refused: %+v", rep)
+	}
+	e.waitFor("the load report of the running request", func() bool { return active() == 1 })
+	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-load")); return ok })
+	done := time.Now()
+	deadline := done.Add(interval / 4)
+	for active() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("load still shows %d active requests %v after the request completed (report spacing %v)", active(), time.Since(done), interval)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("load back to 0 active requests %v after the completed event was read", time.Since(done).Round(time.Millisecond))
 }

@@ -1,0 +1,144 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/natsserver"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestWorkerPermissionsDocumented: the worker permission set that
+// `baton nats --worker-users` pins per worker is the one docs/deployment.md
+// documents (and TestLeastPrivilegePermissions runs).
+func TestWorkerPermissionsDocumented(t *testing.T) {
+	_, doc := permissionBlocks(t)
+	if strings.TrimSpace(doc) != strings.TrimSpace(natsserver.WorkerPermissions) {
+		t.Errorf("natsserver.WorkerPermissions differs from docs/deployment.md:\n%s\n----\n%s", natsserver.WorkerPermissions, doc)
+	}
+}
+
+// TestWorkerUsersConfined: with `baton nats --worker-users`, each worker
+// logs in as its own user, pinned to its own lease and load keys, lifecycle
+// subject and dispatch subject. Formerly a worker credential could delete
+// another worker's lease, put a lease under its id (locking it out) and
+// read its dispatches; now each is a permissions violation and the victim
+// keeps serving.
+func TestWorkerUsersConfined(t *testing.T) {
+	dir := t.TempDir()
+	users := filepath.Join(dir, "workers")
+	if err := os.WriteFile(users, []byte("# worker users\nw1 w1-password-0123456789\nw2 w2-password-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	ns := start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(dir, "nats"),
+		"--user", "frontend", "--password", "frontend-password-0123", "--worker-users", users)
+	waitFor(t, 20*time.Second, "nats to serve", func() bool {
+		nc, err := nats.Connect(url, nats.UserInfo("frontend", "frontend-password-0123"))
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	})
+	s := &stack{t: t, dir: dir, natsURL: url, workers: map[string]*proc{}}
+	f := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "frontend-password-0123")
+	for _, id := range []string{"w1", "w2"} {
+		s.workers[id] = start(t, "worker-"+id, []string{"NATS_USER=" + id, "NATS_PASSWORD=" + id + "-password-0123456789"},
+			"worker", "--nats", url, "--worker-id", id, "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
+	}
+	f.waitRoutable(t, "w1", "w2")
+	pinned := func(prompt string) {
+		t.Helper()
+		res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": 20},
+			map[string]string{"X-Worker-Id": "w2"}, nil)
+		checkComplete(t, res, prompt, 20)
+	}
+	pinned("before the attacks")
+	if strings.Contains(ns.output(), "Violation") {
+		t.Fatalf("the workers' own work was refused:\n%s", ns.output())
+	}
+
+	// w1's credential, used against w2.
+	var mu sync.Mutex
+	var asyncErrs []string
+	w1, err := nats.Connect(url, nats.UserInfo("w1", "w1-password-0123456789"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			mu.Lock()
+			asyncErrs = append(asyncErrs, err.Error())
+			mu.Unlock()
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w1.Close()
+	js, _ := jetstream.New(w1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	leases, err := js.KeyValue(ctx, "baton_leases")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := leases.Get(ctx, "w2")
+	if err != nil {
+		t.Fatalf("w2's lease: %v", err)
+	}
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 2*time.Second) }
+	c1, done1 := short()
+	if err := leases.Delete(c1, "w2"); err == nil {
+		t.Error("w1 deleted w2's lease")
+	}
+	done1()
+	c2, done2 := short()
+	if _, err := leases.Put(c2, "w2", []byte(`{"worker_id":"w2","lease_id":"squatted"}`)); err == nil {
+		t.Error("w1 put a lease under w2's id")
+	}
+	done2()
+	load, err := js.KeyValue(ctx, "baton_load")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c3, done3 := short()
+	if _, err := load.Put(c3, "w2", []byte(`{}`)); err == nil {
+		t.Error("w1 wrote w2's load")
+	}
+	done3()
+	if _, err := w1.Subscribe("baton.dispatch.w2", func(*nats.Msg) { t.Error("w1 received a dispatch of w2") }); err != nil {
+		t.Fatal(err)
+	}
+	_ = w1.Flush()
+	waitFor(t, 10*time.Second, "the server to refuse w1's subscription to w2's dispatches", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, e := range asyncErrs {
+			if strings.Contains(e, "baton.dispatch.w2") {
+				return true
+			}
+		}
+		return false
+	})
+
+	// The victim is intact: same lease, still routable, still serving.
+	after, err := leases.Get(ctx, "w2")
+	if err != nil || after.Revision() < before.Revision() || strings.Contains(string(after.Value()), "squatted") {
+		t.Errorf("w2's lease after the attacks: %v %v", after, err)
+	}
+	f.waitRoutable(t, "w1", "w2")
+	pinned("after the attacks")
+	for _, subj := range []string{"$KV.baton_leases.w2", "$KV.baton_load.w2", "baton.dispatch.w2"} {
+		logged := false
+		for _, line := range strings.Split(ns.output(), "\n") {
+			logged = logged || strings.Contains(line, "Violation") && strings.Contains(line, "user:w1") && strings.Contains(line, subj)
+		}
+		if !logged {
+			t.Errorf("no permissions violation of w1 logged for %s", subj)
+		}
+	}
+}

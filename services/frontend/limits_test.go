@@ -1,0 +1,81 @@
+package frontend
+
+import (
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestTenantRate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newTenantLimits(0, 2) // 2/s, burst 2
+		now := func() time.Time { return time.Now() }
+		for i := range 2 {
+			if _, ok := l.allow("alice", now()); !ok {
+				t.Fatalf("request %d of the burst refused", i)
+			}
+		}
+		wait, ok := l.allow("alice", now())
+		if ok || wait != 500*time.Millisecond {
+			t.Fatalf("third request: got ok=%v wait %v, want refused with 500ms", ok, wait)
+		}
+		if retryAfter(wait) != "1" {
+			t.Errorf("Retry-After = %s, want 1", retryAfter(wait))
+		}
+		if _, ok := l.allow("bob", now()); !ok {
+			t.Error("bob is limited by alice's rate")
+		}
+		time.Sleep(499 * time.Millisecond)
+		if _, ok := l.allow("alice", now()); ok {
+			t.Error("a token came back before 500ms")
+		}
+		time.Sleep(time.Millisecond)
+		if _, ok := l.allow("alice", now()); !ok {
+			t.Error("no token after 500ms")
+		}
+		time.Sleep(time.Hour)
+		n := 0
+		for ; n < 10; n++ {
+			if _, ok := l.allow("alice", now()); !ok {
+				break
+			}
+		}
+		if n != 2 {
+			t.Errorf("after an idle hour %d requests passed, want the burst of 2", n)
+		}
+	})
+}
+
+func TestTenantRateSlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newTenantLimits(0, 0.25) // one per 4s, burst 1
+		l.allow("alice", time.Now())
+		wait, ok := l.allow("alice", time.Now())
+		if ok || retryAfter(wait) != "4" {
+			t.Errorf("got ok=%v Retry-After %s, want refused with 4", ok, retryAfter(wait))
+		}
+	})
+}
+
+func TestTenantConcurrency(t *testing.T) {
+	l := newTenantLimits(2, 0)
+	if !l.acquire("alice") || !l.acquire("alice") {
+		t.Fatal("alice's two slots refused")
+	}
+	if l.acquire("alice") {
+		t.Fatal("a third slot granted")
+	}
+	if !l.acquire("bob") {
+		t.Fatal("bob refused for alice's use")
+	}
+	l.release("alice")
+	if !l.acquire("alice") {
+		t.Fatal("a released slot was not given back")
+	}
+	unlimited := newTenantLimits(0, 0)
+	for range 100 {
+		if !unlimited.acquire("x") {
+			t.Fatal("unlimited refused")
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package natsserver
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// WorkerPermissions is the least-privilege permission set of a worker, as
+// docs/deployment.md documents it (a test checks that they are the same):
+// any worker id. PinWorker narrows it to one worker.
+const WorkerPermissions = `publish: [
+  "baton.requests.*.tokens.*",             # token deltas, completed, attempt_failed of its attempts
+  "baton.requests.*.events",               # detach handling (cancel of an abandoned request)
+  "baton.workers.*.events",                # registered, draining, deregistered
+  "$KV.baton_leases.>", "$KV.baton_load.>",
+  "$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.CREATE.>",   # narrow as for the frontend
+  "$JS.API.DIRECT.GET.BATON_REQUESTS", "$JS.API.DIRECT.GET.BATON_REQUESTS.>",
+  "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
+  "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
+  "$JS.API.CONSUMER.DELETE.>", "$JS.FC.>", "$JS.ACK.>"
+]
+subscribe: [ "baton.dispatch.*", "baton.live.requests.*.events", "_INBOX.>" ]   # pin baton.dispatch.<worker id> per user
+`
+
+// pins are the grants of WorkerPermissions that name one worker's own
+// subjects: its lifecycle events, lease and load keys, dispatch subject.
+var pins = []struct{ any, own string }{
+	{`"baton.workers.*.events"`, `"baton.workers.%s.events"`},
+	{`"$KV.baton_leases.>", "$KV.baton_load.>"`, `"$KV.baton_leases.%s", "$KV.baton_load.%s"`},
+	{`"baton.dispatch.*"`, `"baton.dispatch.%s"`},
+}
+
+// PinWorker narrows a worker permission set to worker id: it may write only
+// its own lifecycle events, lease and load keys, and receive only its own
+// dispatches. It fails if perms lacks one of the grants it narrows.
+func PinWorker(perms, id string) (string, error) {
+	for _, p := range pins {
+		if !strings.Contains(perms, p.any) {
+			return "", fmt.Errorf("natsserver: the worker permissions lack %s", p.any)
+		}
+		perms = strings.ReplaceAll(perms, p.any, strings.ReplaceAll(p.own, "%s", id))
+	}
+	return perms, nil
+}
+
+// WorkerUser is a per-worker NATS user: its name is the worker id.
+type WorkerUser struct {
+	ID, Password string
+}
+
+// ReadWorkerUsers reads a file of "WORKER_ID PASSWORD" lines ('#' starts a
+// comment). Worker ids are baton ids (letters, digits, '-', '_'); passwords
+// are at least 16 bytes.
+func ReadWorkerUsers(path string) ([]WorkerUser, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("natsserver: worker users: %w", err)
+	}
+	var users []WorkerUser
+	var errs []error
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 0:
+			continue
+		case len(f) != 2:
+			errs = append(errs, fmt.Errorf("line %d: want WORKER_ID PASSWORD", n))
+		case !validWorkerID(f[0]):
+			errs = append(errs, fmt.Errorf("line %d: worker id %q: want letters, digits, '-' or '_'", n, f[0]))
+		case len(f[1]) < 16:
+			errs = append(errs, fmt.Errorf("line %d: the password of %s is shorter than 16 bytes", n, f[0]))
+		case seen[f[0]]:
+			errs = append(errs, fmt.Errorf("line %d: worker %s listed twice", n, f[0]))
+		default:
+			seen[f[0]] = true
+			users = append(users, WorkerUser{ID: f[0], Password: f[1]})
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("natsserver: worker users %s: %w", path, err)
+	}
+	return users, nil
+}
+
+func validWorkerID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
