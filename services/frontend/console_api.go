@@ -157,29 +157,30 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 // handleConsoleRequests serves GET /v1/console/requests: the recent requests
 // of the whole cluster, newest first, optionally ?model=, ?status= and ?limit=.
 func (fe *Frontend) handleConsoleRequests(w http.ResponseWriter, r *http.Request) {
+	writeResult(w, fe.consoleRequests(r))
+}
+
+func (fe *Frontend) consoleRequests(r *http.Request) result {
 	q := r.URL.Query()
 	status := q.Get("status")
 	switch projections.Status(status) {
 	case "", projections.StatusPending, projections.StatusRunning, projections.StatusCompleted,
 		projections.StatusFailed, projections.StatusCancelled:
 	default:
-		writeAPIError(w, badRequest("invalid_status", "status must be one of pending, running, completed, failed, cancelled; got %q", status))
-		return
+		return errResult(badRequest("invalid_status", "status must be one of pending, running, completed, failed, cancelled; got %q", status))
 	}
 	limit := fe.cfg.ConsoleRequests
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			writeAPIError(w, badRequest("invalid_limit", "limit must be a positive whole number, got %q", v))
-			return
+			return errResult(badRequest("invalid_limit", "limit must be a positive whole number, got %q", v))
 		}
 		limit = n
 	}
 	if err := fe.console.start(r.Context()); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "log_unavailable", err.Error())
-		return
+		return errResult(&apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "log_unavailable", message: err.Error()})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": fe.console.requests(q.Get("model"), status, limit)})
+	return okResult(map[string]any{"object": "list", "data": fe.console.requests(q.Get("model"), status, limit)})
 }
 
 // timelineDoc is the JSON of GET /v1/console/requests/{id}/timeline: the
@@ -193,27 +194,27 @@ type timelineDoc struct {
 // handleTimeline serves GET /v1/console/requests/{id}/timeline: the request's
 // whole history read from the log and folded as `baton replay` folds it.
 func (fe *Frontend) handleTimeline(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	writeResult(w, fe.timeline(r.Context(), r.PathValue("id")))
+}
+
+func (fe *Frontend) timeline(ctx context.Context, id string) result {
 	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
-		return
+		return errResult(notFound(id))
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*streams.DefaultTimeout)
+	ctx, cancel := context.WithTimeout(ctx, 2*streams.DefaultTimeout)
 	defer cancel()
 	var envs []events.Envelope
 	for e, err := range streams.ReadRequest(ctx, fe.js, id, 1) {
 		if err != nil {
-			writeLookupError(w, id, err)
-			return
+			return errResult(&lookupError{id: id, err: err})
 		}
 		envs = append(envs, e)
 	}
 	p, timeline, ok := projections.Replay(envs)
 	if !ok {
-		writeLookupError(w, id, streams.ErrNotFound)
-		return
+		return errResult(notFound(id))
 	}
-	writeJSON(w, http.StatusOK, timelineDoc{Request: stateOf(p), Timeline: timeline, Output: p.Text()})
+	return okResult(timelineDoc{Request: stateOf(p), Timeline: timeline, Output: p.Text()})
 }
 
 // handleFrontends serves GET /v1/console/frontends: the live frontends, from
