@@ -3,6 +3,7 @@ package streams
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -109,6 +110,18 @@ type val struct {
 
 var errDown = errors.New("no responders")
 
+// startSession starts a session of val{N: 1} with a TTL of 3s on a new
+// fake store.
+func startSession(t *testing.T, exclusive bool) (*fakeStore, *Session[val]) {
+	t.Helper()
+	st := &fakeStore{}
+	s, err := newSession(t.Context(), st, val{N: 1}, SessionConfig[val]{TTL: 3 * time.Second, Exclusive: exclusive})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, s
+}
+
 func isDone(s interface{ Done() <-chan struct{} }) bool {
 	select {
 	case <-s.Done():
@@ -123,11 +136,7 @@ func TestSessionRenewsAtAThirdOfTheTTLWithJitter(t *testing.T) {
 		name := map[bool]string{true: "exclusive", false: "by fiat"}[exclusive]
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				st := &fakeStore{}
-				s, err := newSession(t.Context(), st, val{N: 1}, SessionConfig[val]{TTL: 3 * time.Second, Exclusive: exclusive})
-				if err != nil {
-					t.Fatal(err)
-				}
+				st, s := startSession(t, exclusive)
 				defer s.Close()
 				start := time.Now()
 				time.Sleep(10*time.Second + time.Millisecond)
@@ -192,11 +201,7 @@ func TestSessionLiveness(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				st := &fakeStore{}
-				s, err := newSession(t.Context(), st, val{N: 1}, SessionConfig[val]{TTL: 3 * time.Second, Exclusive: tc.exclusive})
-				if err != nil {
-					t.Fatal(err)
-				}
+				st, s := startSession(t, tc.exclusive)
 				defer s.Close()
 				tc.trouble(st)
 				time.Sleep(tc.after)
@@ -217,11 +222,7 @@ func TestSessionLiveness(t *testing.T) {
 
 func TestSessionRecoversFromFailuresShorterThanTheTTL(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &fakeStore{}
-		s, err := newSession(t.Context(), st, val{N: 1}, SessionConfig[val]{TTL: 3 * time.Second, Exclusive: true})
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, s := startSession(t, true)
 		defer s.Close()
 		st.setFail(errDown)
 		time.Sleep(2 * time.Second)
@@ -289,11 +290,7 @@ func TestSessionEnd(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				st := &fakeStore{}
-				s, err := newSession(t.Context(), st, val{N: 1}, SessionConfig[val]{TTL: 3 * time.Second, Exclusive: tc.exclusive})
-				if err != nil {
-					t.Fatal(err)
-				}
+				st, s := startSession(t, tc.exclusive)
 				if err := tc.end(s); err != nil {
 					t.Fatal(err)
 				}
@@ -303,7 +300,7 @@ func TestSessionEnd(t *testing.T) {
 				if got := st.value(); got != tc.wantKey {
 					t.Errorf("got key %q, want %q", got, tc.wantKey)
 				}
-				if !equalRevs(st.deletes, tc.wantDeletes) {
+				if !slices.Equal(st.deletes, tc.wantDeletes) {
 					t.Errorf("got deletes at %v, want %v", st.deletes, tc.wantDeletes)
 				}
 				n := len(st.putTimes())
@@ -322,11 +319,7 @@ func TestSessionEnd(t *testing.T) {
 
 func TestSessionRevokeAfterLossLeavesTheKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		st := &fakeStore{}
-		s, err := newSession(t.Context(), st, val{N: 1}, SessionConfig[val]{TTL: 3 * time.Second, Exclusive: true})
-		if err != nil {
-			t.Fatal(err)
-		}
+		st, s := startSession(t, true)
 		st.writeOther(`{"n":9}`)
 		<-s.Done()
 		if err := s.Revoke(context.Background()); err != nil {
@@ -384,16 +377,4 @@ func TestSessionTTLBelowASecond(t *testing.T) {
 	if _, err := newSession(t.Context(), &fakeStore{}, val{}, SessionConfig[val]{TTL: 500 * time.Millisecond}); err == nil {
 		t.Fatal("got no error for a TTL of 500ms, want one")
 	}
-}
-
-func equalRevs(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
