@@ -103,9 +103,13 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, g *errgroup.Group) err
 func (fe *Frontend) declareLost(ctx context.Context, w projections.Worker, reason string) {
 	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
-	if err := fe.disc.revoke(ctx, w); err != nil {
+	revoked, err := fe.disc.revoke(ctx, w)
+	if err != nil {
 		fe.log.Warn("revoke lease", "worker_id", w.ID, "err", err)
 		return
+	}
+	if !revoked {
+		return // it deregistered in order, registered again, or another frontend declared it lost
 	}
 	ev := events.WorkerLost{WorkerID: w.ID, LeaseID: w.LeaseID, Reason: reason}
 	env := fe.events.Envelope(events.ID(w.ID, w.LeaseID, "lost"), w.ID, ev)

@@ -200,15 +200,36 @@ func (d *discovery) get(id string) (projections.Worker, bool) {
 	return d.view.Get(id)
 }
 
-// revoke deletes a worker's lease key if it still holds the given revision, so
-// every watcher sees the worker go at once (the crash fast path).
-func (d *discovery) revoke(ctx context.Context, w projections.Worker) error {
-	err := d.leases.Delete(ctx, w.ID, jetstream.LastRevision(w.LeaseRevision))
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		if errors.Is(streams.Translate(err), streams.ErrRevisionMismatch) {
-			return nil // the lease moved on (renewed by a live worker, or gone)
+// revoke deletes worker w's lease, the one its projection holds. revoked is
+// false when nothing of that lease was left to revoke: the worker deleted it
+// itself (it deregistered), another frontend revoked it first, or the worker
+// registered again under a new lease id. A lease renewed since the projection
+// saw it (by the same registration, just before its connection dropped) is
+// still revoked.
+func (d *discovery) revoke(ctx context.Context, w projections.Worker) (revoked bool, err error) {
+	rev := w.LeaseRevision
+	for range 5 {
+		err := d.leases.Delete(ctx, w.ID, jetstream.LastRevision(rev))
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			return false, nil
+		case !errors.Is(streams.Translate(err), streams.ErrRevisionMismatch):
+			return false, fmt.Errorf("revoke lease of %s: %w", w.ID, err)
 		}
-		return fmt.Errorf("revoke lease of %s: %w", w.ID, err)
+		e, err := d.leases.Get(ctx, w.ID)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return false, nil // deleted since: deregistered, or revoked by another frontend
+		}
+		if err != nil {
+			return false, fmt.Errorf("revoke lease of %s: read it: %w", w.ID, err)
+		}
+		var now events.Lease
+		if err := json.Unmarshal(e.Value(), &now); err != nil || now.LeaseID != w.LeaseID {
+			return false, nil // registered again: a new lease, not the lost one
+		}
+		rev = e.Revision() // the same lease, renewed since: revoke that revision
 	}
-	return nil
+	return false, fmt.Errorf("revoke lease of %s: it kept changing", w.ID)
 }
