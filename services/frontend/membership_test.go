@@ -134,45 +134,6 @@ func TestDiscoveryFollowsLeasesAndLoad(t *testing.T) {
 	}
 }
 
-func TestDiscoveryRevoke(t *testing.T) {
-	cases := []struct {
-		name     string
-		stale    bool // revoke with an older revision than the key's
-		gone     bool // the key was deleted before
-		wantKept bool
-	}{
-		{name: "at the current revision: deleted"},
-		{name: "at an old revision (renewed since): kept", stale: true, wantKept: true},
-		{name: "already gone: no error", gone: true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			x := newMembershipFixture(t)
-			d := newDiscovery(slog.New(slog.DiscardHandler))
-			if err := d.start(x.ctx, x.ctx, x.js, x.g); err != nil {
-				t.Fatal(err)
-			}
-			rev := x.put(t, streams.LeasesBucket, "w1", events.Lease{WorkerID: "w1", LeaseID: "l1", Model: "m"})
-			if tc.stale {
-				x.put(t, streams.LeasesBucket, "w1", events.Lease{WorkerID: "w1", LeaseID: "l1", Model: "m"})
-			}
-			if tc.gone {
-				if err := x.kv(t, streams.LeasesBucket).Delete(x.ctx, "w1"); err != nil {
-					t.Fatal(err)
-				}
-			}
-			err := d.revoke(x.ctx, projections.Worker{ID: "w1", LeaseRevision: rev})
-			if err != nil && !tc.gone {
-				t.Fatalf("got %v, want nil", err)
-			}
-			_, gerr := x.kv(t, streams.LeasesBucket).Get(x.ctx, "w1")
-			if kept := gerr == nil; kept != tc.wantKept {
-				t.Errorf("got key kept %v (%v), want %v", kept, gerr, tc.wantKept)
-			}
-		})
-	}
-}
-
 func startPresence(t *testing.T, x *membershipFixture, id string) *presence {
 	t.Helper()
 	p := newPresence()
