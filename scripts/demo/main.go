@@ -19,7 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/baton-dev/baton/internal/freeport"
 	"github.com/baton-dev/baton/services/engine"
 )
 
@@ -81,12 +81,12 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	if o.httpPort == 0 {
-		if o.httpPort, err = freePort(); err != nil {
+		if o.httpPort, err = freeport.Get(); err != nil {
 			return err
 		}
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(o.httpPort)
-	natsPort, err := freePort()
+	natsPort, err := freeport.Get()
 	if err != nil {
 		return err
 	}
@@ -386,13 +386,4 @@ func migrationLine(ctx context.Context, base string) (string, error) {
 		}
 	}
 	return "(no migration_total line)", sc.Err()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
