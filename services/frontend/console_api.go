@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -72,18 +73,10 @@ func (fe *Frontend) consoleState() consoleState {
 // workers, requests and frontends ("state" events, without ids, at most four
 // a second and at least every two seconds).
 func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
-	var cur feedCursor
-	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
-	if q := r.URL.Query().Get("last_event_id"); q != "" {
-		name, v = "last_event_id", q
-	}
-	if v != "" {
-		c, err := parseCursor(v)
-		if err != nil {
-			writeAPIError(w, badRequest("invalid_last_event_id", "%s: %v", name, err))
-			return
-		}
-		cur = c
+	cur, apiErr := lastEventCursor(r)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
 	if err := fe.console.start(r.Context()); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "log_unavailable", err.Error())
@@ -95,19 +88,6 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	write := func(id, event string, v any) error {
-		data, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		if id != "" {
-			if _, err := fmt.Fprintf(w, "id: %s\n", id); err != nil {
-				return err
-			}
-		}
-		_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data)
-		return err
-	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var lastState time.Time
@@ -121,12 +101,12 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 				cur.Requests = e.Seq
 			}
 			e.ID = cur.String()
-			if write(e.ID, "feed", e) != nil {
+			if writeEvent(w, e.ID, "feed", e) != nil {
 				return
 			}
 		}
 		if wait := consoleStateRate - time.Since(lastState); stateDue && wait <= 0 {
-			if write("", "state", fe.consoleState()) != nil {
+			if writeEvent(w, "", "state", fe.consoleState()) != nil {
 				return
 			}
 			lastState, stateDue = time.Now(), false
@@ -152,6 +132,39 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 			return // end at once, so that the shutdown does not wait for consoles
 		}
 	}
+}
+
+// lastEventCursor is the feed cursor a console's events resume after:
+// ?last_event_id, else the Last-Event-ID header, else the start.
+func lastEventCursor(r *http.Request) (feedCursor, *apiError) {
+	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
+	if q := r.URL.Query().Get("last_event_id"); q != "" {
+		name, v = "last_event_id", q
+	}
+	if v == "" {
+		return feedCursor{}, nil
+	}
+	cur, err := parseCursor(v)
+	if err != nil {
+		return feedCursor{}, badRequest("invalid_last_event_id", "%s: %v", name, err)
+	}
+	return cur, nil
+}
+
+// writeEvent writes one server-sent event named event with v as JSON data,
+// and with id unless it is empty.
+func writeEvent(w io.Writer, id, event string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if id != "" {
+		if _, err := fmt.Fprintf(w, "id: %s\n", id); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data)
+	return err
 }
 
 // handleConsoleRequests serves GET /v1/console/requests: the recent requests

@@ -68,25 +68,6 @@ func TestFeedCursorAfter(t *testing.T) {
 	}
 }
 
-func TestShortType(t *testing.T) {
-	cases := []struct{ in, want string }{
-		{events.TypeRequestMigrated, "migrated"},
-		{events.TypeAttemptFailed, "attempt_failed"},
-		{events.TypeWorkerLost, "lost"},
-		{events.TypeWorkerRegistered, "registered"},
-		{"baton.request.noversion", "noversion"},
-		{"other.type.v1", "other.type.v1"},
-		{"", ""},
-	}
-	for _, tc := range cases {
-		t.Run(tc.in, func(t *testing.T) {
-			if got := shortType(tc.in); got != tc.want {
-				t.Errorf("got %q, want %q", got, tc.want)
-			}
-		})
-	}
-}
-
 func envelope(seq uint64, subject string, ev events.Event) events.Envelope {
 	return events.Envelope{ID: subject + "-" + ev.EventType(), Source: "test", Subject: subject,
 		Time: time.Unix(int64(1000+seq), 0), Seq: seq, Event: ev}
