@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,25 @@ func TestSamplesCoverRegistry(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Fatalf("registered types = %v, want samples for exactly %v", got, want)
+	}
+}
+
+// TestRequestEvents: every request event type says which request it is
+// about (its RequestID), and no worker event claims to be about one.
+func TestRequestEvents(t *testing.T) {
+	for typ, ev := range samples() {
+		t.Run(typ, func(t *testing.T) {
+			re, ok := ev.(events.RequestEvent)
+			if want := strings.HasPrefix(typ, "baton.request."); ok != want {
+				t.Fatalf("is a RequestEvent: got %v, want %v", ok, want)
+			}
+			if !ok {
+				return
+			}
+			if got, want := re.Request(), reflect.ValueOf(ev).FieldByName("RequestID").String(); got != want || got == "" {
+				t.Errorf("Request() = %q, want its RequestID %q", got, want)
+			}
+		})
 	}
 }
 

@@ -20,6 +20,14 @@ const (
 	TypeChildAdded       = "baton.request.child_added.v1"
 )
 
+// RequestEvent is an event of a request's history. Every request event type
+// implements it; Request is its RequestID, the request the event is about
+// (for ChildAdded, the parent).
+type RequestEvent interface {
+	Event
+	Request() string
+}
+
 // Endpoints a request can arrive on.
 const (
 	EndpointChat        = "chat_completions"
@@ -65,6 +73,7 @@ type RequestAccepted struct {
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }
+func (e RequestAccepted) Request() string { return e.RequestID }
 
 func (e *RequestAccepted) validate() error {
 	if e.RequestID == "" || e.Model == "" {
@@ -86,6 +95,7 @@ type RequestRouted struct {
 }
 
 func (RequestRouted) EventType() string { return TypeRequestRouted }
+func (e RequestRouted) Request() string { return e.RequestID }
 
 func (e *RequestRouted) validate() error {
 	if e.Attempt < 0 || e.StartOffset < 0 || e.WorkerID == "" {
@@ -119,6 +129,7 @@ type TokensGenerated struct {
 }
 
 func (TokensGenerated) EventType() string { return TypeTokensGenerated }
+func (e TokensGenerated) Request() string { return e.RequestID }
 
 func (e *TokensGenerated) validate() error {
 	if e.Attempt < 0 || e.Offset < 0 {
@@ -141,6 +152,7 @@ type RequestCompleted struct {
 }
 
 func (RequestCompleted) EventType() string { return TypeRequestCompleted }
+func (e RequestCompleted) Request() string { return e.RequestID }
 
 func (e *RequestCompleted) validate() error {
 	if e.Attempt < 0 || e.CompletionTokens < 0 {
@@ -171,6 +183,7 @@ type AttemptFailed struct {
 }
 
 func (AttemptFailed) EventType() string { return TypeAttemptFailed }
+func (e AttemptFailed) Request() string { return e.RequestID }
 
 // Failure classes of AttemptFailed.Class.
 const (
@@ -208,6 +221,7 @@ type RequestMigrated struct {
 }
 
 func (RequestMigrated) EventType() string { return TypeRequestMigrated }
+func (e RequestMigrated) Request() string { return e.RequestID }
 
 // RequestFailed records the terminal failure of a request: no further tokens
 // will be accepted for it.
@@ -220,6 +234,7 @@ type RequestFailed struct {
 }
 
 func (RequestFailed) EventType() string { return TypeRequestFailed }
+func (e RequestFailed) Request() string { return e.RequestID }
 
 // RequestAttached records that Frontend took ownership of the request: it
 // serves a client and makes the request's migration decisions.
@@ -230,6 +245,7 @@ type RequestAttached struct {
 }
 
 func (RequestAttached) EventType() string { return TypeRequestAttached }
+func (e RequestAttached) Request() string { return e.RequestID }
 
 // Cancellation modes.
 const (
@@ -250,6 +266,7 @@ type RequestCancelled struct {
 }
 
 func (RequestCancelled) EventType() string { return TypeRequestCancelled }
+func (e RequestCancelled) Request() string { return e.RequestID }
 
 // ChildAdded records that request ChildID was started as a child of
 // RequestID (a choice of n > 1, or a request sent with X-Parent-Request-Id),
@@ -260,6 +277,7 @@ type ChildAdded struct {
 }
 
 func (ChildAdded) EventType() string { return TypeChildAdded }
+func (e ChildAdded) Request() string { return e.RequestID }
 
 func init() {
 	register[ChildAdded]()

@@ -270,8 +270,11 @@ func TestClusterNodeLoss(t *testing.T) {
 	}
 	c := newCluster(t)
 	s := &stack{t: t, dir: t.TempDir(), natsURL: c.urls(), workers: map[string]*proc{}}
-	// fe1 provisions the R3 streams with the full list.
-	fe1 := s.frontend(nil, "--replicas", "3")
+	// fe1 provisions the R3 streams with the full list. Migration is on, as
+	// in any cluster deployment (compose runs with 3): on a loaded machine an
+	// election can outlast a worker's lease (10 s), and a lease lost then is a
+	// worker lost, whose requests must move on, not fail.
+	fe1 := s.frontend(nil, "--replicas", "3", "--migration-limit", "3")
 	for i := 1; i <= 2; i++ {
 		s.worker(fmt.Sprintf("w%d", i), "--replicas", "3", "--mock-tokens-per-sec", "150", "--mock-ttft", "10ms")
 	}
@@ -294,7 +297,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			// nodes through the cluster's gossip and carry on through one.
 			saved := s.natsURL
 			s.natsURL = victim.url
-			fe := s.frontend(nil, "--replicas", "3")
+			fe := s.frontend(nil, "--replicas", "3", "--migration-limit", "3")
 			s.natsURL = saved
 			fe.waitRoutable(t, "w1", "w2")
 

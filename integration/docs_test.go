@@ -115,9 +115,11 @@ func TestReadmeQuickStart(t *testing.T) {
 	up := start(t, "up", nil, args...)
 	f := &frontend{proc: up, url: "http://127.0.0.1:" + strconv.Itoa(port)}
 	f.waitRoutable(t, "up-w1", "up-w2")
-	if !strings.Contains(up.output(), "listening on 127.0.0.1:"+strconv.Itoa(port)) {
-		t.Errorf("the banner does not say the frontend listens on 127.0.0.1:%d:\n%s", port, up.output())
-	}
+	// The banner comes once up has seen its workers ready, which may be a
+	// moment after this client saw them routable.
+	waitFor(t, 20*time.Second, "the banner to say the frontend listens on 127.0.0.1:"+strconv.Itoa(port), func() bool {
+		return strings.Contains(up.output(), "listening on 127.0.0.1:"+strconv.Itoa(port))
+	})
 	line := strings.ReplaceAll(ask[0][0], "127.0.0.1:8000", "127.0.0.1:"+strconv.Itoa(port))
 	out, code := shell(t, line, nil)
 	var last string

@@ -152,27 +152,8 @@ func (v *Recent) Requests(model, status string, limit int) []RequestSummary {
 
 // requestOf is the request id an event of the requests stream is about.
 func requestOf(ev events.Event) string {
-	switch ev := ev.(type) {
-	case events.RequestAccepted:
-		return ev.RequestID
-	case events.RequestRouted:
-		return ev.RequestID
-	case events.TokensGenerated:
-		return ev.RequestID
-	case events.RequestCompleted:
-		return ev.RequestID
-	case events.AttemptFailed:
-		return ev.RequestID
-	case events.RequestMigrated:
-		return ev.RequestID
-	case events.RequestFailed:
-		return ev.RequestID
-	case events.RequestAttached:
-		return ev.RequestID
-	case events.RequestCancelled:
-		return ev.RequestID
-	case events.ChildAdded:
-		return ev.RequestID
+	if re, ok := ev.(events.RequestEvent); ok {
+		return re.Request()
 	}
 	return ""
 }

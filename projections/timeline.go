@@ -73,6 +73,21 @@ func FencedBy(e events.Envelope) (string, bool) {
 	return "", false
 }
 
+// Kind shortens an event type to what the console and `baton events` show:
+// "baton.request.migrated.v1" → "migrated", "baton.worker.lost.v1" → "lost".
+// A type of another namespace is returned whole.
+func Kind(typ string) string {
+	for _, p := range []string{"baton.request.", "baton.worker."} {
+		if rest, ok := strings.CutPrefix(typ, p); ok {
+			if i := strings.LastIndex(rest, ".v"); i > 0 {
+				return rest[:i]
+			}
+			return rest
+		}
+	}
+	return typ
+}
+
 // Describe is a one-line, plain-words summary of an event.
 func Describe(e events.Envelope) string {
 	switch ev := e.Event.(type) {

@@ -279,6 +279,11 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 			// The server may cut a batch short (max bytes); only an empty batch
 			// or nothing pending past the last message ends the read.
 			if n == 0 || pending == "0" {
+				if read, ok := readBehind(ctx, js, stream, subject, from, yield); !ok {
+					return
+				} else if read {
+					any = true
+				}
 				if !any {
 					yield(events.Envelope{}, ErrNotFound)
 				}
@@ -286,4 +291,38 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 			}
 		}
 	}
+}
+
+// readBehind reads from stream's leader what is stored on subject from
+// sequence from on, which the replica that answered the direct gets had not
+// yet applied (see leader.go). read says whether it yielded anything; ok is
+// false when the reader stopped or an error was yielded.
+func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64,
+	yield func(events.Envelope, error) bool) (read, ok bool) {
+	last, err := leaderGet(ctx, js, stream, subject, 0, true)
+	if err != nil {
+		// No leader to ask (an election) or no answer in time: the replica's
+		// answer stands, as it would without this check. A reader that missed
+		// something still learns of it from the next live message's gap.
+		return false, true
+	}
+	for last != nil && from <= last.Sequence {
+		m, err := leaderGet(ctx, js, stream, subject, from, false)
+		if err != nil {
+			yield(events.Envelope{}, fmt.Errorf("read %s: %w", subject, err))
+			return read, false
+		}
+		if m == nil {
+			break
+		}
+		read, from = true, m.Sequence+1
+		e, err := DecodeRaw(m)
+		if err != nil {
+			continue // not ours, or a type this build does not know
+		}
+		if !yield(e, nil) {
+			return read, false
+		}
+	}
+	return read, true
 }

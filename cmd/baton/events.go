@@ -349,27 +349,15 @@ func orDash(s string) string {
 	return s
 }
 
-// kindOf shortens an event type: "baton.request.migrated.v1" → "migrated".
-func kindOf(typ string) string {
-	for _, p := range []string{"baton.request.", "baton.worker."} {
-		if rest, ok := strings.CutPrefix(typ, p); ok {
-			if i := strings.LastIndex(rest, ".v"); i > 0 {
-				return rest[:i]
-			}
-			return rest
-		}
-	}
-	return typ
-}
-
 // producer is the last part of an event source: "baton/frontend/fe-1" → "fe-1".
 func producer(source string) string {
 	return source[strings.LastIndex(source, "/")+1:]
 }
 
-// describe and tokenRange are the projections' summaries of events, shared
-// with the console.
+// describe, tokenRange and kindOf are the projections' summaries of events,
+// shared with the console.
 var (
 	describe   = projections.Describe
 	tokenRange = projections.TokenRange
+	kindOf     = projections.Kind
 )

@@ -85,6 +85,41 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 // config builds the frontend's Config from the parsed flags and the
 // environment-only variables, and validates it.
 func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.Config, error) {
+	errs := ff.check()
+	cfg := frontend.Config{
+		ID:                           ff.id,
+		HTTPAddr:                     net.JoinHostPort(ff.httpHost, strconv.Itoa(ff.httpPort)),
+		MigrationLimit:               ff.migrationLimit,
+		MigrationMaxSeqLen:           ff.migrationMaxSeqLen,
+		ActiveDecodeBlocksThreshold:  ff.decodeThreshold.Get(),
+		ActivePrefillTokensThreshold: ff.prefillThreshold.Get(),
+		StallTimeout:                 ff.stallTimeout,
+		DetachTimeout:                ff.detachTimeout,
+		SystemURL:                    ff.systemURL,
+		DefaultMaxTokens:             ff.defaultMaxTokens,
+		MaxTokensLimit:               ff.maxTokensLimit,
+		MaxPromptTokens:              ff.maxPromptTokens,
+		MaxBodyBytes:                 ff.maxBodyBytes,
+		DispatchTimeout:              ff.dispatchTimeout,
+		ConsoleWindow:                ff.consoleWindow,
+		ConsoleRequests:              ff.consoleRequests,
+	}
+	cfg.Streams = sc
+	if err := ff.sec.apply(&cfg); err != nil {
+		errs = append(errs, err)
+	}
+	errs = append(errs, frontendEnv(lookup, &cfg)...)
+	if err := cfg.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return frontend.Config{}, usageError{err}
+	}
+	return cfg, nil
+}
+
+// check returns what is wrong with the frontend's flags on their own.
+func (ff *frontendFlags) check() []error {
 	var errs []error
 	if ff.httpPort < 0 || ff.httpPort > 65535 {
 		errs = append(errs, fmt.Errorf("--http-port %d out of range", ff.httpPort))
@@ -118,28 +153,13 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 			errs = append(errs, err)
 		}
 	}
-	cfg := frontend.Config{
-		ID:                           ff.id,
-		HTTPAddr:                     net.JoinHostPort(ff.httpHost, strconv.Itoa(ff.httpPort)),
-		MigrationLimit:               ff.migrationLimit,
-		MigrationMaxSeqLen:           ff.migrationMaxSeqLen,
-		ActiveDecodeBlocksThreshold:  ff.decodeThreshold.Get(),
-		ActivePrefillTokensThreshold: ff.prefillThreshold.Get(),
-		StallTimeout:                 ff.stallTimeout,
-		DetachTimeout:                ff.detachTimeout,
-		SystemURL:                    ff.systemURL,
-		DefaultMaxTokens:             ff.defaultMaxTokens,
-		MaxTokensLimit:               ff.maxTokensLimit,
-		MaxPromptTokens:              ff.maxPromptTokens,
-		MaxBodyBytes:                 ff.maxBodyBytes,
-		DispatchTimeout:              ff.dispatchTimeout,
-		ConsoleWindow:                ff.consoleWindow,
-		ConsoleRequests:              ff.consoleRequests,
-	}
-	cfg.Streams = sc
-	if err := ff.sec.apply(&cfg); err != nil {
-		errs = append(errs, err)
-	}
+	return errs
+}
+
+// frontendEnv applies the frontend's DYN_* environment variables to cfg and
+// returns what is wrong with their values.
+func frontendEnv(lookup lookupFunc, cfg *frontend.Config) []error {
+	var errs []error
 	// DYN_RUNTIME_INHIBITED_DURATION_SECS: integer seconds; 0 disables
 	// (negative in Config), unset leaves the default.
 	if raw, ok := lookupSet(lookup, "DYN_RUNTIME_INHIBITED_DURATION_SECS"); ok {
@@ -164,13 +184,7 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 	case ok:
 		cfg.ShutdownTimeout = d
 	}
-	if err := cfg.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return frontend.Config{}, usageError{err}
-	}
-	return cfg, nil
+	return errs
 }
 
 // streamFlags are the retention of the streams a component provisions if

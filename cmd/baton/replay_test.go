@@ -190,21 +190,6 @@ func TestDescribe(t *testing.T) {
 	}
 }
 
-func TestKindOf(t *testing.T) {
-	tests := []struct{ typ, want string }{
-		{events.TypeRequestMigrated, "migrated"},
-		{events.TypeAttemptFailed, "attempt_failed"},
-		{events.TypeWorkerLost, "lost"},
-		{"baton.request.future.v2", "future"},
-		{"com.example.other", "com.example.other"},
-	}
-	for _, tt := range tests {
-		if got := kindOf(tt.typ); got != tt.want {
-			t.Errorf("kindOf(%q): got %q, want %q", tt.typ, got, tt.want)
-		}
-	}
-}
-
 func TestReplayAndEventsBadFlagsExit2(t *testing.T) {
 	tests := []struct {
 		name string

@@ -18,6 +18,7 @@ import (
 
 	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/services/natsserver"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 )
@@ -146,26 +147,9 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	// finish; (2) stop the frontend, which lets open streams continue for
 	// its graceful budget; (3) drain its NATS connection; (4) shut down
 	// NATS, which everyone needs until the end.
-	storeDir := filepath.Join(o.dataDir, "nats")
-	if o.fresh {
-		if err := os.RemoveAll(storeDir); err != nil {
-			return fmt.Errorf("--fresh: %w", err)
-		}
-		log.Info("started with an empty store (--fresh)", "store", storeDir)
-	}
-	nsCfg := natsserver.Config{
-		Port:     o.natsPort,
-		StoreDir: storeDir,
-		User:     o.natsUser,
-		Password: o.natsPass,
-		SysUser:  o.sys.SysUser, SysPassword: o.sys.SysPassword,
-	}
-	if _, err := nsCfg.ResolveSysPassword(); err != nil {
-		return err
-	}
-	ns, err := natsserver.Start(nsCfg, o.common.logger(env.stderr, "nats"))
+	ns, err := o.startNATS(env, log)
 	if err != nil {
-		return fmt.Errorf("start nats: %w", err)
+		return err
 	}
 	defer func() {
 		log.Info("stopping nats")
@@ -173,9 +157,6 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 		ns.WaitForShutdown()
 	}()
 	natsURL := ns.ClientURL()
-	if o.cfg.SystemURL == "" {
-		o.cfg.SystemURL = natsserver.SysURL(natsURL, nsCfg.SysUser, nsCfg.SysPassword)
-	}
 
 	feLog := o.common.logger(env.stderr, "frontend")
 	nc, err := connectNATS(ctx, natsURL, "baton-frontend", natsConnectTimeout, feLog, o.natsOptions()...)
@@ -199,34 +180,12 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 	feCtx, stopFrontend := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopFrontend()
 	var feGroup errgroup.Group
-	feGroup.Go(func() error {
-		err := fe.Run(feCtx)
-		if feCtx.Err() == nil {
-			if err == nil {
-				err = errors.New("frontend stopped unexpectedly")
-			}
-			fail(err)
-		}
-		return err
-	})
+	feGroup.Go(func() error { return runUpFrontend(feCtx, fe, fail) })
 
 	wCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWorkers()
 	var workers errgroup.Group
-	pids := make([]int, 0, o.workers)
-	for i := 1; i <= o.workers; i++ {
-		id := upWorkerID(i)
-		cmd := o.workerCommand(wCtx, exe, i, natsURL, env)
-		if err := cmd.Start(); err != nil {
-			fail(fmt.Errorf("start worker %s: %w", id, err))
-			break
-		}
-		pids = append(pids, cmd.Process.Pid)
-		workers.Go(func() error {
-			waitWorker(wCtx, log, id, cmd)
-			return nil
-		})
-	}
+	pids := o.startWorkers(wCtx, &workers, env, log, exe, natsURL, fail)
 
 	if failed.Err() == nil {
 		if err := waitLive(failed, o.cfg.HTTPAddr); err == nil {
@@ -248,6 +207,71 @@ func runUp(ctx context.Context, env *environment, args []string) error {
 		return fmt.Errorf("frontend: %w", feErr)
 	}
 	return nil
+}
+
+// startNATS starts the embedded NATS server on <data-dir>/nats, emptied
+// first under --fresh, and points the frontend's system-account connection
+// at it unless --nats-system-url names another. The caller shuts it down.
+func (o *upOptions) startNATS(env *environment, log *slog.Logger) (*server.Server, error) {
+	storeDir := filepath.Join(o.dataDir, "nats")
+	if o.fresh {
+		if err := os.RemoveAll(storeDir); err != nil {
+			return nil, fmt.Errorf("--fresh: %w", err)
+		}
+		log.Info("started with an empty store (--fresh)", "store", storeDir)
+	}
+	nsCfg := natsserver.Config{
+		Port:     o.natsPort,
+		StoreDir: storeDir,
+		User:     o.natsUser,
+		Password: o.natsPass,
+		SysUser:  o.sys.SysUser, SysPassword: o.sys.SysPassword,
+	}
+	if _, err := nsCfg.ResolveSysPassword(); err != nil {
+		return nil, err
+	}
+	ns, err := natsserver.Start(nsCfg, o.common.logger(env.stderr, "nats"))
+	if err != nil {
+		return nil, fmt.Errorf("start nats: %w", err)
+	}
+	if o.cfg.SystemURL == "" {
+		o.cfg.SystemURL = natsserver.SysURL(ns.ClientURL(), nsCfg.SysUser, nsCfg.SysPassword)
+	}
+	return ns, nil
+}
+
+// runUpFrontend runs the frontend until ctx is done. If it stops before
+// that, on its own, it calls fail with why, which stops the whole stack.
+func runUpFrontend(ctx context.Context, fe *frontend.Frontend, fail context.CancelCauseFunc) error {
+	err := fe.Run(ctx)
+	if ctx.Err() == nil {
+		if err == nil {
+			err = errors.New("frontend stopped unexpectedly")
+		}
+		fail(err)
+	}
+	return err
+}
+
+// startWorkers starts the worker processes, each waited for (and its end
+// logged) in group; cancelling ctx stops them. It returns the pids of those
+// that started. If one fails to start, it calls fail and starts no more.
+func (o *upOptions) startWorkers(ctx context.Context, group *errgroup.Group, env *environment, log *slog.Logger, exe, natsURL string, fail context.CancelCauseFunc) []int {
+	pids := make([]int, 0, o.workers)
+	for i := 1; i <= o.workers; i++ {
+		id := upWorkerID(i)
+		cmd := o.workerCommand(ctx, exe, i, natsURL, env)
+		if err := cmd.Start(); err != nil {
+			fail(fmt.Errorf("start worker %s: %w", id, err))
+			break
+		}
+		pids = append(pids, cmd.Process.Pid)
+		group.Go(func() error {
+			waitWorker(ctx, log, id, cmd)
+			return nil
+		})
+	}
+	return pids
 }
 
 // workerCommand builds the child process of one worker. Cancelling ctx sends

@@ -134,6 +134,33 @@ func (g *generation) completionLogprobs(toks []*token, off int) map[string]any {
 	return lp
 }
 
+// sseWriter writes server-sent events, each flushed at once when it can be.
+type sseWriter struct {
+	w       http.ResponseWriter
+	flusher http.Flusher
+}
+
+// write sends one event with data as it is.
+func (sw sseWriter) write(data string) {
+	fmt.Fprintf(sw.w, "data: %s\n\n", data)
+	if sw.flusher != nil {
+		sw.flusher.Flush()
+	}
+}
+
+// send sends v, JSON-encoded, as one event.
+func (sw sseWriter) send(v any) {
+	data, _ := json.Marshal(v)
+	sw.write(string(data))
+}
+
+// chunk wraps one choice in a streamed chunk's envelope.
+func (g *generation) chunk(c map[string]any) map[string]any {
+	e := g.envelope(true)
+	e["choices"] = []map[string]any{c}
+	return e
+}
+
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f *Fault) {
 	ctx := r.Context()
 	flusher, _ := w.(http.Flusher)
@@ -143,113 +170,124 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 	if flusher != nil {
 		flusher.Flush()
 	}
-	write := func(data string) {
-		fmt.Fprintf(w, "data: %s\n\n", data)
-		if flusher != nil {
-			flusher.Flush()
-		}
-	}
-	send := func(v any) {
-		data, _ := json.Marshal(v)
-		write(string(data))
-	}
-	choice := func(c map[string]any) map[string]any {
-		e := g.envelope(true)
-		e["choices"] = []map[string]any{c}
-		return e
-	}
+	sw := sseWriter{w: w, flusher: flusher}
 	if !sleep(ctx, s.cfg.TTFT) {
 		return
 	}
 	d := newDecoder(g)
 	sent, textOff := 0, 0
-	callID := "call_" + g.id
 	for {
-		if f != nil && f.After == sent {
-			switch f.Kind {
-			case FaultStatus:
-				send(statusFault(f).body())
-				write("[DONE]")
-				return
-			case FaultCut:
-				panic(http.ErrAbortHandler) // the server drops the connection
-			case FaultMalformed:
-				write(`{"id": "` + g.id + `", "choices": [{"delta": {"content": "`)
-			case FaultNoDone:
-				return
-			case FaultStall:
-				<-ctx.Done()
-				return
-			}
+		if f != nil && f.After == sent && !streamFault(ctx, sw, g, f) {
+			return
 		}
 		if sent == 0 && g.chat {
-			c := choice(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil})
+			c := g.chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil})
 			if g.req.ReturnTokenIDs {
 				c["prompt_token_ids"] = g.prompt
 			}
-			send(c)
+			sw.send(c)
 		}
 		t, finish := d.next()
 		if t != nil {
 			if sent > 0 && !sleep(ctx, s.cfg.TokenDelay) {
 				return
 			}
-			var c map[string]any
-			if g.chat {
-				delta := map[string]any{"content": t.text}
-				if g.tool != "" {
-					args := t.text
-					if sent == 0 {
-						args = toolArgsOpen + args
-					}
-					if finish == "tool_calls" {
-						args += toolArgsClose // the call ends with its last token
-					}
-					fn := map[string]any{"arguments": args}
-					call := map[string]any{"index": 0, "function": fn}
-					if sent == 0 {
-						fn["name"] = g.tool
-						call["id"], call["type"] = callID, "function"
-					}
-					delta = map[string]any{"tool_calls": []map[string]any{call}}
-				}
-				c = map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": nil}
-				if g.logprobs {
-					c["logprobs"] = map[string]any{"content": []map[string]any{g.chatLogprob(t)}}
-				}
-			} else {
-				c = map[string]any{"index": 0, "text": t.text, "logprobs": nil, "finish_reason": nil}
-				if g.logprobs {
-					c["logprobs"] = g.completionLogprobs([]*token{t}, textOff)
-				}
-				if sent == 0 && g.req.ReturnTokenIDs {
-					c["prompt_token_ids"] = g.prompt
-				}
-			}
-			if g.req.ReturnTokenIDs {
-				c["token_ids"] = []int{t.id}
-			}
+			c := g.streamChoice(t, finish, sent, textOff)
 			textOff += len(t.text)
 			sent++
-			send(choice(c))
+			sw.send(g.chunk(c))
 		}
-		if finish == "" {
-			continue
+		if finish != "" {
+			g.streamEnd(sw, finish, sent)
+			return
 		}
-		if g.chat {
-			send(choice(map[string]any{"index": 0, "delta": map[string]any{}, "logprobs": nil, "finish_reason": finish}))
-		} else {
-			send(choice(map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": finish}))
-		}
-		if g.req.StreamOptions != nil && g.req.StreamOptions.IncludeUsage {
-			e := g.envelope(true)
-			e["choices"] = []any{}
-			e["usage"] = g.usage(sent)
-			send(e)
-		}
-		write("[DONE]")
-		return
 	}
+}
+
+// streamFault injects fault f into a stream; it reports whether the stream
+// goes on (after a malformed chunk) rather than ending here.
+func streamFault(ctx context.Context, sw sseWriter, g *generation, f *Fault) bool {
+	switch f.Kind {
+	case FaultStatus:
+		sw.send(statusFault(f).body())
+		sw.write("[DONE]")
+		return false
+	case FaultCut:
+		panic(http.ErrAbortHandler) // the server drops the connection
+	case FaultMalformed:
+		sw.write(`{"id": "` + g.id + `", "choices": [{"delta": {"content": "`)
+	case FaultNoDone:
+		return false
+	case FaultStall:
+		<-ctx.Done()
+		return false
+	}
+	return true
+}
+
+// streamChoice is the choice of the chunk that carries token t, the one after
+// sent others, at text offset textOff; finish is the answer's finish reason
+// if t is its last token.
+func (g *generation) streamChoice(t *token, finish string, sent, textOff int) map[string]any {
+	var c map[string]any
+	if g.chat {
+		delta := map[string]any{"content": t.text}
+		if g.tool != "" {
+			delta = map[string]any{"tool_calls": []map[string]any{g.toolCallDelta(t, finish, sent)}}
+		}
+		c = map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": nil}
+		if g.logprobs {
+			c["logprobs"] = map[string]any{"content": []map[string]any{g.chatLogprob(t)}}
+		}
+	} else {
+		c = map[string]any{"index": 0, "text": t.text, "logprobs": nil, "finish_reason": nil}
+		if g.logprobs {
+			c["logprobs"] = g.completionLogprobs([]*token{t}, textOff)
+		}
+		if sent == 0 && g.req.ReturnTokenIDs {
+			c["prompt_token_ids"] = g.prompt
+		}
+	}
+	if g.req.ReturnTokenIDs {
+		c["token_ids"] = []int{t.id}
+	}
+	return c
+}
+
+// toolCallDelta is the tool call of a streamed chat chunk carrying token t:
+// the first names the function and opens its arguments, the last closes them.
+func (g *generation) toolCallDelta(t *token, finish string, sent int) map[string]any {
+	args := t.text
+	if sent == 0 {
+		args = toolArgsOpen + args
+	}
+	if finish == "tool_calls" {
+		args += toolArgsClose // the call ends with its last token
+	}
+	fn := map[string]any{"arguments": args}
+	call := map[string]any{"index": 0, "function": fn}
+	if sent == 0 {
+		fn["name"] = g.tool
+		call["id"], call["type"] = "call_"+g.id, "function"
+	}
+	return call
+}
+
+// streamEnd ends a stream of sent tokens: the finish reason, the usage if
+// asked for, then [DONE].
+func (g *generation) streamEnd(sw sseWriter, finish string, sent int) {
+	if g.chat {
+		sw.send(g.chunk(map[string]any{"index": 0, "delta": map[string]any{}, "logprobs": nil, "finish_reason": finish}))
+	} else {
+		sw.send(g.chunk(map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": finish}))
+	}
+	if g.req.StreamOptions != nil && g.req.StreamOptions.IncludeUsage {
+		e := g.envelope(true)
+		e["choices"] = []any{}
+		e["usage"] = g.usage(sent)
+		sw.send(e)
+	}
+	sw.write("[DONE]")
 }
 
 func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f *Fault) {
@@ -261,21 +299,8 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f 
 	var toks []*token
 	var finish string
 	for {
-		if f != nil && f.After == len(toks) {
-			switch f.Kind {
-			case FaultStatus:
-				writeErr(w, statusFault(f))
-				return
-			case FaultCut, FaultNoDone:
-				panic(http.ErrAbortHandler)
-			case FaultMalformed:
-				w.Header().Set("Content-Type", "application/json")
-				_, _ = w.Write([]byte(`{"id": "` + g.id + `", "choices": [`))
-				return
-			case FaultStall:
-				<-ctx.Done()
-				return
-			}
+		if f != nil && f.After == len(toks) && unaryFault(ctx, w, g, f) {
+			return
 		}
 		t, fin := d.next()
 		if t != nil {
@@ -289,6 +314,30 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f 
 			break
 		}
 	}
+	writeJSON(w, http.StatusOK, g.completion(toks, finish))
+}
+
+// unaryFault injects fault f into a non-streamed answer; it reports whether
+// that ended the answer.
+func unaryFault(ctx context.Context, w http.ResponseWriter, g *generation, f *Fault) bool {
+	switch f.Kind {
+	case FaultStatus:
+		writeErr(w, statusFault(f))
+	case FaultCut, FaultNoDone:
+		panic(http.ErrAbortHandler)
+	case FaultMalformed:
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id": "` + g.id + `", "choices": [`))
+	case FaultStall:
+		<-ctx.Done()
+	default:
+		return false
+	}
+	return true
+}
+
+// completion is the body of a non-streamed answer of toks.
+func (g *generation) completion(toks []*token, finish string) map[string]any {
 	var text strings.Builder
 	ids := make([]int, len(toks))
 	for i, t := range toks {
@@ -298,24 +347,7 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f 
 	e := g.envelope(false)
 	var c map[string]any
 	if g.chat {
-		msg := map[string]any{"role": "assistant", "content": text.String()}
-		if g.tool != "" && len(toks) > 0 {
-			args := toolArgsOpen + text.String()
-			if finish == "tool_calls" {
-				args += toolArgsClose
-			}
-			msg["content"] = nil
-			msg["tool_calls"] = []map[string]any{{"id": "call_" + g.id, "type": "function",
-				"function": map[string]any{"name": g.tool, "arguments": args}}}
-		}
-		c = map[string]any{"index": 0, "message": msg, "logprobs": nil, "finish_reason": finish}
-		if g.logprobs {
-			content := make([]map[string]any, len(toks))
-			for i, t := range toks {
-				content[i] = g.chatLogprob(t)
-			}
-			c["logprobs"] = map[string]any{"content": content}
-		}
+		c = g.chatChoice(toks, text.String(), finish)
 		if g.req.ReturnTokenIDs {
 			e["prompt_token_ids"] = g.prompt
 		}
@@ -333,5 +365,29 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f 
 	}
 	e["choices"] = []map[string]any{c}
 	e["usage"] = g.usage(len(toks))
-	writeJSON(w, http.StatusOK, e)
+	return e
+}
+
+// chatChoice is the choice of a non-streamed chat answer of toks, whose text
+// is text: a message, or a tool call when a tool was asked for.
+func (g *generation) chatChoice(toks []*token, text, finish string) map[string]any {
+	msg := map[string]any{"role": "assistant", "content": text}
+	if g.tool != "" && len(toks) > 0 {
+		args := toolArgsOpen + text
+		if finish == "tool_calls" {
+			args += toolArgsClose
+		}
+		msg["content"] = nil
+		msg["tool_calls"] = []map[string]any{{"id": "call_" + g.id, "type": "function",
+			"function": map[string]any{"name": g.tool, "arguments": args}}}
+	}
+	c := map[string]any{"index": 0, "message": msg, "logprobs": nil, "finish_reason": finish}
+	if g.logprobs {
+		content := make([]map[string]any, len(toks))
+		for i, t := range toks {
+			content[i] = g.chatLogprob(t)
+		}
+		c["logprobs"] = map[string]any{"content": content}
+	}
+	return c
 }

@@ -390,21 +390,8 @@ func (s *Server) prepare(body []byte, chat bool, f *Fault) (*generation, error) 
 	if s.cfg.NoTokenIDs {
 		req.ReturnTokenIDs = false
 	}
-	if chat {
-		if req.Messages == nil {
-			return nil, errorf(400, "BadRequestError", "messages: field required")
-		}
-		text, err := ApplyChatTemplate(req.Messages, req.Tools, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, req.ContinueFinalMessage)
-		if err != nil {
-			return nil, err
-		}
-		g.prompt = Tokenize(text)
-	} else {
-		ids, err := s.completionPrompt(req.Prompt)
-		if err != nil {
-			return nil, err
-		}
-		g.prompt = ids
+	if err := s.setPrompt(g); err != nil {
+		return nil, err
 	}
 	if f != nil && f.Kind == FaultPolicy {
 		return nil, &apiError{status: 400, typ: "invalid_request_error", code: "content_policy_violation",
@@ -426,20 +413,8 @@ func (s *Server) prepare(body []byte, chat bool, f *Fault) (*generation, error) 
 		return nil, errorf(400, "BadRequestError", "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 			s.cfg.MaxModelLen, len(g.prompt)+g.maxTokens, len(g.prompt), g.maxTokens)
 	}
-	g.sampling = sampling{temperature: 1, seed: req.Seed, rng: s.rng}
-	if s.cfg.Greedy {
-		g.sampling.temperature = 0
-	}
-	if req.Temperature != nil {
-		if *req.Temperature < 0 {
-			return nil, errorf(400, "BadRequestError", "temperature must be non-negative, got %v", *req.Temperature)
-		}
-		g.sampling.temperature = *req.Temperature
-	}
-	if g.sampling.temperature > 0 && req.Seed == nil {
-		s.mu.Lock() // rand.Rand is not safe for concurrent use: give each request its own
-		g.sampling.rng = rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64()))
-		s.mu.Unlock()
+	if err := s.setSampling(g); err != nil {
+		return nil, err
 	}
 	stops, err := parseStop(req.Stop)
 	if err != nil {
@@ -454,6 +429,52 @@ func (s *Server) prepare(body []byte, chat bool, f *Fault) (*generation, error) 
 	}
 	g.id = fmt.Sprintf("%016x", uint64(newContext(g.prompt))^uint64(time.Now().UnixNano()))
 	return g, nil
+}
+
+// setPrompt tokenizes g's prompt: a chat's messages through the chat
+// template, or a completion's prompt.
+func (s *Server) setPrompt(g *generation) error {
+	req := &g.req
+	if !g.chat {
+		ids, err := s.completionPrompt(req.Prompt)
+		if err != nil {
+			return err
+		}
+		g.prompt = ids
+		return nil
+	}
+	if req.Messages == nil {
+		return errorf(400, "BadRequestError", "messages: field required")
+	}
+	text, err := ApplyChatTemplate(req.Messages, req.Tools, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, req.ContinueFinalMessage)
+	if err != nil {
+		return err
+	}
+	g.prompt = Tokenize(text)
+	return nil
+}
+
+// setSampling sets g's sampling from its request and the server's config.
+// Random sampling with no seed gets its own generator, seeded from the
+// server's.
+func (s *Server) setSampling(g *generation) error {
+	req := &g.req
+	g.sampling = sampling{temperature: 1, seed: req.Seed, rng: s.rng}
+	if s.cfg.Greedy {
+		g.sampling.temperature = 0
+	}
+	if req.Temperature != nil {
+		if *req.Temperature < 0 {
+			return errorf(400, "BadRequestError", "temperature must be non-negative, got %v", *req.Temperature)
+		}
+		g.sampling.temperature = *req.Temperature
+	}
+	if g.sampling.temperature > 0 && req.Seed == nil {
+		s.mu.Lock() // rand.Rand is not safe for concurrent use: give each request its own
+		g.sampling.rng = rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64()))
+		s.mu.Unlock()
+	}
+	return nil
 }
 
 func (s *Server) completionPrompt(raw json.RawMessage) ([]int, error) {

@@ -77,8 +77,7 @@ const idleTimeout = 45 * time.Second
 // 503s. It gives up after budget.
 func runRequest(ctx context.Context, pick func(try int) (target, error), o *outcome, budget time.Duration) {
 	deadline := time.Now().Add(budget)
-	accepted := false
-	unanswered := false // a POST went unanswered: it may have been accepted
+	var a attempts
 	for try := 0; ; try++ {
 		if time.Now().After(deadline) {
 			o.gaveUp = fmt.Sprintf("no end after %v (%d tries)", budget, try)
@@ -91,81 +90,105 @@ func runRequest(ctx context.Context, pick func(try int) (target, error), o *outc
 		if err != nil {
 			continue
 		}
-		if !accepted {
-			body, _ := json.Marshal(map[string]any{"model": "mock", "prompt": o.prompt, "max_tokens": o.maxTokens, "stream": true})
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/v1/completions", bytes.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("X-Request-Id", o.id)
-			req.Header.Set("X-Resumable", "true")
-			if unanswered && t.inc != nil {
-				t.inc.mu.Lock()
-				t.inc.ambiguous++ // if an earlier POST was stored after all, this one attaches: a resume
-				t.inc.mu.Unlock()
-			}
-			resp, err := httpClient.Do(req)
-			if err != nil {
-				// Did it get in? Ask the log (through any frontend).
-				unanswered = true
-				o.retries++
-				if exists, _ := probe(ctx, pick, o.id); exists {
-					accepted = true
-				}
-				continue
-			}
-			switch {
-			case resp.StatusCode == http.StatusOK:
-				accepted = true
-				if o.readStream(resp) {
-					return
-				}
-				o.cuts++
-			case resp.StatusCode == http.StatusServiceUnavailable:
-				// Rejected at admission (nothing stored: retry), or accepted and
-				// failed before its first token (stored: that is its end).
-				msg := readBody(resp)
-				o.retries++
-				if exists, _ := probe(ctx, pick, o.id); exists {
-					o.status, o.errEvent = resp.StatusCode, msg
-					return
-				}
-			default:
-				o.status, o.errEvent = resp.StatusCode, readBody(resp)
+		if !a.accepted {
+			if a.post(ctx, pick, t, o) {
 				return
 			}
 			continue
 		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/v1/requests/"+o.id+"/stream", nil)
-		req.Header.Set("Last-Event-ID", strconv.Itoa(o.tokens))
-		if t.inc != nil {
-			t.inc.mu.Lock()
-			t.inc.resumeTry++
-			t.inc.mu.Unlock()
-		}
-		resp, err := httpClient.Do(req)
-		if err != nil {
-			continue // that frontend is gone: try another
-		}
-		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusBadRequest {
-			// Not a resume the frontend counts (lookup or offset refused).
-			o.problem("resume at %d on %s: %d %s", o.tokens, t.url, resp.StatusCode, readBody(resp))
-			continue
-		}
-		o.resumes++
-		if t.inc != nil {
-			t.inc.mu.Lock()
-			t.inc.resumes++
-			t.inc.mu.Unlock()
-		}
-		if resp.StatusCode != http.StatusOK {
-			// A request that failed before its first token answers its error.
-			o.status, o.errEvent = resp.StatusCode, readBody(resp)
+		if resume(ctx, t, o) {
 			return
 		}
+	}
+}
+
+// attempts is what runRequest knows of its request between tries.
+type attempts struct {
+	accepted   bool // the log holds the request: resume it, do not post it again
+	unanswered bool // a POST went unanswered: it may have been accepted
+}
+
+// post posts the request through t and reads its stream if it is accepted.
+// It reports whether the request has ended, in full or for good.
+func (a *attempts) post(ctx context.Context, pick func(try int) (target, error), t target, o *outcome) bool {
+	body, _ := json.Marshal(map[string]any{"model": "mock", "prompt": o.prompt, "max_tokens": o.maxTokens, "stream": true})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, t.url+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", o.id)
+	req.Header.Set("X-Resumable", "true")
+	if a.unanswered && t.inc != nil {
+		t.inc.mu.Lock()
+		t.inc.ambiguous++ // if an earlier POST was stored after all, this one attaches: a resume
+		t.inc.mu.Unlock()
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		// Did it get in? Ask the log (through any frontend).
+		a.unanswered = true
+		o.retries++
+		if exists, _ := probe(ctx, pick, o.id); exists {
+			a.accepted = true
+		}
+		return false
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		a.accepted = true
 		if o.readStream(resp) {
-			return
+			return true
 		}
 		o.cuts++
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		// Rejected at admission (nothing stored: retry), or accepted and
+		// failed before its first token (stored: that is its end).
+		msg := readBody(resp)
+		o.retries++
+		if exists, _ := probe(ctx, pick, o.id); exists {
+			o.status, o.errEvent = resp.StatusCode, msg
+			return true
+		}
+	default:
+		o.status, o.errEvent = resp.StatusCode, readBody(resp)
+		return true
 	}
+	return false
+}
+
+// resume resumes the request's stream through t after the tokens received.
+// It reports whether the request has ended, in full or for good.
+func resume(ctx context.Context, t target, o *outcome) bool {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/v1/requests/"+o.id+"/stream", nil)
+	req.Header.Set("Last-Event-ID", strconv.Itoa(o.tokens))
+	if t.inc != nil {
+		t.inc.mu.Lock()
+		t.inc.resumeTry++
+		t.inc.mu.Unlock()
+	}
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return false // that frontend is gone: try another
+	}
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusBadRequest {
+		// Not a resume the frontend counts (lookup or offset refused).
+		o.problem("resume at %d on %s: %d %s", o.tokens, t.url, resp.StatusCode, readBody(resp))
+		return false
+	}
+	o.resumes++
+	if t.inc != nil {
+		t.inc.mu.Lock()
+		t.inc.resumes++
+		t.inc.mu.Unlock()
+	}
+	if resp.StatusCode != http.StatusOK {
+		// A request that failed before its first token answers its error.
+		o.status, o.errEvent = resp.StatusCode, readBody(resp)
+		return true
+	}
+	if o.readStream(resp) {
+		return true
+	}
+	o.cuts++
+	return false
 }
 
 func backoff(try int) time.Duration {

@@ -105,36 +105,20 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 		os.RemoveAll(dir)
 	}()
 	if bin == "" {
-		bin = filepath.Join(dir, "baton")
-		fmt.Println("building baton ...")
-		build := exec.Command("go", "build", "-o", bin, "./cmd/baton")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "chaos: build baton:", err)
+		if bin, err = build(dir, "baton"); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
 			return 1
 		}
 	}
 	h := &harness{bin: bin, dir: dir, cfg: cfg, fronts: make([]*feInc, 2), gen: make([]int, 2)}
 	if cfg.engine == "openai" {
-		h.simBin = filepath.Join(dir, "vllmsim")
-		fmt.Println("building vllmsim ...")
-		build := exec.Command("go", "build", "-o", h.simBin, "./cmd/vllmsim")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintln(os.Stderr, "chaos: build vllmsim:", err)
+		if h.simBin, err = build(dir, "vllmsim"); err != nil {
+			fmt.Fprintln(os.Stderr, "chaos:", err)
 			return 1
 		}
 	}
 	defer h.stopAll()
-	// Ctrl-C: stop every process we started, then exit.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sigs
-		h.stopAll()
-		fmt.Fprintf(os.Stderr, "chaos: interrupted; logs in %s\n", dir)
-		os.Exit(130)
-	}()
+	h.stopOnInterrupt()
 
 	fmt.Printf("seed %d, profile %+v, run directory %s\n", seed, cfg, dir)
 	if err := h.up(); err != nil {
@@ -160,8 +144,46 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 		fmt.Println("chaos: clients did not finish within 3m")
 	}
 	stopScrape()
-	// Every counted migration and resume precedes the end of its request, so
-	// the live frontends' counters are final now.
+	h.finalScrape()
+	r := h.check(ctx, outs(), faults)
+	r.print(os.Stdout, cmdline, time.Since(began))
+	if len(r.violations) > 0 {
+		return 1
+	}
+	return 0
+}
+
+// build builds ./cmd/<name> into dir/<name> and returns its path; the
+// compiler's output goes to stderr.
+func build(dir, name string) (string, error) {
+	bin := filepath.Join(dir, name)
+	fmt.Printf("building %s ...\n", name)
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/"+name)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("build %s: %w", name, err)
+	}
+	return bin, nil
+}
+
+// stopOnInterrupt makes Ctrl-C (or SIGTERM) stop every process the harness
+// started, then exit.
+func (h *harness) stopOnInterrupt() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		h.stopAll()
+		fmt.Fprintf(os.Stderr, "chaos: interrupted; logs in %s\n", h.dir)
+		os.Exit(130)
+	}()
+}
+
+// finalScrape scrapes each live frontend's metrics once more, with up to 10
+// tries, and records whether that worked. Every counted migration and resume
+// precedes the end of its request, so once the clients are done the
+// counters are final.
+func (h *harness) finalScrape() {
 	for _, f := range h.current() {
 		ok := false
 		for range 10 {
@@ -174,12 +196,6 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 		f.finalScrap = ok
 		f.mu.Unlock()
 	}
-	r := h.check(ctx, outs(), faults)
-	r.print(os.Stdout, cmdline, time.Since(began))
-	if len(r.violations) > 0 {
-		return 1
-	}
-	return 0
 }
 
 // up starts the cluster, the frontends and the workers, and waits until every

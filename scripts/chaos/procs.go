@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/baton-dev/baton/internal/freeport"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -133,7 +134,7 @@ type harness struct {
 // startSim starts the vLLM simulator of worker w: greedy, so that every
 // answer is the fault-free one, at the profile's decode rate.
 func (h *harness) startSim(w *workerSlot) error {
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return err
 	}
@@ -194,16 +195,6 @@ func (h *harness) stopAll() {
 	}
 }
 
-// freePort returns a TCP port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // waitUntil polls cond every 50 ms until it holds or timeout passes.
 func waitUntil(timeout time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
@@ -233,11 +224,11 @@ func (h *harness) startCluster() error {
 	var routes []string
 	cports := make([]int, 3)
 	for i := range 3 {
-		p, err := freePort()
+		p, err := freeport.Get()
 		if err != nil {
 			return err
 		}
-		c, err := freePort()
+		c, err := freeport.Get()
 		if err != nil {
 			return err
 		}
@@ -329,7 +320,7 @@ func (h *harness) node(name string) *natsNode {
 // startFrontend starts a new incarnation of frontend slot, on a fresh port
 // with a fresh id, and waits until it serves.
 func (h *harness) startFrontend(slot int) (*feInc, error) {
-	port, err := freePort()
+	port, err := freeport.Get()
 	if err != nil {
 		return nil, err
 	}

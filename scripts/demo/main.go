@@ -19,7 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/baton-dev/baton/internal/freeport"
 	"github.com/baton-dev/baton/services/engine"
 )
 
@@ -76,47 +76,27 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	defer os.RemoveAll(dir)
 	if o.bin == "" {
 		o.bin = filepath.Join(dir, "baton")
-		say(out, "go build -o %s ./cmd/baton", o.bin)
-		build := exec.CommandContext(ctx, "go", "build", "-o", o.bin, "./cmd/baton")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("build baton (run the demo from the repository's root): %w", err)
+		if err := build(ctx, o.bin, out); err != nil {
+			return err
 		}
 	}
 	if o.httpPort == 0 {
-		if o.httpPort, err = freePort(); err != nil {
+		if o.httpPort, err = freeport.Get(); err != nil {
 			return err
 		}
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(o.httpPort)
-	natsPort, err := freePort()
+	natsPort, err := freeport.Get()
 	if err != nil {
 		return err
 	}
 	natsURL := "nats://127.0.0.1:" + strconv.Itoa(natsPort)
 
-	args := []string{"up", "--fresh", "--migration-limit", "3", "--workers", "2",
-		"--mock-tokens-per-sec", strconv.FormatFloat(o.tokensPerSec, 'f', -1, 64),
-		"--http-port", strconv.Itoa(o.httpPort), "--nats-port", strconv.Itoa(natsPort), "--data-dir", filepath.Join(dir, "data")}
-	say(out, "baton %s", strings.Join(args, " "))
-	up := exec.Command(o.bin, args...)
-	up.Env = append(os.Environ(), "BATON_LOG_LEVEL=warn")
-	up.Stdout, up.Stderr = out, os.Stderr
-	if err := up.Start(); err != nil {
+	exited, stop, err := startUp(o, natsPort, filepath.Join(dir, "data"), out)
+	if err != nil {
 		return err
 	}
-	exited := make(chan struct{})
-	go func() { _ = up.Wait(); close(exited) }()
-	defer func() {
-		say(out, "stopping baton up (SIGINT, as Ctrl-C)")
-		_ = up.Process.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(60 * time.Second):
-			_ = up.Process.Kill()
-			<-exited
-		}
-	}()
+	defer stop()
 	if err := waitReady(ctx, base, exited); err != nil {
 		return err
 	}
@@ -128,23 +108,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(out)
-
-	var problems []string
-	say(out, "the stream paused at token %d: %v from the kill to the next token (on %s), %v between the tokens either side (the usual gap is %v)",
-		res.killedAt, res.afterKill.Round(time.Millisecond), res.newWorker, res.pause.Round(time.Millisecond),
-		(time.Duration(float64(time.Second) / o.tokensPerSec)).Round(time.Millisecond))
-	want := engine.MockText(prompt, 0, o.maxTokens)
-	same := res.text == want
-	say(out, "finished with [DONE]: %v; %d tokens; identical to an undisturbed run: %v", res.done, res.tokens, same)
-	if !res.done {
-		problems = append(problems, "the stream did not end with [DONE]")
-	}
-	if !same {
-		problems = append(problems, "the text differs from an undisturbed run")
-	}
-	if res.newWorker == "" || res.newWorker == res.killed {
-		problems = append(problems, "the request did not move to another worker")
-	}
+	problems := res.check(o, out)
 
 	say(out, "curl -s %s/metrics | grep migration_total", base)
 	line, err := migrationLine(ctx, base)
@@ -168,6 +132,46 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	return nil
 }
 
+// build builds the baton binary at bin from the repository's root.
+func build(ctx context.Context, bin string, out io.Writer) error {
+	say(out, "go build -o %s ./cmd/baton", bin)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/baton")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("build baton (run the demo from the repository's root): %w", err)
+	}
+	return nil
+}
+
+// startUp starts `baton up` with its store under dataDir. exited is closed
+// when it exits; stop interrupts it as Ctrl-C would and waits for it to exit,
+// killing it after a minute.
+func startUp(o options, natsPort int, dataDir string, out io.Writer) (exited <-chan struct{}, stop func(), err error) {
+	args := []string{"up", "--fresh", "--migration-limit", "3", "--workers", "2",
+		"--mock-tokens-per-sec", strconv.FormatFloat(o.tokensPerSec, 'f', -1, 64),
+		"--http-port", strconv.Itoa(o.httpPort), "--nats-port", strconv.Itoa(natsPort), "--data-dir", dataDir}
+	say(out, "baton %s", strings.Join(args, " "))
+	up := exec.Command(o.bin, args...)
+	up.Env = append(os.Environ(), "BATON_LOG_LEVEL=warn")
+	up.Stdout, up.Stderr = out, os.Stderr
+	if err := up.Start(); err != nil {
+		return nil, nil, err
+	}
+	done := make(chan struct{})
+	go func() { _ = up.Wait(); close(done) }()
+	stop = func() {
+		say(out, "stopping baton up (SIGINT, as Ctrl-C)")
+		_ = up.Process.Signal(syscall.SIGINT)
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			_ = up.Process.Kill()
+			<-done
+		}
+	}
+	return done, stop, nil
+}
+
 // result is the demo stream as its client saw it.
 type result struct {
 	text      string
@@ -178,6 +182,29 @@ type result struct {
 	newWorker string        // the worker that finished the request
 	afterKill time.Duration // from the kill to the next token
 	pause     time.Duration // between the last token before the kill and the first after
+}
+
+// check prints how the stream went through the kill and returns what went
+// wrong: no [DONE], a text that differs from an undisturbed run's, or no move
+// to another worker.
+func (res result) check(o options, out io.Writer) []string {
+	var problems []string
+	say(out, "the stream paused at token %d: %v from the kill to the next token (on %s), %v between the tokens either side (the usual gap is %v)",
+		res.killedAt, res.afterKill.Round(time.Millisecond), res.newWorker, res.pause.Round(time.Millisecond),
+		(time.Duration(float64(time.Second) / o.tokensPerSec)).Round(time.Millisecond))
+	want := engine.MockText(prompt, 0, o.maxTokens)
+	same := res.text == want
+	say(out, "finished with [DONE]: %v; %d tokens; identical to an undisturbed run: %v", res.done, res.tokens, same)
+	if !res.done {
+		problems = append(problems, "the stream did not end with [DONE]")
+	}
+	if !same {
+		problems = append(problems, "the text differs from an undisturbed run")
+	}
+	if res.newWorker == "" || res.newWorker == res.killed {
+		problems = append(problems, "the request did not move to another worker")
+	}
+	return problems
 }
 
 // stream sends the demo request, prints its text as it arrives, and kills
@@ -359,13 +386,4 @@ func migrationLine(ctx context.Context, base string) (string, error) {
 		}
 	}
 	return "(no migration_total line)", sc.Err()
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -195,26 +195,64 @@ func (o *OpenAI) Stats() Stats { return Stats{ActiveRequests: int(o.active.Load(
 // streamChunk is one streamed event of /v1/chat/completions or
 // /v1/completions, with vLLM's token-id extensions.
 type streamChunk struct {
-	Choices []struct {
-		Text  *string `json:"text"`
-		Delta *struct {
-			Content          *string         `json:"content"`
-			ReasoningContent *string         `json:"reasoning_content"`
-			Reasoning        *string         `json:"reasoning"`
-			Refusal          *string         `json:"refusal"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-		} `json:"delta"`
-		Logprobs       json.RawMessage `json:"logprobs"`
-		FinishReason   *string         `json:"finish_reason"`
-		TokenIDs       []int           `json:"token_ids"`
-		PromptTokenIDs []int           `json:"prompt_token_ids"`
-	} `json:"choices"`
-	PromptTokenIDs []int `json:"prompt_token_ids"`
+	Choices        []streamChoice `json:"choices"`
+	PromptTokenIDs []int          `json:"prompt_token_ids"`
 	Usage          *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
 	Error json.RawMessage `json:"error"`
+}
+
+// streamChoice is one choice of a streamChunk: a completion's text or a
+// chat's delta.
+type streamChoice struct {
+	Text  *string `json:"text"`
+	Delta *struct {
+		Content          *string         `json:"content"`
+		ReasoningContent *string         `json:"reasoning_content"`
+		Reasoning        *string         `json:"reasoning"`
+		Refusal          *string         `json:"refusal"`
+		ToolCalls        json.RawMessage `json:"tool_calls"`
+	} `json:"delta"`
+	Logprobs       json.RawMessage `json:"logprobs"`
+	FinishReason   *string         `json:"finish_reason"`
+	TokenIDs       []int           `json:"token_ids"`
+	PromptTokenIDs []int           `json:"prompt_token_ids"`
+}
+
+// token is the text of the choice and its Details as JSON, nil when it
+// carries nothing beyond its text.
+func (ch *streamChoice) token() (string, json.RawMessage) {
+	var text string
+	var d Details
+	if ch.Text != nil {
+		text = *ch.Text
+	}
+	if ch.Delta != nil {
+		if ch.Delta.Content != nil {
+			text = *ch.Delta.Content
+		}
+		if r := ch.Delta.ReasoningContent; r != nil {
+			d.ReasoningContent = *r
+		} else if r := ch.Delta.Reasoning; r != nil {
+			d.ReasoningContent = *r
+		}
+		if ch.Delta.Refusal != nil {
+			d.Refusal = *ch.Delta.Refusal
+		}
+		if present(ch.Delta.ToolCalls) {
+			d.ToolCalls = ch.Delta.ToolCalls
+		}
+	}
+	if present(ch.Logprobs) {
+		d.Logprobs = ch.Logprobs
+	}
+	var details json.RawMessage
+	if d.ToolCalls != nil || d.Logprobs != nil || d.ReasoningContent != "" || d.Refusal != "" {
+		details, _ = json.Marshal(d)
+	}
+	return text, details
 }
 
 // Details is what a token carries beyond its text, as the server sent it:
@@ -298,61 +336,13 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 		if present(c.Error) {
 			return res, streamError(c.Error)
 		}
-		if c.Usage != nil {
-			res.PromptTokens, res.CompletionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
-		}
-		if c.PromptTokenIDs != nil {
-			s.prompt = c.PromptTokenIDs
-		}
-		if err := s.checkPrompt(); err != nil {
+		full, err := s.chunk(&c, &res)
+		if err != nil {
 			return res, err
 		}
-		for _, ch := range c.Choices {
-			if ch.PromptTokenIDs != nil {
-				s.prompt = ch.PromptTokenIDs
-				if err := s.checkPrompt(); err != nil {
-					return res, err
-				}
-			}
-			var text string
-			var d Details
-			if ch.Text != nil {
-				text = *ch.Text
-			}
-			if ch.Delta != nil {
-				if ch.Delta.Content != nil {
-					text = *ch.Delta.Content
-				}
-				if r := ch.Delta.ReasoningContent; r != nil {
-					d.ReasoningContent = *r
-				} else if r := ch.Delta.Reasoning; r != nil {
-					d.ReasoningContent = *r
-				}
-				if ch.Delta.Refusal != nil {
-					d.Refusal = *ch.Delta.Refusal
-				}
-				if present(ch.Delta.ToolCalls) {
-					d.ToolCalls = ch.Delta.ToolCalls
-				}
-			}
-			if present(ch.Logprobs) {
-				d.Logprobs = ch.Logprobs
-			}
-			var details json.RawMessage
-			if d.ToolCalls != nil || d.Logprobs != nil || d.ReasoningContent != "" || d.Refusal != "" {
-				details, _ = json.Marshal(d)
-			}
-			full, err := s.emitChoice(text, details, ch.TokenIDs)
-			if err != nil {
-				return res, err
-			}
-			if full {
-				res.FinishReason = FinishLength
-				return res, nil
-			}
-			if ch.FinishReason != nil && *ch.FinishReason != "" {
-				res.FinishReason = *ch.FinishReason
-			}
+		if full {
+			res.FinishReason = FinishLength
+			return res, nil
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -370,6 +360,38 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 		res.FinishReason = FinishStop
 	}
 	return res, nil
+}
+
+// chunk takes in one event of the stream: its usage and prompt token ids
+// into res and s, its choices' tokens through emitChoice, their finish reason
+// into res. It reports whether the token budget is full.
+func (s *streamReader) chunk(c *streamChunk, res *Result) (full bool, err error) {
+	if c.Usage != nil {
+		res.PromptTokens, res.CompletionTokens = c.Usage.PromptTokens, c.Usage.CompletionTokens
+	}
+	if c.PromptTokenIDs != nil {
+		s.prompt = c.PromptTokenIDs
+	}
+	if err := s.checkPrompt(); err != nil {
+		return false, err
+	}
+	for _, ch := range c.Choices {
+		if ch.PromptTokenIDs != nil {
+			s.prompt = ch.PromptTokenIDs
+			if err := s.checkPrompt(); err != nil {
+				return false, err
+			}
+		}
+		text, details := ch.token()
+		full, err := s.emitChoice(text, details, ch.TokenIDs)
+		if err != nil || full {
+			return full, err
+		}
+		if ch.FinishReason != nil && *ch.FinishReason != "" {
+			res.FinishReason = *ch.FinishReason
+		}
+	}
+	return false, nil
 }
 
 // emitChoice emits one streamed choice: one token per token id when the

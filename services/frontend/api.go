@@ -287,10 +287,13 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	w.Header().Set(headerRequestID, id)
+	writeResult(w, fe.requestState(r, id))
+}
+
+func (fe *Frontend) requestState(r *http.Request, id string) result {
 	t, err := fe.attachFor(r, id)
 	if err != nil {
-		writeLookupError(w, id, err)
-		return
+		return errResult(&lookupError{id: id, err: err})
 	}
 	defer fe.release(t)
 	var state RequestState
@@ -299,7 +302,7 @@ func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 		state.ID, state.ParentID = id, publicID(tenant, state.ParentID)
 		state.Children = publicIDs(tenant, state.Children)
 	}
-	writeJSON(w, http.StatusOK, state)
+	return okResult(state)
 }
 
 // RequestState is the JSON of GET /v1/requests/{id}: the projection's state

@@ -80,24 +80,26 @@ func (fe *Frontend) load(ctx context.Context, id string) (*projections.Request, 
 func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
 	w.Header().Set(headerRequestID, public)
+	writeResult(w, fe.cancelRequest(w, r, public))
+}
+
+// cancelRequest cancels request public (and its children) as the body asks.
+func (fe *Frontend) cancelRequest(w http.ResponseWriter, r *http.Request, public string) result {
 	tenant := tenantOf(r)
 	id, ok := requestID(tenant, public)
 	if !ok {
-		writeLookupError(w, public, streams.ErrNotFound)
-		return
+		return errResult(notFound(public))
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
 	if err != nil {
-		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
-		return
+		return errResult(badRequest("invalid_body", "could not read the request body: %v", err))
 	}
 	req := struct {
 		Mode *string `json:"mode"`
 	}{}
 	if len(body) > 0 {
 		if err := json.Unmarshal(body, &req); err != nil {
-			writeAPIError(w, badRequest("invalid_json", "request body must be {\"mode\": \"stop\" | \"kill\"}: %v", err))
-			return
+			return errResult(badRequest("invalid_json", "request body must be {\"mode\": \"stop\" | \"kill\"}: %v", err))
 		}
 	}
 	mode := events.CancelStop
@@ -105,29 +107,25 @@ func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
 		mode = *req.Mode
 	}
 	if mode != events.CancelStop && mode != events.CancelKill {
-		writeAPIError(w, badRequest("invalid_value", "'mode' must be \"stop\" or \"kill\", got %q", mode))
-		return
+		return errResult(badRequest("invalid_value", "'mode' must be \"stop\" or \"kill\", got %q", mode))
 	}
 	p, err := fe.load(r.Context(), id)
 	if err == nil && !mayAccess(tenant, p.Accepted) {
-		err = fmt.Errorf("%w: %s", streams.ErrNotFound, public)
+		err = streams.ErrNotFound
 	}
 	if err != nil {
-		writeLookupError(w, public, err)
-		return
+		return errResult(&lookupError{id: public, err: err})
 	}
 	if p.Status.Terminal() && len(p.Children) == 0 {
-		writeJSON(w, http.StatusOK, map[string]any{
+		return okResult(map[string]any{
 			"id": public, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": false,
 			"message": fmt.Sprintf("request %s already ended (%s): nothing to cancel", public, p.Status),
 		})
-		return
 	}
 	if err := fe.cancelTreeBy(r.Context(), id, mode, "cancelled by API", tenant); err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
-		return
+		return errResult(serverError("cancel_failed", err))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
+	return okResult(map[string]any{
 		"id": public, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": true,
 		"children": publicIDs(tenant, p.Children),
 	})

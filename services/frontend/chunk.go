@@ -29,7 +29,7 @@ type rendered struct {
 	text      strings.Builder
 	reasoning strings.Builder
 	refusal   strings.Builder
-	calls     []toolCall
+	calls     []*toolCall                  // pointers: a toolCall holds a Builder, which must not be copied
 	logprobs  map[string][]json.RawMessage // array fields, concatenated
 	lpKeys    []string                     // their order of first appearance
 }
@@ -80,12 +80,12 @@ func (o *rendered) add(raw json.RawMessage) {
 	o.reasoning.WriteString(d.ReasoningContent)
 	o.refusal.WriteString(d.Refusal)
 	for _, c := range d.ToolCalls {
-		k := slices.IndexFunc(o.calls, func(x toolCall) bool { return x.index == c.Index })
+		k := slices.IndexFunc(o.calls, func(x *toolCall) bool { return x.index == c.Index })
 		if k < 0 {
-			o.calls = append(o.calls, toolCall{index: c.Index})
+			o.calls = append(o.calls, &toolCall{index: c.Index})
 			k = len(o.calls) - 1
 		}
-		tc := &o.calls[k]
+		tc := o.calls[k]
 		if c.ID != "" {
 			tc.id, tc.hasID = c.ID, true
 		}

@@ -235,26 +235,13 @@ func (c *consoleView) apply(stream string, e events.Envelope) {
 
 func feedOf(stream string, e events.Envelope, cur feedCursor) feedEntry {
 	f := feedEntry{ID: cur.String(), Stream: stream, Seq: e.Seq, Time: e.Time, Type: e.Type(),
-		Kind: shortType(e.Type()), Source: e.Source, Summary: projections.Describe(e)}
+		Kind: projections.Kind(e.Type()), Source: e.Source, Summary: projections.Describe(e)}
 	if stream == streams.WorkersStream {
 		f.WorkerID = e.Subject
 	} else {
 		f.RequestID = e.Subject
 	}
 	return f
-}
-
-// shortType shortens an event type: "baton.request.migrated.v1" → "migrated".
-func shortType(typ string) string {
-	for _, p := range []string{"baton.request.", "baton.worker."} {
-		if rest, ok := strings.CutPrefix(typ, p); ok {
-			if i := strings.LastIndex(rest, ".v"); i > 0 {
-				return rest[:i]
-			}
-			return rest
-		}
-	}
-	return typ
 }
 
 // since returns the feed entries after cursor, oldest first.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -72,18 +73,10 @@ func (fe *Frontend) consoleState() consoleState {
 // workers, requests and frontends ("state" events, without ids, at most four
 // a second and at least every two seconds).
 func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
-	var cur feedCursor
-	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
-	if q := r.URL.Query().Get("last_event_id"); q != "" {
-		name, v = "last_event_id", q
-	}
-	if v != "" {
-		c, err := parseCursor(v)
-		if err != nil {
-			writeAPIError(w, badRequest("invalid_last_event_id", "%s: %v", name, err))
-			return
-		}
-		cur = c
+	cur, apiErr := lastEventCursor(r)
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
 	if err := fe.console.start(r.Context()); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "log_unavailable", err.Error())
@@ -95,19 +88,6 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
 	rc := http.NewResponseController(w)
-	write := func(id, event string, v any) error {
-		data, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		if id != "" {
-			if _, err := fmt.Fprintf(w, "id: %s\n", id); err != nil {
-				return err
-			}
-		}
-		_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data)
-		return err
-	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var lastState time.Time
@@ -121,12 +101,12 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 				cur.Requests = e.Seq
 			}
 			e.ID = cur.String()
-			if write(e.ID, "feed", e) != nil {
+			if writeEvent(w, e.ID, "feed", e) != nil {
 				return
 			}
 		}
 		if wait := consoleStateRate - time.Since(lastState); stateDue && wait <= 0 {
-			if write("", "state", fe.consoleState()) != nil {
+			if writeEvent(w, "", "state", fe.consoleState()) != nil {
 				return
 			}
 			lastState, stateDue = time.Now(), false
@@ -154,32 +134,66 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	}
 }
 
+// lastEventCursor is the feed cursor a console's events resume after:
+// ?last_event_id, else the Last-Event-ID header, else the start.
+func lastEventCursor(r *http.Request) (feedCursor, *apiError) {
+	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
+	if q := r.URL.Query().Get("last_event_id"); q != "" {
+		name, v = "last_event_id", q
+	}
+	if v == "" {
+		return feedCursor{}, nil
+	}
+	cur, err := parseCursor(v)
+	if err != nil {
+		return feedCursor{}, badRequest("invalid_last_event_id", "%s: %v", name, err)
+	}
+	return cur, nil
+}
+
+// writeEvent writes one server-sent event named event with v as JSON data,
+// and with id unless it is empty.
+func writeEvent(w io.Writer, id, event string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if id != "" {
+		if _, err := fmt.Fprintf(w, "id: %s\n", id); err != nil {
+			return err
+		}
+	}
+	_, err = fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, data)
+	return err
+}
+
 // handleConsoleRequests serves GET /v1/console/requests: the recent requests
 // of the whole cluster, newest first, optionally ?model=, ?status= and ?limit=.
 func (fe *Frontend) handleConsoleRequests(w http.ResponseWriter, r *http.Request) {
+	writeResult(w, fe.consoleRequests(r))
+}
+
+func (fe *Frontend) consoleRequests(r *http.Request) result {
 	q := r.URL.Query()
 	status := q.Get("status")
 	switch projections.Status(status) {
 	case "", projections.StatusPending, projections.StatusRunning, projections.StatusCompleted,
 		projections.StatusFailed, projections.StatusCancelled:
 	default:
-		writeAPIError(w, badRequest("invalid_status", "status must be one of pending, running, completed, failed, cancelled; got %q", status))
-		return
+		return errResult(badRequest("invalid_status", "status must be one of pending, running, completed, failed, cancelled; got %q", status))
 	}
 	limit := fe.cfg.ConsoleRequests
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
-			writeAPIError(w, badRequest("invalid_limit", "limit must be a positive whole number, got %q", v))
-			return
+			return errResult(badRequest("invalid_limit", "limit must be a positive whole number, got %q", v))
 		}
 		limit = n
 	}
 	if err := fe.console.start(r.Context()); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "log_unavailable", err.Error())
-		return
+		return errResult(&apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "log_unavailable", message: err.Error()})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": fe.console.requests(q.Get("model"), status, limit)})
+	return okResult(map[string]any{"object": "list", "data": fe.console.requests(q.Get("model"), status, limit)})
 }
 
 // timelineDoc is the JSON of GET /v1/console/requests/{id}/timeline: the
@@ -193,27 +207,27 @@ type timelineDoc struct {
 // handleTimeline serves GET /v1/console/requests/{id}/timeline: the request's
 // whole history read from the log and folded as `baton replay` folds it.
 func (fe *Frontend) handleTimeline(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	writeResult(w, fe.timeline(r.Context(), r.PathValue("id")))
+}
+
+func (fe *Frontend) timeline(ctx context.Context, id string) result {
 	if !streams.ValidID(id) {
-		writeLookupError(w, id, streams.ErrNotFound)
-		return
+		return errResult(notFound(id))
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*streams.DefaultTimeout)
+	ctx, cancel := context.WithTimeout(ctx, 2*streams.DefaultTimeout)
 	defer cancel()
 	var envs []events.Envelope
 	for e, err := range streams.ReadRequest(ctx, fe.js, id, 1) {
 		if err != nil {
-			writeLookupError(w, id, err)
-			return
+			return errResult(&lookupError{id: id, err: err})
 		}
 		envs = append(envs, e)
 	}
 	p, timeline, ok := projections.Replay(envs)
 	if !ok {
-		writeLookupError(w, id, streams.ErrNotFound)
-		return
+		return errResult(notFound(id))
 	}
-	writeJSON(w, http.StatusOK, timelineDoc{Request: stateOf(p), Timeline: timeline, Output: p.Text()})
+	return okResult(timelineDoc{Request: stateOf(p), Timeline: timeline, Output: p.Text()})
 }
 
 // handleFrontends serves GET /v1/console/frontends: the live frontends, from

@@ -188,7 +188,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		err = srv.Close()
 	}
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), streams.DefaultTimeout)
-	if perr := fe.presence.revoke(rctx, fe.id); perr != nil {
+	if perr := fe.presence.revoke(rctx); perr != nil {
 		fe.log.Warn("deregister", "err", perr)
 	}
 	rcancel()

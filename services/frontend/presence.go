@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -16,18 +15,19 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// presenceTTL is how long a frontend's key outlives its last renewal.
+// presenceTTL is how long a frontend's key outlives its last renewal; its
+// streams.Session renews it at a third of that.
 const presenceTTL = 6 * time.Second
 
 // presence keeps this frontend's key alive in the frontends bucket and
 // watches everyone's: a request whose owner's key is gone may be taken over.
 type presence struct {
 	kv      jetstream.KeyValue
-	js      jetstream.JetStream
 	changed *signal
 
-	mu   sync.Mutex
-	view *projections.Frontends
+	mu      sync.Mutex
+	view    *projections.Frontends
+	session *streams.Session[events.FrontendPresence] // this frontend's key
 }
 
 func newPresence() *presence {
@@ -40,38 +40,28 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return fmt.Errorf("open bucket %s: %w", streams.FrontendsBucket, err)
 	}
-	p.kv, p.js = kv, js
+	p.kv = kv
 	v.PID = os.Getpid()
 	v.Host, _ = os.Hostname()
-	data, err := json.Marshal(v)
+	// By fiat, not exclusive: the frontend's id is its own, and a key
+	// deleted under it (expired by a peer that saw its connection close) is
+	// put back at the next renewal.
+	s, err := streams.NewSession(startCtx, js, kv, v.FrontendID, v, streams.SessionConfig[events.FrontendPresence]{TTL: presenceTTL})
 	if err != nil {
-		return err
-	}
-	subject := streams.KVSubject(streams.FrontendsBucket, v.FrontendID)
-	put := func(ctx context.Context) error {
-		_, err := js.Publish(ctx, subject, data, jetstream.WithMsgTTL(presenceTTL))
-		return err
-	}
-	if err := put(startCtx); err != nil {
 		return fmt.Errorf("register frontend %s: %w", v.FrontendID, err)
 	}
 	w, err := kv.WatchAll(ctx)
 	if err != nil {
+		s.Close()
 		return fmt.Errorf("watch %s: %w", streams.FrontendsBucket, err)
 	}
+	p.mu.Lock()
+	p.session = s
+	p.mu.Unlock()
 	g.Go(func() error {
-		t := time.NewTicker(presenceTTL / 3)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C:
-				rctx, cancel := context.WithTimeout(ctx, presenceTTL/3)
-				_ = put(rctx) // a missed renewal is retried at the next tick
-				cancel()
-			}
-		}
+		<-ctx.Done()
+		s.Close() // after revoke, or without deleting the key if Run ends otherwise
+		return nil
 	})
 	g.Go(func() error {
 		defer w.Stop()
@@ -129,12 +119,15 @@ func (p *presence) expire(ctx context.Context, e projections.Frontend) error {
 }
 
 // revoke deletes this frontend's key, so others may take its requests at once.
-func (p *presence) revoke(ctx context.Context, id string) error {
-	if p.kv == nil {
+func (p *presence) revoke(ctx context.Context) error {
+	p.mu.Lock()
+	s := p.session
+	p.mu.Unlock()
+	if s == nil {
 		return nil
 	}
-	if err := p.kv.Delete(ctx, id); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("deregister frontend %s: %w", id, err)
+	if err := s.Revoke(ctx); err != nil {
+		return fmt.Errorf("deregister frontend: %w", err)
 	}
 	return nil
 }

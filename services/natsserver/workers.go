@@ -19,6 +19,7 @@ const WorkerPermissions = `publish: [
   "$KV.baton_leases.>", "$KV.baton_load.>",
   "$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.CREATE.>",   # narrow as for the frontend
   "$JS.API.DIRECT.GET.BATON_REQUESTS", "$JS.API.DIRECT.GET.BATON_REQUESTS.>",
+  "$JS.API.STREAM.MSG.GET.BATON_REQUESTS",
   "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
   "$JS.API.CONSUMER.DELETE.>", "$JS.FC.>", "$JS.ACK.>"

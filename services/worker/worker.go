@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -479,13 +478,15 @@ func (w *Worker) appendWorker(ctx context.Context, what string, ev events.Event)
 	}
 }
 
-// reportLoad publishes the engine's load when it changes and refreshes it
-// every LeaseTTL/3. A change in the number of active requests (one started
-// or ended) is published at once, so that a finished request never shows as
-// running for longer than a publish takes; the other figures (KV blocks,
-// queued prefill tokens), which move with every token, at most once per
-// LoadInterval. The load key has the lease's TTL, so a crashed worker's load
-// disappears with its lease.
+// reportLoad publishes the engine's load when it changes, in a
+// streams.Session with the lease's TTL that renews it, so a crashed worker's
+// load disappears with its lease. A change in the number of active requests
+// (one started or ended) is published at once, so that a finished request
+// never shows as running for longer than a publish takes; the other figures
+// (KV blocks, queued prefill tokens), which move with every token, at most
+// once per LoadInterval. The load is read again every LeaseTTL/3 too, in case
+// a change came without a notification. On return the session stops without
+// deleting the key (shutdown deletes it).
 func (w *Worker) reportLoad(ctx context.Context) {
 	refresh := time.NewTicker(w.cfg.LeaseTTL / 3)
 	defer refresh.Stop()
@@ -493,9 +494,13 @@ func (w *Worker) reportLoad(ctx context.Context) {
 	hold.Stop()
 	defer hold.Stop()
 	var holdC <-chan time.Time // set while a report waits for LoadInterval
-	var last events.Load
+	var s *streams.Session[events.Load]
+	defer func() {
+		if s != nil {
+			s.Close()
+		}
+	}()
 	var lastAt time.Time
-	have := false
 	for {
 		force := false
 		select {
@@ -510,18 +515,28 @@ func (w *Worker) reportLoad(ctx context.Context) {
 		st := w.eng.Stats()
 		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
 			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
+		var last events.Load
+		if s != nil {
+			last = s.Value()
+		}
 		switch {
-		case force || !have || l.ActiveRequests != last.ActiveRequests:
+		case s == nil || l.ActiveRequests != last.ActiveRequests:
 		case l == last:
-			continue
-		case time.Since(lastAt) < w.cfg.LoadInterval:
+			continue // the session renews it
+		case !force && time.Since(lastAt) < w.cfg.LoadInterval:
 			if holdC == nil {
 				hold.Reset(w.cfg.LoadInterval - time.Since(lastAt))
 				holdC = hold.C
 			}
 			continue
 		}
-		if err := w.putLoad(ctx, l); err != nil {
+		var err error
+		if s == nil {
+			s, err = w.startLoad(ctx, l)
+		} else {
+			err = s.Update(func(v *events.Load) { *v = l })
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -532,19 +547,16 @@ func (w *Worker) reportLoad(ctx context.Context) {
 			}
 			continue
 		}
-		last, lastAt, have = l, time.Now(), true
+		lastAt = time.Now()
 	}
 }
 
-func (w *Worker) putLoad(ctx context.Context, l events.Load) error {
-	data, err := json.Marshal(l)
-	if err != nil {
-		return err
-	}
+// startLoad puts the first load report and starts renewing it.
+func (w *Worker) startLoad(ctx context.Context, l events.Load) (*streams.Session[events.Load], error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	_, err = w.js.Publish(ctx, streams.KVSubject(streams.LoadBucket, w.cfg.ID), data, jetstream.WithMsgTTL(w.cfg.LeaseTTL))
-	return err
+	return streams.NewSession(ctx, w.js, w.loadKV, w.cfg.ID, l,
+		streams.SessionConfig[events.Load]{TTL: w.cfg.LeaseTTL, Log: w.log})
 }
 
 // notifyLoad tells the load reporter that the load may have changed; it

@@ -1,0 +1,167 @@
+package frontend
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+)
+
+func TestParseCursor(t *testing.T) {
+	cases := []struct {
+		in      string
+		want    feedCursor
+		wantErr bool
+	}{
+		{in: "0.0", want: feedCursor{}},
+		{in: "12.7", want: feedCursor{12, 7}},
+		{in: " 3.4 ", want: feedCursor{3, 4}},
+		{in: "18446744073709551615.1", want: feedCursor{1<<64 - 1, 1}},
+		{in: "", wantErr: true},
+		{in: "12", wantErr: true},
+		{in: "a.1", wantErr: true},
+		{in: "1.b", wantErr: true},
+		{in: "-1.2", wantErr: true},
+		{in: "1.2.3", wantErr: true},
+		{in: ".", wantErr: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := parseCursor(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("got err %v, want error %v", err, tc.wantErr)
+			}
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+			if !tc.wantErr {
+				if back, _ := parseCursor(got.String()); back != got {
+					t.Errorf("got %+v back from %q, want %+v", back, got.String(), got)
+				}
+			}
+		})
+	}
+}
+
+func TestFeedCursorAfter(t *testing.T) {
+	c := feedCursor{Requests: 10, Workers: 3}
+	cases := []struct {
+		name string
+		e    feedEntry
+		want bool
+	}{
+		{"a later request event", feedEntry{Stream: streams.RequestsStream, Seq: 11}, true},
+		{"the cursor's request event", feedEntry{Stream: streams.RequestsStream, Seq: 10}, false},
+		{"a request event past the workers' cursor only", feedEntry{Stream: streams.RequestsStream, Seq: 5}, false},
+		{"a later worker event", feedEntry{Stream: streams.WorkersStream, Seq: 4}, true},
+		{"the cursor's worker event", feedEntry{Stream: streams.WorkersStream, Seq: 3}, false},
+		{"a worker event below the requests' cursor still counts by its own", feedEntry{Stream: streams.WorkersStream, Seq: 9}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := c.after(tc.e); got != tc.want {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func envelope(seq uint64, subject string, ev events.Event) events.Envelope {
+	return events.Envelope{ID: subject + "-" + ev.EventType(), Source: "test", Subject: subject,
+		Time: time.Unix(int64(1000+seq), 0), Seq: seq, Event: ev}
+}
+
+// TestConsoleViewApply folds events as the console's consumers do: the
+// recent requests from BATON_REQUESTS, the feed (incidents only) from both
+// streams, each stream's sequence moving the cursor.
+func TestConsoleViewApply(t *testing.T) {
+	c := newConsoleView(&Frontend{cfg: Config{ConsoleRequests: 2}.withDefaults()})
+	accepted := func(id, model string) events.RequestAccepted {
+		return events.RequestAccepted{RequestID: id, Model: model, Endpoint: events.EndpointCompletions, Prompt: "p", MaxTokens: 5, Frontend: "fe"}
+	}
+	steps := []struct {
+		stream      string
+		e           events.Envelope
+		wantChanged bool
+	}{
+		{streams.RequestsStream, envelope(1, "r1", accepted("r1", "m1")), true},
+		{streams.RequestsStream, envelope(2, "r1", events.RequestRouted{RequestID: "r1", WorkerID: "w1"}), true},
+		{streams.WorkersStream, envelope(1, "w1", events.WorkerRegistered{WorkerID: "w1", LeaseID: "l1", Model: "m1"}), true},
+		{streams.RequestsStream, envelope(3, "r2", accepted("r2", "m2")), true},
+		{streams.RequestsStream, envelope(4, "r2", events.RequestFailed{RequestID: "r2", Code: "no_workers", Message: "none", Status: 503}), true},
+		{streams.RequestsStream, envelope(4, "r2", events.RequestFailed{RequestID: "r2", Code: "no_workers", Message: "again", Status: 503}), false}, // redelivered
+		{streams.WorkersStream, envelope(2, "w1", events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: "lease expired"}), true},
+	}
+	for i, s := range steps {
+		ch := c.changed.C()
+		c.apply(s.stream, s.e)
+		select {
+		case <-ch:
+			if !s.wantChanged {
+				t.Errorf("step %d (%s): got a change notification, want none", i, s.e.Type())
+			}
+		default:
+			if s.wantChanged {
+				t.Errorf("step %d (%s): got no change notification, want one", i, s.e.Type())
+			}
+		}
+	}
+
+	feed := c.since(feedCursor{})
+	var kinds []string
+	for _, f := range feed {
+		kinds = append(kinds, f.Kind+"@"+f.ID)
+	}
+	if want := []string{"registered@0.1", "failed@4.1", "lost@4.2"}; !slices.Equal(kinds, want) {
+		t.Errorf("got feed %v, want %v (accepted and routed are no incidents)", kinds, want)
+	}
+	if feed[1].RequestID != "r2" || feed[1].WorkerID != "" || feed[2].WorkerID != "w1" || feed[2].RequestID != "" {
+		t.Errorf("got feed subjects %+v, %+v; want r2's request id, w1's worker id", feed[1], feed[2])
+	}
+	if got := c.since(feedCursor{Requests: 4, Workers: 1}); len(got) != 1 || got[0].Kind != "lost" {
+		t.Errorf("got %v after 4.1, want only lost", got)
+	}
+
+	cases := []struct {
+		name          string
+		model, status string
+		limit         int
+		want          []string
+	}{
+		{name: "all, newest first", want: []string{"r2", "r1"}},
+		{name: "by model", model: "m1", want: []string{"r1"}},
+		{name: "by status", status: "failed", want: []string{"r2"}},
+		{name: "limited", limit: 1, want: []string{"r2"}},
+		{name: "no match", model: "m3", want: nil},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var got []string
+			for _, r := range c.requests(tc.model, tc.status, tc.limit) {
+				got = append(got, r.ID)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestConsoleViewFeedBound: the feed keeps four entries per recent request,
+// the newest.
+func TestConsoleViewFeedBound(t *testing.T) {
+	c := newConsoleView(&Frontend{cfg: Config{ConsoleRequests: 1}.withDefaults()})
+	for i := range uint64(10) {
+		c.apply(streams.WorkersStream, envelope(i+1, "w1", events.WorkerDraining{WorkerID: "w1", LeaseID: "l", Reason: "r"}))
+	}
+	feed := c.since(feedCursor{})
+	var seqs []uint64
+	for _, f := range feed {
+		seqs = append(seqs, f.Seq)
+	}
+	if want := []uint64{7, 8, 9, 10}; !slices.Equal(seqs, want) {
+		t.Errorf("got feed seqs %v, want %v", seqs, want)
+	}
+}

@@ -1,0 +1,168 @@
+package frontend
+
+import (
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/baton-dev/baton/events"
+)
+
+// TestParseRequestEdges: what the request parser refuses, with the code and
+// (part of) the message a client reads, and the limits it applies.
+func TestParseRequestEdges(t *testing.T) {
+	fe := &Frontend{cfg: Config{MaxTokensLimit: 100, DefaultMaxTokens: 10}.withDefaults()}
+	const user = `"messages":[{"role":"user","content":"hi"}]`
+	cases := []struct {
+		name     string
+		endpoint string
+		body     string
+		wantCode string // "" accepts
+		wantMsg  string // a substring of the message
+		check    func(parsed) string
+	}{
+		{name: "empty body", endpoint: events.EndpointCompletions, body: ``, wantCode: "invalid_json"},
+		{name: "not JSON", endpoint: events.EndpointCompletions, body: `{model:m}`, wantCode: "invalid_json", wantMsg: "not valid JSON"},
+		{name: "truncated", endpoint: events.EndpointCompletions, body: `{"model":"m"`, wantCode: "invalid_json"},
+		{name: "data after the object", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a"} {}`,
+			wantCode: "invalid_json", wantMsg: "data after the JSON object"},
+		{name: "trailing whitespace is fine", endpoint: events.EndpointCompletions, body: "{\"model\":\"m\",\"prompt\":\"a\"}\n \n"},
+		{name: "a string body", endpoint: events.EndpointCompletions, body: `"hi"`, wantCode: "invalid_type", wantMsg: "must be a JSON object, got string"},
+		{name: "a number body", endpoint: events.EndpointCompletions, body: `7`, wantCode: "invalid_type", wantMsg: "got number"},
+		{name: "model not a string", endpoint: events.EndpointCompletions, body: `{"model":1,"prompt":"a"}`,
+			wantCode: "invalid_type", wantMsg: "invalid type for 'model': expected a string, got number"},
+		{name: "max_tokens a string", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":"5"}`,
+			wantCode: "invalid_type", wantMsg: "'max_tokens' must be an integer from 1 to 100, got string"},
+		{name: "max_tokens a fraction", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":1.5}`,
+			wantCode: "invalid_type", wantMsg: "'max_tokens'"},
+		{name: "stream a string", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream":"yes"}`,
+			wantCode: "invalid_type", wantMsg: "invalid type for 'stream': expected a boolean, got string"},
+		{name: "model missing", endpoint: events.EndpointCompletions, body: `{"prompt":"a"}`, wantCode: "missing_model"},
+		{name: "model null", endpoint: events.EndpointCompletions, body: `{"model":null,"prompt":"a"}`, wantCode: "missing_model"},
+		{name: "prompt missing", endpoint: events.EndpointCompletions, body: `{"model":"m"}`, wantCode: "missing_prompt"},
+		{name: "prompt null", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":null}`, wantCode: "missing_prompt"},
+		{name: "prompt a number", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":5}`, wantCode: "invalid_type"},
+		{name: "prompt token ids", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":[1,2]}`, wantCode: "invalid_type"},
+		{name: "prompt an empty list", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":[]}`,
+			wantCode: "unsupported_value", wantMsg: "got 0"},
+		{name: "prompt an empty string is accepted", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":""}`,
+			check: func(p parsed) string { return want(p.prompt == "", "prompt %q", p.prompt) }},
+		{name: "messages missing", endpoint: events.EndpointChat, body: `{"model":"m"}`, wantCode: "missing_messages"},
+		{name: "messages empty", endpoint: events.EndpointChat, body: `{"model":"m","messages":[]}`, wantCode: "invalid_value"},
+		{name: "messages an object", endpoint: events.EndpointChat, body: `{"model":"m","messages":{"role":"user"}}`, wantCode: "invalid_type"},
+		{name: "a chat ignores prompt", endpoint: events.EndpointChat, body: `{"model":"m","prompt":"x",` + user + `}`,
+			check: func(p parsed) string { return want(p.prompt == "user: hi", "prompt %q", p.prompt) }},
+		{name: "a completion ignores messages", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"x",` + user + `}`,
+			check: func(p parsed) string {
+				return want(p.prompt == "x" && p.messages == nil, "prompt %q, messages %v", p.prompt, p.messages)
+			}},
+		{name: "text parts are joined", endpoint: events.EndpointChat,
+			body:  `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
+			check: func(p parsed) string { return want(p.prompt == "user: ab", "prompt %q", p.prompt) }},
+		{name: "max_tokens 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":0}`,
+			wantCode: "invalid_value", wantMsg: "'max_tokens' must be an integer from 1 to 100, got 0"},
+		{name: "max_tokens negative", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":-3}`,
+			wantCode: "invalid_value", wantMsg: "got -3"},
+		{name: "max_tokens at the limit", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":100}`,
+			check: func(p parsed) string { return want(p.maxTokens == 100, "max tokens %d", p.maxTokens) }},
+		{name: "max_tokens over the limit", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":101}`,
+			wantCode: "invalid_value", wantMsg: "'max_tokens' must be an integer from 1 to 100, got 101"},
+		{name: "max_completion_tokens over the limit", endpoint: events.EndpointChat, body: `{"model":"m",` + user + `,"max_completion_tokens":101}`,
+			wantCode: "invalid_value", wantMsg: "'max_completion_tokens' must be an integer from 1 to 100, got 101"},
+		{name: "max_completion_tokens wins over max_tokens", endpoint: events.EndpointChat, body: `{"model":"m",` + user + `,"max_tokens":5,"max_completion_tokens":6}`,
+			check: func(p parsed) string { return want(p.maxTokens == 6, "max tokens %d", p.maxTokens) }},
+		{name: "the configured default", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a"}`,
+			check: func(p parsed) string {
+				return want(p.maxTokens == 10 && p.n == 1 && !p.stream && !p.includeUsage, "%+v", p)
+			}},
+		{name: "max_tokens null is the default", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":null}`,
+			check: func(p parsed) string { return want(p.maxTokens == 10, "max tokens %d", p.maxTokens) }},
+		{name: "n 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":0}`, wantCode: "invalid_value", wantMsg: "'n' must be an integer from 1 to 16, got 0"},
+		{name: "n at the most", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":16}`,
+			check: func(p parsed) string { return want(p.n == MaxChoices, "n %d", p.n) }},
+		{name: "include_usage false", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":false}}`,
+			check: func(p parsed) string { return want(p.stream && !p.includeUsage, "%+v", p) }},
+		{name: "stream_options without include_usage", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream_options":{}}`,
+			check: func(p parsed) string { return want(!p.includeUsage, "%+v", p) }},
+		{name: "unknown fields are ignored", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","logit_bias":{"1":2},"user":"u"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := fe.parseRequest(tc.endpoint, []byte(tc.body))
+			if tc.wantCode == "" {
+				if err != nil {
+					t.Fatalf("got %v (%s), want accepted", err, err.code)
+				}
+				if tc.check != nil {
+					if msg := tc.check(p); msg != "" {
+						t.Error(msg)
+					}
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("got accepted %+v, want %s", p, tc.wantCode)
+			}
+			if err.code != tc.wantCode || err.status != http.StatusBadRequest || err.typ != "invalid_request_error" {
+				t.Errorf("got %d %s %s, want 400 invalid_request_error %s", err.status, err.typ, err.code, tc.wantCode)
+			}
+			if !strings.Contains(err.message, tc.wantMsg) {
+				t.Errorf("got message %q, want it to contain %q", err.message, tc.wantMsg)
+			}
+		})
+	}
+}
+
+// want returns "" if ok, else "got " and the formatted value.
+func want(ok bool, format string, args ...any) string {
+	if ok {
+		return ""
+	}
+	return "got " + fmt.Sprintf(format, args...)
+}
+
+func TestRenderChat(t *testing.T) {
+	cases := []struct {
+		name string
+		msgs []events.Message
+		want string
+	}{
+		{"none", nil, ""},
+		{"one", []events.Message{{Role: "user", Content: "hi"}}, "user: hi"},
+		{"several, one a line", []events.Message{{Role: "system", Content: "s"}, {Role: "user", Content: "u"}, {Role: "assistant", Content: ""}},
+			"system: s\nuser: u\nassistant: "},
+		{"content with newlines is kept", []events.Message{{Role: "user", Content: "a\nb"}}, "user: a\nb"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := renderChat(tc.msgs); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestJSONKind(t *testing.T) {
+	var (
+		i  int
+		f  float64
+		b  bool
+		s  string
+		pi *int
+		ps **string
+	)
+	cases := []struct {
+		in   any
+		want string
+	}{
+		{i, "an integer"}, {uint8(0), "an integer"}, {f, "a number"}, {b, "a boolean"}, {s, "a string"},
+		{pi, "an integer"}, {ps, "a string"}, {struct{}{}, "an object"}, {map[string]int{}, "an object"},
+	}
+	for _, tc := range cases {
+		if got := jsonKind(reflect.TypeOf(tc.in)); got != tc.want {
+			t.Errorf("jsonKind(%T): got %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

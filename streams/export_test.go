@@ -1,0 +1,5 @@
+package streams
+
+// ReadBehind exposes readBehind to the external tests: it stands for the
+// leader's answer after a lagging replica's.
+var ReadBehind = readBehind
