@@ -85,7 +85,7 @@ func TestBenchLogOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stored, deltas := storedTokens(t, js, "logoff-1"); stored != 0 {
+	if stored, deltas, _ := storedTokens(t, js, "logoff-1"); stored != 0 {
 		t.Errorf("the log stores %d tokens in %d deltas; want none with the log off", stored, deltas)
 	}
 }
