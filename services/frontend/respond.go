@@ -189,17 +189,8 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 // reconnects with Last-Event-ID resumes exactly where it stopped. The stream
 // ends with [DONE] only on success; a failure ends with an error event.
 func (o *output) stream(from int, start time.Time) bool {
-	if len(o.ts) == 1 {
-		s := o.ts[0].snapshot(from)
-		if from == 0 && s.total == 0 && !s.status.Terminal() {
-			s = o.awaitFirstToken()
-		}
-		if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
-			// Nothing was streamed yet: answer as a plain error (e.g. 503 no
-			// worker, or the model server's 400).
-			return writeUnary(o.w, s)
-		}
-		setWorker(o.w, s) // the worker of the first token: SSE headers cannot change later
+	if answered, ok := o.beforeHeaders(from); answered {
+		return ok
 	}
 	flush := startSSE(o.w)
 	sse := &sseWriter{w: o.w, acc: o.acc}
@@ -268,6 +259,27 @@ func (o *output) stream(from int, start time.Time) bool {
 			return false
 		}
 	}
+}
+
+// beforeHeaders settles what a single stream's headers depend on: it waits
+// (boundedly) for the first token, answers a request that failed before any
+// token as a plain error (answered; ok is what stream returns), and otherwise
+// names the first token's worker, since SSE headers cannot change later.
+func (o *output) beforeHeaders(from int) (answered, ok bool) {
+	if len(o.ts) != 1 {
+		return false, false
+	}
+	s := o.ts[0].snapshot(from)
+	if from == 0 && s.total == 0 && !s.status.Terminal() {
+		s = o.awaitFirstToken()
+	}
+	if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
+		// Nothing was streamed yet: answer as a plain error (e.g. 503 no
+		// worker, or the model server's 400).
+		return true, writeUnary(o.w, s)
+	}
+	setWorker(o.w, s)
+	return false, false
 }
 
 // startSSE writes the headers of an event stream and returns its flush.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -163,17 +164,42 @@ func (w *Worker) generate(j *job) {
 	// settle may retry a failed append through a leader election.
 	ctx, cancel := context.WithTimeout(context.Background(), streams.AppendBudget+2*streams.DefaultTimeout)
 	defer cancel()
-	var final events.Event
-	status := statusCompleted
+	status, final, fatal := w.outcome(j, res, genErr, out, log)
+	if fatal {
+		defer w.fail(genErr) // after the attempt_failed is stored
+	}
+
+	if err := out.settle(ctx); err != nil {
+		log.Error("store token deltas", "err", err)
+		status, final = statusFailed, w.attemptFailed(j, out, "append_failed")
+	}
+	if final != nil {
+		id := events.ID(d.RequestID, d.Attempt, "completed")
+		if _, ok := final.(events.AttemptFailed); ok {
+			id = events.ID(d.RequestID, d.Attempt, "failed")
+		}
+		if _, err := out.log.Append(ctx, out.subject, out.log.Envelope(id, d.RequestID, final), -1); err != nil {
+			log.Error("store outcome", "event", final.EventType(), "err", err)
+			status = statusFailed
+		}
+	}
+	w.metrics.requests.WithLabelValues(w.cfg.Model, status).Inc()
+	log.Debug("generation ended", "status", status, "tokens", out.offset())
+}
+
+// outcome says how job j ended, from what the engine returned and why its
+// context ended: the status for the metrics, the event that records the end
+// (nil when another event already did: a kill, a fence), and whether the
+// engine failed fatally (the worker shuts down once the event is stored).
+func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, log *slog.Logger) (status string, final events.Event, fatal bool) {
+	d := j.d
+	status = statusCompleted
 	cause := context.Cause(j.ctx)
 	completed := func(reason string) events.Event {
 		return events.RequestCompleted{RequestID: d.RequestID, Attempt: d.Attempt, FinishReason: reason,
 			PromptTokens: promptTokens(d, res, out), CompletionTokens: out.offset()}
 	}
-	failed := func(reason string) events.AttemptFailed {
-		return events.AttemptFailed{RequestID: d.RequestID, Attempt: d.Attempt, WorkerID: w.cfg.ID,
-			Offset: out.offset(), Reason: reason}
-	}
+	failed := func(reason string) events.AttemptFailed { return w.attemptFailed(j, out, reason) }
 	var upstream *engine.UpstreamError
 	switch {
 	case genErr == nil:
@@ -202,28 +228,17 @@ func (w *Worker) generate(j *job) {
 		f := failed("engine_error")
 		f.Message = genErr.Error()
 		status, final = statusFailed, f
-		if errors.Is(genErr, engine.ErrFatal) {
-			defer w.fail(genErr) // after the attempt_failed is stored
-		}
+		fatal = errors.Is(genErr, engine.ErrFatal)
 		log.Error("generation failed", "err", genErr)
 	}
+	return status, final, fatal
+}
 
-	if err := out.settle(ctx); err != nil {
-		log.Error("store token deltas", "err", err)
-		status, final = statusFailed, failed("append_failed")
-	}
-	if final != nil {
-		id := events.ID(d.RequestID, d.Attempt, "completed")
-		if _, ok := final.(events.AttemptFailed); ok {
-			id = events.ID(d.RequestID, d.Attempt, "failed")
-		}
-		if _, err := out.log.Append(ctx, out.subject, out.log.Envelope(id, d.RequestID, final), -1); err != nil {
-			log.Error("store outcome", "event", final.EventType(), "err", err)
-			status = statusFailed
-		}
-	}
-	w.metrics.requests.WithLabelValues(w.cfg.Model, status).Inc()
-	log.Debug("generation ended", "status", status, "tokens", out.offset())
+// attemptFailed is the event that reports job j's attempt failed for reason
+// after the tokens out has stored.
+func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.AttemptFailed {
+	return events.AttemptFailed{RequestID: j.d.RequestID, Attempt: j.d.Attempt, WorkerID: w.cfg.ID,
+		Offset: out.offset(), Reason: reason}
 }
 
 // watchCommands subscribes to the request's republished lifecycle events and
