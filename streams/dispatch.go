@@ -8,7 +8,9 @@ import (
 // Dispatch is the command a frontend sends to a worker over core NATS request
 // /reply on Dispatch(workerID): run attempt Attempt of a request, producing tokens
 // from StartOffset on. It is a command, not a fact: the facts (routed, tokens,
-// completed) are in the log.
+// completed) are in the log. It carries everything the worker needs (the
+// request as the client sent it, what earlier attempts produced): a worker
+// never reads a request's log.
 type Dispatch struct {
 	RequestID    string `json:"request_id"`
 	Attempt      int    `json:"attempt"`
@@ -39,10 +41,6 @@ type Dispatch struct {
 	// once the owning frontend is gone (its presence key expired) and no
 	// other frontend attached, before it cancels the request.
 	DetachTimeoutMS int64 `json:"detach_timeout_ms,omitempty"`
-	// EventsSeq is the stream sequence of the routed event of this attempt,
-	// the last on the request's events subject when the dispatch was sent: a
-	// worker that finds it still last knows no command came since.
-	EventsSeq uint64 `json:"events_seq,omitempty"`
 }
 
 // DispatchReply is a worker's answer to a Dispatch.

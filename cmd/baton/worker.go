@@ -10,6 +10,8 @@ import (
 
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/worker"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -247,7 +249,13 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return badConfig(err)
 	}
-	nc, err := connectNATS(ctx, o.nats.urls, "baton-worker", natsConnectTimeout, log, o.nats.options()...)
+	if o.cfg.ID == "" {
+		o.cfg.ID = worker.NewID()
+	}
+	// The worker's inboxes are its own: its NATS user may subscribe to
+	// nothing else (a frontend's inbox receives prompts in direct gets).
+	opts := append(o.nats.options(), nats.CustomInboxPrefix(streams.WorkerInboxPrefix(o.cfg.ID)))
+	nc, err := connectNATS(ctx, o.nats.urls, "baton-worker", natsConnectTimeout, log, opts...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // stopped while waiting for the server

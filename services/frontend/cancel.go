@@ -17,9 +17,9 @@ import (
 const maxTreeSize = 10_000
 
 // cancelTree cancels request id and, breadth first, every request below it.
-// A cancel is an event on each request's events subject, so it reaches
-// whoever holds the work: the worker stops, every frontend following the
-// request ends its streams. Requests that already ended are skipped.
+// A cancel is an event on each request's events subject, so every frontend
+// following the request ends its streams, and a command to the worker of
+// its current attempt, which stops. Requests that already ended are skipped.
 func (fe *Frontend) cancelTree(ctx context.Context, id, mode, reason string) error {
 	return fe.cancelTreeBy(ctx, id, mode, reason, "")
 }
@@ -41,6 +41,7 @@ func (fe *Frontend) cancelTreeBy(ctx context.Context, id, mode, reason, tenant s
 			if err := fe.cancel(ctx, cur, mode, reason, tenant); err != nil {
 				errs = append(errs, err)
 			} else {
+				fe.sendCancel(p, mode, reason)
 				fe.metrics.cancellations.WithLabelValues(p.Accepted.Model, p.Accepted.Endpoint, requestType(p.Accepted.Stream)).Inc()
 			}
 		}
@@ -129,4 +130,13 @@ func (fe *Frontend) cancelRequest(w http.ResponseWriter, r *http.Request, public
 		"id": public, "object": "request.cancel", "mode": mode, "status": string(p.Status), "cancelled": true,
 		"children": publicIDs(tenant, p.Children),
 	})
+}
+
+// sendCancel sends a cancel in mode to the worker of p's current attempt, if
+// it runs. An attempt routed meanwhile gets it from the owner's runner.
+func (fe *Frontend) sendCancel(p *projections.Request, mode, reason string) {
+	if cur, ok := p.Current(); ok && !cur.Closed {
+		fe.command(cur.WorkerID, streams.Command{RequestID: p.Accepted.RequestID, Attempt: cur.Attempt,
+			Kind: streams.CommandCancel, Mode: mode, Reason: reason})
+	}
 }

@@ -228,6 +228,9 @@ func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group
 	if err := fe.watchDisconnects(runCtx, g); err != nil {
 		return err
 	}
+	if err := fe.answerChecks(runCtx, g); err != nil {
+		return err
+	}
 	fe.catchUpOnReconnect(runCtx, g)
 	return nil
 }

@@ -44,6 +44,7 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		outcome *migrations.DispatchOutcome
 		watched = -1        // the attempt whose dispatch untrack counts
 		untrack = func() {} // ends the router's count of watched's dispatch
+		relayed relay       // the command last relayed to the current attempt's worker
 	)
 	defer func() { untrack() }()
 	for ctx.Err() == nil {
@@ -53,6 +54,7 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		var model, endpoint string
 		t.f.read(func(p *projections.Request, progress time.Time) {
 			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
+			fe.relayCommand(&relayed, p)
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
 				w, present := fe.disc.get(cur.WorkerID)
@@ -160,7 +162,7 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
 	done := fe.router.track(w.ID)
-	wd := wireDispatch(d, t.f.eventsSeq())
+	wd := wireDispatch(d)
 	wd.MaxPromptTokens = fe.cfg.MaxPromptTokens
 	reply, err := fe.sendDispatch(ctx, w.ID, wd)
 	if err == nil && reply.Accepted {
@@ -192,12 +194,12 @@ func (fe *Frontend) waitClosed(ctx context.Context, t *tracked, k int) {
 }
 
 // wireDispatch is the worker's command for d.
-func wireDispatch(d migrations.Dispatch, eventsSeq uint64) streams.Dispatch {
+func wireDispatch(d migrations.Dispatch) streams.Dispatch {
 	return streams.Dispatch{
 		RequestID: d.RequestID, Attempt: d.Attempt, Model: d.Model, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
 		Endpoint: d.Endpoint, Body: d.Body, PromptIDs: d.PromptIDs, GeneratedIDs: d.GeneratedIDs,
 		Generated: d.Generated, StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, Frontend: d.Frontend,
-		DetachTimeoutMS: d.DetachTimeoutMS, EventsSeq: eventsSeq,
+		DetachTimeoutMS: d.DetachTimeoutMS,
 	}
 }
 

@@ -21,6 +21,10 @@ type fakeWorker struct {
 	id     string
 	refuse string                // reply refused with this reason
 	fail   *events.AttemptFailed // report this failure after accepting
+	// cancelFirst, when set, has another frontend cancel the request in
+	// this mode (the event only) while the dispatch is in flight; the fake
+	// then writes nothing but what a command makes it write.
+	cancelFirst string
 }
 
 // runnerFixture is a frontend whose runner is driven directly (no HTTP, no
@@ -32,6 +36,9 @@ type runnerFixture struct {
 	reg *prometheus.Registry
 	log *streams.Log
 	wg  sync.WaitGroup // fake workers' writes in flight
+
+	mu       sync.Mutex
+	commands []streams.Command // what the fake workers received
 }
 
 func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
@@ -54,6 +61,9 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 		if _, err := nc.Subscribe(streams.DispatchSubject(w.id), func(m *nats.Msg) { x.serve(w, m) }); err != nil {
 			t.Fatal(err)
 		}
+		if _, err := nc.Subscribe(streams.CommandSubject(w.id), x.obey); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
@@ -66,9 +76,15 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	defer x.wg.Done()
 	var d streams.Dispatch
 	_ = json.Unmarshal(m.Data, &d)
+	if w.cancelFirst != "" {
+		c := events.RequestCancelled{RequestID: d.RequestID, Mode: w.cancelFirst, Reason: "elsewhere"}
+		if _, err := x.log.Append(x.ctx, streams.RequestEvents(d.RequestID), x.log.Envelope(events.ID(d.RequestID, "cancelled"), d.RequestID, c), -1); err != nil {
+			x.t.Error(err)
+		}
+	}
 	reply, _ := json.Marshal(streams.DispatchReply{Accepted: w.refuse == "", Reason: w.refuse})
 	_ = m.Respond(reply)
-	if w.refuse != "" {
+	if w.refuse != "" || w.cancelFirst != "" {
 		return
 	}
 	id, k := d.RequestID, d.Attempt
@@ -87,6 +103,32 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 			x.t.Error(err)
 		}
 	}
+}
+
+// obey records a command, and carries out a stop as a worker does: the
+// attempt completes with finish reason "cancelled".
+func (x *runnerFixture) obey(m *nats.Msg) {
+	var c streams.Command
+	_ = json.Unmarshal(m.Data, &c)
+	x.mu.Lock()
+	x.commands = append(x.commands, c)
+	x.mu.Unlock()
+	if c.Kind == streams.CommandCancel && c.Mode == events.CancelStop {
+		x.wg.Add(1) // the runner may see the completion before its append returns
+		defer x.wg.Done()
+		id := c.RequestID
+		done := events.RequestCompleted{RequestID: id, Attempt: c.Attempt, FinishReason: "cancelled"}
+		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, done), x.log.Envelope(events.ID(id, c.Attempt, "done"), id, done), -1); err != nil {
+			x.t.Error(err)
+		}
+	}
+}
+
+// received returns the commands the fake workers received.
+func (x *runnerFixture) received() []streams.Command {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]streams.Command(nil), x.commands...)
 }
 
 // run accepts request id and runs its runner until it stops; it returns the

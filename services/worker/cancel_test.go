@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -13,14 +14,27 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-func (e *env) cancel(id, mode string) uint64 {
+// cancel does what a frontend does for a cancel of request id, attempt 0,
+// running on workerID: it appends the cancelled event and sends the command
+// to the worker. It returns the event's sequence.
+func (e *env) cancel(workerID, id, mode string) uint64 {
 	e.t.Helper()
 	c := events.RequestCancelled{RequestID: id, Mode: mode, Reason: "test"}
 	seq, err := e.log.Append(context.Background(), streams.RequestEvents(id), e.log.Envelope(id+".cancel", id, c), -1)
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.command(workerID, streams.Command{RequestID: id, Attempt: 0, Kind: streams.CommandCancel, Mode: mode, Reason: "test"})
 	return seq
+}
+
+// command publishes c on workerID's command subject.
+func (e *env) command(workerID string, c streams.Command) {
+	e.t.Helper()
+	data, _ := json.Marshal(c)
+	if err := e.nc.Publish(streams.CommandSubject(workerID), data); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 func countTokens(es []events.Envelope) int {
@@ -45,7 +59,7 @@ func TestCancelKillStopsEngine(t *testing.T) {
 	}
 	e.waitFor("two tokens", func() bool { return countTokens(e.request("r-k")) >= 2 })
 	start := time.Now()
-	cancelSeq := e.cancel("r-k", events.CancelKill)
+	cancelSeq := e.cancel("w-kill", "r-k", events.CancelKill)
 	e.waitFor("inflight back to 0", func() bool {
 		return value(t, r.reg, "dynamo_component_inflight_requests") == 0 && mock.Stats().ActiveRequests == 0
 	})
@@ -69,9 +83,13 @@ func TestCancelKillStopsEngine(t *testing.T) {
 	}
 }
 
-// Regression: a cancel stored before the worker's per-request subscription
-// was active used to be missed, and the request ran to its end.
-func TestCancelStoredBeforeDispatchIsObeyed(t *testing.T) {
+// A worker reads no request's log: it obeys the commands on its own
+// subject for the attempts it runs, in either mode, and ignores those for
+// attempts it does not run (another attempt of the same request, another
+// request). The frontend closes the race of a cancel stored while a dispatch
+// was in flight by relaying it once the dispatch is accepted
+// (TestRelayCancelAfterDispatch).
+func TestCommandsOnlyForRunningAttempts(t *testing.T) {
 	for _, tc := range []struct {
 		mode string
 		want string // outcome on the tokens subject; "" means none
@@ -81,21 +99,32 @@ func TestCancelStoredBeforeDispatchIsObeyed(t *testing.T) {
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newEnv(t)
-			r := e.start(nil, slow, worker.Config{ID: "w-early"})
-			e.accept("r-e", "x", 1000, "w-early")
-			e.cancel("r-e", tc.mode)
-			if rep := e.dispatch("w-early", newDispatch("r-e", "x", 1000)); !rep.Accepted {
+			r := e.start(nil, slow, worker.Config{ID: "w-cmd"})
+			e.accept("r-run", "x", 1000, "w-cmd")
+			if rep := e.dispatch("w-cmd", newDispatch("r-run", "x", 8)); !rep.Accepted {
 				t.Fatalf("dispatch: %+v", rep)
+			}
+			e.accept("r-c", "y", 1000, "w-cmd")
+			if rep := e.dispatch("w-cmd", newDispatch("r-c", "y", 1000)); !rep.Accepted {
+				t.Fatalf("dispatch: %+v", rep)
+			}
+			for _, c := range []streams.Command{
+				{RequestID: "r-run", Attempt: 1, Kind: streams.CommandCancel, Mode: events.CancelKill},
+				{RequestID: "r-none", Attempt: 0, Kind: streams.CommandFence},
+				{RequestID: "r-c", Attempt: 0, Kind: streams.CommandCancel, Mode: tc.mode},
+			} {
+				e.command("w-cmd", c)
 			}
 			e.waitFor("cancellation counted", func() bool {
 				return value(t, r.reg, "dynamo_component_cancellation_total") == 1 &&
 					value(t, r.reg, "dynamo_component_inflight_requests") == 0
 			})
-			log := e.request("r-e")
-			if n := countTokens(log); n != 0 {
-				t.Errorf("%d tokens generated for a request cancelled before its dispatch", n)
+			if last, ok := ended(e.request("r-run")); !ok {
+				t.Error("r-run did not run to its end")
+			} else if c, isC := last.Event.(events.RequestCompleted); !isC || c.FinishReason != "length" {
+				t.Errorf("r-run ended with %+v, want completed length", last.Event)
 			}
-			last, ok := ended(log)
+			last, ok := ended(e.request("r-c"))
 			switch {
 			case tc.want == "" && ok:
 				t.Errorf("outcome %s after a kill, want none", last.Type())
@@ -108,9 +137,10 @@ func TestCancelStoredBeforeDispatchIsObeyed(t *testing.T) {
 	}
 }
 
-// Regression: a cancel stored while the worker's connection was down was
-// republished to nobody, and the request ran to its end. The worker now
-// re-reads its jobs' commands when the connection comes back.
+// Regression: a cancel stored while the worker's connection was down never
+// reached it, and the request ran to its end. The worker now asks a live
+// frontend about each of its jobs when the connection comes back (here a
+// stand-in answering as a frontend would from the log: kill).
 func TestCancelStoredWhileDisconnectedIsObeyed(t *testing.T) {
 	e := newEnv(t)
 	p := natstest.NewProxy(t, e.s.Addr().String())
@@ -119,6 +149,22 @@ func TestCancelStoredWhileDisconnectedIsObeyed(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
+	checks := make(chan streams.Check, 8)
+	sub, err := e.nc.QueueSubscribe(streams.CheckSubjects, streams.CheckQueue, func(m *nats.Msg) {
+		var c streams.Check
+		_ = json.Unmarshal(m.Data, &c)
+		if w, err := streams.CheckWorker(m.Subject); err != nil || w != "w-dc" {
+			t.Errorf("check on %s, want w-dc's subject", m.Subject)
+		}
+		checks <- c
+		data, _ := json.Marshal(streams.CheckReply{Owner: "fe-test", Command: &streams.Command{
+			RequestID: c.RequestID, Attempt: c.Attempt, Kind: streams.CommandCancel, Mode: events.CancelKill}})
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	// A lease long enough to survive the outage.
 	r := e.start(nc, slow, worker.Config{ID: "w-dc", LeaseTTL: 30 * time.Second, DeltaMaxTokens: 1})
 	e.accept("r-dc", "p q", 1000, "w-dc")
@@ -127,10 +173,13 @@ func TestCancelStoredWhileDisconnectedIsObeyed(t *testing.T) {
 	}
 	e.waitFor("two tokens", func() bool { return countTokens(e.request("r-dc")) >= 2 })
 	p.Cut()
-	e.cancel("r-dc", events.CancelKill)
+	e.cancel("w-dc", "r-dc", events.CancelKill) // the command is lost: the worker is cut off
 	p.Restore()
 	e.waitFor("the kill to be obeyed after the reconnect", func() bool {
 		return value(t, r.reg, "dynamo_component_cancellation_total") == 1 &&
 			value(t, r.reg, "dynamo_component_inflight_requests") == 0
 	})
+	if c := <-checks; c.RequestID != "r-dc" || c.Attempt != 0 || c.Detach {
+		t.Errorf("check %+v, want r-dc attempt 0 without detach", c)
+	}
 }

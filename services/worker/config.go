@@ -70,11 +70,17 @@ type Config struct {
 	UpstreamProbeInterval time.Duration
 }
 
+// NewID returns a new random worker id, "w-" and 8 hex digits: the default
+// of Config.ID.
+func NewID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return "w-" + hex.EncodeToString(b[:])
+}
+
 func (c Config) withDefaults() Config {
 	if c.ID == "" {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		c.ID = "w-" + hex.EncodeToString(b[:])
+		c.ID = NewID()
 	}
 	if c.Model == "" {
 		c.Model = DefaultModel

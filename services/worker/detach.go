@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -94,8 +93,11 @@ func (w *Worker) guardDetach(j *job) {
 		default:
 			left := timeout - time.Since(goneSince)
 			if left <= 0 {
-				w.cancelDetached(j, owner)
-				return
+				if w.detach(j, owner) {
+					return
+				}
+				goneSince = time.Time{} // a live owner after all: start over
+				continue
 			}
 			timer.Reset(left)
 			fire = timer.C
@@ -111,19 +113,25 @@ func (w *Worker) guardDetach(j *job) {
 	}
 }
 
-// cancelDetached appends the kill that ends a detached request; the job's
-// command subscription sees it and stops generating. The event id is the one
-// a frontend's kill uses, so the two deduplicate.
-func (w *Worker) cancelDetached(j *job, owner string) {
-	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
+// detach reports that job j's owner has been gone for the detach timeout
+// to a live frontend, which cancels the request (kill) unless the log names
+// a live owner; the kill reaches the job as a command. If no frontend
+// answers, the worker stops the job itself and closes its attempt
+// ("detached"): a frontend that comes back later migrates it on a resume.
+// It reports whether the job is done with.
+func (w *Worker) detach(j *job, owner string) bool {
+	ctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
 	defer cancel()
-	id := j.d.RequestID
-	ev := events.RequestCancelled{RequestID: id, Mode: events.CancelKill,
-		Reason: "detached: frontend " + owner + " is gone and no client re-attached"}
-	env := w.events.Envelope(events.ID(id, "cancelled", events.CancelKill), id, ev)
-	if _, err := w.events.Append(ctx, streams.RequestEvents(id), env, -1); err != nil {
-		w.log.Warn("cancel detached request", "request_id", id, "err", err)
-		return
+	r, err := w.check(ctx, j, true)
+	switch {
+	case j.ctx.Err() != nil:
+		w.log.Info("cancelled detached request", "request_id", j.d.RequestID, "owner", owner)
+		return true
+	case err != nil:
+		w.log.Warn("no frontend answered for a detached request: stopping it", "request_id", j.d.RequestID, "owner", owner, "err", err)
+		j.cancel(errNoFrontend)
+		return true
 	}
-	w.log.Info("cancelled detached request", "request_id", id, "owner", owner)
+	w.log.Info("detached request has a live owner", "request_id", j.d.RequestID, "owner", r.Owner)
+	return false
 }

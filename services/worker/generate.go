@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -137,13 +135,6 @@ func (w *Worker) generate(j *job) {
 		w.gens.Done()
 	}()
 	w.notifyLoad()
-	sub, err := w.watchCommands(j)
-	if sub != nil {
-		defer func() { _ = sub.Unsubscribe() }()
-	}
-	if err != nil {
-		log.Warn("watch cancel commands", "err", err)
-	}
 
 	var sink appender = w.events
 	if w.cfg.BenchLogOff {
@@ -214,6 +205,8 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 		status = statusHandedOff // the frontend fenced this attempt already
 	case errors.Is(cause, errHandOff):
 		status, final = statusHandedOff, failed("shutdown")
+	case errors.Is(cause, errNoFrontend):
+		status, final = statusCancelled, failed("detached")
 	case errors.As(genErr, &upstream):
 		// The upstream failed: never a reason for this worker to exit.
 		f := failed(failureReason(upstream.Class))
@@ -239,104 +232,6 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.AttemptFailed {
 	return events.AttemptFailed{RequestID: j.d.RequestID, Attempt: j.d.Attempt, WorkerID: w.cfg.ID,
 		Offset: out.offset(), Reason: reason}
-}
-
-// watchCommands subscribes to the request's republished lifecycle events and
-// stops the job on a cancel command or a migration away from its attempt.
-//
-// A command stored before the subscription was active is not republished to
-// it, so once the server has the subscription, the request's events already
-// in the log are read and obeyed as well. A command seen both ways is obeyed
-// once: the first cause of a job's cancellation wins.
-func (w *Worker) watchCommands(j *job) (*nats.Subscription, error) {
-	subj := strings.TrimSuffix(streams.RequestLive(j.d.RequestID), ">") + "events"
-	sub, err := w.nc.Subscribe(subj, func(m *nats.Msg) {
-		if e, err := streams.Decode(m); err == nil {
-			obey(j, e.Event)
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
-	defer cancel()
-	if err := w.nc.FlushWithContext(ctx); err != nil {
-		return sub, fmt.Errorf("flush subscription: %w", err)
-	}
-	return sub, w.readCommands(ctx, j)
-}
-
-// readCommands obeys the commands stored on the job's events subject: those
-// stored before its subscription was active, or while the connection was
-// down (commands republished then never reached it).
-func (w *Worker) readCommands(ctx context.Context, j *job) error {
-	if j.d.EventsSeq > 0 && w.requests != nil {
-		// The common case costs one direct get: if the routed event of this
-		// dispatch is still the last on the events subject, nothing came since.
-		if m, err := w.requests.GetLastMsgForSubject(ctx, streams.RequestEvents(j.d.RequestID)); err == nil && m.Sequence == j.d.EventsSeq {
-			return nil
-		}
-	}
-	for e, err := range streams.ReadRequestEvents(ctx, w.js, j.d.RequestID, 1) {
-		if errors.Is(err, streams.ErrNotFound) {
-			break // dispatched without accepted/routed events (tests, tools)
-		}
-		if err != nil {
-			return fmt.Errorf("read commands already stored: %w", err)
-		}
-		obey(j, e.Event)
-	}
-	return nil
-}
-
-// readCommandsOnReconnect re-reads every running job's commands each time
-// the NATS connection comes back, until ctx is done.
-func (w *Worker) readCommandsOnReconnect(ctx context.Context) {
-	ch := w.nc.StatusChanged(nats.CONNECTED)
-	defer w.nc.RemoveStatusListener(ch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-ch:
-			if !ok {
-				return
-			}
-		}
-		w.mu.Lock()
-		jobs := make([]*job, 0, len(w.jobs))
-		for _, j := range w.jobs {
-			jobs = append(jobs, j)
-		}
-		w.mu.Unlock()
-		for _, j := range jobs {
-			rctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
-			if err := w.readCommands(rctx, j); err != nil && j.ctx.Err() == nil {
-				w.log.Warn("re-read commands after reconnect", "request_id", j.d.RequestID, "err", err)
-			}
-			cancel()
-		}
-	}
-}
-
-// obey applies a lifecycle event of the job's request to the job.
-func obey(j *job, ev events.Event) {
-	switch ev := ev.(type) {
-	case events.RequestCancelled:
-		if ev.Mode == events.CancelKill {
-			j.cancel(errCancelKill)
-		} else {
-			j.cancel(errCancelStop)
-		}
-	case events.RequestMigrated:
-		if ev.FromAttempt == j.d.Attempt {
-			j.cancel(errFenced)
-		}
-	case events.RequestFailed:
-		j.cancel(errFenced)
-	case events.RequestAttached:
-		j.setOwner(ev.Frontend)
-	}
 }
 
 // produce runs the engine and coalesces its tokens into deltas: a delta is

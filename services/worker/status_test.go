@@ -16,7 +16,6 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/worker"
-	"github.com/baton-dev/baton/streams"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -221,9 +220,6 @@ func TestStalledRequestMakesWorkerNotReady(t *testing.T) {
 		t.Errorf("/health = %d %+v, want 503 stalled with 1 in flight", code, s)
 	}
 	// The frontend gives up on it (here: a kill); the canary then passes.
-	cancel := events.RequestCancelled{RequestID: "r-stl", Mode: events.CancelKill, Reason: "test"}
-	if _, err := e.log.Append(context.Background(), streams.RequestEvents("r-stl"), e.log.Envelope("r-stl.cancel", "r-stl", cancel), -1); err != nil {
-		t.Fatal(err)
-	}
+	e.cancel("w-stl", "r-stl", events.CancelKill)
 	e.waitFor("ready lease again", func() bool { l, ok := e.lease("w-stl"); return ok && !l.NotReady })
 }

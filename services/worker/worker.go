@@ -36,9 +36,6 @@ type Worker struct {
 	events  *streams.Log
 	leases  jetstream.KeyValue
 	loadKV  jetstream.KeyValue
-	// requests is BATON_REQUESTS, bound once: its direct gets reuse the
-	// connection's reply inbox.
-	requests jetstream.Stream
 
 	loadCh chan struct{} // capacity 1: load changed, coalesced
 
@@ -140,20 +137,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	// Listen before the lease exists, so nobody can dispatch to a worker that
 	// is not yet listening.
-	sub, err := w.nc.Subscribe(streams.DispatchSubject(w.cfg.ID), w.onDispatch)
+	subs, err := w.listen(ctx)
 	if err != nil {
-		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
-	}
-	fctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
-	if err := w.nc.FlushWithContext(fctx); err != nil {
-		_ = sub.Unsubscribe()
-		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
+		return err
 	}
 	w.probeUpstream(ctx)
 	l, err := w.registerFirst(ctx)
 	if err != nil {
-		_ = sub.Unsubscribe()
+		unsubscribe(subs)
 		return err
 	}
 
@@ -163,7 +154,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.reportLoad(bg) })
 	background.Go(func() { w.health.Run(bg) })
 	background.Go(func() { w.watchFrontends(bg) })
-	background.Go(func() { w.readCommandsOnReconnect(bg) })
+	background.Go(func() { w.checkOnReconnect(bg) })
 	background.Go(func() { w.reprobeUpstream(bg) })
 	w.notifyLoad()
 
@@ -173,7 +164,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-w.fatalCh:
 		reason = "engine_error"
 	}
-	w.shutdown(ctx, reason, sub, stopBackground, &background)
+	w.shutdown(ctx, reason, subs, stopBackground, &background)
 	select {
 	case <-w.fatalCh:
 		return fmt.Errorf("worker %s: %w", w.cfg.ID, w.fatalErr)
@@ -198,9 +189,6 @@ func (w *Worker) open(ctx context.Context) error {
 		if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
 			return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
 		}
-		if w.requests, err = w.js.Stream(ctx, streams.RequestsStream); err != nil {
-			return fmt.Errorf("worker: bind %s: %w", streams.RequestsStream, err)
-		}
 		return nil
 	})
 }
@@ -214,13 +202,13 @@ func (w *Worker) open(ctx context.Context) error {
 //     "shutdown", so the owning frontend migrates it;
 //  4. stop renewing, delete the lease key, stop load reports and delete the
 //     load key, append worker_deregistered;
-//  5. unsubscribe from dispatches (until then late dispatches are refused
-//     rather than timing out);
+//  5. unsubscribe from dispatches and commands (until then late dispatches
+//     are refused rather than timing out);
 //  6. (in Run, after this returns) stop the status server.
 //
 // Canaries and the progress check stop with the background work in step 1.
 // Every step runs on context.WithTimeout(context.WithoutCancel(ctx), budget).
-func (w *Worker) shutdown(ctx context.Context, reason string, sub *nats.Subscription, stopBackground context.CancelFunc, background *sync.WaitGroup) {
+func (w *Worker) shutdown(ctx context.Context, reason string, subs []*nats.Subscription, stopBackground context.CancelFunc, background *sync.WaitGroup) {
 	budget := w.cfg.ShutdownTimeout
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer cancel()
@@ -274,9 +262,7 @@ func (w *Worker) shutdown(ctx context.Context, reason string, sub *nats.Subscrip
 	w.appendWorker(sctx, "deregistered", events.WorkerDeregistered{WorkerID: w.cfg.ID, LeaseID: leaseID})
 
 	// 5. Stop listening.
-	if err := sub.Unsubscribe(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
-		w.log.Warn("unsubscribe from dispatches", "err", err)
-	}
+	unsubscribe(subs)
 	w.log.Info("stopped", "lease_id", leaseID)
 }
 
@@ -604,5 +590,35 @@ func waitGroup(ctx context.Context, wg *sync.WaitGroup) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// listen subscribes to the worker's dispatches and commands, and waits
+// until the server has both subscriptions.
+func (w *Worker) listen(ctx context.Context) ([]*nats.Subscription, error) {
+	cmds, err := w.subscribeCommands()
+	if err != nil {
+		return nil, err
+	}
+	subs := []*nats.Subscription{cmds}
+	sub, err := w.nc.Subscribe(streams.DispatchSubject(w.cfg.ID), w.onDispatch)
+	if err != nil {
+		unsubscribe(subs)
+		return nil, fmt.Errorf("worker: subscribe to dispatches: %w", err)
+	}
+	subs = append(subs, sub)
+	fctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	if err := w.nc.FlushWithContext(fctx); err != nil {
+		unsubscribe(subs)
+		return nil, fmt.Errorf("worker: subscribe to dispatches: %w", err)
+	}
+	return subs, nil
+}
+
+// unsubscribe ends subs; a closed connection ended them already.
+func unsubscribe(subs []*nats.Subscription) {
+	for _, s := range subs {
+		_ = s.Unsubscribe()
 	}
 }

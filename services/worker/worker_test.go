@@ -498,10 +498,7 @@ func TestCancelStop(t *testing.T) {
 	e.accept("r-c", "p", 1000, "w-can")
 	e.dispatch("w-can", newDispatch("r-c", "p", 1000))
 	e.waitFor("first delta", func() bool { return len(e.request("r-c")) > 2 })
-	cancel := events.RequestCancelled{RequestID: "r-c", Mode: events.CancelStop, Reason: "user"}
-	if _, err := e.log.Append(context.Background(), streams.RequestEvents("r-c"), e.log.Envelope("r-c.cancel", "r-c", cancel), -1); err != nil {
-		t.Fatal(err)
-	}
+	e.cancel("w-can", "r-c", events.CancelStop)
 	e.waitFor("completion", func() bool { _, ok := ended(e.request("r-c")); return ok })
 	last, _ := ended(e.request("r-c"))
 	if c, ok := last.Event.(events.RequestCompleted); !ok || c.FinishReason != worker.FinishCancelled {

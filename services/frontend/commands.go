@@ -1,0 +1,168 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
+)
+
+// A worker never reads a request's log: the decisions it must obey (a
+// cancel, a migration away from its attempt, the request's failure) reach it
+// as commands on streams.CommandSubject(worker), published by the frontends
+// for the attempts routed to that worker:
+//   - the frontend that appends a cancel sends it to the worker of the
+//     request's current attempt, as its log read shows it;
+//   - the owner's runner relays the command the current attempt must obey
+//     whenever its fold changes (relayCommand), which closes the race of a
+//     cancel stored while a dispatch was in flight: the runner relays only
+//     once the worker accepted the dispatch, and folds every cancel;
+//   - a worker asks (streams.Check) about its jobs after a reconnect, and
+//     about a request whose owner vanished (detach): any live frontend
+//     answers from the log.
+
+// attemptCommand is the command attempt k of p must obey now, nil for none:
+// a cancel for the current attempt of a cancelled request, a fence for an
+// attempt the request moved past or that was closed, or whose request ended
+// otherwise than by its own completion.
+func attemptCommand(p *projections.Request, k int) *streams.Command {
+	if k < 0 || k >= len(p.Attempts) {
+		return nil // not (yet) in this fold
+	}
+	c := &streams.Command{RequestID: p.Accepted.RequestID, Attempt: k}
+	last := k == len(p.Attempts)-1
+	switch {
+	case last && p.Status == projections.StatusCompleted:
+		return nil // it completed: the worker ends it
+	case last && p.Status == projections.StatusCancelled:
+		c.Kind, c.Mode, c.Reason = streams.CommandCancel, events.CancelKill, p.Cancel.Reason
+	case last && p.Status == projections.StatusRunning && !p.Attempts[k].Closed && p.Cancel != nil:
+		c.Kind, c.Mode, c.Reason = streams.CommandCancel, p.Cancel.Mode, p.Cancel.Reason
+	case p.Status.Terminal() || !last || p.Attempts[k].Closed:
+		c.Kind, c.Reason = streams.CommandFence, "the request moved on"
+	default:
+		return nil
+	}
+	return c
+}
+
+// command publishes c to worker. Core NATS: a command lost on the way is
+// asked for again by the worker after its reconnect.
+func (fe *Frontend) command(worker string, c streams.Command) {
+	data, err := json.Marshal(c)
+	if err == nil {
+		err = fe.nc.Publish(streams.CommandSubject(worker), data)
+	}
+	if err != nil {
+		fe.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
+	}
+}
+
+// commandCurrent sends the command the current attempt of p must obey, if
+// any, to its worker.
+func (fe *Frontend) commandCurrent(p *projections.Request) {
+	if cur, ok := p.Current(); ok {
+		if c := attemptCommand(p, cur.Attempt); c != nil {
+			fe.command(cur.WorkerID, *c)
+		}
+	}
+}
+
+// relay is what a runner last relayed: the command of the current attempt
+// is sent once per change of it.
+type relay struct{ last string }
+
+// relayCommand sends the command the current attempt of p must obey, unless
+// it was relayed already. Call it with the projection's lock held (it only
+// publishes).
+func (fe *Frontend) relayCommand(r *relay, p *projections.Request) {
+	cur, ok := p.Current()
+	if !ok {
+		return
+	}
+	c := attemptCommand(p, cur.Attempt)
+	if c == nil {
+		return
+	}
+	key := fmt.Sprint(c.Attempt, c.Kind, c.Mode)
+	if key != r.last {
+		r.last = key
+		fe.command(cur.WorkerID, *c)
+	}
+}
+
+// checkers is how many checks a frontend answers at once.
+const checkers = 4
+
+// answerChecks answers the workers' checks (one frontend of the queue group
+// answers each) on g until ctx is done.
+func (fe *Frontend) answerChecks(ctx context.Context, g *errgroup.Group) error {
+	ch := make(chan *nats.Msg, 256)
+	sub, err := fe.nc.ChanQueueSubscribe(streams.CheckSubjects, streams.CheckQueue, ch)
+	if err != nil {
+		return fmt.Errorf("subscribe to checks: %w", err)
+	}
+	g.Go(func() error {
+		<-ctx.Done()
+		_ = sub.Unsubscribe()
+		return nil
+	})
+	for range checkers {
+		g.Go(func() error {
+			for {
+				select {
+				case <-ctx.Done():
+					return nil
+				case m := <-ch:
+					cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+					data, _ := json.Marshal(fe.check(cctx, m.Subject, m.Data))
+					cancel()
+					_ = m.Respond(data)
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// check answers a worker's check. The worker is the one its subject names
+// (NATS permissions let a worker publish only its own): it learns nothing
+// of an attempt not routed to it, and a detach cancels only a request whose
+// current attempt it runs and whose owner is gone.
+func (fe *Frontend) check(ctx context.Context, subject string, data []byte) streams.CheckReply {
+	worker, err := streams.CheckWorker(subject)
+	var c streams.Check
+	if err == nil {
+		err = json.Unmarshal(data, &c)
+	}
+	if err != nil || !streams.ValidRequestID(c.RequestID) {
+		return streams.CheckReply{Error: "malformed check"}
+	}
+	p, err := fe.load(ctx, c.RequestID)
+	if errors.Is(err, streams.ErrNotFound) {
+		return streams.CheckReply{}
+	}
+	if err != nil {
+		return streams.CheckReply{Error: "read the request: " + err.Error()}
+	}
+	if c.Attempt < 0 || c.Attempt >= len(p.Attempts) || p.Attempts[c.Attempt].WorkerID != worker {
+		return streams.CheckReply{}
+	}
+	cmd := attemptCommand(p, c.Attempt)
+	if cmd != nil || !c.Detach || p.Owner == "" || fe.presence.isAlive(p.Owner) {
+		return streams.CheckReply{Command: cmd, Owner: p.Owner}
+	}
+	reason := "detached: frontend " + p.Owner + " is gone and no client re-attached"
+	if err := fe.cancelTree(ctx, c.RequestID, events.CancelKill, reason); err != nil {
+		return streams.CheckReply{Error: "cancel the detached request: " + err.Error()}
+	}
+	fe.log.Info("cancelled detached request", "request_id", c.RequestID, "owner", p.Owner, "worker_id", worker)
+	return streams.CheckReply{Owner: p.Owner, Command: &streams.Command{RequestID: c.RequestID, Attempt: c.Attempt,
+		Kind: streams.CommandCancel, Mode: events.CancelKill, Reason: reason}}
+}

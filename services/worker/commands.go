@@ -1,0 +1,119 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+)
+
+// A worker never reads a request's log (its NATS user may not: it would
+// see every prompt). What it must obey reaches it on its own subject,
+// streams.CommandSubject(id): the frontends publish there each cancel, and
+// each fence of an attempt the request moved away from, for the attempts
+// routed to this worker. What it may have missed (a command published while
+// its connection was down) it asks a live frontend about on
+// streams.CheckSubject(id), which answers from the log.
+
+// onCommand obeys a command for one of the worker's jobs; commands for
+// attempts it does not run are ignored.
+func (w *Worker) onCommand(m *nats.Msg) {
+	var c streams.Command
+	if err := json.Unmarshal(m.Data, &c); err != nil {
+		w.log.Warn("malformed command", "err", err)
+		return
+	}
+	w.mu.Lock()
+	j := w.jobs[jobKey{c.RequestID, c.Attempt}]
+	w.mu.Unlock()
+	if j != nil {
+		obey(j, c)
+	}
+}
+
+// obey applies command c to job j. The first cause of a job's cancellation
+// wins, so a command seen twice is obeyed once.
+func obey(j *job, c streams.Command) {
+	switch {
+	case c.Kind == streams.CommandCancel && c.Mode == events.CancelKill:
+		j.cancel(errCancelKill)
+	case c.Kind == streams.CommandCancel:
+		j.cancel(errCancelStop)
+	case c.Kind == streams.CommandFence:
+		j.cancel(errFenced)
+	}
+}
+
+// check asks a live frontend about job j (see streams.Check).
+func (w *Worker) check(ctx context.Context, j *job, detach bool) (streams.CheckReply, error) {
+	owner, _ := j.owner()
+	data, err := json.Marshal(streams.Check{RequestID: j.d.RequestID, Attempt: j.d.Attempt, Owner: owner, Detach: detach})
+	if err != nil {
+		return streams.CheckReply{}, err
+	}
+	m, err := w.nc.RequestWithContext(ctx, streams.CheckSubject(w.cfg.ID), data)
+	if err != nil {
+		return streams.CheckReply{}, fmt.Errorf("check %s: %w", j.d.RequestID, err)
+	}
+	var r streams.CheckReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return streams.CheckReply{}, fmt.Errorf("check %s: bad reply: %w", j.d.RequestID, err)
+	}
+	if r.Error != "" {
+		return r, fmt.Errorf("check %s: %s", j.d.RequestID, r.Error)
+	}
+	if r.Command != nil {
+		obey(j, *r.Command)
+	}
+	if r.Owner != "" {
+		j.setOwner(r.Owner)
+	}
+	return r, nil
+}
+
+// checkOnReconnect asks about every running job each time the NATS
+// connection comes back, until ctx is done: commands published while it
+// was down never reached it.
+func (w *Worker) checkOnReconnect(ctx context.Context) {
+	ch := w.nc.StatusChanged(nats.CONNECTED)
+	defer w.nc.RemoveStatusListener(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		}
+		w.mu.Lock()
+		jobs := make([]*job, 0, len(w.jobs))
+		for _, j := range w.jobs {
+			jobs = append(jobs, j)
+		}
+		w.mu.Unlock()
+		for _, j := range jobs {
+			cctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
+			if _, err := w.check(cctx, j, false); err != nil && j.ctx.Err() == nil {
+				w.log.Warn("check a job after reconnecting", "request_id", j.d.RequestID, "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// subscribeCommands listens on the worker's command subject.
+func (w *Worker) subscribeCommands() (*nats.Subscription, error) {
+	sub, err := w.nc.Subscribe(streams.CommandSubject(w.cfg.ID), w.onCommand)
+	if err != nil {
+		return nil, fmt.Errorf("worker: subscribe to commands: %w", err)
+	}
+	return sub, nil
+}
+
+// errNoFrontend means no frontend answered a detach check.
+var errNoFrontend = errors.New("worker: no frontend answered")
