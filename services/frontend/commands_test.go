@@ -22,7 +22,9 @@ func fold(evs ...events.Event) *projections.Request {
 }
 
 func TestAttemptCommand(t *testing.T) {
-	routed := func(k int, w string) events.Event { return events.RequestRouted{RequestID: "r", Attempt: k, WorkerID: w} }
+	routed := func(k int, w string) events.Event {
+		return events.RequestRouted{RequestID: "r", Attempt: k, WorkerID: w}
+	}
 	kill := events.RequestCancelled{RequestID: "r", Mode: events.CancelKill, Reason: "k"}
 	stop := events.RequestCancelled{RequestID: "r", Mode: events.CancelStop, Reason: "s"}
 	migrated := events.RequestMigrated{RequestID: "r", FromAttempt: 0, FromWorker: "w1"}
