@@ -87,12 +87,14 @@ func TestWorkerUsers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"baton.workers.w7.events"`, `"$KV.baton_leases.w7", "$KV.baton_load.w7"`, `"baton.dispatch.w7"`} {
+	for _, want := range []string{`"baton.workers.w7.events"`, `"$KV.baton_leases.w7", "$KV.baton_load.w7"`, `"baton.dispatch.w7"`,
+		`"baton.requests.*.*.tokens.*.w7"`, `"baton.checks.w7"`, `"baton.commands.w7"`, `"_INBOX_worker.w7.>"`} {
 		if !strings.Contains(perms, want) {
 			t.Errorf("pinned permissions lack %s:\n%s", want, perms)
 		}
 	}
-	for _, gone := range []string{`"baton.dispatch.*"`, `"$KV.baton_leases.>"`, `"baton.workers.*.events"`} {
+	for _, gone := range []string{`"baton.dispatch.*"`, `"$KV.baton_leases.>"`, `"baton.workers.*.events"`,
+		`tokens.*.*"`, `"baton.checks.*"`, `"baton.commands.*"`, `"_INBOX_worker.*.>"`, "BATON_REQUESTS.", "_INBOX.>", "baton.live"} {
 		if strings.Contains(perms, gone) {
 			t.Errorf("pinned permissions still grant %s", gone)
 		}

@@ -13,31 +13,39 @@ import (
 // docs/deployment.md documents it (a test checks that they are the same):
 // any worker id. PinWorker narrows it to one worker.
 const WorkerPermissions = `publish: [
-  "baton.requests.*.tokens.*",             # token deltas, completed, attempt_failed of its attempts
-  "baton.requests.*.events",               # detach handling (cancel of an abandoned request)
+  "baton.requests.*.*.tokens.*.*",         # its attempts' token deltas, completed, attempt_failed (pinned: .<worker>)
   "baton.workers.*.events",                # registered, draining, deregistered
+  "baton.checks.*",                        # asks a frontend about its attempts (reconnect, detach)
   "$KV.baton_leases.>", "$KV.baton_load.>",
-  "$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.CREATE.>",   # narrow as for the frontend
-  "$JS.API.DIRECT.GET.BATON_REQUESTS", "$JS.API.DIRECT.GET.BATON_REQUESTS.>",
-  "$JS.API.STREAM.MSG.GET.BATON_REQUESTS",
+  "$JS.API.INFO", "$JS.API.STREAM.INFO.>",
+  "$JS.API.STREAM.CREATE.BATON_REQUESTS", "$JS.API.STREAM.CREATE.BATON_WORKERS",        # provisioning, as for
+  "$JS.API.STREAM.CREATE.KV_baton_leases", "$JS.API.STREAM.CREATE.KV_baton_load",       # the frontend
+  "$JS.API.STREAM.CREATE.KV_baton_frontends",
   "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
   "$JS.API.CONSUMER.DELETE.>", "$JS.FC.>", "$JS.ACK.>"
 ]
-subscribe: [ "baton.dispatch.*", "baton.live.requests.*.events", "_INBOX.>" ]   # pin baton.dispatch.<worker id> per user
+subscribe: [ "baton.dispatch.*", "baton.commands.*", "_INBOX_worker.*.>" ]   # pinned per user: .<worker id>
 `
 
 // pins are the grants of WorkerPermissions that name one worker's own
-// subjects: its lifecycle events, lease and load keys, dispatch subject.
+// subjects: its attempts' output, lifecycle events, checks, lease and load
+// keys, dispatches, commands and inboxes.
 var pins = []struct{ any, own string }{
+	{`"baton.requests.*.*.tokens.*.*"`, `"baton.requests.*.*.tokens.*.%s"`},
 	{`"baton.workers.*.events"`, `"baton.workers.%s.events"`},
+	{`"baton.checks.*"`, `"baton.checks.%s"`},
 	{`"$KV.baton_leases.>", "$KV.baton_load.>"`, `"$KV.baton_leases.%s", "$KV.baton_load.%s"`},
 	{`"baton.dispatch.*"`, `"baton.dispatch.%s"`},
+	{`"baton.commands.*"`, `"baton.commands.%s"`},
+	{`"_INBOX_worker.*.>"`, `"_INBOX_worker.%s.>"`},
 }
 
 // PinWorker narrows a worker permission set to worker id: it may write only
-// its own lifecycle events, lease and load keys, and receive only its own
-// dispatches. It fails if perms lacks one of the grants it narrows.
+// its own attempts' output (the tokens subjects that name it), lifecycle
+// events, checks, lease and load keys, and receive only its own dispatches,
+// commands and inbox replies. It reads no request's log. It fails if perms
+// lacks one of the grants it narrows.
 func PinWorker(perms, id string) (string, error) {
 	for _, p := range pins {
 		if !strings.Contains(perms, p.any) {
