@@ -42,9 +42,11 @@ func NewMsg(subject string, e events.Envelope) (*nats.Msg, error) {
 }
 
 // Decode reads an event from a stored message, a direct-get reply or a
-// republished copy, filling in Seq and LastSeq from JetStream headers when present.
+// republished copy, filling in Seq and LastSeq from JetStream headers when
+// present, and Topic.
 func Decode(m *nats.Msg) (events.Envelope, error) {
 	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
+	e.Topic = m.Subject
 	if h := m.Header; h != nil {
 		if v := h.Get(jetstream.SequenceHeader); v != "" {
 			e.Seq, _ = strconv.ParseUint(v, 10, 64)
@@ -59,7 +61,7 @@ func Decode(m *nats.Msg) (events.Envelope, error) {
 // DecodeRaw reads an event from a message fetched with (batch) direct get.
 func DecodeRaw(m *jetstream.RawStreamMsg) (events.Envelope, error) {
 	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
-	e.Seq = m.Sequence
+	e.Seq, e.Topic = m.Sequence, m.Subject
 	return e, err
 }
 
