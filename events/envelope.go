@@ -52,11 +52,7 @@ type Envelope struct {
 	// Stream position, set by the reader; zero for an envelope not yet stored.
 	Seq     uint64 // stream sequence
 	LastSeq uint64 // previous sequence of the same NATS subject (RePublish), if known
-	// Topic is the NATS subject the event was read from (stored or
-	// republished), set by the reader; empty for an envelope built in this
-	// process. Who may write a subject is enforced by NATS permissions, so a
-	// reader trusts an event only as far as its Topic allows.
-	Topic string
+	Stored  string // the NATS subject it is stored on (not the republished one), if known
 }
 
 // Type returns the CloudEvents type of the carried event.

@@ -42,11 +42,10 @@ func NewMsg(subject string, e events.Envelope) (*nats.Msg, error) {
 }
 
 // Decode reads an event from a stored message, a direct-get reply or a
-// republished copy, filling in Seq and LastSeq from JetStream headers when
-// present, and Topic.
+// republished copy, filling in Seq and LastSeq from JetStream headers when present.
 func Decode(m *nats.Msg) (events.Envelope, error) {
 	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
-	e.Topic = m.Subject
+	e.Stored = StoredSubject(m.Subject)
 	if h := m.Header; h != nil {
 		if v := h.Get(jetstream.SequenceHeader); v != "" {
 			e.Seq, _ = strconv.ParseUint(v, 10, 64)
@@ -61,7 +60,8 @@ func Decode(m *nats.Msg) (events.Envelope, error) {
 // DecodeRaw reads an event from a message fetched with (batch) direct get.
 func DecodeRaw(m *jetstream.RawStreamMsg) (events.Envelope, error) {
 	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
-	e.Seq, e.Topic = m.Sequence, m.Subject
+	e.Seq = m.Sequence
+	e.Stored = m.Subject
 	return e, err
 }
 
