@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
 )
 
 // Status of a request.
@@ -167,6 +168,15 @@ const (
 	IgnoredBadAttempt  = "ignored (no such attempt)"
 	IgnoredOutOfOrder  = "ignored (not the next attempt)"
 	IgnoredUnknownType = "no effect (not a request event)"
+	// IgnoredNotRouted: an attempt's output (tokens, completed,
+	// attempt_failed) on the subject of a worker that the attempt's routed
+	// event does not name. NATS permissions let a worker write only the
+	// subjects that name it, so this is another worker's write.
+	IgnoredNotRouted = "ignored (not the routed worker)"
+	// IgnoredWrongSubject: an event on a subject where its type does not
+	// belong (a decision on a tokens subject, an attempt's output on the
+	// events subject or another attempt's subject, another request's).
+	IgnoredWrongSubject = "ignored (wrong subject for its type)"
 )
 
 // Apply folds e into the state and reports whether anything changed. Events
@@ -186,6 +196,9 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 			return false, IgnoredReplayed
 		}
 		r.lastSeq = e.Seq
+	}
+	if why := r.misplaced(e); why != "" {
+		return false, why
 	}
 	switch ev := e.Event.(type) {
 	case events.RequestAccepted:
@@ -262,6 +275,45 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		return false, IgnoredUnknownType
 	}
 	return true, ""
+}
+
+// misplaced says why e may not be applied from the subject it is stored on,
+// or "" if it may: an attempt's output only from the tokens subject of that
+// attempt and of the worker its routed event names, everything else only
+// from the events subject. Who may write a subject is what NATS permissions
+// enforce (a worker writes only the tokens subjects that name it), so this
+// is the rule that confines a worker to its own attempts: every reader,
+// live or replaying, ignores the rest alike. An envelope with no stored
+// subject was built in this process and is trusted.
+func (r *Request) misplaced(e events.Envelope) string {
+	if e.Stored == "" {
+		return ""
+	}
+	s, err := streams.ParseRequestSubject(e.Stored)
+	if err != nil || r.Known() && s.ID != r.Accepted.RequestID {
+		return IgnoredWrongSubject
+	}
+	k, output := attemptOutput(e.Event)
+	switch {
+	case output != (s.Kind == "tokens"), output && s.Attempt != k:
+		return IgnoredWrongSubject
+	case output && k >= 0 && k < len(r.Attempts) && s.Worker != r.Attempts[k].WorkerID:
+		return IgnoredNotRouted
+	}
+	return ""
+}
+
+// attemptOutput reports whether ev is what an attempt produces, and which.
+func attemptOutput(ev events.Event) (attempt int, ok bool) {
+	switch ev := ev.(type) {
+	case events.TokensGenerated:
+		return ev.Attempt, true
+	case events.RequestCompleted:
+		return ev.Attempt, true
+	case events.AttemptFailed:
+		return ev.Attempt, true
+	}
+	return 0, false
 }
 
 func (r *Request) applyMigrated(ev events.RequestMigrated) {

@@ -201,7 +201,7 @@ func TestReadRequestAcrossBatches(t *testing.T) {
 	}
 	r := projections.NewRequest()
 	r.Apply(events.Envelope{Seq: 0, Event: events.RequestAccepted{RequestID: "big", Model: "m"}})
-	r.Apply(events.Envelope{Seq: 0, Event: events.RequestRouted{RequestID: "big", WorkerID: "w"}})
+	r.Apply(events.Envelope{Seq: 0, Event: events.RequestRouted{RequestID: "big", WorkerID: "w1"}})
 	for _, e := range got {
 		r.Apply(e)
 	}

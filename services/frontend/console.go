@@ -187,7 +187,7 @@ func (c *consoleView) follow() (err error) {
 				return
 			}
 			if e, err := events.Unmarshal(events.Header(m.Headers()), m.Data()); err == nil {
-				e.Seq, e.Topic = md.Sequence.Stream, m.Subject()
+				e.Seq, e.Stored = md.Sequence.Stream, m.Subject()
 				c.apply(name, e)
 			}
 			if md.NumPending == 0 || md.Sequence.Stream >= last {

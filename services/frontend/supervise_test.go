@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -116,9 +117,9 @@ func (x *runnerFixture) obey(m *nats.Msg) {
 	if c.Kind == streams.CommandCancel && c.Mode == events.CancelStop {
 		x.wg.Add(1) // the runner may see the completion before its append returns
 		defer x.wg.Done()
-		id := c.RequestID
+		id, worker := c.RequestID, strings.TrimPrefix(m.Subject, strings.TrimSuffix(streams.CommandSubject("_"), "_"))
 		done := events.RequestCompleted{RequestID: id, Attempt: c.Attempt, FinishReason: "cancelled"}
-		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, done), x.log.Envelope(events.ID(id, c.Attempt, "done"), id, done), -1); err != nil {
+		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, worker, done), x.log.Envelope(events.ID(id, c.Attempt, "done"), id, done), -1); err != nil {
 			x.t.Error(err)
 		}
 	}

@@ -1,0 +1,275 @@
+package integration
+
+import (
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// confined is a stack on a `baton nats` that enforces per-worker users
+// (--worker-users): the frontends log in as "frontend", each worker as its
+// own user, pinned to its own subjects.
+type confined struct {
+	*stack
+	ns   *proc
+	auth []string // the frontend's (and tools') credentials flags
+}
+
+func confinedStack(t *testing.T, workers ...string) *confined {
+	t.Helper()
+	dir := t.TempDir()
+	users := filepath.Join(dir, "workers")
+	var lines strings.Builder
+	for _, id := range workers {
+		lines.WriteString(id + " " + id + "-password-0123456789\n")
+	}
+	if err := os.WriteFile(users, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	url := "nats://127.0.0.1:" + strconv.Itoa(port)
+	ns := start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(dir, "nats"),
+		"--user", "frontend", "--password", "frontend-password-0123", "--worker-users", users)
+	waitFor(t, 20*time.Second, "nats to serve", func() bool {
+		nc, err := nats.Connect(url, nats.UserInfo("frontend", "frontend-password-0123"))
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	})
+	return &confined{stack: &stack{t: t, dir: dir, natsURL: url, workers: map[string]*proc{}}, ns: ns,
+		auth: []string{"--nats-user", "frontend", "--nats-password", "frontend-password-0123"}}
+}
+
+// worker starts worker id as its own user.
+func (c *confined) worker(id string, args ...string) {
+	c.t.Helper()
+	all := append([]string{"worker", "--nats", c.natsURL, "--worker-id", id}, args...)
+	c.workers[id] = start(c.t, "worker-"+id, []string{"NATS_USER=" + id, "NATS_PASSWORD=" + id + "-password-0123456789"}, all...)
+}
+
+// connectAs connects with worker id's credential, the way its worker does
+// (its own inbox prefix), and collects the server's asynchronous errors.
+func (c *confined) connectAs(id string) (*nats.Conn, *asyncErrors) {
+	c.t.Helper()
+	errs := &asyncErrors{}
+	nc, err := nats.Connect(c.natsURL, nats.UserInfo(id, id+"-password-0123456789"),
+		nats.CustomInboxPrefix(streams.WorkerInboxPrefix(id)),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs.add(err) }))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(nc.Close)
+	return nc, errs
+}
+
+// violated reports whether the server logged a permissions violation of
+// user on subject.
+func (c *confined) violated(user, subject string) bool {
+	for _, line := range strings.Split(c.ns.output(), "\n") {
+		if strings.Contains(line, "Violation") && strings.Contains(line, "user:"+user) && strings.Contains(line, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+// expectViolation waits for the server's log of user's violation on subject.
+func (c *confined) expectViolation(user, subject string) {
+	c.t.Helper()
+	waitFor(c.t, 10*time.Second, "a permissions violation of "+user+" on "+subject, func() bool { return c.violated(user, subject) })
+}
+
+type asyncErrors struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (a *asyncErrors) add(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.errs = append(a.errs, err.Error())
+}
+
+// TestWorkerConfinedToItsRequests: a worker credential (w1's) against a
+// request routed to another worker (w2), on a server that enforces
+// per-worker users. Formerly every attack below worked with zero
+// violations; now each is a permissions violation, or lands on a subject
+// of w1's own that the frontends read for no attempt of the victim (so the
+// fold ignores it), and the victim's answer is the fault-free text.
+func TestWorkerConfinedToItsRequests(t *testing.T) {
+	c := confinedStack(t, "w1", "w2")
+	f := c.frontend(nil, c.auth...)
+	c.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
+	c.worker("w2", "--mock-tokens-per-sec", "25", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1", "w2")
+
+	const id, prompt, maxTokens = "victim-1", "the victim's secret prompt", 100
+	started := make(chan struct{})
+	var once sync.Once
+	result := make(chan sseResult, 1)
+	go func() {
+		result <- postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": maxTokens},
+			map[string]string{"X-Worker-Id": "w2", "X-Request-Id": id}, func(sseEvent) { once.Do(func() { close(started) }) })
+	}()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the victim's stream did not start")
+	}
+
+	nc, asyncErrs := c.connectAs("w1")
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	readAttacks(t, c, nc, id)
+	writeAttacks(ctx, t, c, nc, js, id)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAPTURE", Subjects: []string{"baton.live.requests.>"},
+		RePublish: &jetstream.RePublish{Source: ">", Destination: streams.WorkerInboxPrefix("w1") + ".stolen.>"}}); err == nil {
+		t.Error("w1 created a stream capturing every request's live subjects")
+	}
+	c.expectViolation("w1", "$JS.API.STREAM.CREATE.CAPTURE")
+
+	res := <-result
+	checkComplete(t, res, prompt, maxTokens)
+	if st := f.state(t, id); st.Status != "completed" || st.Worker != "w2" {
+		t.Errorf("the victim's state %+v, want completed on w2", st)
+	}
+	out, errOut, code := runTool(t, batonBin, append([]string{"replay", id, "--nats", c.natsURL}, c.auth...)...)
+	if code != 0 || !strings.Contains(out, projectionsNotRouted) {
+		t.Errorf("baton replay (exit %d) does not show w1's writes ignored as %q:\n%s\n%s", code, projectionsNotRouted, out, errOut)
+	}
+	asyncErrs.mu.Lock()
+	t.Logf("w1's asynchronous errors: %q", asyncErrs.errs)
+	asyncErrs.mu.Unlock()
+}
+
+// projectionsNotRouted is what baton replay says of an attempt's output on
+// a worker's subject that routed did not name.
+const projectionsNotRouted = "not the routed worker"
+
+// readAttacks: w1 tries to read the victim's prompt and answer, every
+// other worker's dispatches and commands, and a frontend's inbox.
+func readAttacks(t *testing.T, c *confined, nc *nats.Conn, id string) {
+	t.Helper()
+	for _, subj := range []string{"baton.live.requests.>", "baton.live." + strings.TrimPrefix(streams.RequestAll(id), "baton."),
+		"baton.dispatch.w2", "baton.commands.w2", "baton.dispatch.*", "_INBOX.>", streams.WorkerInboxPrefix("w2") + ".>"} {
+		if _, err := nc.Subscribe(subj, func(m *nats.Msg) { t.Errorf("w1 received %s", m.Subject) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	for _, api := range []struct{ subj, body string }{
+		{"$JS.API.DIRECT.GET.BATON_REQUESTS", `{"last_by_subj":"` + streams.RequestEvents(id) + `"}`},
+		{"$JS.API.DIRECT.GET.BATON_REQUESTS." + streams.RequestEvents(id), ``},
+		{"$JS.API.STREAM.MSG.GET.BATON_REQUESTS", `{"seq":1}`},
+		{"$JS.API.CONSUMER.CREATE.BATON_REQUESTS", `{"stream_name":"BATON_REQUESTS","config":{"deliver_policy":"all","ack_policy":"none"}}`},
+	} {
+		if m, err := nc.Request(api.subj, []byte(api.body), 2*time.Second); err == nil {
+			t.Errorf("w1's %s was answered: %s", api.subj, m.Data)
+		}
+	}
+	for _, subj := range []string{"baton.live.requests.>", "baton.dispatch.w2", "baton.commands.w2", "_INBOX.>",
+		"$JS.API.DIRECT.GET.BATON_REQUESTS", "$JS.API.STREAM.MSG.GET.BATON_REQUESTS", "$JS.API.CONSUMER.CREATE.BATON_REQUESTS"} {
+		c.expectViolation("w1", subj)
+	}
+}
+
+// writeAttacks: w1 tries to inject tokens into the victim's answer and to
+// forge its completion and its cancel: on w2's subject and on the events
+// subject (permissions violations), and on the subject of its own for the
+// victim's attempt (stored, and ignored by every reader).
+func writeAttacks(ctx context.Context, t *testing.T, c *confined, nc *nats.Conn, js jetstream.JetStream, id string) {
+	t.Helper()
+	log := streams.NewLog(js, "baton/worker/w1")
+	pwned := events.TokensGenerated{RequestID: id, Attempt: 0, Offset: 0, Tokens: []string{"PWNED ", "PWNED "}}
+	forged := events.RequestCompleted{RequestID: id, Attempt: 0, FinishReason: "stop", CompletionTokens: 2}
+	cancelled := events.RequestCancelled{RequestID: id, Mode: events.CancelKill, Reason: "forged"}
+	for i, w := range []struct {
+		subject string
+		ev      events.Event
+		stored  bool // NATS lets w1 write it: the readers must ignore it
+	}{
+		{streams.RequestTokens(id, 0, "w2"), pwned, false},
+		{streams.RequestTokens(id, 0, "w2"), forged, false},
+		{streams.RequestEvents(id), cancelled, false},
+		{streams.RequestEvents(id), forged, false},
+		{streams.RequestTokens(id, 0, "w1"), pwned, true},
+		{streams.RequestTokens(id, 0, "w1"), forged, true},
+		{streams.RequestTokens(id, 0, "w1"), cancelled, true},
+		{streams.RequestTokens(id, 1, "w1"), pwned, true},
+	} {
+		env := log.Envelope("attack-"+strconv.Itoa(i), id, w.ev)
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := log.Append(actx, w.subject, env, -1)
+		cancel()
+		switch {
+		case w.stored && err != nil:
+			t.Errorf("w1's write of %s to its own subject %s: %v", w.ev.EventType(), w.subject, err)
+		case !w.stored && err == nil:
+			t.Errorf("w1 stored %s on %s", w.ev.EventType(), w.subject)
+		case !w.stored:
+			c.expectViolation("w1", w.subject)
+		}
+	}
+}
+
+// TestDetachedRequestCancelledByAFrontend: the owning frontend of a
+// resumable request crashes and no client comes back. The worker, which may
+// no longer write the request's events subject, asks a live frontend, which
+// cancels the request once the detach timeout has passed; the worker stops
+// and the server logs no violation of the worker's.
+func TestDetachedRequestCancelledByAFrontend(t *testing.T) {
+	c := confinedStack(t, "w1")
+	detach := []string{"--detach-timeout", "1500ms"}
+	f1 := c.frontend(nil, append(detach, c.auth...)...)
+	f2 := c.frontend(nil, append(detach, c.auth...)...)
+	c.worker("w1", "--mock-tokens-per-sec", "50", "--mock-ttft", "5ms")
+	f1.waitRoutable(t, "w1")
+	f2.waitRoutable(t, "w1")
+	const id = "orphan-1"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f1.url+"/v1/completions",
+		jsonBody(map[string]any{"model": "mock", "prompt": "left behind", "max_tokens": 5000, "stream": true}))
+	req.Header.Set("X-Request-Id", id)
+	req.Header.Set("X-Resumable", "true")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	readStream(t, resp, func(e sseEvent) {
+		if n, _ := strconv.Atoi(e.id); n >= 10 {
+			f1.signal(syscall.SIGKILL) // the owner crashes; the client is gone with it
+		}
+	})
+	waitFor(t, 30*time.Second, "the orphaned request to be cancelled", func() bool {
+		return f2.state(t, id).Status == "cancelled"
+	})
+	waitFor(t, 10*time.Second, "w1 to go idle", func() bool {
+		ws, err := f2.workers()
+		return err == nil && len(ws) == 1 && ws[0].Load.ActiveRequests == 0
+	})
+	if !strings.Contains(f2.output(), "cancelled detached request") {
+		t.Errorf("frontend-2 did not log the detach cancel:\n%s", f2.output())
+	}
+	if strings.Contains(c.ns.output(), "Violation") {
+		t.Errorf("permissions violations:\n%s", c.ns.output())
+	}
+}

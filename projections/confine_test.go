@@ -1,0 +1,69 @@
+package projections_test
+
+import (
+	"testing"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+)
+
+// on stores evs on the subjects given, in order (the subject is what a
+// reader learns from NATS: who may write it is what permissions enforce).
+func on(pairs ...any) []events.Envelope {
+	var evs []events.Event
+	for i := 1; i < len(pairs); i += 2 {
+		evs = append(evs, pairs[i].(events.Event))
+	}
+	out := stored(evs...)
+	for i := range out {
+		out[i].Stored = pairs[2*i].(string)
+	}
+	return out
+}
+
+// TestFoldAcceptsOnlyTheRoutedWorker: an attempt's output counts only from
+// the tokens subject of that attempt and of the worker its routed event
+// names; a decision only from the events subject. Whatever another worker
+// writes on the subjects its permissions allow (its own) is ignored, with a
+// reason that baton replay shows.
+func TestFoldAcceptsOnlyTheRoutedWorker(t *testing.T) {
+	ev, tok := streams.RequestEvents("r1"), func(k int, w string) string { return streams.RequestTokens("r1", k, w) }
+	head := []any{ev, accepted(10), ev, routed(0, "w2", 0)}
+	kill := events.RequestCancelled{RequestID: "r1", Mode: events.CancelKill, Reason: "forged"}
+	for _, tc := range []struct {
+		name string
+		last []any // the event under test, after head and w2's first token
+		why  string
+	}{
+		{"the routed worker's tokens", []any{tok(0, "w2"), delta(0, 1, "b")}, ""},
+		{"the routed worker's completion", []any{tok(0, "w2"), completed(0)}, ""},
+		{"tokens on another worker's subject", []any{tok(0, "w1"), delta(0, 1, "X")}, projections.IgnoredNotRouted},
+		{"a completion on another worker's subject", []any{tok(0, "w1"), completed(0)}, projections.IgnoredNotRouted},
+		{"an attempt_failed on another worker's subject", []any{tok(0, "w1"), fenced(0, 1)}, projections.IgnoredNotRouted},
+		{"a cancel on a tokens subject", []any{tok(0, "w1"), kill}, projections.IgnoredWrongSubject},
+		{"a cancel on the routed worker's tokens subject", []any{tok(0, "w2"), kill}, projections.IgnoredWrongSubject},
+		{"a routed on a tokens subject", []any{tok(0, "w1"), routed(1, "w1", 1)}, projections.IgnoredWrongSubject},
+		{"tokens on the events subject", []any{ev, delta(0, 1, "X")}, projections.IgnoredWrongSubject},
+		{"tokens of attempt 0 on attempt 1's subject", []any{tok(1, "w2"), delta(0, 1, "X")}, projections.IgnoredWrongSubject},
+		{"another request's subject", []any{streams.RequestTokens("r2", 0, "w2"), delta(0, 1, "X")}, projections.IgnoredWrongSubject},
+		{"a cancel on the events subject", []any{ev, kill}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := on(append(append(head, tok(0, "w2"), delta(0, 0, "a")), tc.last...)...)
+			r := projections.NewRequest()
+			for _, e := range log[:len(log)-1] {
+				if changed, why := r.Fold(e); !changed {
+					t.Fatalf("setup event %s not applied: %s", e.Type(), why)
+				}
+			}
+			changed, why := r.Fold(log[len(log)-1])
+			if why != tc.why || changed != (tc.why == "") {
+				t.Errorf("Fold = %v %q, want %q", changed, why, tc.why)
+			}
+			if tc.why != "" && (r.Text() != "a" || r.Status != projections.StatusRunning) {
+				t.Errorf("after an ignored event: text %q status %s, want \"a\" running", r.Text(), r.Status)
+			}
+		})
+	}
+}
