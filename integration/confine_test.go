@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,10 +114,10 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	c := confinedStack(t, "w1", "w2")
 	f := c.frontend(nil, c.auth...)
 	c.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
-	c.worker("w2", "--mock-tokens-per-sec", "25", "--mock-ttft", "5ms")
+	c.worker("w2", "--mock-tokens-per-sec", "10", "--mock-ttft", "5ms") // the victim runs for 12 s
 	f.waitRoutable(t, "w1", "w2")
 
-	const id, prompt, maxTokens = "victim-1", "the victim's secret prompt", 100
+	const id, prompt, maxTokens = "victim-1", "the victim's secret prompt", 120
 	started := make(chan struct{})
 	var once sync.Once
 	result := make(chan sseResult, 1)
@@ -137,12 +138,18 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	writeAttacks(ctx, t, c, js, id)
+	if st := f.state(t, id); st.Status != "running" {
+		t.Fatalf("the victim is %s after %d tokens right after w1's writes, want running: a forged event was taken "+
+			"(or the machine is too slow for the writes to land while it runs)", st.Status, st.TokensGenerated)
+	}
 	readAttacks(t, c, nc, id)
-	writeAttacks(ctx, t, c, nc, js, id)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CAPTURE", Subjects: []string{"baton.live.requests.>"},
+	cctx, ccancel := context.WithTimeout(ctx, time.Second)
+	if _, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: "CAPTURE", Subjects: []string{"baton.live.requests.>"},
 		RePublish: &jetstream.RePublish{Source: ">", Destination: streams.WorkerInboxPrefix("w1") + ".stolen.>"}}); err == nil {
 		t.Error("w1 created a stream capturing every request's live subjects")
 	}
+	ccancel()
 	c.expectViolation("w1", "$JS.API.STREAM.CREATE.CAPTURE")
 
 	res := <-result
@@ -180,7 +187,7 @@ func readAttacks(t *testing.T, c *confined, nc *nats.Conn, id string) {
 		{"$JS.API.STREAM.MSG.GET.BATON_REQUESTS", `{"seq":1}`},
 		{"$JS.API.CONSUMER.CREATE.BATON_REQUESTS", `{"stream_name":"BATON_REQUESTS","config":{"deliver_policy":"all","ack_policy":"none"}}`},
 	} {
-		if m, err := nc.Request(api.subj, []byte(api.body), 2*time.Second); err == nil {
+		if m, err := nc.Request(api.subj, []byte(api.body), time.Second); err == nil {
 			t.Errorf("w1's %s was answered: %s", api.subj, m.Data)
 		}
 	}
@@ -194,10 +201,12 @@ func readAttacks(t *testing.T, c *confined, nc *nats.Conn, id string) {
 // forge its completion and its cancel: on w2's subject and on the events
 // subject (permissions violations), and on the subject of its own for the
 // victim's attempt (stored, and ignored by every reader).
-func writeAttacks(ctx context.Context, t *testing.T, c *confined, nc *nats.Conn, js jetstream.JetStream, id string) {
+func writeAttacks(ctx context.Context, t *testing.T, c *confined, js jetstream.JetStream, id string) {
 	t.Helper()
 	log := streams.NewLog(js, "baton/worker/w1")
-	pwned := events.TokensGenerated{RequestID: id, Attempt: 0, Offset: 0, Tokens: []string{"PWNED ", "PWNED "}}
+	// From offset 0 on, so that whatever the victim's offset, a reader that
+	// took it would take its tail: the rest of the answer.
+	pwned := events.TokensGenerated{RequestID: id, Attempt: 0, Offset: 0, Tokens: slices.Repeat([]string{"PWNED "}, 200)}
 	forged := events.RequestCompleted{RequestID: id, Attempt: 0, FinishReason: "stop", CompletionTokens: 2}
 	cancelled := events.RequestCancelled{RequestID: id, Mode: events.CancelKill, Reason: "forged"}
 	for i, w := range []struct {
@@ -215,7 +224,7 @@ func writeAttacks(ctx context.Context, t *testing.T, c *confined, nc *nats.Conn,
 		{streams.RequestTokens(id, 1, "w1"), pwned, true},
 	} {
 		env := log.Envelope("attack-"+strconv.Itoa(i), id, w.ev)
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		actx, cancel := context.WithTimeout(ctx, time.Second)
 		_, err := log.Append(actx, w.subject, env, -1)
 		cancel()
 		switch {

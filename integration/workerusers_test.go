@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/services/natsserver"
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -69,7 +70,7 @@ func TestWorkerUsersConfined(t *testing.T) {
 	// w1's credential, used against w2.
 	var mu sync.Mutex
 	var asyncErrs []string
-	w1, err := nats.Connect(url, nats.UserInfo("w1", "w1-password-0123456789"),
+	w1, err := nats.Connect(url, nats.UserInfo("w1", "w1-password-0123456789"), nats.CustomInboxPrefix(streams.WorkerInboxPrefix("w1")),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			mu.Lock()
 			asyncErrs = append(asyncErrs, err.Error())
