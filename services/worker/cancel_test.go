@@ -183,3 +183,63 @@ func TestCancelStoredWhileDisconnectedIsObeyed(t *testing.T) {
 		t.Errorf("check %+v, want r-dc attempt 0 without detach", c)
 	}
 }
+
+// A request whose owning frontend is gone for the detach timeout: the worker
+// asks a live frontend (here a stand-in that cancels it: kill), and with no
+// frontend to answer it stops the job itself and closes its attempt
+// ("detached"). It never writes the request's events subject.
+func TestDetachAsksAFrontend(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		frontend  bool
+		want      string // the attempt's close reason; "" for none (killed)
+		cancelled float64
+	}{
+		{name: "a frontend cancels it", frontend: true, cancelled: 1},
+		{name: "no frontend answers", want: "detached"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.frontend {
+				sub, err := e.nc.QueueSubscribe(streams.CheckSubjects, streams.CheckQueue, func(m *nats.Msg) {
+					var c streams.Check
+					_ = json.Unmarshal(m.Data, &c)
+					r := streams.CheckReply{Owner: c.Owner}
+					if c.Detach {
+						r.Command = &streams.Command{RequestID: c.RequestID, Attempt: c.Attempt, Kind: streams.CommandCancel, Mode: events.CancelKill}
+					}
+					data, _ := json.Marshal(r)
+					_ = m.Respond(data)
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = sub.Unsubscribe() })
+			}
+			r := e.start(nil, slow, worker.Config{ID: "w-det"})
+			e.accept("r-det", "x", 1000, "w-det")
+			d := newDispatch("r-det", "x", 1000)
+			d.Frontend, d.DetachTimeoutMS = "fe-gone", 200 // never alive in the frontends bucket
+			if rep := e.dispatch("w-det", d); !rep.Accepted {
+				t.Fatalf("dispatch: %+v", rep)
+			}
+			e.waitFor("the job to end", func() bool { return value(t, r.reg, "dynamo_component_inflight_requests") == 0 })
+			last, ok := ended(e.request("r-det"))
+			f, isF := last.Event.(events.AttemptFailed)
+			switch {
+			case tc.want == "" && ok:
+				t.Errorf("outcome %s, want none after a kill", last.Type())
+			case tc.want != "" && (!isF || f.Reason != tc.want):
+				t.Errorf("outcome %+v, want attempt_failed %s", last.Event, tc.want)
+			}
+			if got := value(t, r.reg, "dynamo_component_cancellation_total"); got != tc.cancelled {
+				t.Errorf("cancellation_total = %v, want %v", got, tc.cancelled)
+			}
+			for _, ev := range e.request("r-det") {
+				if ev.Stored == streams.RequestEvents("r-det") && ev.Source == "baton/worker/w-det" {
+					t.Errorf("the worker wrote %s on the events subject", ev.Type())
+				}
+			}
+		})
+	}
+}
