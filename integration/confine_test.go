@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -252,22 +251,13 @@ func TestDetachedRequestCancelledByAFrontend(t *testing.T) {
 	f1.waitRoutable(t, "w1")
 	f2.waitRoutable(t, "w1")
 	const id = "orphan-1"
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, f1.url+"/v1/completions",
-		jsonBody(map[string]any{"model": "mock", "prompt": "left behind", "max_tokens": 5000, "stream": true}))
-	req.Header.Set("X-Request-Id", id)
-	req.Header.Set("X-Resumable", "true")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	readStream(t, resp, func(e sseEvent) {
-		if n, _ := strconv.Atoi(e.id); n >= 10 {
-			f1.signal(syscall.SIGKILL) // the owner crashes; the client is gone with it
-		}
-	})
+	var once sync.Once
+	postStream(t, f1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "left behind", "max_tokens": 5000},
+		map[string]string{"X-Request-Id": id, "X-Resumable": "true"}, func(e sseEvent) {
+			if n, _ := strconv.Atoi(e.id); n >= 10 {
+				once.Do(func() { f1.signal(syscall.SIGKILL) }) // the owner crashes; the client is gone with it
+			}
+		})
 	waitFor(t, 30*time.Second, "the orphaned request to be cancelled", func() bool {
 		return f2.state(t, id).Status == "cancelled"
 	})

@@ -2,16 +2,11 @@ package integration
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/services/natsserver"
-	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -33,27 +28,10 @@ func TestWorkerPermissionsDocumented(t *testing.T) {
 // read its dispatches; now each is a permissions violation and the victim
 // keeps serving.
 func TestWorkerUsersConfined(t *testing.T) {
-	dir := t.TempDir()
-	users := filepath.Join(dir, "workers")
-	if err := os.WriteFile(users, []byte("# worker users\nw1 w1-password-0123456789\nw2 w2-password-0123456789\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	port := freePort(t)
-	url := "nats://127.0.0.1:" + strconv.Itoa(port)
-	ns := start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(dir, "nats"),
-		"--user", "frontend", "--password", "frontend-password-0123", "--worker-users", users)
-	waitFor(t, 20*time.Second, "nats to serve", func() bool {
-		nc, err := nats.Connect(url, nats.UserInfo("frontend", "frontend-password-0123"))
-		if err == nil {
-			nc.Close()
-		}
-		return err == nil
-	})
-	s := &stack{t: t, dir: dir, natsURL: url, workers: map[string]*proc{}}
-	f := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "frontend-password-0123")
+	c := confinedStack(t, "w1", "w2")
+	f := c.frontend(nil, c.auth...)
 	for _, id := range []string{"w1", "w2"} {
-		s.workers[id] = start(t, "worker-"+id, []string{"NATS_USER=" + id, "NATS_PASSWORD=" + id + "-password-0123456789"},
-			"worker", "--nats", url, "--worker-id", id, "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
+		c.worker(id, "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
 	}
 	f.waitRoutable(t, "w1", "w2")
 	pinned := func(prompt string) {
@@ -63,23 +41,12 @@ func TestWorkerUsersConfined(t *testing.T) {
 		checkComplete(t, res, prompt, 20)
 	}
 	pinned("before the attacks")
-	if strings.Contains(ns.output(), "Violation") {
-		t.Fatalf("the workers' own work was refused:\n%s", ns.output())
+	if strings.Contains(c.ns.output(), "Violation") {
+		t.Fatalf("the workers' own work was refused:\n%s", c.ns.output())
 	}
 
 	// w1's credential, used against w2.
-	var mu sync.Mutex
-	var asyncErrs []string
-	w1, err := nats.Connect(url, nats.UserInfo("w1", "w1-password-0123456789"), nats.CustomInboxPrefix(streams.WorkerInboxPrefix("w1")),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			mu.Lock()
-			asyncErrs = append(asyncErrs, err.Error())
-			mu.Unlock()
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w1.Close()
+	w1, asyncErrs := c.connectAs("w1")
 	js, _ := jetstream.New(w1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -116,9 +83,9 @@ func TestWorkerUsersConfined(t *testing.T) {
 	}
 	_ = w1.Flush()
 	waitFor(t, 10*time.Second, "the server to refuse w1's subscription to w2's dispatches", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, e := range asyncErrs {
+		asyncErrs.mu.Lock()
+		defer asyncErrs.mu.Unlock()
+		for _, e := range asyncErrs.errs {
 			if strings.Contains(e, "baton.dispatch.w2") {
 				return true
 			}
@@ -134,11 +101,7 @@ func TestWorkerUsersConfined(t *testing.T) {
 	f.waitRoutable(t, "w1", "w2")
 	pinned("after the attacks")
 	for _, subj := range []string{"$KV.baton_leases.w2", "$KV.baton_load.w2", "baton.dispatch.w2"} {
-		logged := false
-		for _, line := range strings.Split(ns.output(), "\n") {
-			logged = logged || strings.Contains(line, "Violation") && strings.Contains(line, "user:w1") && strings.Contains(line, subj)
-		}
-		if !logged {
+		if !c.violated("w1", subj) {
 			t.Errorf("no permissions violation of w1 logged for %s", subj)
 		}
 	}
