@@ -20,7 +20,7 @@ import (
 //   - the frontend that appends a cancel sends it to the worker of the
 //     request's current attempt, as its log read shows it;
 //   - the owner's runner relays the command the current attempt must obey
-//     whenever its fold changes (relayCommand), which closes the race of a
+//     whenever its fold changes (relay), which closes the race of a
 //     cancel stored while a dispatch was in flight: the runner relays only
 //     once the worker accepted the dispatch, and folds every cancel;
 //   - a worker asks (streams.Check) about its jobs after a reconnect, and
@@ -74,14 +74,19 @@ func (fe *Frontend) commandCurrent(p *projections.Request) {
 	}
 }
 
-// relay is what a runner last relayed: the command of the current attempt
-// is sent once per change of it.
-type relay struct{ last string }
+// relay is what a runner last relayed to the current attempt's worker: the
+// command is sent once per change of it.
+type relay struct {
+	last    string
+	pending *streams.Command // to send, to worker
+	worker  string
+}
 
-// relayCommand sends the command the current attempt of p must obey, unless
-// it was relayed already. Call it with the projection's lock held (it only
-// publishes).
-func (fe *Frontend) relayCommand(r *relay, p *projections.Request) {
+// note records the command the current attempt of p must obey, unless it
+// was relayed already; send sends it. note runs under the projection's lock,
+// send outside it.
+func (r *relay) note(p *projections.Request) {
+	r.pending = nil
 	cur, ok := p.Current()
 	if !ok {
 		return
@@ -90,10 +95,15 @@ func (fe *Frontend) relayCommand(r *relay, p *projections.Request) {
 	if c == nil {
 		return
 	}
-	key := fmt.Sprint(c.Attempt, c.Kind, c.Mode)
-	if key != r.last {
-		r.last = key
-		fe.command(cur.WorkerID, *c)
+	if key := fmt.Sprint(c.Attempt, c.Kind, c.Mode); key != r.last {
+		r.last, r.pending, r.worker = key, c, cur.WorkerID
+	}
+}
+
+func (fe *Frontend) send(r *relay) {
+	if r.pending != nil {
+		fe.command(r.worker, *r.pending)
+		r.pending = nil
 	}
 }
 

@@ -54,7 +54,7 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		var model, endpoint string
 		t.f.read(func(p *projections.Request, progress time.Time) {
 			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
-			fe.relayCommand(&relayed, p)
+			relayed.note(p)
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
 				w, present := fe.disc.get(cur.WorkerID)
@@ -62,6 +62,7 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 			}
 			a = fe.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
 		})
+		fe.send(&relayed)
 		mem, outcome = a.Next, nil
 		if !mem.Watch.Active || mem.Watch.Attempt != watched {
 			untrack()
