@@ -237,13 +237,6 @@ func ReadRequest(ctx context.Context, js jetstream.JetStream, id string, from ui
 	return readSubject(ctx, js, RequestsStream, RequestAll(id), from)
 }
 
-// ReadRequestEvents is ReadRequest restricted to the request's lifecycle
-// subject (RequestEvents(id)): accepted, routed, migrated, cancelled, ...,
-// without the token deltas of its attempts.
-func ReadRequestEvents(ctx context.Context, js jetstream.JetStream, id string, from uint64) iter.Seq2[events.Envelope, error] {
-	return readSubject(ctx, js, RequestsStream, RequestEvents(id), from)
-}
-
 func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64) iter.Seq2[events.Envelope, error] {
 	return func(yield func(events.Envelope, error) bool) {
 		if from == 0 {
