@@ -115,5 +115,5 @@ func (w *Worker) subscribeCommands() (*nats.Subscription, error) {
 	return sub, nil
 }
 
-// errNoFrontend means no frontend answered a detach check.
+// errNoFrontend means no frontend was there to answer a detach check.
 var errNoFrontend = errors.New("worker: no frontend answered")

@@ -2,11 +2,13 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -68,9 +70,9 @@ func (w *Worker) watchFrontends(ctx context.Context) {
 	}
 }
 
-// guardDetach cancels job j (kill) once its owning frontend has been gone for
-// the dispatch's detach timeout without another frontend attaching. It
-// returns when the job ends.
+// guardDetach has job j's request cancelled (detach) once its owning
+// frontend has been gone for the dispatch's detach timeout without another
+// frontend attaching. It returns when the job ends.
 func (w *Worker) guardDetach(j *job) {
 	timeout := time.Duration(j.d.DetachTimeoutMS) * time.Millisecond
 	if timeout <= 0 {
@@ -116,9 +118,10 @@ func (w *Worker) guardDetach(j *job) {
 // detach reports that job j's owner has been gone for the detach timeout
 // to a live frontend, which cancels the request (kill) unless the log names
 // a live owner; the kill reaches the job as a command. If no frontend
-// answers, the worker stops the job itself and closes its attempt
-// ("detached"): a frontend that comes back later migrates it on a resume.
-// It reports whether the job is done with.
+// is there to answer, the worker stops the job itself and closes its attempt
+// ("detached"): a frontend that comes back later migrates it on a resume;
+// a frontend that could not answer is asked again after the timeout. It
+// reports whether the job is done with.
 func (w *Worker) detach(j *job, owner string) bool {
 	ctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
 	defer cancel()
@@ -127,10 +130,13 @@ func (w *Worker) detach(j *job, owner string) bool {
 	case j.ctx.Err() != nil:
 		w.log.Info("cancelled detached request", "request_id", j.d.RequestID, "owner", owner)
 		return true
-	case err != nil:
-		w.log.Warn("no frontend answered for a detached request: stopping it", "request_id", j.d.RequestID, "owner", owner, "err", err)
+	case errors.Is(err, nats.ErrNoResponders):
+		w.log.Warn("no frontend to ask about a detached request: stopping it", "request_id", j.d.RequestID, "owner", owner)
 		j.cancel(errNoFrontend)
 		return true
+	case err != nil:
+		w.log.Warn("ask about a detached request; asking again after the detach timeout", "request_id", j.d.RequestID, "owner", owner, "err", err)
+		return false
 	}
 	w.log.Info("detached request has a live owner", "request_id", j.d.RequestID, "owner", r.Owner)
 	return false
