@@ -11,6 +11,7 @@
 //
 // <slot> is Slot(id), a hash of the id (0 to Slots-1): every subject of a
 // request is a function of its id, attempt and worker alone.
+//
 //	BATON_WORKERS   baton.workers.<id>.events        worker lifecycle
 //	KV baton_leases  <worker id> → events.Lease, per-key TTL (an expiry is a delete marker)
 //	KV baton_load    <worker id> → events.Load
