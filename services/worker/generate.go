@@ -38,7 +38,7 @@ type job struct {
 	cancel context.CancelCauseFunc
 
 	mu        sync.Mutex
-	ownerID   string        // the frontend that owns the request (attached events move it)
+	ownerID   string        // the frontend that owns the request, as the last check answered
 	ownerMove chan struct{} // closed and replaced when the owner changes
 }
 
