@@ -157,6 +157,15 @@ system_account: SYS
 	if killed.done || !strings.Contains(killed.errorBody, "cancel") {
 		t.Errorf("killed stream: done=%v error=%q", killed.done, killed.errorBody)
 	}
+	// A worker's graceful shutdown (its lease, load and watchers end) under the set.
+	for id, p := range s.workers {
+		if p.running() {
+			p.signal(syscall.SIGTERM)
+			if code := p.wait(30 * time.Second); code != 0 {
+				t.Errorf("worker %s exited %d after SIGTERM", id, code)
+			}
+		}
+	}
 	if vs := v.all(); len(vs) > 0 {
 		t.Errorf("the server logged %d permission violations with the documented sets:\n%s", len(vs), strings.Join(vs, "\n"))
 	}

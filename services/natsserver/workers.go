@@ -23,7 +23,8 @@ const WorkerPermissions = `publish: [
   "$JS.API.STREAM.CREATE.KV_baton_frontends",
   "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
-  "$JS.API.CONSUMER.DELETE.>", "$JS.FC.>", "$JS.ACK.>"
+  "$JS.API.CONSUMER.DELETE.KV_baton_leases.>", "$JS.API.CONSUMER.DELETE.KV_baton_frontends.>",   # its watchers' end
+  "$JS.FC.>", "$JS.ACK.>"
 ]
 subscribe: [ "baton.dispatch.*", "baton.commands.*", "_INBOX_worker.*.>" ]   # pinned per user: .<worker id>
 `
