@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -138,6 +139,7 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	writeAttacks(ctx, t, c, js, id)
+	commandAttacks(t, c, nc, id)
 	if st := f.state(t, id); st.Status != "running" {
 		t.Fatalf("the victim is %s after %d tokens right after w1's writes, want running: a forged event was taken "+
 			"(or the machine is too slow for the writes to land while it runs)", st.Status, st.TokensGenerated)
@@ -270,5 +272,23 @@ func TestDetachedRequestCancelledByAFrontend(t *testing.T) {
 	}
 	if strings.Contains(c.ns.output(), "Violation") {
 		t.Errorf("permissions violations:\n%s", c.ns.output())
+	}
+}
+
+// commandAttacks: w1 tries to stop w2's generation of the victim (a kill on
+// w2's command subject), to dispatch work to w2, and to answer for the
+// frontends (a check on w2's subject): each a permissions violation.
+func commandAttacks(t *testing.T, c *confined, nc *nats.Conn, id string) {
+	t.Helper()
+	kill, _ := json.Marshal(streams.Command{RequestID: id, Attempt: 0, Kind: streams.CommandCancel, Mode: events.CancelKill})
+	dispatch, _ := json.Marshal(streams.Dispatch{RequestID: id, Attempt: 1, Model: "mock", Prompt: "x", MaxTokens: 1})
+	for _, m := range []struct {
+		subj string
+		data []byte
+	}{{streams.CommandSubject("w2"), kill}, {streams.DispatchSubject("w2"), dispatch}, {streams.CheckSubject("w2"), []byte(`{}`)}} {
+		if err := nc.Publish(m.subj, m.data); err != nil {
+			t.Fatal(err)
+		}
+		c.expectViolation("w1", m.subj)
 	}
 }
