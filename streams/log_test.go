@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -324,5 +325,58 @@ func TestStreamLimitErrors(t *testing.T) {
 				t.Errorf("got errors.Is(%v, ErrStreamFull) = %v, want %v", err, got, tt.wantFull)
 			}
 		})
+	}
+}
+
+// TestAppendMsgAsyncBackpressure: with the async window full, AppendMsgAsync
+// waits for an acknowledgement to make room rather than queueing more. The
+// "stream" here is a core subscriber that acknowledges when told to.
+func TestAppendMsgAsyncBackpressure(t *testing.T) {
+	s := natstest.Start(t)
+	nc := s.Connect(t)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan *nats.Msg, 2)
+	if _, err := nc.Subscribe("bp.>", func(m *nats.Msg) { held <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	log := streams.NewLog(js, "baton/test")
+	msg := func(i int) *nats.Msg {
+		h, data, err := events.Marshal(log.Envelope(fmt.Sprint(i), "r1", events.TokensGenerated{RequestID: "r1", Offset: i, Tokens: []string{"t"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &nats.Msg{Subject: "bp.r1", Header: nats.Header(h), Data: data}
+	}
+	first, err := log.AppendMsgAsync(msg(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		_, err := log.AppendMsgAsync(msg(1))
+		second <- err
+	}()
+	m := <-held // the first append reached the "stream"; its ack is held back
+	select {
+	case err := <-second:
+		t.Fatalf("second append returned (%v) while the window was full, want it to wait", err)
+	case <-time.After(400 * time.Millisecond): // past nats.go's default stall wait (200 ms), which would fail it
+	}
+	if err := m.Respond([]byte(`{"stream":"BP","seq":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Ok():
+	case err := <-first.Err():
+		t.Fatalf("first append: %v", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second append after the ack: %v", err)
 	}
 }

@@ -47,6 +47,8 @@ type Frontend struct {
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
+	ctl      *nats.Conn // dispatches (set by Run before any runner starts)
+
 	mu       sync.Mutex
 	requests map[string]*tracked
 	open     int     // API responses being served (completions, resumes); guarded by mu
@@ -130,6 +132,18 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
+	// Dispatches go over a connection of their own: on nc their replies would
+	// queue behind the token deltas of every open stream, and a reply late
+	// by seconds inhibits a healthy worker.
+	opts := fe.nc.Opts
+	opts.Name += " (control)"
+	ctl, err := opts.Connect()
+	if err != nil {
+		fe.listener.Close()
+		return fmt.Errorf("frontend: control connection: %w", err)
+	}
+	defer ctl.Close() // last, once no runner dispatches
+	fe.ctl = ctl
 	// Watchers and request runners live until cancelRun, which comes at the
 	// end of the shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -182,7 +196,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
 	defer scancel()
 	fe.waitResponses(sctx)
-	err := srv.Shutdown(sctx)
+	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		close(fe.closing)
 		err = srv.Close()

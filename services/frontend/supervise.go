@@ -230,7 +230,7 @@ func (fe *Frontend) sendDispatch(ctx context.Context, workerID string, d streams
 	}
 	ctx, cancel := context.WithTimeout(ctx, fe.cfg.DispatchTimeout)
 	defer cancel()
-	msg, err := fe.nc.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
+	msg, err := fe.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
 	if err != nil {
 		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
 	}

@@ -50,9 +50,18 @@ func (l *fakeLog) append(e events.Envelope) error {
 	return nil
 }
 
-func (l *fakeLog) AppendAsync(_ string, e events.Envelope) (jetstream.PubAckFuture, error) {
+// decode reads an encoded delta back, as a reader of the log would.
+func decode(m *nats.Msg) events.Envelope {
+	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
+	if err != nil {
+		panic(fmt.Sprintf("a delta that does not decode: %v", err))
+	}
+	return e
+}
+
+func (l *fakeLog) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	if err := l.append(e); err != nil {
+	if err := l.append(decode(m)); err != nil {
 		f.err <- err
 	} else {
 		f.ok <- &jetstream.PubAck{}
@@ -60,9 +69,13 @@ func (l *fakeLog) AppendAsync(_ string, e events.Envelope) (jetstream.PubAckFutu
 	return f, nil
 }
 
-func (l *fakeLog) Append(_ context.Context, _ string, e events.Envelope, _ int64) (uint64, error) {
+func (l *fakeLog) Append(ctx context.Context, subject string, e events.Envelope, expect int64) (uint64, error) {
+	panic("deltas append only messages")
+}
+
+func (l *fakeLog) AppendMsg(_ context.Context, m *nats.Msg, _ int64) (uint64, error) {
 	// Append retries a transient failure: the synchronous repair succeeds.
-	if err := l.append(e); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+	if err := l.append(decode(m)); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 		return 0, err
 	}
 	return 0, nil
@@ -133,7 +146,7 @@ func TestDeltasRepairBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			log := &fakeLog{ids: map[string]bool{}}
-			d := &deltas{log: log, subject: "s", requestID: "r", start: tc.start}
+			d := newDeltas(log, "baton/worker/w1", "s", "r", 0, tc.start)
 			clock := time.Now()
 			for i := range n {
 				log.mode = tc.mode(i)

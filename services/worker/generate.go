@@ -147,12 +147,10 @@ func (w *Worker) generate(j *job) {
 
 	var sink appender = w.events
 	if w.cfg.BenchLogOff {
-		sink = &logOff{nc: w.nc, log: w.events, seq: &w.benchSeq}
+		sink = &logOff{win: w.benchWin, log: w.events, seq: &w.benchSeq}
 	}
-	out := &deltas{
-		log: sink, subject: streams.RequestTokens(d.RequestID, d.Attempt),
-		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset, stampEmit: w.cfg.BenchEmitTime,
-	}
+	out := newDeltas(sink, w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt), d.RequestID, d.Attempt, d.StartOffset)
+	out.stampEmit = w.cfg.BenchEmitTime
 	req := engine.Request{
 		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
 		PromptIDs: d.PromptIDs, Generated: d.Generated, GeneratedIDs: d.GeneratedIDs,
