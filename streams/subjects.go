@@ -143,3 +143,8 @@ func SubjectOf(id string, ev events.Event) string {
 	}
 	return RequestEvents(id)
 }
+
+// RequestsLive matches the republished copies of every request's stored
+// messages: a frontend's one live subscription, dispatched to the request's
+// followers by ParseRequestSubject.
+func RequestsLive() string { return livePrefix + ">" }

@@ -47,7 +47,8 @@ type Frontend struct {
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
-	ctl      *nats.Conn // dispatches (set by Run before any runner starts)
+	ctl      *nats.Conn // dispatches: nc until Run opens a connection of their own, before any runner starts
+	live     *live      // the one live subscription of every followed request
 
 	mu       sync.Mutex
 	requests map[string]*tracked
@@ -78,7 +79,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
 	fe := &Frontend{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js,
+		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
 		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
 		policy: migrations.Policy{
@@ -89,6 +90,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
 		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
+	}
+	if fe.live, err = newLive(nc); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	if cfg.APIKeysFile != "" {
 		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
