@@ -47,8 +47,8 @@ type Frontend struct {
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
-	ctl      *nats.Conn // dispatches: nc until Run opens a connection of their own, before any runner starts
-	live     *live      // the one live subscription of every followed request
+	ctl  *nats.Conn // dispatches: nc until Run opens a connection of their own, before any runner starts
+	live *live      // the one live subscription of every followed request
 
 	mu       sync.Mutex
 	requests map[string]*tracked

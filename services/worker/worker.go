@@ -29,15 +29,15 @@ const asyncWindow = 1024
 // Worker serves one engine behind a lease. Create it with New and run it once
 // with Run.
 type Worker struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
+	nc *nats.Conn
+	js jetstream.JetStream
 	// ctl carries dispatches and their replies on a connection of its own,
 	// opened by Run with nc's options and closed with nc: on nc they would
 	// queue behind thousands of token deltas and their acks, and a dispatch
 	// reply late by seconds makes a frontend inhibit a healthy worker. The
 	// lease stays on nc, so a worker whose deltas cannot reach the log loses
 	// it.
-	ctl *nats.Conn
+	ctl     *nats.Conn
 	eng     engine.Engine
 	log     *slog.Logger
 	cfg     Config
