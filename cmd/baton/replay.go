@@ -204,7 +204,7 @@ func writeReplay(w io.Writer, doc replayDoc) error {
 	st := doc.Request
 	var b strings.Builder
 	fmt.Fprintf(&b, "request %s: %s\n\n", st.ID, statusLine(st))
-	fmt.Fprintf(&b, "timeline (time since accepted, BATON_REQUESTS sequence, subject under baton.requests.%s.):\n", st.ID)
+	fmt.Fprintf(&b, "timeline (time since accepted, BATON_REQUESTS sequence, subject under %s):\n", strings.TrimSuffix(streams.RequestAll(st.ID), ">"))
 	for _, l := range coalesce(doc.Timeline) {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}

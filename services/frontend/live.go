@@ -46,12 +46,12 @@ func newLive(nc *nats.Conn) (*live, error) {
 }
 
 func (l *live) deliver(m *nats.Msg) {
-	id, _, _, err := streams.ParseRequestSubject(m.Subject)
+	subj, err := streams.ParseRequestSubject(m.Subject)
 	if err != nil {
 		return
 	}
 	l.mu.RLock()
-	fs := l.followers[id]
+	fs := l.followers[subj.ID]
 	l.mu.RUnlock()
 	for _, f := range fs {
 		f.onLive(m)

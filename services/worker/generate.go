@@ -149,7 +149,7 @@ func (w *Worker) generate(j *job) {
 	if w.cfg.BenchLogOff {
 		sink = &logOff{win: w.benchWin, log: w.events, seq: &w.benchSeq}
 	}
-	out := newDeltas(sink, w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt), d.RequestID, d.Attempt, d.StartOffset)
+	out := newDeltas(sink, w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
 	out.stampEmit = w.cfg.BenchEmitTime
 	req := engine.Request{
 		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -70,9 +69,7 @@ func (l *logOff) Append(ctx context.Context, subject string, e events.Envelope, 
 
 // publish sends m, a message built for this one append, to its live subject.
 func (l *logOff) publish(m *nats.Msg) error {
-	if id, _, _, err := streams.ParseRequestSubject(m.Subject); err == nil {
-		m.Subject = strings.TrimSuffix(streams.RequestLive(id), ">") + strings.TrimPrefix(m.Subject, strings.TrimSuffix(streams.RequestAll(id), ">"))
-	}
+	m.Subject = streams.LiveSubject(m.Subject)
 	seq := logOffSeqBase + l.seq.Add(1)
 	m.Header.Set(jetstream.SequenceHeader, strconv.FormatUint(seq, 10))
 	if l.last != 0 {
