@@ -47,15 +47,25 @@ type scaleCase struct {
 // BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
 // worker (5 s, from when 90% of the streams are open) to dir.
 func BenchmarkScale(b *testing.B) {
+	// Each -logoff baseline runs just before its durable workload (a filter
+	// such as Scale/4000x50 selects both), which reports the ratio of their
+	// peak delivered rates.
 	for _, sc := range []scaleCase{
-		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
 		{name: "1000x50-logoff", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, logOff: true},
+		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		{name: "4000x50-logoff", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second, logOff: true},
 		{name: "4000x50", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second},
 		{name: "10000x1", streams: 10000, rate: 1, tokens: 30, ramp: 20 * time.Second},
 	} {
 		b.Run(sc.name, func(b *testing.B) { runScale(b, sc) })
 	}
 }
+
+// logOffPeak is the peak delivered rate of each -logoff baseline run so
+// far, by workload shape ("4000x50").
+var logOffPeak = map[string]float64{}
+
+func (sc scaleCase) shape() string { return fmt.Sprintf("%dx%d", sc.streams, sc.rate) }
 
 // scaleProc is one measured process.
 type scaleProc struct {
@@ -369,29 +379,35 @@ func (t cpuTimes) busySince(from cpuTimes) float64 {
 	return float64(t.busy-from.busy) / float64(t.total-from.total)
 }
 
-// saveProfiles saves a 5 s CPU profile of each process in addrs to dir,
-// then marks wg done.
+// saveProfiles saves a 5 s CPU profile and then a heap profile of each
+// process in addrs to dir, then marks wg done.
 func saveProfiles(b *testing.B, wg *sync.WaitGroup, dir, name string, addrs map[string]string) {
 	defer wg.Done()
 	var each sync.WaitGroup
 	defer each.Wait()
 	for proc, addr := range addrs {
-		each.Add(1)
-		go func() {
-			defer each.Done()
-			resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=5")
-			if err != nil {
-				b.Logf("profile %s: %v", proc, err)
-				return
+		each.Go(func() {
+			for _, p := range []struct{ path, kind string }{{"profile?seconds=5", "cpu"}, {"heap", "heap"}} {
+				if err := saveProfile("http://"+addr+"/debug/pprof/"+p.path,
+					filepath.Join(dir, fmt.Sprintf("%s-%s-%s.pprof", name, proc, p.kind))); err != nil {
+					b.Logf("profile %s: %v", proc, err)
+				}
 			}
-			defer resp.Body.Close()
-			data, _ := io.ReadAll(resp.Body)
-			path := filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", name, proc))
-			if err := os.WriteFile(path, data, 0o644); err != nil {
-				b.Logf("profile %s: %v", proc, err)
-			}
-		}()
+		})
 	}
+}
+
+func saveProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
 }
 
 // report logs a table of the run and reports its headline figures.
@@ -439,8 +455,15 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 		return float64(r.latencies[int(p*float64(len(r.latencies)-1))].Microseconds()) / 1000
 	}
 	offered := float64(sc.streams * sc.rate)
-	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while 95%% were open (0: for less than 1 s), %.0f at the peak second, %.0f on average\n",
+	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while 95%% were open (0: for less than 1 s), %.0f at the peak second, %.0f on average",
 		offered, r.windowRate, r.peakRate, float64(r.delivered)/r.elapsed.Seconds())
+	if sc.logOff {
+		logOffPeak[sc.shape()] = r.peakRate
+	} else if base := logOffPeak[sc.shape()]; base > 0 {
+		fmt.Fprintf(&lines, "; durable/log-off at the peak %.2f (log off: %.0f)", r.peakRate/base, base)
+		b.ReportMetric(r.peakRate/base, "durable/logoff")
+	}
+	lines.WriteString("\n")
 	fmt.Fprintf(&lines, "emit-to-client p50 %.1f ms p99 %.1f ms p999 %.1f ms over %d tokens (%d without an emit time); machine CPU busy %.0f%% (headroom %.0f%%)",
 		ms(0.5), ms(0.99), ms(0.999), len(r.latencies), r.unstamped, 100*r.busy, 100*(1-r.busy))
 	b.Log(lines.String())
