@@ -133,11 +133,12 @@ type scaleResult struct {
 	latencies       []time.Duration
 	errors          int
 	firstErr        string
+	errorKinds      map[string]int // errors by their first 60 characters
 	busy            float64 // the machine's CPU use over the run, 0-1
 }
 
 func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string) *scaleResult {
-	r := &scaleResult{base: sampleProcs(b, procs)}
+	r := &scaleResult{base: sampleProcs(b, procs), errorKinds: map[string]int{}}
 	cpuStart := machineCPU(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: sc.streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
@@ -161,6 +162,7 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 			}
 			if err != nil {
 				r.errors++
+				r.errorKinds[fmt.Sprintf("%.60s", err.Error())]++
 				if firstErr == "" {
 					firstErr = err.Error()
 				}
@@ -430,7 +432,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	fmt.Fprintf(&lines, "%d streams x %d tok/s x %d tokens, ramp %v: %d tokens delivered in %v, %d streams open at the sample, %d errors",
 		sc.streams, sc.rate, sc.tokens, sc.ramp, r.delivered, r.elapsed.Round(time.Millisecond), r.openStreams, r.errors)
 	if r.firstErr != "" {
-		fmt.Fprintf(&lines, " (first: %.200s)", r.firstErr)
+		fmt.Fprintf(&lines, " (first: %.200s; by kind: %v)", strings.ReplaceAll(r.firstErr, "\n", " "), r.errorKinds)
 	}
 	lines.WriteString("\n")
 	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %16s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "goroutines/strm")

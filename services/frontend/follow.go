@@ -35,7 +35,12 @@ var errStopped = errors.New("frontend: follower stopped")
 type follower struct {
 	id      string
 	js      jetstream.JetStream
-	changed *signal
+	changed *signal // any event applied
+	// decided is notified when an event other than a token delta is
+	// applied (and by whoever must wake the supervisor): the supervisor
+	// waits on it, not on every token, unless --migration-max-seq-len makes
+	// it count tokens; a stall is caught by its timer.
+	decided *signal
 	subs    *live
 	wake    chan struct{} // capacity 1: pokes coalesce
 	stopped chan struct{} // closed by stop
@@ -58,7 +63,7 @@ type follower struct {
 // first reads what the log already holds (ErrNotFound if nothing).
 func follow(ctx context.Context, lv *live, js jetstream.JetStream, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, changed: newSignal(), subs: lv, wake: make(chan struct{}, 1),
+		id: id, js: js, changed: newSignal(), decided: newSignal(), subs: lv, wake: make(chan struct{}, 1),
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}
@@ -282,6 +287,9 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 	changed := f.proj.Apply(e)
 	if f.proj.Len() != before {
 		f.progress = time.Now()
+	}
+	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {
+		f.decided.Notify()
 	}
 	return changed
 }

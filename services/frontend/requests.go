@@ -190,7 +190,7 @@ func (fe *Frontend) clientLeave(t *tracked) {
 		t.detachedSince = time.Now()
 	}
 	fe.mu.Unlock()
-	t.f.changed.Notify() // wake the supervisor to start its detach timer
+	t.f.decided.Notify() // wake the supervisor to start its detach timer
 }
 
 func (fe *Frontend) detachedSince(t *tracked) time.Time {

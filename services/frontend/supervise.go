@@ -47,7 +47,10 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 	)
 	defer func() { untrack() }()
 	for ctx.Err() == nil {
-		fch, dch := t.f.changed.C(), fe.disc.changed.C()
+		fch, dch := t.f.decided.C(), fe.disc.changed.C()
+		if fe.cfg.MigrationMaxSeqLen > 0 {
+			fch = t.f.changed.C() // every token counts towards the limit
+		}
 		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome}
 		var a migrations.Action
 		var model, endpoint string
