@@ -139,6 +139,14 @@ func (l *Log) AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uin
 		if err == nil {
 			return ack.Sequence, nil
 		}
+		if try > 1 && expectLast >= 0 && errors.Is(translate(err), ErrRevisionMismatch) {
+			// The server checks the expected sequence before it deduplicates:
+			// an earlier try that was stored but whose ack was lost makes
+			// this one a conflict with itself.
+			if seq, ok := l.storedAlready(ctx, m); ok {
+				return seq, nil
+			}
+		}
 		if !Transient(err) || ctx.Err() != nil {
 			return 0, fmt.Errorf("append %s to %s (%d tries): %w", typ, m.Subject, try, translate(err))
 		}
@@ -151,6 +159,28 @@ func (l *Log) AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uin
 		}
 		backoff = min(2*backoff, appendBackoffMax)
 	}
+}
+
+// storedAlready reports whether the last message on m's subject is m
+// itself (the same Nats-Msg-Id), and its sequence.
+func (l *Log) storedAlready(ctx context.Context, m *nats.Msg) (uint64, bool) {
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	if id == "" {
+		return 0, false
+	}
+	name, err := l.js.StreamNameBySubject(ctx, m.Subject)
+	if err != nil {
+		return 0, false
+	}
+	s, err := l.js.Stream(ctx, name)
+	if err != nil {
+		return 0, false
+	}
+	last, err := s.GetLastMsgForSubject(ctx, m.Subject)
+	if err != nil || last.Header.Get(jetstream.MsgIDHeader) != id {
+		return 0, false
+	}
+	return last.Sequence, true
 }
 
 // JetStream API error codes of a cluster in transition (nats-server

@@ -380,3 +380,42 @@ func TestAppendMsgAsyncBackpressure(t *testing.T) {
 		t.Fatalf("second append after the ack: %v", err)
 	}
 }
+
+// ackLost is a JetStream whose first publish is stored but reports a
+// timeout, as when the acknowledgement is lost.
+type ackLost struct {
+	jetstream.JetStream
+	lost bool
+}
+
+func (a *ackLost) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := a.JetStream.PublishMsg(ctx, m, opts...)
+	if err == nil && !a.lost {
+		a.lost = true
+		return nil, context.DeadlineExceeded
+	}
+	return ack, err
+}
+
+// TestAppendExpectedRetryAfterLostAck: an expected-sequence append whose
+// first try was stored but not acknowledged succeeds on its retry (the
+// server checks the expected sequence before it deduplicates, so the retry
+// alone would be a conflict with itself); a real conflict still is one.
+func TestAppendExpectedRetryAfterLostAck(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(&ackLost{JetStream: js}, "baton/frontend/fe-1")
+	acc := events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 1}
+	seq, err := log.Append(ctx, streams.RequestEvents("r1"), log.Envelope("r1.accepted", "r1", acc), 0)
+	if err != nil {
+		t.Fatalf("append after a lost ack: %v, want success", err)
+	}
+	if got := readAll(t, ctx, js, "r1", 1); len(got) != 1 || got[0].Seq != seq {
+		t.Fatalf("stored %d events (%v), want the one at %d", len(got), got, seq)
+	}
+	other := streams.NewLog(js, "baton/frontend/fe-2")
+	if _, err := other.Append(ctx, streams.RequestEvents("r1"), other.Envelope("r1.accepted-2", "r1", acc), 0); !errors.Is(err, streams.ErrConflict) {
+		t.Errorf("another writer's append = %v, want ErrConflict", err)
+	}
+}
