@@ -112,14 +112,7 @@ func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Heade
 	h[HeaderContentType] = textValue
 	h[HeaderAttempt] = d.attemptV
 	h[HeaderOffset] = []string{strconv.Itoa(ev.Offset)}
-	n := 0
-	for _, tok := range ev.Tokens {
-		n += len(tok)
-	}
-	data := make([]byte, 0, n)
-	for _, tok := range ev.Tokens {
-		data = append(data, tok...)
-	}
+	data := []byte(strings.Join(ev.Tokens, "")) // one copy for the common single token
 	if len(ev.Tokens) > 1 {
 		h[HeaderTokenLens] = []string{joinInts(len(ev.Tokens), func(i int) int { return len(ev.Tokens[i]) })}
 	}

@@ -106,12 +106,8 @@ func TestDeltaStoredJSON(t *testing.T) {
 
 func TestDeltaRejects(t *testing.T) {
 	good := func() events.Header {
-		h, _, err := events.Marshal(events.Envelope{ID: "id", Source: "src", Subject: "r1", Time: when,
+		return headerOf(t, events.Envelope{ID: "id", Source: "src", Subject: "r1", Time: when,
 			Event: events.TokensGenerated{RequestID: "r1", Attempt: 1, Offset: 2, Tokens: []string{"ab", "c"}, IDs: []int{1, 2}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return h
 	}
 	tests := []struct {
 		name string

@@ -157,11 +157,7 @@ func TestUnmarshalUnknownType(t *testing.T) {
 
 func TestUnmarshalRejects(t *testing.T) {
 	good := func() events.Header {
-		h, _, err := events.Marshal(events.Envelope{ID: "id", Source: "src", Time: when, Event: events.WorkerLost{WorkerID: "w"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return h
+		return headerOf(t, events.Envelope{ID: "id", Source: "src", Time: when, Event: events.WorkerLost{WorkerID: "w"}})
 	}
 	tests := []struct {
 		name    string
@@ -248,4 +244,14 @@ func TestID(t *testing.T) {
 			}
 		})
 	}
+}
+
+// headerOf is the headers Marshal writes for e.
+func headerOf(t *testing.T, e events.Envelope) events.Header {
+	t.Helper()
+	h, _, err := events.Marshal(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
