@@ -323,6 +323,27 @@ func TestLeaseExpiresWithoutRenewal(t *testing.T) {
 	}
 }
 
+// TestControlConnectionFollowsData: dispatches arrive on a connection of
+// their own, which closes with the worker's connection, so a worker that
+// can no longer reach the log takes no more work.
+func TestControlConnectionFollowsData(t *testing.T) {
+	e := newEnv(t)
+	nc := e.s.Connect(t)
+	r := e.start(nc, fullSpeed, worker.Config{ID: "w-ctl", ShutdownTimeout: time.Second})
+	client := e.s.Connect(t)
+	if _, err := client.Request(streams.DispatchSubject("w-ctl"), []byte(`{}`), 2*time.Second); err != nil {
+		t.Fatalf("dispatch while connected: %v, want a reply", err)
+	}
+	nc.Close()
+	e.waitFor("no responder on the dispatch subject", func() bool {
+		_, err := client.Request(streams.DispatchSubject("w-ctl"), []byte(`{}`), 200*time.Millisecond)
+		return errors.Is(err, nats.ErrNoResponders)
+	})
+	if err := r.stop(t); err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
 func TestReRegistersAfterLeaseLoss(t *testing.T) {
 	e := newEnv(t)
 	r := e.start(nil, fullSpeed, worker.Config{ID: "w-back"})
