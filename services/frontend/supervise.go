@@ -47,9 +47,16 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 	)
 	defer func() { untrack() }()
 	for ctx.Err() == nil {
+		// Waits are woken by what can change the next step: decisions (not
+		// every token: a stall has its own timer), and discovery's members
+		// while an attempt runs (not its load reports, which only choosing
+		// a worker needs).
 		fch, dch := t.f.decided.C(), fe.disc.changed.C()
 		if fe.cfg.MigrationMaxSeqLen > 0 {
 			fch = t.f.changed.C() // every token counts towards the limit
+		}
+		if mem.Watch.Active {
+			dch = fe.disc.members.C()
 		}
 		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome}
 		var a migrations.Action
