@@ -136,7 +136,7 @@ type scaleResult struct {
 	errors          int
 	firstErr        string
 	errorKinds      map[string]int // errors by their first 60 characters
-	busy            float64 // the machine's CPU use over the run, 0-1
+	busy            float64        // the machine's CPU use over the run, 0-1
 }
 
 func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string) *scaleResult {
