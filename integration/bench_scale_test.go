@@ -148,28 +148,15 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 	var open, delivered, unstamped atomic.Int64
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	var firstErr string
 	start := time.Now()
 	for i := range sc.streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			time.Sleep(time.Until(start.Add(sc.ramp * time.Duration(i) / time.Duration(sc.streams))))
 			lat, n, err := scaleStream(client, url, fmt.Sprintf("%s-%d", tag, i), sc.tokens, &open, &delivered, &unstamped)
 			mu.Lock()
 			defer mu.Unlock()
-			r.latencies = append(r.latencies, lat...)
-			if err == nil && n != sc.tokens {
-				err = fmt.Errorf("%d tokens, want %d", n, sc.tokens)
-			}
-			if err != nil {
-				r.errors++
-				r.errorKinds[fmt.Sprintf("%.60s", err.Error())]++
-				if firstErr == "" {
-					firstErr = err.Error()
-				}
-			}
-		}()
+			r.record(lat, n, sc.tokens, err)
+		})
 	}
 
 	// Sample while the streams run: the moment most streams are open gives
@@ -237,8 +224,23 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 	// Failed streams are a measured outcome, reported as the errors metric:
 	// past the machine's capacity they fail (dispatch timeouts inhibit the
 	// workers, then 503s), and the targets in BENCHMARKS.md say how many may.
-	r.firstErr = firstErr
 	return r
+}
+
+// record takes in one stream's outcome: n of want tokens, their latencies,
+// its error. The caller serialises calls.
+func (r *scaleResult) record(lat []time.Duration, n, want int, err error) {
+	r.latencies = append(r.latencies, lat...)
+	if err == nil && n != want {
+		err = fmt.Errorf("%d tokens, want %d", n, want)
+	}
+	if err != nil {
+		r.errors++
+		r.errorKinds[fmt.Sprintf("%.60s", err.Error())]++
+		if r.firstErr == "" {
+			r.firstErr = err.Error()
+		}
+	}
 }
 
 // scaleStream runs one streaming completion and returns the emit-to-read
@@ -414,6 +416,25 @@ func saveProfile(url, path string) error {
 	return os.WriteFile(path, data, 0o644)
 }
 
+// logOffRatio records a -logoff baseline's rates, or reports a durable
+// run's against its baseline's (and returns the text for the table). At
+// saturation every workload delivers all its tokens, late: the average over
+// the run is the throughput.
+func (r *scaleResult) logOffRatio(b *testing.B, sc scaleCase) string {
+	avg := float64(r.delivered) / r.elapsed.Seconds()
+	if sc.logOff {
+		logOffRate[sc.shape()] = [2]float64{avg, r.peakRate}
+		return ""
+	}
+	base := logOffRate[sc.shape()]
+	if base[0] == 0 {
+		return ""
+	}
+	b.ReportMetric(avg/base[0], "durable/logoff")
+	b.ReportMetric(r.peakRate/base[1], "durable/logoff_peak")
+	return fmt.Sprintf("; durable/log-off %.2f on average, %.2f at the peak (log off: %.0f, %.0f)", avg/base[0], r.peakRate/base[1], base[0], base[1])
+}
+
 // report logs a table of the run and reports its headline figures.
 func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	if r.delivered == 0 || r.open == nil {
@@ -461,17 +482,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	offered := float64(sc.streams * sc.rate)
 	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while 95%% were open (0: for less than 1 s), %.0f at the peak second, %.0f on average",
 		offered, r.windowRate, r.peakRate, float64(r.delivered)/r.elapsed.Seconds())
-	// At saturation every workload delivers all its tokens, late: the
-	// average over the run is the throughput.
-	avg := float64(r.delivered) / r.elapsed.Seconds()
-	if sc.logOff {
-		logOffRate[sc.shape()] = [2]float64{avg, r.peakRate}
-	} else if base := logOffRate[sc.shape()]; base[0] > 0 {
-		fmt.Fprintf(&lines, "; durable/log-off %.2f on average, %.2f at the peak (log off: %.0f, %.0f)", avg/base[0], r.peakRate/base[1], base[0], base[1])
-		b.ReportMetric(avg/base[0], "durable/logoff")
-		b.ReportMetric(r.peakRate/base[1], "durable/logoff_peak")
-	}
-	lines.WriteString("\n")
+	lines.WriteString(r.logOffRatio(b, sc) + "\n")
 	fmt.Fprintf(&lines, "emit-to-client p50 %.1f ms p99 %.1f ms p999 %.1f ms over %d tokens (%d without an emit time); machine CPU busy %.0f%% (headroom %.0f%%)",
 		ms(0.5), ms(0.99), ms(0.999), len(r.latencies), r.unstamped, 100*r.busy, 100*(1-r.busy))
 	b.Log(lines.String())

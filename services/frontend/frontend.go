@@ -113,6 +113,20 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	return fe, nil
 }
 
+// openControl opens the connection dispatches go over (Frontend.ctl), with
+// nc's options: on nc their replies would queue behind the token deltas of
+// every open stream, and a reply late by seconds inhibits a healthy worker.
+func (fe *Frontend) openControl() (*nats.Conn, error) {
+	opts := fe.nc.Opts
+	opts.Name += " (control)"
+	ctl, err := opts.Connect()
+	if err != nil {
+		return nil, fmt.Errorf("frontend: control connection: %w", err)
+	}
+	fe.ctl = ctl
+	return ctl, nil
+}
+
 // ID is this replica's name.
 func (fe *Frontend) ID() string { return fe.id }
 
@@ -136,18 +150,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
-	// Dispatches go over a connection of their own: on nc their replies would
-	// queue behind the token deltas of every open stream, and a reply late
-	// by seconds inhibits a healthy worker.
-	opts := fe.nc.Opts
-	opts.Name += " (control)"
-	ctl, err := opts.Connect()
+	ctl, err := fe.openControl()
 	if err != nil {
 		fe.listener.Close()
-		return fmt.Errorf("frontend: control connection: %w", err)
+		return err
 	}
 	defer ctl.Close() // last, once no runner dispatches
-	fe.ctl = ctl
 	// Watchers and request runners live until cancelRun, which comes at the
 	// end of the shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
