@@ -169,6 +169,13 @@ func (d *deltas) appendSync(ctx context.Context, s *sentDelta) error {
 	return err
 }
 
+// idle reports whether every append of the attempt is acknowledged (after
+// taking in the outcomes that came): a new token may go at once.
+func (d *deltas) idle() bool {
+	d.poll(time.Now())
+	return len(d.sent) == 0
+}
+
 // repairing reports whether a repair is unacknowledged: new tokens wait.
 func (d *deltas) repairing() bool { return len(d.sent) > 0 && d.sent[0].repair }
 

@@ -453,6 +453,26 @@ func TestDeltasFlushOnDelay(t *testing.T) {
 	}
 }
 
+// TestDeltasSentAtOnceWhenIdle: with no append in flight a token goes at
+// once, whatever the coalescing delay (here an hour: the tokens would
+// otherwise all wait for the end).
+func TestDeltasSentAtOnceWhenIdle(t *testing.T) {
+	e := newEnv(t)
+	e.start(nil, slow, worker.Config{ID: "w-idle", DeltaMaxTokens: 1000, DeltaMaxDelay: time.Hour})
+	e.accept("req-i", "a b", 3, "w-idle")
+	e.dispatch("w-idle", newDispatch("req-i", "a b", 3))
+	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-i")); return ok })
+	var sizes []int
+	for _, ev := range e.request("req-i") {
+		if d, ok := ev.Event.(events.TokensGenerated); ok {
+			sizes = append(sizes, len(d.Tokens))
+		}
+	}
+	if len(sizes) != 3 {
+		t.Errorf("deltas of %v tokens, want 3 deltas of one (tokens 100ms apart, each acknowledged before the next)", sizes)
+	}
+}
+
 func TestRefusals(t *testing.T) {
 	e := newEnv(t)
 	e.start(nil, slow, worker.Config{ID: "w-ref", MaxConcurrentRequests: 1, ShutdownTimeout: 500 * time.Millisecond})
