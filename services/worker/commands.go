@@ -55,7 +55,7 @@ func (w *Worker) check(ctx context.Context, j *job, detach bool) (streams.CheckR
 	if err != nil {
 		return streams.CheckReply{}, err
 	}
-	m, err := w.nc.RequestWithContext(ctx, streams.CheckSubject(w.cfg.ID), data)
+	m, err := w.ctl.RequestWithContext(ctx, streams.CheckSubject(w.cfg.ID), data)
 	if err != nil {
 		return streams.CheckReply{}, fmt.Errorf("check %s: %w", j.d.RequestID, err)
 	}
@@ -75,12 +75,12 @@ func (w *Worker) check(ctx context.Context, j *job, detach bool) (streams.CheckR
 	return r, nil
 }
 
-// checkOnReconnect asks about every running job each time the NATS
-// connection comes back, until ctx is done: commands published while it
-// was down never reached it.
+// checkOnReconnect asks about every running job each time the control
+// connection, which carries the commands, comes back, until ctx is done:
+// commands published while it was down never reached it.
 func (w *Worker) checkOnReconnect(ctx context.Context) {
-	ch := w.nc.StatusChanged(nats.CONNECTED)
-	defer w.nc.RemoveStatusListener(ch)
+	ch := w.ctl.StatusChanged(nats.CONNECTED)
+	defer w.ctl.RemoveStatusListener(ch)
 	for {
 		select {
 		case <-ctx.Done():
@@ -106,9 +106,10 @@ func (w *Worker) checkOnReconnect(ctx context.Context) {
 	}
 }
 
-// subscribeCommands listens on the worker's command subject.
+// subscribeCommands listens on the worker's command subject, on the control
+// connection: a command must not queue behind the worker's token deltas.
 func (w *Worker) subscribeCommands() (*nats.Subscription, error) {
-	sub, err := w.nc.Subscribe(streams.CommandSubject(w.cfg.ID), w.onCommand)
+	sub, err := w.ctl.Subscribe(streams.CommandSubject(w.cfg.ID), w.onCommand)
 	if err != nil {
 		return nil, fmt.Errorf("worker: subscribe to commands: %w", err)
 	}
