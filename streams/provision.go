@@ -13,7 +13,7 @@ import (
 // Config sets the retention of baton's streams and buckets. Zero values mean
 // the documented defaults (see Defaults).
 type Config struct {
-	Replicas          int           // R for streams and buckets (1, or 3 in a cluster); default 1
+	Replicas int // R for streams and buckets (1, or 3 in a cluster); default 1
 	// RequestPartitions is the number of streams the request log is split
 	// into (see Partitions), 1 to MaxPartitions. 0 means: whatever the
 	// existing streams have, and 1 if they do not exist yet. A number that
