@@ -13,12 +13,7 @@ import (
 // Config sets the retention of baton's streams and buckets. Zero values mean
 // the documented defaults (see Defaults).
 type Config struct {
-	Replicas int // R for streams and buckets (1, or 3 in a cluster); default 1
-	// RequestPartitions is the number of streams the request log is split
-	// into (see Partitions), 1 to MaxPartitions. 0 means: whatever the
-	// existing streams have, and 1 if they do not exist yet. A number that
-	// differs from the existing streams' is a PartitionsMismatchError.
-	RequestPartitions int
+	Replicas          int           // R for streams and buckets (1, or 3 in a cluster); default 1
 	MemoryStorage     bool          // keep streams in memory instead of files (tests, benchmarks)
 	RequestsMaxAge    time.Duration // how long a request's events stay; default 24h
 	RequestsMaxBytes  int64         // size cap of each request stream (partition); default 1 GiB
@@ -26,6 +21,11 @@ type Config struct {
 	MaxMsgSize        int32         // largest event; default 1 MiB
 	WorkersMaxAge     time.Duration // how long worker lifecycle events stay; default 7 days
 	MarkerTTL         time.Duration // how long lease-expiry markers stay; default 5m
+	// RequestPartitions is the number of streams the request log is split
+	// into (see Partitions), 1 to MaxPartitions. 0 means: whatever the
+	// existing streams have, and 1 if they do not exist yet. A number that
+	// differs from the existing streams' is a PartitionsMismatchError.
+	RequestPartitions int
 }
 
 // Defaults of Config.
