@@ -208,3 +208,13 @@ func ensurePartitions(ctx context.Context, js jetstream.JetStream, cfg Config, p
 	}
 	return created, nil
 }
+
+// Partition returns k when stream is partition k's stream.
+func (p Partitions) Partition(stream string) (k int, ok bool) {
+	for k := range p.n() {
+		if p.Stream(k) == stream {
+			return k, true
+		}
+	}
+	return 0, false
+}

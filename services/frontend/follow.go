@@ -35,6 +35,7 @@ var errStopped = errors.New("frontend: follower stopped")
 type follower struct {
 	id      string
 	js      jetstream.JetStream
+	parts   streams.Partitions
 	changed *signal
 	sub     *nats.Subscription
 	wake    chan struct{} // capacity 1: pokes coalesce
@@ -56,9 +57,9 @@ type follower struct {
 
 // follow subscribes to request id's live subjects. With history set it first
 // reads what the log already holds (ErrNotFound if nothing).
-func follow(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, id string, history bool) (*follower, error) {
+func follow(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, changed: newSignal(), wake: make(chan struct{}, 1),
+		id: id, js: js, parts: parts, changed: newSignal(), wake: make(chan struct{}, 1),
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}
@@ -254,7 +255,7 @@ func (f *follower) readLog() error {
 	}()
 	var got []events.Envelope
 	var err error
-	for e, rerr := range streams.ReadRequest(ctx, f.js, f.id, from) {
+	for e, rerr := range streams.ReadRequest(ctx, f.js, f.parts, f.id, from) {
 		if rerr != nil {
 			if !errors.Is(rerr, streams.ErrNotFound) || from <= 1 {
 				err = rerr

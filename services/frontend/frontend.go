@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ type Frontend struct {
 	log      *slog.Logger
 	nc       *nats.Conn
 	js       jetstream.JetStream
+	parts    streams.Partitions // the request log's layout, set by Run before anything reads it
 	events   *streams.Log
 	metrics  *metrics
 	gatherer prometheus.Gatherer
@@ -132,6 +134,10 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	}
 	// Watchers and request runners live until cancelRun, which comes at the
 	// end of the shutdown, not with ctx.
+	if err := fe.provision(ctx); err != nil {
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: %w", err)
+	}
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	var g errgroup.Group
@@ -201,14 +207,28 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	return nil
 }
 
-// startWatchers provisions the streams and starts the watchers on g, to run until
-// runCtx is done; it gives up when ctx is done or after streams.StartBudget.
+// provision provisions the streams and learns the request log's layout; it
+// gives up when ctx is done or after streams.StartBudget. Leaders that could
+// not be spread over a cluster are worth a warning, not a failure.
+func (fe *Frontend) provision(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
+	defer cancel()
+	parts, err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
+	if errors.Is(err, streams.ErrLeadersNotSpread) {
+		fe.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
+	} else if err != nil {
+		return err
+	}
+	fe.parts = parts
+	fe.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
+	return nil
+}
+
+// startWatchers starts the watchers on g, to run until runCtx is done; it
+// gives up when ctx is done or after streams.StartBudget.
 func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group) error {
 	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	defer cancel()
-	if err := streams.Provision(pctx, fe.js, fe.cfg.Streams); err != nil {
-		return err
-	}
 	if err := streams.Retry(pctx, fe.checkChildRoom); err != nil {
 		return err
 	}

@@ -273,11 +273,11 @@ func (w *Worker) readCommands(ctx context.Context, j *job) error {
 	if j.d.EventsSeq > 0 && w.requests != nil {
 		// The common case costs one direct get: if the routed event of this
 		// dispatch is still the last on the events subject, nothing came since.
-		if m, err := w.requests.GetLastMsgForSubject(ctx, streams.RequestEvents(j.d.RequestID)); err == nil && m.Sequence == j.d.EventsSeq {
+		if m, err := w.requests[w.parts.PartitionOf(j.d.RequestID)].GetLastMsgForSubject(ctx, streams.RequestEvents(j.d.RequestID)); err == nil && m.Sequence == j.d.EventsSeq {
 			return nil
 		}
 	}
-	for e, err := range streams.ReadRequestEvents(ctx, w.js, j.d.RequestID, 1) {
+	for e, err := range streams.ReadRequestEvents(ctx, w.js, w.parts, j.d.RequestID, 1) {
 		if errors.Is(err, streams.ErrNotFound) {
 			break // dispatched without accepted/routed events (tests, tools)
 		}

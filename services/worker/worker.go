@@ -36,9 +36,11 @@ type Worker struct {
 	events  *streams.Log
 	leases  jetstream.KeyValue
 	loadKV  jetstream.KeyValue
-	// requests is BATON_REQUESTS, bound once: its direct gets reuse the
+	// parts is the request log's layout, learnt when provisioning; requests
+	// are its partitions' streams, bound once: their direct gets reuse the
 	// connection's reply inbox.
-	requests jetstream.Stream
+	parts    streams.Partitions
+	requests []jetstream.Stream
 
 	loadCh chan struct{} // capacity 1: load changed, coalesced
 
@@ -187,9 +189,13 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) open(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	defer cancel()
-	if err := streams.Provision(ctx, w.js, w.cfg.Streams); err != nil {
+	parts, err := streams.Provision(ctx, w.js, w.cfg.Streams)
+	if errors.Is(err, streams.ErrLeadersNotSpread) {
+		w.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
+	} else if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	w.parts = parts
 	return streams.Retry(ctx, func(ctx context.Context) error {
 		var err error
 		if w.leases, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {
@@ -198,8 +204,13 @@ func (w *Worker) open(ctx context.Context) error {
 		if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
 			return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
 		}
-		if w.requests, err = w.js.Stream(ctx, streams.RequestsStream); err != nil {
-			return fmt.Errorf("worker: bind %s: %w", streams.RequestsStream, err)
+		w.requests = w.requests[:0]
+		for _, name := range parts.Streams() {
+			s, err := w.js.Stream(ctx, name)
+			if err != nil {
+				return fmt.Errorf("worker: bind %s: %w", name, err)
+			}
+			w.requests = append(w.requests, s)
 		}
 		return nil
 	})
