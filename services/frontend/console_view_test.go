@@ -175,3 +175,40 @@ func TestConsoleViewFeedBound(t *testing.T) {
 		t.Errorf("got feed seqs %v, want %v", seqs, want)
 	}
 }
+
+// TestConsoleViewPartitions: with a request log of three partitions, whose
+// sequences overlap, the feed keeps each partition's events by its own
+// sequence, and the cursor has one sequence per partition.
+func TestConsoleViewPartitions(t *testing.T) {
+	fe := &Frontend{cfg: Config{ConsoleRequests: 4}.withDefaults(), parts: 3}
+	c := newConsoleView(fe)
+	failed := func(id string) events.RequestFailed {
+		return events.RequestFailed{RequestID: id, Code: "no_workers", Message: "none", Status: 503}
+	}
+	accepted := func(id string) events.RequestAccepted {
+		return events.RequestAccepted{RequestID: id, Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", MaxTokens: 5, Frontend: "fe"}
+	}
+	c.apply("BATON_REQUESTS_0", envelope(1, "a", accepted("a")))
+	c.apply("BATON_REQUESTS_2", envelope(1, "b", accepted("b")))
+	c.apply("BATON_REQUESTS_2", envelope(2, "b", failed("b")))
+	c.apply("BATON_REQUESTS_0", envelope(2, "a", failed("a")))
+	c.apply("BATON_REQUESTS_0", envelope(2, "a", failed("a"))) // redelivered
+	c.apply(streams.WorkersStream, envelope(1, "w1", events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: "lease expired"}))
+	var ids []string
+	for _, f := range c.since(newCursor(3)) {
+		ids = append(ids, f.RequestID+f.WorkerID+"@"+f.ID)
+	}
+	if want := []string{"b@0.0.2.0", "a@2.0.2.0", "w1@2.0.2.1"}; !slices.Equal(ids, want) {
+		t.Errorf("got feed %v, want %v", ids, want)
+	}
+	cur, err := parseCursor("0.0.2.0", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.since(cur); len(got) != 2 || got[0].RequestID != "a" {
+		t.Errorf("after 0.0.2.0 got %+v, want a's failure and w1's loss", got)
+	}
+	if got := len(c.requests("", "", 0)); got != 2 {
+		t.Errorf("%d requests in the view, want 2", got)
+	}
+}
