@@ -52,6 +52,7 @@ type Envelope struct {
 	// Stream position, set by the reader; zero for an envelope not yet stored.
 	Seq     uint64 // stream sequence
 	LastSeq uint64 // previous sequence of the same NATS subject (RePublish), if known
+	Stored  string // the NATS subject it is stored on (not the republished one), if known
 }
 
 // Type returns the CloudEvents type of the carried event.

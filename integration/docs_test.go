@@ -274,7 +274,7 @@ func readmeNATS(t *testing.T, readme string, f *frontend, natsURL string) {
 		t.Fatalf("the README's nats commands changed (want 6), update this test: %q", cmds)
 	}
 	wants := []string{"BATON_REQUESTS", "ce-type: baton.request.completed.v1", "ce-type: baton.request.accepted.v1",
-		"Subject baton.requests.demo-1.events", "up-w", "Nats-Stream: BATON_REQUESTS"}
+		"Subject baton.requests.16.demo-1.events", "up-w", "Nats-Stream: BATON_REQUESTS"}
 	for i, line := range cmds {
 		line = strings.Replace(line, "nats --server nats://127.0.0.1:4222", nats+" --server "+natsURL, 1)
 		if !strings.HasPrefix(line, nats+" ") {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
 )
 
 // runTool runs a short-lived command to completion and returns its stdout,
@@ -163,7 +164,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 
 	// The nats CLI shows the same messages with readable ce-type headers.
 	nats := natsCLI(t)
-	out, errOut, code = runTool(t, nats, "--server", s.natsURL, "sub", "baton.requests."+id+".>",
+	out, errOut, code = runTool(t, nats, "--server", s.natsURL, "sub", streams.RequestAll(id),
 		"--stream", "BATON_REQUESTS", "--all", "--terminate-at-end", "--headers-only")
 	if code != 0 || !strings.Contains(out, "ce-type: baton.request.accepted.v1") || !strings.Contains(out, "ce-type: baton.request.migrated.v1") {
 		t.Errorf("nats sub --stream: exit %d, stderr %q, stdout:\n%s", code, errOut, out)
@@ -175,7 +176,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 		t.Log("script(1) not installed: skipping nats stream view")
 		return
 	}
-	view := nats + " --server " + s.natsURL + " stream view BATON_REQUESTS 25 --subject baton.requests." + id + ".events"
+	view := nats + " --server " + s.natsURL + " stream view BATON_REQUESTS 25 --subject " + streams.RequestEvents(id)
 	out, errOut, code = runTool(t, script, "-qec", view, "/dev/null")
 	if code != 0 || !strings.Contains(out, "ce-type: baton.request.accepted.v1") || !strings.Contains(out, "ce-type: baton.request.attached.v1") {
 		t.Errorf("nats stream view: exit %d, stderr %q, stdout:\n%s", code, errOut, out)

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 )
 
@@ -137,7 +138,7 @@ func TestRogueNodeCannotJoin(t *testing.T) {
 			}
 			defer pub.Close()
 			waitFor(t, 10*time.Second, "a's publication to reach b", func() bool {
-				_ = pub.Publish("baton.live.requests.r1.events", []byte("a prompt"))
+				_ = pub.Publish(streams.LiveSubject(streams.RequestEvents("r1")), []byte("a prompt"))
 				_ = pub.Flush()
 				_, err := got.NextMsg(100 * time.Millisecond)
 				return err == nil

@@ -16,7 +16,7 @@ type TimelineEntry struct {
 	Seq     uint64       `json:"seq"`
 	Time    time.Time    `json:"time"`
 	Since   float64      `json:"since_accepted_seconds"`
-	Subject string       `json:"subject"` // "events" or "tokens.<attempt>"
+	Subject string       `json:"subject"` // "events" or "tokens.<attempt>.<worker>"
 	Type    string       `json:"type"`
 	ID      string       `json:"id"`
 	Source  string       `json:"source"`
@@ -46,7 +46,7 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 	for _, e := range envs {
 		applied, note := r.Fold(e)
 		timeline = append(timeline, TimelineEntry{
-			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: SubjectKind(e.Event),
+			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: SubjectKind(e),
 			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
 			Summary: Describe(e), Event: e.Event, Len: r.Len(),
 		})
@@ -57,11 +57,17 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 	return r, timeline, true
 }
 
-// SubjectKind names the subject an event is stored on, below
-// baton.requests.<id>.: "events", or "tokens.<k>" for what attempt k produces.
-func SubjectKind(ev events.Event) string {
-	const id = "_"
-	return strings.TrimPrefix(streams.SubjectOf(id, ev), strings.TrimSuffix(streams.RequestEvents(id), "events"))
+// SubjectKind names the subject e is stored on, below
+// baton.requests.<slot>.<id>.: "events", or "tokens.<k>.<worker>" for what
+// attempt k, routed to worker, produces. For an envelope whose subject is
+// unknown it names the kind from the event: "events" or "tokens.<k>".
+func SubjectKind(e events.Envelope) string {
+	if s, err := streams.ParseRequestSubject(e.Stored); err == nil {
+		return s.Tail()
+	}
+	const id, worker = "_", "_"
+	subj := strings.TrimPrefix(streams.SubjectOf(id, worker, e.Event), strings.TrimSuffix(streams.RequestEvents(id), "events"))
+	return strings.TrimSuffix(subj, "."+worker)
 }
 
 // FencedBy reports the frontend that wrote an AttemptFailed marker, if a

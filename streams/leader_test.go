@@ -20,7 +20,7 @@ func TestReadBehind(t *testing.T) {
 	log := streams.NewLog(js, "test")
 	var seqs []uint64
 	for i, id := range []string{"r", "other", "r", "r", "other"} {
-		seq, err := log.Append(ctx, streams.RequestTokens(id, 0), log.Envelope(events.ID(id, i), id,
+		seq, err := log.Append(ctx, streams.RequestTokens(id, 0, "w1"), log.Envelope(events.ID(id, i), id,
 			events.TokensGenerated{RequestID: id, Offset: i, Tokens: []string{"t"}}), -1)
 		if err != nil {
 			t.Fatal(err)

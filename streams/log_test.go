@@ -65,17 +65,17 @@ func TestLiveFoldEqualsReplay(t *testing.T) {
 	history := []step{
 		{fe, evSubj, events.RequestAccepted{RequestID: id, Model: "mock", Endpoint: events.EndpointChat, Prompt: "hi", PromptTokens: 1, MaxTokens: 32, Stream: true, Frontend: "fe-1"}, "accepted"},
 		{fe, evSubj, events.RequestRouted{RequestID: id, Attempt: 0, WorkerID: "w1", StartOffset: 0}, "routed.0"},
-		{wk[0], streams.RequestTokens(id, 0), tokens(0, 0, "The", " quick"), events.ID(id, 0, 0)},
-		{wk[0], streams.RequestTokens(id, 0), tokens(0, 2, " brown"), events.ID(id, 0, 2)},
-		{wk[0], streams.RequestTokens(id, 0), tokens(0, 2, " brown"), events.ID(id, 0, 2)}, // retried append: deduplicated
-		{wk[0], streams.RequestTokens(id, 0), tokens(0, 3, " fox"), events.ID(id, 0, 3)},
-		{fe, streams.RequestTokens(id, 0), events.AttemptFailed{RequestID: id, Attempt: 0, WorkerID: "w1", Offset: 4, Reason: "lease lost"}, "fence.0"},
-		{wk[0], streams.RequestTokens(id, 0), tokens(0, 4, " ZOMBIE"), events.ID(id, 0, 4)},
+		{wk[0], streams.RequestTokens(id, 0, "w1"), tokens(0, 0, "The", " quick"), events.ID(id, 0, 0)},
+		{wk[0], streams.RequestTokens(id, 0, "w1"), tokens(0, 2, " brown"), events.ID(id, 0, 2)},
+		{wk[0], streams.RequestTokens(id, 0, "w1"), tokens(0, 2, " brown"), events.ID(id, 0, 2)}, // retried append: deduplicated
+		{wk[0], streams.RequestTokens(id, 0, "w1"), tokens(0, 3, " fox"), events.ID(id, 0, 3)},
+		{fe, streams.RequestTokens(id, 0, "w1"), events.AttemptFailed{RequestID: id, Attempt: 0, WorkerID: "w1", Offset: 4, Reason: "lease lost"}, "fence.0"},
+		{wk[0], streams.RequestTokens(id, 0, "w1"), tokens(0, 4, " ZOMBIE"), events.ID(id, 0, 4)},
 		{fe, evSubj, events.RequestMigrated{RequestID: id, FromAttempt: 0, FromWorker: "w1", Cut: 4, MigrationType: events.MigrationOngoingRequest, Reason: "lease lost", Frontend: "fe-1"}, "migrated.0"},
 		{fe, evSubj, events.RequestRouted{RequestID: id, Attempt: 1, WorkerID: "w2", StartOffset: 4}, "routed.1"},
-		{wk[1], streams.RequestTokens(id, 1), tokens(1, 4, " jumps", " over"), events.ID(id, 1, 4)},
-		{wk[1], streams.RequestTokens(id, 1), tokens(1, 6, " the", " lazy", " dog"), events.ID(id, 1, 6)},
-		{wk[1], streams.RequestTokens(id, 1), events.RequestCompleted{RequestID: id, Attempt: 1, FinishReason: "stop", PromptTokens: 1, CompletionTokens: 9}, "completed.1"},
+		{wk[1], streams.RequestTokens(id, 1, "w2"), tokens(1, 4, " jumps", " over"), events.ID(id, 1, 4)},
+		{wk[1], streams.RequestTokens(id, 1, "w2"), tokens(1, 6, " the", " lazy", " dog"), events.ID(id, 1, 6)},
+		{wk[1], streams.RequestTokens(id, 1, "w2"), events.RequestCompleted{RequestID: id, Attempt: 1, FinishReason: "stop", PromptTokens: 1, CompletionTokens: 9}, "completed.1"},
 	}
 	stored := map[uint64]bool{}
 	for i, st := range history {
@@ -156,14 +156,14 @@ func TestReadRequestAcrossBatches(t *testing.T) {
 	const n = 2345
 	var futures []jetstream.PubAckFuture
 	for i := range n {
-		f, err := log.AppendAsync(streams.RequestTokens("big", 0), log.Envelope(events.ID("big", 0, i), "big",
+		f, err := log.AppendAsync(streams.RequestTokens("big", 0, "w1"), log.Envelope(events.ID("big", 0, i), "big",
 			events.TokensGenerated{RequestID: "big", Offset: i, Tokens: []string{fmt.Sprint(i % 10)}}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		futures = append(futures, f)
 		if i%3 == 0 {
-			f, err := log.AppendAsync(streams.RequestTokens("noise", 0), log.Envelope(events.ID("noise", 0, i), "noise",
+			f, err := log.AppendAsync(streams.RequestTokens("noise", 0, "w1"), log.Envelope(events.ID("noise", 0, i), "noise",
 				events.TokensGenerated{RequestID: "noise", Offset: i, Tokens: []string{"x"}}))
 			if err != nil {
 				t.Fatal(err)
@@ -258,7 +258,7 @@ func TestSubjectLimitRefusesNewWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := streams.NewLog(js, "test")
-	subj := streams.RequestTokens("full", 0)
+	subj := streams.RequestTokens("full", 0, "w1")
 	appendDelta := func(subject string, i int) error {
 		_, err := log.Append(ctx, subject, log.Envelope(events.ID(subject, i), "full",
 			events.TokensGenerated{RequestID: "full", Offset: i, Tokens: []string{"t"}}), -1)
@@ -284,7 +284,7 @@ func TestSubjectLimitRefusesNewWrites(t *testing.T) {
 		t.Errorf("got stored offsets %v, want [0 1 2] (oldest kept)", offsets)
 	}
 	// The limit is per subject: the next attempt's subject still takes writes.
-	if err := appendDelta(streams.RequestTokens("full", 1), 0); err != nil {
+	if err := appendDelta(streams.RequestTokens("full", 1, "w1"), 0); err != nil {
 		t.Errorf("append to another subject: %v", err)
 	}
 }
@@ -314,7 +314,7 @@ func TestStreamLimitErrors(t *testing.T) {
 			log := streams.NewLog(js, "test")
 			var err error
 			for i := 0; err == nil && i < tt.appends; i++ {
-				_, err = log.Append(ctx, streams.RequestTokens("r", 0), log.Envelope(events.ID("r", i), "r",
+				_, err = log.Append(ctx, streams.RequestTokens("r", 0, "w1"), log.Envelope(events.ID("r", i), "r",
 					events.TokensGenerated{RequestID: "r", Offset: i, Tokens: []string{tt.tokens}}), -1)
 			}
 			if err == nil {

@@ -43,21 +43,21 @@ func TestAppendRepublishesWithLastSequence(t *testing.T) {
 	}
 	log := streams.NewLog(js, "test")
 	ev := events.TokensGenerated{RequestID: "r1", Attempt: 0, Offset: 0, Tokens: []string{"a ", "b "}}
-	seq1, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.0", "r1", ev), -1)
+	seq1, err := log.Append(ctx, streams.RequestTokens("r1", 0, "w1"), log.Envelope("r1.0.0", "r1", ev), -1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ev.Offset = 2
-	seq2, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.2", "r1", ev), int64(seq1))
+	seq2, err := log.Append(ctx, streams.RequestTokens("r1", 0, "w1"), log.Envelope("r1.0.2", "r1", ev), int64(seq1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A retry of the same id is deduplicated, not stored twice.
-	if _, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.2", "r1", ev), -1); err != nil {
+	if _, err := log.Append(ctx, streams.RequestTokens("r1", 0, "w1"), log.Envelope("r1.0.2", "r1", ev), -1); err != nil {
 		t.Fatal(err)
 	}
 	// A stale expectation conflicts.
-	if _, err := log.Append(ctx, streams.RequestTokens("r1", 0), log.Envelope("r1.0.9", "r1", ev), int64(seq1)); err == nil {
+	if _, err := log.Append(ctx, streams.RequestTokens("r1", 0, "w1"), log.Envelope("r1.0.9", "r1", ev), int64(seq1)); err == nil {
 		t.Fatal("stale expected sequence: got nil error, want conflict")
 	}
 	var got []*nats.Msg

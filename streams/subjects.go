@@ -2,6 +2,7 @@ package streams
 
 import (
 	"fmt"
+	"hash/fnv"
 	"regexp"
 	"strconv"
 	"strings"
@@ -73,19 +74,41 @@ func ValidRequestID(id string) bool {
 	return ValidID(t) && ValidID(rest)
 }
 
-// RequestEvents is the subject of a request's lifecycle decisions.
-func RequestEvents(id string) string { return requestsPrefix + id + ".events" }
+// Slots is the number of hash slots request subjects are spread over.
+// A request's slot is a function of its id alone (Slot), fixed whatever
+// the number of request streams: a partitioned log gives each stream a
+// set of slots, so no subject depends on configuration.
+const Slots = 64
 
-// RequestTokens is the subject of what attempt k of a request produces.
-func RequestTokens(id string, attempt int) string {
-	return requestsPrefix + id + ".tokens." + strconv.Itoa(attempt)
+// Slot is the hash slot of request id: FNV-1a (32 bits) of the id, mod Slots.
+func Slot(id string) int {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return int(h.Sum32() % Slots)
+}
+
+// requestBase is "<slot>.<id>.", the part of every subject of request id
+// below the stored and live prefixes.
+func requestBase(id string) string { return strconv.Itoa(Slot(id)) + "." + id + "." }
+
+// RequestEvents is the subject of a request's lifecycle decisions:
+// baton.requests.<slot>.<id>.events.
+func RequestEvents(id string) string { return requestsPrefix + requestBase(id) + "events" }
+
+// RequestTokens is the subject of what attempt k of a request, routed to
+// worker, produces: baton.requests.<slot>.<id>.tokens.<k>.<worker>. The
+// worker's id in the subject lets NATS permissions confine a worker to
+// writing its own attempts, and a reader to accept an attempt's output
+// only from the worker the attempt was routed to.
+func RequestTokens(id string, attempt int, worker string) string {
+	return requestsPrefix + requestBase(id) + "tokens." + strconv.Itoa(attempt) + "." + worker
 }
 
 // RequestAll matches every stored subject of a request.
-func RequestAll(id string) string { return requestsPrefix + id + ".>" }
+func RequestAll(id string) string { return requestsPrefix + requestBase(id) + ">" }
 
 // RequestLive matches the republished copies of a request's stored messages.
-func RequestLive(id string) string { return livePrefix + id + ".>" }
+func RequestLive(id string) string { return livePrefix + requestBase(id) + ">" }
 
 // KVSubject is the subject on which a KV bucket stores key: a TTL'd put
 // (jetstream.WithMsgTTL) is a publish there.
@@ -97,28 +120,58 @@ func WorkerEvents(id string) string { return workersPrefix + id + ".events" }
 // DispatchSubject is the core-NATS request subject on which a worker accepts work.
 func DispatchSubject(workerID string) string { return dispatchPrefix + workerID }
 
-// ParseRequestSubject splits a stored (or republished) request subject into its
-// request id, kind ("events" or "tokens") and attempt (-1 for events).
-func ParseRequestSubject(subj string) (id, kind string, attempt int, err error) {
+// RequestSubject is a request subject taken apart.
+type RequestSubject struct {
+	ID      string
+	Kind    string // "events" or "tokens"
+	Attempt int    // -1 for events
+	Worker  string // the attempt's worker, for tokens
+}
+
+// ParseRequestSubject splits a stored (or republished) request subject into
+// its request id, kind, attempt and worker. It checks that the slot is the
+// id's.
+func ParseRequestSubject(subj string) (RequestSubject, error) {
 	rest, ok := strings.CutPrefix(subj, requestsPrefix)
 	if !ok {
 		rest, ok = strings.CutPrefix(subj, livePrefix)
 	}
 	if !ok {
-		return "", "", 0, fmt.Errorf("streams: not a request subject: %q", subj)
+		return RequestSubject{}, fmt.Errorf("streams: not a request subject: %q", subj)
 	}
 	parts := strings.Split(rest, ".")
-	switch {
-	case len(parts) == 2 && parts[1] == "events":
-		return parts[0], "events", -1, nil
-	case len(parts) == 3 && parts[1] == "tokens":
-		k, err := strconv.Atoi(parts[2])
-		if err != nil || k < 0 {
-			return "", "", 0, fmt.Errorf("streams: bad attempt in %q", subj)
-		}
-		return parts[0], "tokens", k, nil
+	if len(parts) < 3 || parts[0] != strconv.Itoa(Slot(parts[1])) {
+		return RequestSubject{}, fmt.Errorf("streams: not a request subject: %q", subj)
 	}
-	return "", "", 0, fmt.Errorf("streams: not a request subject: %q", subj)
+	id, tail := parts[1], parts[2:]
+	switch {
+	case len(tail) == 1 && tail[0] == "events":
+		return RequestSubject{ID: id, Kind: "events", Attempt: -1}, nil
+	case len(tail) == 3 && tail[0] == "tokens" && tail[2] != "":
+		k, err := strconv.Atoi(tail[1])
+		if err != nil || k < 0 {
+			return RequestSubject{}, fmt.Errorf("streams: bad attempt in %q", subj)
+		}
+		return RequestSubject{ID: id, Kind: "tokens", Attempt: k, Worker: tail[2]}, nil
+	}
+	return RequestSubject{}, fmt.Errorf("streams: not a request subject: %q", subj)
+}
+
+// Tail is the subject's part below the request's id: "events", or
+// "tokens.<k>.<worker>".
+func (r RequestSubject) Tail() string {
+	if r.Kind == "events" {
+		return "events"
+	}
+	return "tokens." + strconv.Itoa(r.Attempt) + "." + r.Worker
+}
+
+// LiveSubject maps a stored request subject to its republished copy.
+func LiveSubject(subj string) string {
+	if rest, ok := strings.CutPrefix(subj, requestsPrefix); ok {
+		return livePrefix + rest
+	}
+	return subj
 }
 
 // StoredSubject maps a republished subject back to the stored one.
@@ -131,15 +184,17 @@ func StoredSubject(subj string) string {
 
 // SubjectOf is the stored subject of ev, an event of request id: what
 // attempt k produces (tokens, its completion, its failure) lives on
-// RequestTokens(id, k), every decision and command on RequestEvents(id).
-func SubjectOf(id string, ev events.Event) string {
+// RequestTokens(id, k, worker), where worker is the attempt's worker (the
+// one its routed event names); every decision and command on
+// RequestEvents(id).
+func SubjectOf(id, worker string, ev events.Event) string {
 	switch ev := ev.(type) {
 	case events.TokensGenerated:
-		return RequestTokens(id, ev.Attempt)
+		return RequestTokens(id, ev.Attempt, worker)
 	case events.RequestCompleted:
-		return RequestTokens(id, ev.Attempt)
+		return RequestTokens(id, ev.Attempt, worker)
 	case events.AttemptFailed:
-		return RequestTokens(id, ev.Attempt)
+		return RequestTokens(id, ev.Attempt, worker)
 	}
 	return RequestEvents(id)
 }

@@ -1,6 +1,7 @@
 package streams_test
 
 import (
+	"strconv"
 	"testing"
 
 	"github.com/baton-dev/baton/streams"
@@ -32,15 +33,70 @@ func TestTenantRequestIDs(t *testing.T) {
 			t.Errorf("SplitRequestID(%q) = %q, %q; want %q, %q", got, tenant, id, wantTenant, tt.id)
 		}
 		// The internal id is one subject token: the subjects parse back to it.
-		for _, subj := range []string{streams.RequestEvents(got), streams.RequestTokens(got, 2)} {
-			if id, _, _, err := streams.ParseRequestSubject(subj); err != nil || id != got {
-				t.Errorf("ParseRequestSubject(%q) = %q, %v; want %q", subj, id, err, got)
+		for _, subj := range []string{streams.RequestEvents(got), streams.RequestTokens(got, 2, "w1")} {
+			if s, err := streams.ParseRequestSubject(subj); err != nil || s.ID != got {
+				t.Errorf("ParseRequestSubject(%q) = %+v, %v; want id %q", subj, s, err, got)
 			}
 		}
 	}
 	for _, bad := range []string{"", "a:", ":a", "a:b:c", "a.b:c", "a:b.c", "a:b c", "a*:b"} {
 		if streams.ValidRequestID(bad) {
 			t.Errorf("ValidRequestID(%q) = true", bad)
+		}
+	}
+}
+
+// TestRequestSubjects pins the subject layout: a hash slot of the id, the
+// id, then "events" or "tokens.<attempt>.<worker>"; the parser reads back
+// what the builders wrote, from the stored and the live copies, and
+// refuses a subject whose slot is not its id's.
+func TestRequestSubjects(t *testing.T) {
+	const id = "alice:r1"
+	slot := streams.Slot(id)
+	if slot < 0 || slot >= streams.Slots {
+		t.Fatalf("Slot(%q) = %d, want [0, %d)", id, slot, streams.Slots)
+	}
+	if streams.Slot(id) != slot {
+		t.Fatal("Slot is not a function of the id")
+	}
+	s := strconv.Itoa(slot)
+	if got, want := streams.RequestEvents(id), "baton.requests."+s+".alice:r1.events"; got != want {
+		t.Errorf("RequestEvents = %q, want %q", got, want)
+	}
+	tokens := streams.RequestTokens(id, 3, "w-7")
+	if want := "baton.requests." + s + ".alice:r1.tokens.3.w-7"; tokens != want {
+		t.Errorf("RequestTokens = %q, want %q", tokens, want)
+	}
+	if got, want := streams.RequestAll(id), "baton.requests."+s+".alice:r1.>"; got != want {
+		t.Errorf("RequestAll = %q, want %q", got, want)
+	}
+	live := streams.LiveSubject(tokens)
+	if want := "baton.live.requests." + s + ".alice:r1.tokens.3.w-7"; live != want {
+		t.Errorf("LiveSubject = %q, want %q", live, want)
+	}
+	if streams.StoredSubject(live) != tokens {
+		t.Errorf("StoredSubject(%q) = %q", live, streams.StoredSubject(live))
+	}
+	for _, subj := range []string{tokens, live} {
+		got, err := streams.ParseRequestSubject(subj)
+		want := streams.RequestSubject{ID: id, Kind: "tokens", Attempt: 3, Worker: "w-7"}
+		if err != nil || got != want || got.Tail() != "tokens.3.w-7" {
+			t.Errorf("ParseRequestSubject(%q) = %+v, %v; want %+v", subj, got, err, want)
+		}
+	}
+	if got, err := streams.ParseRequestSubject(streams.RequestEvents(id)); err != nil || got.Kind != "events" || got.Attempt != -1 || got.Tail() != "events" {
+		t.Errorf("ParseRequestSubject(events) = %+v, %v", got, err)
+	}
+	other := strconv.Itoa((slot + 1) % streams.Slots)
+	for _, bad := range []string{
+		"baton.requests." + other + ".alice:r1.events", // wrong slot
+		"baton.requests.alice:r1.events",               // no slot (the old layout)
+		"baton.requests." + s + ".alice:r1.tokens.3",   // no worker
+		"baton.requests." + s + ".alice:r1.tokens.x.w1",
+		"baton.workers.w1.events",
+	} {
+		if got, err := streams.ParseRequestSubject(bad); err == nil {
+			t.Errorf("ParseRequestSubject(%q) = %+v, want an error", bad, got)
 		}
 	}
 }

@@ -60,7 +60,7 @@ func TestTailLogFollow(t *testing.T) {
 		t.Fatal("tailLog did not return after its ctx ended")
 	}
 	all := strings.Join(got(), "\n")
-	for _, want := range []string{"worker w1 registered", "baton.requests.r9.events", "worker w1 draining: sigterm"} {
+	for _, want := range []string{"worker w1 registered", streams.RequestEvents("r9"), "worker w1 draining: sigterm"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("output lacks %q:\n%s", want, all)
 		}

@@ -208,7 +208,7 @@ func writeReplay(w io.Writer, doc replayDoc) error {
 	st := doc.Request
 	var b strings.Builder
 	fmt.Fprintf(&b, "request %s: %s\n\n", st.ID, statusLine(st))
-	fmt.Fprintf(&b, "timeline (time since accepted, %s sequence, subject under baton.requests.%s.):\n", cmp.Or(doc.Stream, streams.RequestsStream), st.ID)
+	fmt.Fprintf(&b, "timeline (time since accepted, %s sequence, subject under %s):\n", cmp.Or(doc.Stream, streams.RequestsStream), strings.TrimSuffix(streams.RequestAll(st.ID), ">"))
 	for _, l := range coalesce(doc.Timeline) {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -26,7 +27,7 @@ type storedEvent struct {
 func migratedHistory() []storedEvent {
 	const id = "r1"
 	fe1, fe2, w1, w2 := "baton/frontend/fe-1", "baton/frontend/fe-2", "baton/worker/w1", "baton/worker/w2"
-	ev, tok := streams.RequestEvents(id), func(k int) string { return streams.RequestTokens(id, k) }
+	ev, tok := streams.RequestEvents(id), func(k int) string { return streams.RequestTokens(id, k, fmt.Sprintf("w%d", k+1)) }
 	return []storedEvent{
 		{ev, fe1, events.RequestAccepted{RequestID: id, Model: "mock", Endpoint: events.EndpointCompletions, Prompt: "a b", PromptTokens: 2, MaxTokens: 10, Frontend: "fe-1", Stream: true}},
 		{ev, fe1, events.RequestRouted{RequestID: id, Attempt: 0, WorkerID: "w1"}},
@@ -286,7 +287,7 @@ func TestReplayAndEventsFromLog(t *testing.T) {
 		want  []string
 	}{
 		{"everything", nil, 17, []string{"workers  1", "worker w1 registered", "(unknown type baton.request.teleported.v9"}},
-		{"one request", []string{"--request", "r1"}, 16, []string{"baton.request.migrated.v1", "baton.requests.r1.tokens.1"}},
+		{"one request", []string{"--request", "r1"}, 16, []string{"baton.request.migrated.v1", streams.RequestTokens("r1", 1, "w2")}},
 		{"one worker", []string{"--worker", "w1"}, 1, []string{"baton.workers.w1.events"}},
 		{"unknown request", []string{"--request", "nope"}, 0, nil},
 		{"recent", []string{"--since", "1h", "--request", "r1"}, 16, nil},

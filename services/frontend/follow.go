@@ -282,9 +282,8 @@ func (f *follower) apply(e events.Envelope) {
 
 func (f *follower) applyLocked(e events.Envelope) bool {
 	before := f.proj.Len()
-	if e.Seq != 0 {
-		subj := streams.SubjectOf(f.id, e.Event)
-		f.lastBySubj[subj] = max(f.lastBySubj[subj], e.Seq)
+	if e.Seq != 0 && e.Stored != "" {
+		f.lastBySubj[e.Stored] = max(f.lastBySubj[e.Stored], e.Seq)
 	}
 	changed := f.proj.Apply(e)
 	if f.proj.Len() != before {

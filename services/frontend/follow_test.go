@@ -33,7 +33,7 @@ func (x *followFixture) append(ev events.Event) {
 	x.t.Helper()
 	x.n++
 	env := x.log.Envelope(events.ID("r1", x.n), "r1", ev)
-	if _, err := x.log.Append(x.ctx, streams.SubjectOf("r1", ev), env, -1); err != nil {
+	if _, err := x.log.Append(x.ctx, streams.SubjectOf("r1", "w", ev), env, -1); err != nil {
 		x.t.Fatal(err)
 	}
 }

@@ -51,8 +51,8 @@ func TestCatchUpOnReconnect(t *testing.T) {
 	defer func() { rcancel(); _ = g.Wait() }()
 
 	p.Cut()
-	appendEv(streams.RequestTokens("r1", 0), "c", events.TokensGenerated{RequestID: "r1", Tokens: []string{"x ", "y "}})
-	appendEv(streams.RequestTokens("r1", 0), "d", events.RequestCompleted{RequestID: "r1", FinishReason: "length", CompletionTokens: 2})
+	appendEv(streams.RequestTokens("r1", 0, "w"), "c", events.TokensGenerated{RequestID: "r1", Tokens: []string{"x ", "y "}})
+	appendEv(streams.RequestTokens("r1", 0, "w"), "d", events.RequestCompleted{RequestID: "r1", FinishReason: "length", CompletionTokens: 2})
 	p.Restore()
 	if err := f.waitFor(ctx, func(p *projections.Request) bool { return p.Status == projections.StatusCompleted }); err != nil {
 		t.Fatalf("the completion stored during the outage never reached the follower: %v", err)

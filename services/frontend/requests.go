@@ -68,7 +68,7 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 	t := &tracked{id: acc.RequestID, f: f, dispatched: make(chan struct{})}
 	// Fold the accepted event now: the supervisor must not wait for the
 	// republished copy to know what to dispatch.
-	env.Seq = seq
+	env.Seq, env.Stored = seq, streams.RequestEvents(acc.RequestID)
 	f.apply(env)
 	fe.register(t)
 	fe.acquireSupervisor(t)

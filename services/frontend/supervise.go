@@ -257,7 +257,7 @@ func (fe *Frontend) fence(ctx context.Context, t *tracked, a migrations.Action) 
 func (fe *Frontend) appendFence(ctx context.Context, ev events.AttemptFailed) {
 	id := ev.RequestID
 	env := fe.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
-	if _, err := fe.events.Append(ctx, streams.RequestTokens(id, ev.Attempt), env, -1); err != nil {
+	if _, err := fe.events.Append(ctx, streams.RequestTokens(id, ev.Attempt, ev.WorkerID), env, -1); err != nil {
 		fe.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
 	}
 }

@@ -78,12 +78,12 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 		f.RequestID, f.Attempt, f.WorkerID = id, k, w.id
 		ev = f
 	}
-	if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, ev), x.log.Envelope(events.ID(id, k, "1"), id, ev), -1); err != nil {
+	if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, w.id, ev), x.log.Envelope(events.ID(id, k, "1"), id, ev), -1); err != nil {
 		x.t.Error(err)
 	}
 	if w.fail == nil {
 		done := events.RequestCompleted{RequestID: id, Attempt: k, FinishReason: "length", CompletionTokens: 2}
-		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, done), x.log.Envelope(events.ID(id, k, "done"), id, done), -1); err != nil {
+		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, w.id, done), x.log.Envelope(events.ID(id, k, "done"), id, done), -1); err != nil {
 			x.t.Error(err)
 		}
 	}

@@ -13,8 +13,8 @@ import (
 // docs/deployment.md documents it (a test checks that they are the same):
 // any worker id. PinWorker narrows it to one worker.
 const WorkerPermissions = `publish: [
-  "baton.requests.*.tokens.*",             # token deltas, completed, attempt_failed of its attempts
-  "baton.requests.*.events",               # detach handling (cancel of an abandoned request)
+  "baton.requests.*.*.tokens.*.*",         # token deltas, completed, attempt_failed of its attempts
+  "baton.requests.*.*.events",             # detach handling (cancel of an abandoned request)
   "baton.workers.*.events",                # registered, draining, deregistered
   "$KV.baton_leases.>", "$KV.baton_load.>",
   "$JS.API.INFO", "$JS.API.STREAM.INFO.>", "$JS.API.STREAM.CREATE.>",   # narrow as for the frontend
@@ -24,7 +24,7 @@ const WorkerPermissions = `publish: [
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
   "$JS.API.CONSUMER.DELETE.>", "$JS.FC.>", "$JS.ACK.>"
 ]
-subscribe: [ "baton.dispatch.*", "baton.live.requests.*.events", "_INBOX.>" ]   # pin baton.dispatch.<worker id> per user
+subscribe: [ "baton.dispatch.*", "baton.live.requests.*.*.events", "_INBOX.>" ]   # pin baton.dispatch.<worker id> per user
 `
 
 // pins are the grants of WorkerPermissions that name one worker's own

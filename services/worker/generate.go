@@ -150,7 +150,7 @@ func (w *Worker) generate(j *job) {
 		sink = &logOff{nc: w.nc, log: w.events, seq: &w.benchSeq}
 	}
 	out := &deltas{
-		log: sink, subject: streams.RequestTokens(d.RequestID, d.Attempt),
+		log: sink, subject: streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID),
 		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset, stampEmit: w.cfg.BenchEmitTime,
 	}
 	req := engine.Request{

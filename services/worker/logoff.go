@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/baton-dev/baton/events"
@@ -55,11 +54,7 @@ func (l *logOff) Append(_ context.Context, subject string, e events.Envelope, _ 
 }
 
 func (l *logOff) publish(subject string, e events.Envelope) (*nats.Msg, error) {
-	live := subject
-	if id, _, _, err := streams.ParseRequestSubject(subject); err == nil {
-		live = strings.TrimSuffix(streams.RequestLive(id), ">") + strings.TrimPrefix(subject, strings.TrimSuffix(streams.RequestAll(id), ">"))
-	}
-	m, err := streams.NewMsg(live, e)
+	m, err := streams.NewMsg(streams.LiveSubject(subject), e)
 	if err != nil {
 		return nil, err
 	}
