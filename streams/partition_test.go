@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -222,4 +223,44 @@ func streamNames(t *testing.T, js jetstream.JetStream) []string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestReadRequestPartitioned appends the events of requests that fall in
+// every partition and reads each back from its partition alone.
+func TestReadRequestPartitioned(t *testing.T) {
+	s := natstest.Start(t)
+	parts := streams.Partitions(3)
+	js := s.ProvisionPartitions(t, parts)
+	ctx := testCtx(t)
+	log := streams.NewLog(js, "test")
+	seen := map[int]bool{}
+	for i := range 9 {
+		id := fmt.Sprintf("p-%d", i)
+		seen[parts.PartitionOf(id)] = true
+		ev := events.RequestAttached{RequestID: id, Frontend: "fe"}
+		seq, err := log.Append(ctx, streams.RequestEvents(id), log.Envelope(id+".attached", id, ev), -1)
+		if err != nil {
+			t.Fatalf("append %s: %v", id, err)
+		}
+		var got []uint64
+		for e, err := range streams.ReadRequest(ctx, js, parts, id, 1) {
+			if err != nil {
+				t.Fatalf("read %s: %v", id, err)
+			}
+			got = append(got, e.Seq)
+		}
+		if !slices.Equal(got, []uint64{seq}) {
+			t.Errorf("%s: read sequences %v from %s, want [%d]", id, got, parts.StreamOf(id), seq)
+		}
+		st, err := js.Stream(ctx, parts.StreamOf(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(id)); err != nil {
+			t.Errorf("%s is not in %s: %v", id, parts.StreamOf(id), err)
+		}
+	}
+	if len(seen) != parts.Count() {
+		t.Fatalf("the ids fell in partitions %v; want all %d", seen, parts.Count())
+	}
 }
