@@ -22,6 +22,12 @@ import (
 // for $JS.API.STREAM.LEADER.STEPDOWN).
 var ErrLeadersNotSpread = errors.New("streams: the request partitions' leaders could not be spread over the cluster")
 
+// SpreadBudget bounds how long Provision spends spreading the leaders of the
+// partitions it created: a step down and an election take well under a
+// second on a healthy cluster, and a component that may not ask for one (its
+// request goes unanswered) should not wait long to start.
+const SpreadBudget = 10 * time.Second
+
 // Leaders returns the server that leads each partition of p, waiting (until
 // ctx ends) for partitions that are electing one.
 func Leaders(ctx context.Context, js jetstream.JetStream, p Partitions) ([]string, error) {
@@ -64,19 +70,46 @@ func SpreadLeaders(ctx context.Context, js jetstream.JetStream, p Partitions) er
 		if info.Cluster.Leader == pick {
 			continue
 		}
-		if err := Retry(ctx, func(ctx context.Context) error { return stepDown(ctx, js, name, pick) }); err != nil {
+		if err := moveLeader(ctx, js, name, pick); err != nil {
 			return err
-		}
-		err = poll(ctx, spreadBackoffMax, func(ctx context.Context) (bool, error) {
-			info, err := ledInfo(ctx, js, name)
-			return err == nil && info.Cluster.Leader == pick, err
-		})
-		if err != nil {
-			return fmt.Errorf("streams: wait for %s to lead %s: %w", pick, name, err)
 		}
 	}
 	return nil
 }
+
+// moveLeader makes the server named to the leader of stream: it asks the
+// leader to step down in to's favour, and asks again if another server won
+// the election (a preferred peer is a hint, not an order).
+func moveLeader(ctx context.Context, js jetstream.JetStream, stream, to string) error {
+	for {
+		info, err := ledInfo(ctx, js, stream)
+		if err != nil {
+			return err
+		}
+		if info.Cluster == nil || info.Cluster.Leader == to {
+			return nil
+		}
+		if err := stepDown(ctx, js, stream, to); err != nil {
+			if info, ierr := ledInfo(ctx, js, stream); ierr == nil && info.Cluster.Leader == to {
+				return nil // it won an election meanwhile ("already leader")
+			}
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, electionWait)
+		err = poll(wctx, spreadBackoffMax, func(ctx context.Context) (bool, error) {
+			info, err := ledInfo(ctx, js, stream)
+			return err == nil && info.Cluster != nil && info.Cluster.Leader == to, err
+		})
+		cancel()
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("streams: wait for %s to lead %s: %w", to, stream, err)
+		}
+	}
+}
+
+// electionWait is how long moveLeader waits for an election before it asks
+// again.
+const electionWait = 2 * time.Second
 
 // spreadBackoffMax spaces the questions of a wait for a leader: an election
 // after a step down takes well under a second.
@@ -105,6 +138,8 @@ func stepDown(ctx context.Context, js jetstream.JetStream, stream, to string) er
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+	defer cancel()
 	m, err := js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.LEADER.STEPDOWN."+stream, body)
 	if err != nil {
 		return fmt.Errorf("streams: step down the leader of %s for %s: %w", stream, to, err)

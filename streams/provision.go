@@ -179,7 +179,9 @@ func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) (Partiti
 		return 0, err
 	}
 	if created && p.n() > 1 && cfg.withDefaults().Replicas > 1 {
-		if err := SpreadLeaders(ctx, js, p); err != nil {
+		sctx, cancel := context.WithTimeout(ctx, SpreadBudget)
+		defer cancel()
+		if err := SpreadLeaders(sctx, js, p); err != nil {
 			return p, fmt.Errorf("%w: %w", ErrLeadersNotSpread, err)
 		}
 	}
