@@ -222,7 +222,10 @@ func (w *Worker) open(ctx context.Context) error {
 //  2. wait for in-flight generations until the drain deadline (the budget
 //     minus a reserve for the steps below);
 //  3. hand off what is still running: stop it and append attempt_failed
-//     "shutdown", so the owning frontend migrates it;
+//     "shutdown", so the owning frontend migrates it, until the budget
+//     minus the leave's own part of the reserve (a hand-off that overruns
+//     must not leave the worker to be declared lost instead of deregistered:
+//     the frontends migrate its attempts when the lease goes either way);
 //  4. stop renewing, delete the lease key, stop load reports and delete the
 //     load key, append worker_deregistered;
 //  5. unsubscribe from dispatches (until then late dispatches are refused
@@ -238,6 +241,8 @@ func (w *Worker) shutdown(ctx context.Context, reason string, sub *nats.Subscrip
 	reserve := min(budget/4, 2*time.Second)
 	drainCtx, cancelDrain := context.WithTimeout(sctx, budget-reserve)
 	defer cancelDrain()
+	handOffCtx, cancelHandOff := context.WithTimeout(sctx, budget-reserve/2)
+	defer cancelHandOff()
 
 	// 1. Refuse, then announce.
 	w.mu.Lock()
@@ -267,8 +272,8 @@ func (w *Worker) shutdown(ctx context.Context, reason string, sub *nats.Subscrip
 		}
 		w.mu.Unlock()
 		w.log.Warn("drain budget spent; handing off", "in_flight", left)
-		if !waitGroup(sctx, &w.gens) {
-			w.log.Error("hand-off did not finish within the shutdown budget")
+		if !waitGroup(handOffCtx, &w.gens) {
+			w.log.Error("hand-off did not finish within the shutdown budget; leaving")
 		}
 	}
 

@@ -53,12 +53,18 @@ type running struct {
 // start runs a worker on its own connection until the test ends.
 func (e *env) start(nc *nats.Conn, mock engine.MockConfig, cfg worker.Config) *running {
 	e.t.Helper()
-	if nc == nil {
-		nc = e.s.Connect(e.t)
-	}
 	eng, err := engine.NewMock(mock)
 	if err != nil {
 		e.t.Fatal(err)
+	}
+	return e.startEngine(nc, eng, cfg)
+}
+
+// startEngine runs a worker in front of eng on nc until the test ends.
+func (e *env) startEngine(nc *nats.Conn, eng engine.Engine, cfg worker.Config) *running {
+	e.t.Helper()
+	if nc == nil {
+		nc = e.s.Connect(e.t)
 	}
 	cfg.Streams.MemoryStorage = true
 	if cfg.LeaseTTL == 0 {
@@ -489,6 +495,52 @@ func TestShutdownHandsOff(t *testing.T) {
 	}
 	if _, ok := e.lease("w-off"); ok {
 		t.Error("lease still there")
+	}
+}
+
+// stubborn is an engine slow to stop: once its ctx is done it keeps
+// Generate blocked until release is closed.
+type stubborn struct {
+	engine.Engine
+	release chan struct{}
+}
+
+func (s stubborn) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
+	res, err := s.Engine.Generate(ctx, req, emit)
+	<-s.release
+	return res, err
+}
+
+// TestShutdownLeavesWhenHandOffOverruns: a generation that does not stop
+// when handed off must not eat the leave's part of the budget. The worker
+// still revokes its lease and appends worker_deregistered, so it is not
+// declared lost (the frontends migrate its attempts when the lease goes
+// either way).
+func TestShutdownLeavesWhenHandOffOverruns(t *testing.T) {
+	e := newEnv(t)
+	mock, err := engine.NewMock(slow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := stubborn{Engine: mock, release: make(chan struct{})}
+	r := e.startEngine(nil, eng, worker.Config{ID: "w-stub", ShutdownTimeout: time.Second})
+	e.accept("r-stub", "x y", 1000, "w-stub")
+	if rep := e.dispatch("w-stub", newDispatch("r-stub", "x y", 1000)); !rep.Accepted {
+		t.Fatalf("dispatch: %+v", rep)
+	}
+	e.waitFor("first delta", func() bool { return len(e.request("r-stub")) > 2 })
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.stop(t) }()
+	e.waitFor("deregistered", func() bool {
+		evs := e.workerEvents("w-stub")
+		return len(evs) > 0 && evs[len(evs)-1].Type() == events.TypeWorkerDeregistered
+	})
+	if _, ok := e.lease("w-stub"); ok {
+		t.Error("lease still there after the worker left")
+	}
+	close(eng.release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run = %v, want nil", err)
 	}
 }
 
