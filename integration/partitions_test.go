@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -47,6 +48,14 @@ func TestPartitionedLogTools(t *testing.T) {
 		short := "req." + strings.TrimPrefix(parts.StreamOf(id), "BATON_REQUESTS_")
 		if code != 0 || !strings.Contains(out, short) || !strings.Contains(out, streams.RequestEvents(id)) {
 			t.Errorf("baton events --request %s: exit %d, stderr %q, want lines of %s:\n%s", id, code, errOut, short, out)
+		}
+	}
+	// The nats CLI finds a request's partition from its slot, as the README says.
+	nats := natsCLI(t)
+	for _, id := range ids {
+		out, errOut, code := runTool(t, nats, "--server", s.natsURL, "stream", "ls", "--names", "--subject", "baton.requests."+strconv.Itoa(streams.Slot(id))+".>")
+		if code != 0 || strings.TrimSpace(out) != parts.StreamOf(id) {
+			t.Errorf("nats stream ls --subject for %s: exit %d, stderr %q, got %q, want %s", id, code, errOut, out, parts.StreamOf(id))
 		}
 	}
 	out, errOut, code := runTool(t, batonBin, "events", "--nats", s.natsURL)
