@@ -203,7 +203,7 @@ func addStreamFlags(f *flagSet) *streamFlags {
 	sf := &streamFlags{}
 	f.IntVar(&sf.replicas, "replicas", 1, "replicas (R) of the streams and buckets this component provisions if they do not exist; 3 in a cluster")
 	f.IntVar(&sf.partitions, "request-partitions", 0, "`N` streams the request log is split into (1 to 64; a request's hash slot picks one), fixed when the streams are created; "+
-		"unset: what the existing streams have; another number than theirs exits 2")
+		"another number than the existing streams' exits 2")
 	f.bindEnv("request-partitions", "BATON_REQUEST_PARTITIONS", nil)
 	f.showDefault("request-partitions", "the existing streams', else 1")
 	f.DurationVar(&sf.maxAge, "stream-max-age", streams.DefaultRequestsMaxAge, "how long the request log keeps a request's events, a `duration`")
