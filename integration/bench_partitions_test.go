@@ -72,6 +72,22 @@ func BenchmarkPartitions(b *testing.B) {
 	}
 }
 
+// asyncPublisher connects to url for async publishes, 4096 unacknowledged
+// at most; the connection closes when the benchmark ends.
+func asyncPublisher(b *testing.B, url string) jetstream.JetStream {
+	b.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return js
+}
+
 // cpu is each node's CPU time so far.
 func (c *cluster) cpu(b *testing.B) map[string]time.Duration {
 	out := map[string]time.Duration{}
@@ -91,15 +107,7 @@ func publishDeltas(b *testing.B, urls string) float64 {
 	errs := make(chan error, partitionBenchPublishers)
 	start := time.Now()
 	for p := range partitionBenchPublishers {
-		nc, err := nats.Connect(urls)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-		if err != nil {
-			b.Fatal(err)
-		}
+		js := asyncPublisher(b, urls)
 		wg.Go(func() {
 			for i := p; i < partitionBenchMsgs; i += partitionBenchPublishers {
 				id := fmt.Sprintf("bench-%d", i%partitionBenchRequests)
