@@ -94,7 +94,7 @@ type PartitionsMismatchError struct {
 
 func (e *PartitionsMismatchError) Error() string {
 	return fmt.Sprintf("streams: --request-partitions %d, but the request log on this server has %d partition(s) (%s); "+
-		"the number is fixed when the streams are created: start with --request-partitions %d or leave it unset",
+		"the number is fixed when the streams are created: start with --request-partitions %d (BATON_REQUEST_PARTITIONS) or leave it unset",
 		int(e.Want), e.Have.n(), layoutNames(e.Have), e.Have.n())
 }
 

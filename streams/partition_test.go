@@ -264,3 +264,36 @@ func TestReadRequestPartitioned(t *testing.T) {
 		t.Fatalf("the ids fell in partitions %v; want all %d", seen, parts.Count())
 	}
 }
+
+// TestDiscoverBadMetadata: a request stream whose metadata does not state a
+// valid layout is an error, not a guess.
+func TestDiscoverBadMetadata(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream streams.Partitions // whose partition 0 is created
+		meta   string
+	}{
+		{"not a number", 3, "three"},
+		{"too many", 3, "65"},
+		{"a partition saying one", 3, "1"},
+		{"BATON_REQUESTS saying three", 1, "3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := natstest.Start(t)
+			js := s.JetStream(t)
+			ctx := testCtx(t)
+			cfg := streams.Config{MemoryStorage: true}.RequestsConfig(tt.stream, 0)
+			cfg.Metadata["baton.request_partitions"] = tt.meta
+			if _, err := js.CreateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+			if p, err := streams.Discover(ctx, js); err == nil {
+				t.Errorf("discover %s with %s partitions: got %d, want an error", cfg.Name, tt.meta, p)
+			}
+			if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true}); err == nil {
+				t.Errorf("provision over %s with %s partitions: got nil error", cfg.Name, tt.meta)
+			}
+		})
+	}
+}
