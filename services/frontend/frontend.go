@@ -132,12 +132,13 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
-	// Watchers and request runners live until cancelRun, which comes at the
-	// end of the shutdown, not with ctx.
+	// The layout first: everything started below may read the log.
 	if err := fe.provision(ctx); err != nil {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	// Watchers and request runners live until cancelRun, which comes at the
+	// end of the shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	var g errgroup.Group
