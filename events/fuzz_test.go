@@ -35,22 +35,7 @@ func FuzzUnmarshal(f *testing.F) {
 				h[k] = []string{v}
 			}
 		}
-		e1, err := events.Unmarshal(h, data)
-		if err != nil {
-			return
-		}
-		if e1.Event == nil || e1.Type() != typ {
-			t.Fatalf("decoded without error but event = %#v, want type %q", e1.Event, typ)
-		}
-		h2, data2, err := events.Marshal(e1)
-		if err != nil {
-			t.Fatalf("decoded %#v but re-marshal failed: %v", e1, err)
-		}
-		e2, err := events.Unmarshal(h2, data2)
-		if err != nil {
-			t.Fatalf("re-marshalled %v %s but decode failed: %v", h2, data2, err)
-		}
-		requireEqual(t, e2, e1)
+		roundTrip(t, h, data)
 	})
 }
 

@@ -47,15 +47,27 @@ type scaleCase struct {
 // BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
 // worker (5 s, from when 90% of the streams are open) to dir.
 func BenchmarkScale(b *testing.B) {
+	// Each -logoff baseline runs just before its durable workload (a filter
+	// such as Scale/4000x50 selects both), which reports the ratio of their
+	// peak delivered rates.
 	for _, sc := range []scaleCase{
-		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		// Below saturation: latency and memory per stream without queues.
+		{name: "1000x5", streams: 1000, rate: 5, tokens: 64, ramp: 2 * time.Second},
 		{name: "1000x50-logoff", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, logOff: true},
+		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		{name: "4000x50-logoff", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second, logOff: true},
 		{name: "4000x50", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second},
 		{name: "10000x1", streams: 10000, rate: 1, tokens: 30, ramp: 20 * time.Second},
 	} {
 		b.Run(sc.name, func(b *testing.B) { runScale(b, sc) })
 	}
 }
+
+// logOffRate is the delivered rate (over the whole run, and at the peak
+// second) of each -logoff baseline run so far, by workload shape ("4000x50").
+var logOffRate = map[string][2]float64{}
+
+func (sc scaleCase) shape() string { return fmt.Sprintf("%dx%d", sc.streams, sc.rate) }
 
 // scaleProc is one measured process.
 type scaleProc struct {
@@ -123,11 +135,12 @@ type scaleResult struct {
 	latencies       []time.Duration
 	errors          int
 	firstErr        string
-	busy            float64 // the machine's CPU use over the run, 0-1
+	errorKinds      map[string]int // errors by their first 60 characters
+	busy            float64        // the machine's CPU use over the run, 0-1
 }
 
 func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string) *scaleResult {
-	r := &scaleResult{base: sampleProcs(b, procs)}
+	r := &scaleResult{base: sampleProcs(b, procs), errorKinds: map[string]int{}}
 	cpuStart := machineCPU(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: sc.streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
@@ -135,27 +148,15 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 	var open, delivered, unstamped atomic.Int64
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	var firstErr string
 	start := time.Now()
 	for i := range sc.streams {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			time.Sleep(time.Until(start.Add(sc.ramp * time.Duration(i) / time.Duration(sc.streams))))
 			lat, n, err := scaleStream(client, url, fmt.Sprintf("%s-%d", tag, i), sc.tokens, &open, &delivered, &unstamped)
 			mu.Lock()
 			defer mu.Unlock()
-			r.latencies = append(r.latencies, lat...)
-			if err == nil && n != sc.tokens {
-				err = fmt.Errorf("%d tokens, want %d", n, sc.tokens)
-			}
-			if err != nil {
-				r.errors++
-				if firstErr == "" {
-					firstErr = err.Error()
-				}
-			}
-		}()
+			r.record(lat, n, sc.tokens, err)
+		})
 	}
 
 	// Sample while the streams run: the moment most streams are open gives
@@ -223,8 +224,23 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 	// Failed streams are a measured outcome, reported as the errors metric:
 	// past the machine's capacity they fail (dispatch timeouts inhibit the
 	// workers, then 503s), and the targets in BENCHMARKS.md say how many may.
-	r.firstErr = firstErr
 	return r
+}
+
+// record takes in one stream's outcome: n of want tokens, their latencies,
+// its error. The caller serialises calls.
+func (r *scaleResult) record(lat []time.Duration, n, want int, err error) {
+	r.latencies = append(r.latencies, lat...)
+	if err == nil && n != want {
+		err = fmt.Errorf("%d tokens, want %d", n, want)
+	}
+	if err != nil {
+		r.errors++
+		r.errorKinds[fmt.Sprintf("%.60s", err.Error())]++
+		if r.firstErr == "" {
+			r.firstErr = err.Error()
+		}
+	}
 }
 
 // scaleStream runs one streaming completion and returns the emit-to-read
@@ -369,29 +385,54 @@ func (t cpuTimes) busySince(from cpuTimes) float64 {
 	return float64(t.busy-from.busy) / float64(t.total-from.total)
 }
 
-// saveProfiles saves a 5 s CPU profile of each process in addrs to dir,
-// then marks wg done.
+// saveProfiles saves a 5 s CPU profile and then a heap profile of each
+// process in addrs to dir, then marks wg done.
 func saveProfiles(b *testing.B, wg *sync.WaitGroup, dir, name string, addrs map[string]string) {
 	defer wg.Done()
 	var each sync.WaitGroup
 	defer each.Wait()
 	for proc, addr := range addrs {
-		each.Add(1)
-		go func() {
-			defer each.Done()
-			resp, err := http.Get("http://" + addr + "/debug/pprof/profile?seconds=5")
-			if err != nil {
-				b.Logf("profile %s: %v", proc, err)
-				return
+		each.Go(func() {
+			for _, p := range []struct{ path, kind string }{{"profile?seconds=5", "cpu"}, {"heap", "heap"}} {
+				if err := saveProfile("http://"+addr+"/debug/pprof/"+p.path,
+					filepath.Join(dir, fmt.Sprintf("%s-%s-%s.pprof", name, proc, p.kind))); err != nil {
+					b.Logf("profile %s: %v", proc, err)
+				}
 			}
-			defer resp.Body.Close()
-			data, _ := io.ReadAll(resp.Body)
-			path := filepath.Join(dir, fmt.Sprintf("%s-%s.pprof", name, proc))
-			if err := os.WriteFile(path, data, 0o644); err != nil {
-				b.Logf("profile %s: %v", proc, err)
-			}
-		}()
+		})
 	}
+}
+
+func saveProfile(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
+// logOffRatio records a -logoff baseline's rates, or reports a durable
+// run's against its baseline's (and returns the text for the table). At
+// saturation every workload delivers all its tokens, late: the average over
+// the run is the throughput.
+func (r *scaleResult) logOffRatio(b *testing.B, sc scaleCase) string {
+	avg := float64(r.delivered) / r.elapsed.Seconds()
+	if sc.logOff {
+		logOffRate[sc.shape()] = [2]float64{avg, r.peakRate}
+		return ""
+	}
+	base := logOffRate[sc.shape()]
+	if base[0] == 0 {
+		return ""
+	}
+	b.ReportMetric(avg/base[0], "durable/logoff")
+	b.ReportMetric(r.peakRate/base[1], "durable/logoff_peak")
+	return fmt.Sprintf("; durable/log-off %.2f on average, %.2f at the peak (log off: %.0f, %.0f)", avg/base[0], r.peakRate/base[1], base[0], base[1])
 }
 
 // report logs a table of the run and reports its headline figures.
@@ -414,7 +455,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	fmt.Fprintf(&lines, "%d streams x %d tok/s x %d tokens, ramp %v: %d tokens delivered in %v, %d streams open at the sample, %d errors",
 		sc.streams, sc.rate, sc.tokens, sc.ramp, r.delivered, r.elapsed.Round(time.Millisecond), r.openStreams, r.errors)
 	if r.firstErr != "" {
-		fmt.Fprintf(&lines, " (first: %.200s)", r.firstErr)
+		fmt.Fprintf(&lines, " (first: %.200s; by kind: %v)", strings.ReplaceAll(r.firstErr, "\n", " "), r.errorKinds)
 	}
 	lines.WriteString("\n")
 	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %16s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "goroutines/strm")
@@ -439,8 +480,9 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 		return float64(r.latencies[int(p*float64(len(r.latencies)-1))].Microseconds()) / 1000
 	}
 	offered := float64(sc.streams * sc.rate)
-	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while 95%% were open (0: for less than 1 s), %.0f at the peak second, %.0f on average\n",
+	fmt.Fprintf(&lines, "offered %.0f tok/s; delivered %.0f tok/s while 95%% were open (0: for less than 1 s), %.0f at the peak second, %.0f on average",
 		offered, r.windowRate, r.peakRate, float64(r.delivered)/r.elapsed.Seconds())
+	lines.WriteString(r.logOffRatio(b, sc) + "\n")
 	fmt.Fprintf(&lines, "emit-to-client p50 %.1f ms p99 %.1f ms p999 %.1f ms over %d tokens (%d without an emit time); machine CPU busy %.0f%% (headroom %.0f%%)",
 		ms(0.5), ms(0.99), ms(0.999), len(r.latencies), r.unstamped, 100*r.busy, 100*(1-r.busy))
 	b.Log(lines.String())

@@ -118,12 +118,19 @@ func (l *Log) Append(ctx context.Context, subject string, e events.Envelope, exp
 	if err != nil {
 		return 0, err
 	}
+	return l.AppendMsg(ctx, m, expectLast)
+}
+
+// AppendMsg is Append of a message already encoded (events.Marshal or an
+// events.DeltaEncoder), with the same retries and the same guarantees.
+func (l *Log) AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, AppendBudget)
 	defer cancel()
 	var opts []jetstream.PublishOpt
 	if expectLast >= 0 {
 		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(uint64(expectLast)))
 	}
+	typ := m.Header.Get(events.HeaderType)
 	backoff := appendBackoffMin
 	for try := 1; ; try++ {
 		tctx, tcancel := context.WithTimeout(ctx, appendTryTimeout)
@@ -132,18 +139,48 @@ func (l *Log) Append(ctx context.Context, subject string, e events.Envelope, exp
 		if err == nil {
 			return ack.Sequence, nil
 		}
+		if try > 1 && expectLast >= 0 && errors.Is(translate(err), ErrRevisionMismatch) {
+			// The server checks the expected sequence before it deduplicates:
+			// an earlier try that was stored but whose ack was lost makes
+			// this one a conflict with itself.
+			if seq, ok := l.storedAlready(ctx, m); ok {
+				return seq, nil
+			}
+		}
 		if !Transient(err) || ctx.Err() != nil {
-			return 0, fmt.Errorf("append %s to %s (%d tries): %w", e.Type(), subject, try, translate(err))
+			return 0, fmt.Errorf("append %s to %s (%d tries): %w", typ, m.Subject, try, translate(err))
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return 0, fmt.Errorf("append %s to %s (%d tries): %w", e.Type(), subject, try, translate(err))
+			return 0, fmt.Errorf("append %s to %s (%d tries): %w", typ, m.Subject, try, translate(err))
 		}
 		backoff = min(2*backoff, appendBackoffMax)
 	}
+}
+
+// storedAlready reports whether the last message on m's subject is m
+// itself (the same Nats-Msg-Id), and its sequence.
+func (l *Log) storedAlready(ctx context.Context, m *nats.Msg) (uint64, bool) {
+	id := m.Header.Get(jetstream.MsgIDHeader)
+	if id == "" {
+		return 0, false
+	}
+	name, err := l.js.StreamNameBySubject(ctx, m.Subject)
+	if err != nil {
+		return 0, false
+	}
+	s, err := l.js.Stream(ctx, name)
+	if err != nil {
+		return 0, false
+	}
+	last, err := s.GetLastMsgForSubject(ctx, m.Subject)
+	if err != nil || last.Header.Get(jetstream.MsgIDHeader) != id {
+		return 0, false
+	}
+	return last.Sequence, true
 }
 
 // JetStream API error codes of a cluster in transition (nats-server
@@ -178,16 +215,30 @@ func Transient(err error) bool {
 }
 
 // AppendAsync stores e on subject without waiting; the future reports the
-// outcome. The number of unacknowledged appends is bounded by the JetStream
-// context's async window.
+// outcome. See AppendMsgAsync.
 func (l *Log) AppendAsync(subject string, e events.Envelope) (jetstream.PubAckFuture, error) {
 	m, err := NewMsg(subject, e)
 	if err != nil {
 		return nil, err
 	}
-	f, err := l.js.PublishMsgAsync(m)
+	return l.AppendMsgAsync(m)
+}
+
+// AppendStall is how long AppendMsgAsync waits for room in the JetStream
+// context's async window (jetstream.WithPublishAsyncMaxPending) before it
+// fails with jetstream.ErrTooManyStalledMsgs.
+const AppendStall = DefaultTimeout
+
+// AppendMsgAsync stores m without waiting for its acknowledgement; the future
+// reports the outcome. The number of unacknowledged appends is bounded by the
+// JetStream context's async window: when it is full, AppendMsgAsync blocks
+// until an acknowledgement makes room (for at most AppendStall), so a
+// producer slows to the rate the log stores at instead of queueing without
+// bound.
+func (l *Log) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	f, err := l.js.PublishMsgAsync(m, jetstream.WithStallWait(AppendStall))
 	if err != nil {
-		return nil, fmt.Errorf("append %s to %s: %w", e.Type(), subject, translate(err))
+		return nil, fmt.Errorf("append %s to %s: %w", m.Header.Get(events.HeaderType), m.Subject, translate(err))
 	}
 	return f, nil
 }

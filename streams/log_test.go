@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -324,5 +325,97 @@ func TestStreamLimitErrors(t *testing.T) {
 				t.Errorf("got errors.Is(%v, ErrStreamFull) = %v, want %v", err, got, tt.wantFull)
 			}
 		})
+	}
+}
+
+// TestAppendMsgAsyncBackpressure: with the async window full, AppendMsgAsync
+// waits for an acknowledgement to make room rather than queueing more. The
+// "stream" here is a core subscriber that acknowledges when told to.
+func TestAppendMsgAsyncBackpressure(t *testing.T) {
+	s := natstest.Start(t)
+	nc := s.Connect(t)
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan *nats.Msg, 2)
+	if _, err := nc.Subscribe("bp.>", func(m *nats.Msg) { held <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	log := streams.NewLog(js, "baton/test")
+	msg := func(i int) *nats.Msg {
+		h, data, err := events.Marshal(log.Envelope(fmt.Sprint(i), "r1", events.TokensGenerated{RequestID: "r1", Offset: i, Tokens: []string{"t"}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &nats.Msg{Subject: "bp.r1", Header: nats.Header(h), Data: data}
+	}
+	first, err := log.AppendMsgAsync(msg(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan error, 1)
+	go func() {
+		_, err := log.AppendMsgAsync(msg(1))
+		second <- err
+	}()
+	m := <-held // the first append reached the "stream"; its ack is held back
+	select {
+	case err := <-second:
+		t.Fatalf("second append returned (%v) while the window was full, want it to wait", err)
+	case <-time.After(400 * time.Millisecond): // past nats.go's default stall wait (200 ms), which would fail it
+	}
+	if err := m.Respond([]byte(`{"stream":"BP","seq":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-first.Ok():
+	case err := <-first.Err():
+		t.Fatalf("first append: %v", err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("second append after the ack: %v", err)
+	}
+}
+
+// ackLost is a JetStream whose first publish is stored but reports a
+// timeout, as when the acknowledgement is lost.
+type ackLost struct {
+	jetstream.JetStream
+	lost bool
+}
+
+func (a *ackLost) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	ack, err := a.JetStream.PublishMsg(ctx, m, opts...)
+	if err == nil && !a.lost {
+		a.lost = true
+		return nil, context.DeadlineExceeded
+	}
+	return ack, err
+}
+
+// TestAppendExpectedRetryAfterLostAck: an expected-sequence append whose
+// first try was stored but not acknowledged succeeds on its retry (the
+// server checks the expected sequence before it deduplicates, so the retry
+// alone would be a conflict with itself); a real conflict still is one.
+func TestAppendExpectedRetryAfterLostAck(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(&ackLost{JetStream: js}, "baton/frontend/fe-1")
+	acc := events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 1}
+	seq, err := log.Append(ctx, streams.RequestEvents("r1"), log.Envelope("r1.accepted", "r1", acc), 0)
+	if err != nil {
+		t.Fatalf("append after a lost ack: %v, want success", err)
+	}
+	if got := readAll(t, ctx, js, "r1", 1); len(got) != 1 || got[0].Seq != seq {
+		t.Fatalf("stored %d events (%v), want the one at %d", len(got), got, seq)
+	}
+	other := streams.NewLog(js, "baton/frontend/fe-2")
+	if _, err := other.Append(ctx, streams.RequestEvents("r1"), other.Envelope("r1.accepted-2", "r1", acc), 0); !errors.Is(err, streams.ErrConflict) {
+		t.Errorf("another writer's append = %v, want ErrConflict", err)
 	}
 }

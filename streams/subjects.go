@@ -198,3 +198,8 @@ func SubjectOf(id, worker string, ev events.Event) string {
 	}
 	return RequestEvents(id)
 }
+
+// RequestsLive matches the republished copies of every request's stored
+// messages: a frontend's one live subscription, dispatched to the request's
+// followers by ParseRequestSubject.
+func RequestsLive() string { return livePrefix + ">" }

@@ -331,7 +331,10 @@ func (r logRecord) jsonRecord() jsonRecord {
 		t := r.Env.Time
 		j.Time = &t
 	}
-	if json.Valid(r.Data) {
+	switch {
+	case r.Env.Event != nil: // the event as JSON, whether its data was JSON or a delta's text
+		j.Data, _ = json.Marshal(r.Env.Event)
+	case json.Valid(r.Data):
 		j.Data = r.Data
 	}
 	return j

@@ -20,7 +20,11 @@ import (
 type discovery struct {
 	log     *slog.Logger
 	leases  jetstream.KeyValue
-	changed *signal
+	changed *signal // any change, load reports included
+	// members is notified on every change but a load report: a worker came,
+	// left, drained or renewed its lease. A supervisor watching a running
+	// attempt needs nothing else, and load reports come often.
+	members *signal
 
 	stop  context.CancelFunc // ends the watches (they also end with Run's context)
 	mu    sync.Mutex
@@ -32,7 +36,7 @@ type discovery struct {
 }
 
 func newDiscovery(log *slog.Logger) *discovery {
-	return &discovery{log: log, changed: newSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
+	return &discovery{log: log, changed: newSignal(), members: newSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
 }
 
 // hasServed reports whether any worker has served model since start.
@@ -131,6 +135,7 @@ func (d *discovery) watchLeases(ctx context.Context, w jetstream.KeyWatcher, ini
 				d.mu.Unlock()
 				close(initial)
 				d.changed.Notify()
+				d.members.Notify()
 				continue
 			}
 			u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision(), Time: entry.Created()}
@@ -172,18 +177,26 @@ func (d *discovery) watchLoad(ctx context.Context, w jetstream.KeyWatcher) {
 				}
 				u.Load = &l
 			}
-			d.update(func(v *projections.Discovery) bool { return v.ApplyLoad(u) })
+			d.updateLoad(func(v *projections.Discovery) bool { return v.ApplyLoad(u) })
 		}
 	}
 }
 
 func (d *discovery) update(f func(*projections.Discovery) bool) {
+	if d.updateLoad(f) {
+		d.members.Notify()
+	}
+}
+
+// updateLoad applies a load report: it notifies changed only.
+func (d *discovery) updateLoad(f func(*projections.Discovery) bool) bool {
 	d.mu.Lock()
 	changed := f(d.view)
 	d.mu.Unlock()
 	if changed {
 		d.changed.Notify()
 	}
+	return changed
 }
 
 // read runs f on the view under the lock; f must not keep references.

@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -22,8 +21,9 @@ const maxQueued = 4096
 var errStopped = errors.New("frontend: follower stopped")
 
 // follower keeps one request's projection current from the log without a
-// consumer: a core subscription on the request's republished subjects, with
-// gaps (detected by Nats-Last-Sequence) and history filled by batch direct get.
+// consumer: the request's republished messages (from the frontend's one live
+// subscription, see live), with gaps (detected by Nats-Last-Sequence) and
+// history filled by batch direct get.
 // Every reader of the request in this process shares one follower.
 //
 // One goroutine (run) owns the reading of the log: every catch-up, whoever
@@ -36,8 +36,13 @@ type follower struct {
 	id      string
 	js      jetstream.JetStream
 	parts   streams.Partitions
-	changed *signal
-	sub     *nats.Subscription
+	changed *signal // any event applied
+	// decided is notified when an event other than a token delta is
+	// applied (and by whoever must wake the supervisor): the supervisor
+	// waits on it, not on every token, unless --migration-max-seq-len makes
+	// it count tokens; a stall is caught by its timer.
+	decided *signal
+	subs    *live
 	wake    chan struct{} // capacity 1: pokes coalesce
 	stopped chan struct{} // closed by stop
 	done    chan struct{} // closed when run returns
@@ -55,20 +60,16 @@ type follower struct {
 	err        error             // a catch-up failure; readers surface it
 }
 
-// follow subscribes to request id's live subjects. With history set it first
-// reads what the log already holds (ErrNotFound if nothing).
-func follow(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
+// follow registers for request id's live messages. With history set it
+// first reads what the log already holds (ErrNotFound if nothing). parts is
+// the request log's layout: the history is read from id's partition.
+func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, parts: parts, changed: newSignal(), wake: make(chan struct{}, 1),
+		id: id, js: js, parts: parts, changed: newSignal(), decided: newSignal(), subs: lv, wake: make(chan struct{}, 1),
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}
-	sub, err := nc.Subscribe(streams.RequestLive(id), f.onLive)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe %s: %w", id, err)
-	}
-	_ = sub.SetPendingLimits(-1, 64<<20)
-	f.sub = sub
+	lv.add(f)
 	go f.run()
 	if history {
 		if err := f.catchUp(ctx); err != nil {
@@ -79,9 +80,9 @@ func follow(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, parts st
 	return f, nil
 }
 
-// stop ends the subscription and the reading goroutine.
+// stop ends the delivery of live messages and the reading goroutine.
 func (f *follower) stop() {
-	_ = f.sub.Unsubscribe()
+	f.subs.remove(f)
 	close(f.stopped)
 	<-f.done
 }
@@ -288,6 +289,9 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 	changed := f.proj.Apply(e)
 	if f.proj.Len() != before {
 		f.progress = time.Now()
+	}
+	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {
+		f.decided.Notify()
 	}
 	return changed
 }

@@ -53,7 +53,7 @@ func TestFollowerHistoryThenLive(t *testing.T) {
 	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
 	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
 	x.tokens(0, "a ")
-	f, err := follow(x.ctx, s.Connect(t), s.JetStream(t), 1, "r1", true)
+	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestFollowerFillsGap(t *testing.T) {
 	defer nc.Close()
 	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
 	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(x.ctx, nc, s.JetStream(t), 1, "r1", true)
+	f, err := follow(x.ctx, liveOn(t, nc), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestFollowerConcurrentCatchUps(t *testing.T) {
 	x, s := newFollowFixture(t)
 	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 100})
 	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(x.ctx, s.Connect(t), s.JetStream(t), 1, "r1", true)
+	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,5 +142,67 @@ func TestFollowerConcurrentCatchUps(t *testing.T) {
 	f.stop()
 	if err := f.catchUp(x.ctx); !errors.Is(err, errStopped) {
 		t.Errorf("catch up after stop = %v, want errStopped", err)
+	}
+}
+
+// liveOn is the live subscription of a test's connection.
+func liveOn(t *testing.T, nc *nats.Conn) *live {
+	t.Helper()
+	l, err := newLive(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil { // the server has the interest before the test appends
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.close() })
+	return l
+}
+
+// TestLiveDispatchesByRequest: one subscription feeds the followers of
+// several requests, each only its own messages; a stopped follower gets
+// nothing more, and a second follower of the same request gets everything.
+func TestLiveDispatchesByRequest(t *testing.T) {
+	x, s := newFollowFixture(t)
+	lv := liveOn(t, s.Connect(t))
+	appendTo := func(id string, n int, ev events.Event) {
+		t.Helper()
+		env := x.log.Envelope(events.ID(id, n), id, ev)
+		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, "w", ev), env, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs := map[string]*follower{}
+	for _, id := range []string{"a", "b"} {
+		appendTo(id, 0, events.RequestAccepted{RequestID: id, Model: "m", MaxTokens: 10})
+		appendTo(id, -1, events.RequestRouted{RequestID: id, WorkerID: "w"})
+		f, err := follow(x.ctx, lv, s.JetStream(t), 1, id, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.stop()
+		fs[id] = f
+	}
+	second, err := follow(x.ctx, lv, s.JetStream(t), 1, "a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"a", "b", "a"} {
+		appendTo(id, i+1, events.TokensGenerated{RequestID: id, Offset: map[int]int{0: 0, 1: 0, 2: 1}[i], Tokens: []string{id + " "}})
+	}
+	for _, f := range []*follower{fs["a"], second} {
+		if err := f.waitFor(x.ctx, textIs("a a ")); err != nil {
+			f.view(func(p *projections.Request) { t.Fatalf("follower of a: text %q: %v", p.Text(), err) })
+		}
+	}
+	if err := fs["b"].waitFor(x.ctx, textIs("b ")); err != nil {
+		fs["b"].view(func(p *projections.Request) { t.Fatalf("follower of b: text %q: %v", p.Text(), err) })
+	}
+	second.stop()
+	lv.mu.RLock()
+	got := len(lv.followers["a"])
+	lv.mu.RUnlock()
+	if got != 1 {
+		t.Errorf("%d followers of a after one stopped, want 1", got)
 	}
 }

@@ -49,6 +49,9 @@ type Frontend struct {
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
+	ctl  *nats.Conn // dispatches: nc until Run opens a connection of their own, before any runner starts
+	live *live      // the one live subscription of every followed request
+
 	mu       sync.Mutex
 	requests map[string]*tracked
 	open     int     // API responses being served (completions, resumes); guarded by mu
@@ -78,7 +81,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
 	fe := &Frontend{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js,
+		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
 		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
 		policy: migrations.Policy{
@@ -89,6 +92,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
 		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
+	}
+	if fe.live, err = newLive(nc); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	if cfg.APIKeysFile != "" {
 		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
@@ -107,6 +113,20 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		fe.gatherer = prometheus.DefaultGatherer
 	}
 	return fe, nil
+}
+
+// openControl opens the connection dispatches go over (Frontend.ctl), with
+// nc's options: on nc their replies would queue behind the token deltas of
+// every open stream, and a reply late by seconds inhibits a healthy worker.
+func (fe *Frontend) openControl() (*nats.Conn, error) {
+	opts := fe.nc.Opts
+	opts.Name += " (control)"
+	ctl, err := opts.Connect()
+	if err != nil {
+		return nil, fmt.Errorf("frontend: control connection: %w", err)
+	}
+	fe.ctl = ctl
+	return ctl, nil
 }
 
 // ID is this replica's name.
@@ -137,6 +157,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	ctl, err := fe.openControl()
+	if err != nil {
+		fe.listener.Close()
+		return err
+	}
+	defer ctl.Close() // last, once no runner dispatches
 	// Watchers and request runners live until cancelRun, which comes at the
 	// end of the shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -189,7 +215,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
 	defer scancel()
 	fe.waitResponses(sctx)
-	err := srv.Shutdown(sctx)
+	err = srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		close(fe.closing)
 		err = srv.Close()

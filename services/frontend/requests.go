@@ -52,7 +52,7 @@ func (fe *Frontend) release(t *tracked) {
 // start appends a new request to the log and starts supervising it. It
 // returns errExists if the id is taken. The caller holds one reference.
 func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tracked, error) {
-	f, err := follow(ctx, fe.nc, fe.js, fe.parts, acc.RequestID, false)
+	f, err := follow(ctx, fe.live, fe.js, fe.parts, acc.RequestID, false)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +190,7 @@ func (fe *Frontend) clientLeave(t *tracked) {
 		t.detachedSince = time.Now()
 	}
 	fe.mu.Unlock()
-	t.f.changed.Notify() // wake the supervisor to start its detach timer
+	t.f.decided.Notify() // wake the supervisor to start its detach timer
 }
 
 func (fe *Frontend) detachedSince(t *tracked) time.Time {
@@ -215,7 +215,7 @@ func (fe *Frontend) attach(ctx context.Context, id string) (*tracked, error) {
 	if t, ok := fe.acquire(id); ok {
 		return t, nil
 	}
-	f, err := follow(ctx, fe.nc, fe.js, fe.parts, id, true)
+	f, err := follow(ctx, fe.live, fe.js, fe.parts, id, true)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package frontend
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -332,10 +333,12 @@ func (m *tokenMetrics) end() {
 
 // sseWriter formats OpenAI stream chunks as server-sent events.
 type sseWriter struct {
-	w   http.ResponseWriter
-	acc events.RequestAccepted
-	err error
-	buf []byte
+	w      http.ResponseWriter
+	acc    events.RequestAccepted
+	err    error
+	buf    []byte // the event being written, reused
+	text   []byte // a text chunk's text, reused
+	suffix []byte // what follows the choices in every chunk (see textEvent)
 }
 
 func (s *sseWriter) event(id int, data []byte) {
@@ -389,6 +392,10 @@ func (s *sseWriter) emits(ns []int64) {
 }
 
 func (s *sseWriter) delta(id, index int, tokens []string, details []json.RawMessage, first bool) {
+	if !slices.ContainsFunc(details, func(d json.RawMessage) bool { return d != nil }) {
+		s.textEvent(id, index, tokens, first)
+		return
+	}
 	s.chunk(id, merge(tokens, details).chunkChoice(s.acc.Endpoint, index, first), nil)
 }
 

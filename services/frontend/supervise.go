@@ -47,7 +47,17 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 	)
 	defer func() { untrack() }()
 	for ctx.Err() == nil {
-		fch, dch := t.f.changed.C(), fe.disc.changed.C()
+		// Waits are woken by what can change the next step: decisions (not
+		// every token: a stall has its own timer), and discovery's members
+		// while an attempt runs (not its load reports, which only choosing
+		// a worker needs).
+		fch, dch := t.f.decided.C(), fe.disc.changed.C()
+		if fe.cfg.MigrationMaxSeqLen > 0 {
+			fch = t.f.changed.C() // every token counts towards the limit
+		}
+		if mem.Watch.Active {
+			dch = fe.disc.members.C()
+		}
 		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome}
 		var a migrations.Action
 		var model, endpoint string
@@ -230,7 +240,7 @@ func (fe *Frontend) sendDispatch(ctx context.Context, workerID string, d streams
 	}
 	ctx, cancel := context.WithTimeout(ctx, fe.cfg.DispatchTimeout)
 	defer cancel()
-	msg, err := fe.nc.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
+	msg, err := fe.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
 	if err != nil {
 		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
 	}

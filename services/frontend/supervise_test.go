@@ -96,7 +96,7 @@ func (x *runnerFixture) run(id string) projections.State {
 	if _, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0); err != nil {
 		x.t.Fatal(err)
 	}
-	f, err := follow(x.ctx, x.fe.nc, x.fe.js, x.fe.parts, id, true)
+	f, err := follow(x.ctx, x.fe.live, x.fe.js, x.fe.parts, id, true)
 	if err != nil {
 		x.t.Fatal(err)
 	}

@@ -47,7 +47,8 @@ type Config struct {
 	// BenchLogOff sends token deltas and outcomes over core NATS instead of
 	// appending them to the log, for the benchmark's log-off baseline:
 	// nothing the worker generates is durable (no resume, replay or
-	// migration). Never a product setting.
+	// migration). A window of unconfirmed publishes (confirmed by a flush)
+	// paces it, as acknowledgements pace appends. Never a product setting.
 	BenchLogOff bool
 
 	// SystemAddr is the listen address of the status server (/live, /health,

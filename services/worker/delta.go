@@ -9,14 +9,18 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // appender is what deltas needs of the log (a *streams.Log).
 type appender interface {
 	Envelope(id, subject string, ev events.Event) events.Envelope
-	AppendAsync(subject string, e events.Envelope) (jetstream.PubAckFuture, error)
 	Append(ctx context.Context, subject string, e events.Envelope, expectLast int64) (uint64, error)
+	AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uint64, error)
+	// AppendMsgAsync blocks while the worker's window of unacknowledged
+	// appends is full: the engine waits for the log.
+	AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error)
 }
 
 // deltas is the token output of one attempt: what was produced, and the
@@ -35,6 +39,8 @@ type appender interface {
 // of failed appends.
 type deltas struct {
 	log       appender
+	enc       *events.DeltaEncoder // the attempt's constant headers, formatted once
+	encErr    error                // why enc is nil: every append fails with it
 	subject   string
 	requestID string
 	attempt   int
@@ -119,15 +125,55 @@ func (d *deltas) offset() int  { return d.start + len(d.tokens) }
 // id is the event id of the delta at attempt-relative index from.
 func (d *deltas) id(from int) string { return events.ID(d.requestID, d.attempt, d.start+from) }
 
-// envelope is the event of a sent delta.
-func (d *deltas) envelope(s *sentDelta) events.Envelope {
+// newDeltas returns the output of attempt of requestID, starting at token
+// offset start, appended to subject by source.
+func newDeltas(log appender, source, subject, requestID string, attempt, start int) *deltas {
+	d := &deltas{log: log, subject: subject, requestID: requestID, attempt: attempt, start: start}
+	d.enc, d.encErr = events.NewDeltaEncoder(source, requestID, attempt)
+	return d
+}
+
+// message is the NATS message of a sent delta.
+func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
+	if d.enc == nil {
+		return nil, d.encErr
+	}
 	id := s.id
 	if id == "" {
 		id = d.id(s.offset)
 	}
 	ev := d.event(s.offset, s.end)
 	ev.EmitUnixNano = s.emit // a repair's first token is its original's
-	return d.log.Envelope(id, d.requestID, ev)
+	h, data, err := d.enc.Encode(id, time.Now(), ev)
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: d.subject, Header: nats.Header(h), Data: data}, nil
+}
+
+// appendAsync starts the append of s.
+func (d *deltas) appendAsync(s *sentDelta) {
+	m, err := d.message(s)
+	if err == nil {
+		s.future, err = d.log.AppendMsgAsync(m)
+	}
+	s.err = err
+}
+
+// appendSync appends s and waits for it (Append's retries, bounded by ctx).
+func (d *deltas) appendSync(ctx context.Context, s *sentDelta) error {
+	m, err := d.message(s)
+	if err == nil {
+		_, err = d.log.AppendMsg(ctx, m, -1)
+	}
+	return err
+}
+
+// idle reports whether every append of the attempt is acknowledged (after
+// taking in the outcomes that came): a new token may go at once.
+func (d *deltas) idle() bool {
+	d.poll(time.Now())
+	return len(d.sent) == 0
 }
 
 // repairing reports whether a repair is unacknowledged: new tokens wait.
@@ -144,9 +190,8 @@ func (d *deltas) flush() {
 		return
 	}
 	d.sent = append(d.sent, sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
-	s := &d.sent[len(d.sent)-1]
-	s.future, s.err = d.log.AppendAsync(d.subject, d.envelope(s))
 	d.flushed = len(d.tokens)
+	d.appendAsync(&d.sent[len(d.sent)-1])
 }
 
 // Spacing of a repair's tries while appends fail (a leader election, a
@@ -183,7 +228,7 @@ func (d *deltas) poll(now time.Time) {
 		d.backoff = min(max(2*d.backoff, resendBackoffMin), resendBackoffMax)
 		d.retryAt = now.Add(d.backoff)
 		d.startRepair(s)
-		s.future, s.err = d.log.AppendAsync(d.subject, d.envelope(s))
+		d.appendAsync(s)
 		return
 	}
 }
@@ -227,7 +272,7 @@ func (d *deltas) settle(ctx context.Context) error {
 		}
 		if err != nil {
 			d.startRepair(s)
-			if _, rerr := d.log.Append(ctx, d.subject, d.envelope(s), -1); rerr != nil {
+			if rerr := d.appendSync(ctx, s); rerr != nil {
 				return fmt.Errorf("tokens at offset %d: %w (first try: %w)", d.start+s.offset, rerr, err)
 			}
 		}
@@ -235,7 +280,7 @@ func (d *deltas) settle(ctx context.Context) error {
 	}
 	if d.pending() > 0 {
 		s := sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit}
-		if _, err := d.log.Append(ctx, d.subject, d.envelope(&s), -1); err != nil {
+		if err := d.appendSync(ctx, &s); err != nil {
 			return fmt.Errorf("tokens at offset %d: %w", d.start+s.offset, err)
 		}
 		d.flushed, d.stored = s.end, s.end

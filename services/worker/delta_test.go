@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -50,9 +51,18 @@ func (l *fakeLog) append(e events.Envelope) error {
 	return nil
 }
 
-func (l *fakeLog) AppendAsync(_ string, e events.Envelope) (jetstream.PubAckFuture, error) {
+// decode reads an encoded delta back, as a reader of the log would.
+func decode(m *nats.Msg) events.Envelope {
+	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
+	if err != nil {
+		panic(fmt.Sprintf("a delta that does not decode: %v", err))
+	}
+	return e
+}
+
+func (l *fakeLog) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	if err := l.append(e); err != nil {
+	if err := l.append(decode(m)); err != nil {
 		f.err <- err
 	} else {
 		f.ok <- &jetstream.PubAck{}
@@ -60,9 +70,13 @@ func (l *fakeLog) AppendAsync(_ string, e events.Envelope) (jetstream.PubAckFutu
 	return f, nil
 }
 
-func (l *fakeLog) Append(_ context.Context, _ string, e events.Envelope, _ int64) (uint64, error) {
+func (l *fakeLog) Append(ctx context.Context, subject string, e events.Envelope, expect int64) (uint64, error) {
+	panic("deltas append only messages")
+}
+
+func (l *fakeLog) AppendMsg(_ context.Context, m *nats.Msg, _ int64) (uint64, error) {
 	// Append retries a transient failure: the synchronous repair succeeds.
-	if err := l.append(e); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+	if err := l.append(decode(m)); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 		return 0, err
 	}
 	return 0, nil
@@ -133,7 +147,7 @@ func TestDeltasRepairBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			log := &fakeLog{ids: map[string]bool{}}
-			d := &deltas{log: log, subject: "s", requestID: "r", start: tc.start}
+			d := newDeltas(log, "baton/worker/w1", "s", "r", 0, tc.start)
 			clock := time.Now()
 			for i := range n {
 				log.mode = tc.mode(i)
@@ -164,5 +178,36 @@ func TestDeltasRepairBounded(t *testing.T) {
 				t.Errorf("the log stores %d tokens for %d; want at most %d (exactly %d: %v)", total, n, 2*n, n, tc.exact)
 			}
 		})
+	}
+}
+
+// TestFlowWindowConfirms: the publish that fills the window returns only
+// once the server has processed every publish before it; here that shows as
+// all of them already delivered to a subscription of the same connection
+// (the server answers the flush after delivering them, and the client reads
+// in order).
+func TestFlowWindowConfirms(t *testing.T) {
+	s := natstest.Start(t)
+	nc := s.Connect(t)
+	sub, err := nc.SubscribeSync("fw.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const window = 8
+	w := newFlowWindow(nc, window)
+	for round := 1; round <= 3; round++ {
+		for i := range window {
+			if err := w.publish(&nats.Msg{Subject: fmt.Sprintf("fw.%d", i), Data: []byte("x")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n, _, err := sub.Pending(); err != nil || n != round*window {
+			t.Fatalf("after %d full windows, %d messages delivered (%v), want %d", round, n, err, round*window)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.out != 0 || w.flushing {
+		t.Errorf("window out %d flushing %v after confirmed rounds, want 0 false", w.out, w.flushing)
 	}
 }

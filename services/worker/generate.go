@@ -147,12 +147,10 @@ func (w *Worker) generate(j *job) {
 
 	var sink appender = w.events
 	if w.cfg.BenchLogOff {
-		sink = &logOff{nc: w.nc, log: w.events, seq: &w.benchSeq}
+		sink = &logOff{win: w.benchWin, log: w.events, seq: &w.benchSeq}
 	}
-	out := &deltas{
-		log: sink, subject: streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID),
-		requestID: d.RequestID, attempt: d.Attempt, start: d.StartOffset, stampEmit: w.cfg.BenchEmitTime,
-	}
+	out := newDeltas(sink, w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
+	out.stampEmit = w.cfg.BenchEmitTime
 	req := engine.Request{
 		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
 		PromptIDs: d.PromptIDs, Generated: d.Generated, GeneratedIDs: d.GeneratedIDs,
@@ -339,10 +337,13 @@ func obey(j *job, ev events.Event) {
 	}
 }
 
-// produce runs the engine and coalesces its tokens into deltas: a delta is
-// flushed at DeltaMaxTokens tokens or DeltaMaxDelay after its first token,
-// and at the end, unless a kill cancelled the job: then nothing more is
-// appended once the kill is seen.
+// produce runs the engine and coalesces its tokens into deltas, as Nagle's
+// algorithm does: a token is sent at once when none of the attempt's appends
+// is in flight; otherwise tokens wait, and a delta is flushed at
+// DeltaMaxTokens tokens or DeltaMaxDelay after its first token. So an idle
+// log costs no latency, and a busy one gets fewer, fuller deltas. The rest
+// is flushed at the end, unless a kill cancelled the job: then nothing more
+// is appended once the kill is seen.
 func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (engine.Result, error) {
 	toks := make(chan engine.Token, w.cfg.DeltaMaxTokens)
 	var res engine.Result
@@ -386,7 +387,7 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 			w.health.token()
 			out.add(t)
 			switch n := out.pending(); {
-			case n >= w.cfg.DeltaMaxTokens:
+			case n >= w.cfg.DeltaMaxTokens, n == 1 && out.idle():
 				flush()
 			case n == 1:
 				timer.Reset(w.cfg.DeltaMaxDelay)

@@ -83,10 +83,18 @@ func TestUpstreamFailures(t *testing.T) {
 	e.accept("r-429", "a", 5, "w-up")
 	e.dispatch("w-up", newDispatch("r-429", "a", 5))
 	e.waitFor("attempt_failed", func() bool { _, ok := ended(e.request("r-429")); return ok })
-	var toks events.TokensGenerated
+	var toks events.TokensGenerated // the attempt's deltas, merged (a token may have gone alone)
 	for _, ev := range e.request("r-429") {
-		if d, ok := ev.Event.(events.TokensGenerated); ok && d.Offset == 0 {
-			toks = d
+		if d, ok := ev.Event.(events.TokensGenerated); ok {
+			if d.Offset == 0 {
+				toks.PromptIDs = d.PromptIDs
+			}
+			toks.IDs = append(toks.IDs, d.IDs...)
+			details := d.Details
+			if details == nil {
+				details = make([]json.RawMessage, len(d.Tokens))
+			}
+			toks.Details = append(toks.Details, details...)
 		}
 	}
 	if !reflect.DeepEqual(toks.IDs, []int{5, 6}) || !reflect.DeepEqual(toks.PromptIDs, []int{1, 2}) || len(toks.Details) != 2 || string(toks.Details[0]) != `{"refusal":"no"}` || (toks.Details[1] != nil && string(toks.Details[1]) != "null") {

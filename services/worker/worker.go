@@ -21,14 +21,23 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// asyncWindow bounds the unacknowledged token appends of one worker.
-const asyncWindow = 4096
+// asyncWindow bounds the unacknowledged token appends of one worker; when
+// it is full, a generation waits (streams.Log.AppendMsgAsync), and so does
+// its engine.
+const asyncWindow = 1024
 
 // Worker serves one engine behind a lease. Create it with New and run it once
 // with Run.
 type Worker struct {
-	nc      *nats.Conn
-	js      jetstream.JetStream
+	nc *nats.Conn
+	js jetstream.JetStream
+	// ctl carries dispatches and their replies on a connection of its own,
+	// opened by Run with nc's options and closed with nc: on nc they would
+	// queue behind thousands of token deltas and their acks, and a dispatch
+	// reply late by seconds makes a frontend inhibit a healthy worker. The
+	// lease stays on nc, so a worker whose deltas cannot reach the log loses
+	// it.
+	ctl     *nats.Conn
 	eng     engine.Engine
 	log     *slog.Logger
 	cfg     Config
@@ -58,6 +67,7 @@ type Worker struct {
 	listener  net.Listener // status server; nil when off or not yet bound
 
 	benchSeq atomic.Uint64 // synthetic sequences of Config.BenchLogOff
+	benchWin *flowWindow   // its flow control
 
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
@@ -95,6 +105,7 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 		jobs:      map[jobKey]*job{},
 		frontends: newFrontends(),
 		fatalCh:   make(chan struct{}),
+		benchWin:  newFlowWindow(nc, logOffWindow),
 	}
 	w.health = newMonitor(cfg.HealthCheck, cfg.CanaryWait, cfg.HealthCheckTimeout,
 		canaryProbe(eng, cfg.ID, w.fail), w.healthChanged)
@@ -137,18 +148,22 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	defer stopStatus()
+	if err := w.openControl(); err != nil {
+		return err
+	}
+	defer w.ctl.Close() // last: the shutdown's lease and load deletes use it
 	if err := w.open(ctx); err != nil {
 		return err
 	}
 	// Listen before the lease exists, so nobody can dispatch to a worker that
 	// is not yet listening.
-	sub, err := w.nc.Subscribe(streams.DispatchSubject(w.cfg.ID), w.onDispatch)
+	sub, err := w.ctl.Subscribe(streams.DispatchSubject(w.cfg.ID), w.onDispatch)
 	if err != nil {
 		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
 	}
 	fctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
-	if err := w.nc.FlushWithContext(fctx); err != nil {
+	if err := w.ctl.FlushWithContext(fctx); err != nil {
 		_ = sub.Unsubscribe()
 		return fmt.Errorf("worker: subscribe to dispatches: %w", err)
 	}
@@ -182,6 +197,31 @@ func (w *Worker) Run(ctx context.Context) error {
 	default:
 		return nil
 	}
+}
+
+// openControl opens the control connection (see Worker.ctl) with the
+// options of the worker's connection, and closes it when nc closes.
+func (w *Worker) openControl() error {
+	opts := w.nc.Opts
+	opts.Name += " (control)"
+	ctl, err := opts.Connect()
+	if err != nil {
+		return fmt.Errorf("worker: control connection: %w", err)
+	}
+	closed, ctlClosed := w.nc.StatusChanged(nats.CLOSED), ctl.StatusChanged(nats.CLOSED)
+	go func() {
+		defer w.nc.RemoveStatusListener(closed)
+		defer ctl.RemoveStatusListener(ctlClosed)
+		if !w.nc.IsClosed() && !ctl.IsClosed() {
+			select {
+			case <-closed:
+			case <-ctlClosed:
+			}
+		}
+		ctl.Close()
+	}()
+	w.ctl = ctl
+	return nil
 }
 
 // open provisions the streams and binds the buckets, retrying what fails

@@ -323,6 +323,27 @@ func TestLeaseExpiresWithoutRenewal(t *testing.T) {
 	}
 }
 
+// TestControlConnectionFollowsData: dispatches arrive on a connection of
+// their own, which closes with the worker's connection, so a worker that
+// can no longer reach the log takes no more work.
+func TestControlConnectionFollowsData(t *testing.T) {
+	e := newEnv(t)
+	nc := e.s.Connect(t)
+	r := e.start(nc, fullSpeed, worker.Config{ID: "w-ctl", ShutdownTimeout: time.Second})
+	client := e.s.Connect(t)
+	if _, err := client.Request(streams.DispatchSubject("w-ctl"), []byte(`{}`), 2*time.Second); err != nil {
+		t.Fatalf("dispatch while connected: %v, want a reply", err)
+	}
+	nc.Close()
+	e.waitFor("no responder on the dispatch subject", func() bool {
+		_, err := client.Request(streams.DispatchSubject("w-ctl"), []byte(`{}`), 200*time.Millisecond)
+		return errors.Is(err, nats.ErrNoResponders)
+	})
+	if err := r.stop(t); err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
 func TestReRegistersAfterLeaseLoss(t *testing.T) {
 	e := newEnv(t)
 	r := e.start(nil, fullSpeed, worker.Config{ID: "w-back"})
@@ -429,6 +450,26 @@ func TestDeltasFlushOnDelay(t *testing.T) {
 	// Tokens 100ms apart with a 5ms delay bound: one delta each.
 	if deltas != 3 {
 		t.Errorf("%d deltas, want 3", deltas)
+	}
+}
+
+// TestDeltasSentAtOnceWhenIdle: with no append in flight a token goes at
+// once, whatever the coalescing delay (here an hour: the tokens would
+// otherwise all wait for the end).
+func TestDeltasSentAtOnceWhenIdle(t *testing.T) {
+	e := newEnv(t)
+	e.start(nil, slow, worker.Config{ID: "w-idle", DeltaMaxTokens: 1000, DeltaMaxDelay: time.Hour})
+	e.accept("req-i", "a b", 3, "w-idle")
+	e.dispatch("w-idle", newDispatch("req-i", "a b", 3))
+	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-i")); return ok })
+	var sizes []int
+	for _, ev := range e.request("req-i") {
+		if d, ok := ev.Event.(events.TokensGenerated); ok {
+			sizes = append(sizes, len(d.Tokens))
+		}
+	}
+	if len(sizes) != 3 {
+		t.Errorf("deltas of %v tokens, want 3 deltas of one (tokens 100ms apart, each acknowledged before the next)", sizes)
 	}
 }
 

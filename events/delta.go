@@ -1,0 +1,217 @@
+package events
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A token delta (TokensGenerated) is the hot path: one message per token at
+// decode rates. When it carries only text (and token ids), it is written in
+// CloudEvents binary content mode with its text as the data:
+//
+//	ce-specversion: 1.0
+//	ce-type:        baton.request.tokens.v1
+//	ce-source:      baton/worker/w1
+//	ce-id:          r1.0.17              (also Nats-Msg-Id)
+//	ce-time:        2026-03-14T15:09:26.535897932Z
+//	ce-subject:     r1                   (the request id)
+//	ce-attempt:     0                    (extension attributes)
+//	ce-offset:      17
+//	ce-tokenlens:   5,1,6                (byte length of each token; absent for one token)
+//	ce-tokenids:    1012,13,7781         (absent when the engine gave none)
+//	ce-emitns:      1773500966535897932  (benchmarks only: --bench-emit-time)
+//	Content-Type:   text/plain; charset=utf-8
+//
+//	upon a time
+//
+// so `nats stream view` shows the text itself. A delta that carries more (an
+// entry of Details, the prompt's ids, no token at all) or whose ce-subject
+// is not its request id keeps the JSON data of every other event type
+// (Content-Type application/json). Readers accept both, and deltas stored
+// before the binary form existed are JSON.
+const (
+	HeaderAttempt   = "ce-attempt"
+	HeaderOffset    = "ce-offset"
+	HeaderTokenLens = "ce-tokenlens"
+	HeaderTokenIDs  = "ce-tokenids"
+	HeaderEmitNS    = "ce-emitns"
+
+	// ContentTypeText is the Content-Type of a delta whose data is its text.
+	ContentTypeText = "text/plain; charset=utf-8"
+)
+
+// Header values shared by every message (never modified once built).
+var (
+	specVersionValue = []string{specVersion}
+	tokensTypeValue  = []string{TypeTokensGenerated}
+	textValue        = []string{ContentTypeText}
+	jsonValue        = []string{contentTypeJSON}
+)
+
+// DeltaEncoder writes the token deltas of one attempt. Its constant
+// attributes (source, subject, attempt) are validated and formatted once, so
+// a delta costs no CloudEvents SDK object and no JSON. It is safe for
+// concurrent use: Encode only reads it.
+type DeltaEncoder struct {
+	source, requestID string
+	attempt           int
+	sourceV, subjectV []string
+	attemptV          []string
+}
+
+// NewDeltaEncoder returns the encoder of the deltas of attempt of request
+// requestID, produced by source.
+func NewDeltaEncoder(source, requestID string, attempt int) (*DeltaEncoder, error) {
+	if err := validate("x", TypeTokensGenerated, source); err != nil {
+		return nil, fmt.Errorf("events: delta encoder: %w", err)
+	}
+	if strings.TrimSpace(requestID) == "" || attempt < 0 {
+		return nil, fmt.Errorf("events: delta encoder: bad request id %q or attempt %d", requestID, attempt)
+	}
+	return &DeltaEncoder{
+		source: source, requestID: requestID, attempt: attempt,
+		sourceV: []string{source}, subjectV: []string{requestID}, attemptV: []string{strconv.Itoa(attempt)},
+	}, nil
+}
+
+// Encode writes ev, a delta of the encoder's attempt, under event id at t:
+// binary with its text as data when it carries only text and ids, else
+// as Marshal writes other events.
+func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Header, []byte, error) {
+	if ev.RequestID != d.requestID || ev.Attempt != d.attempt {
+		return nil, nil, fmt.Errorf("events: delta of %s attempt %d given to the encoder of %s attempt %d",
+			ev.RequestID, ev.Attempt, d.requestID, d.attempt)
+	}
+	if strings.TrimSpace(id) == "" {
+		return nil, nil, fmt.Errorf("events: marshal %s: empty id", TypeTokensGenerated)
+	}
+	ts, err := t.UTC().MarshalText()
+	if err != nil {
+		return nil, nil, fmt.Errorf("events: marshal %s: time: %w", TypeTokensGenerated, err)
+	}
+	idV := []string{id}
+	h := Header{
+		HeaderSpecVersion: specVersionValue,
+		HeaderID:          idV,
+		HeaderType:        tokensTypeValue,
+		HeaderSource:      d.sourceV,
+		HeaderSubject:     d.subjectV,
+		HeaderTime:        {string(ts)},
+		HeaderMsgID:       idV,
+	}
+	if !binaryDelta(ev) {
+		data, err := jsonMarshal(ev)
+		if err != nil {
+			return nil, nil, fmt.Errorf("events: marshal %s: %w", TypeTokensGenerated, err)
+		}
+		h[HeaderContentType] = jsonValue
+		return h, data, nil
+	}
+	h[HeaderContentType] = textValue
+	h[HeaderAttempt] = d.attemptV
+	h[HeaderOffset] = []string{strconv.Itoa(ev.Offset)}
+	data := []byte(strings.Join(ev.Tokens, "")) // one copy for the common single token
+	if len(ev.Tokens) > 1 {
+		h[HeaderTokenLens] = []string{joinInts(len(ev.Tokens), func(i int) int { return len(ev.Tokens[i]) })}
+	}
+	if ev.IDs != nil {
+		h[HeaderTokenIDs] = []string{joinInts(len(ev.IDs), func(i int) int { return ev.IDs[i] })}
+	}
+	if ev.EmitUnixNano != 0 {
+		h[HeaderEmitNS] = []string{strconv.FormatInt(ev.EmitUnixNano, 10)}
+	}
+	return h, data, nil
+}
+
+// binaryDelta reports whether ev is written with its text as data: it has
+// tokens, and nothing but their text, their ids and an emit time.
+func binaryDelta(ev TokensGenerated) bool {
+	return len(ev.Tokens) > 0 && ev.Details == nil && ev.PromptIDs == nil &&
+		(ev.IDs == nil || len(ev.IDs) == len(ev.Tokens))
+}
+
+func joinInts(n int, at func(int) int) string {
+	b := make([]byte, 0, 8*n)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(at(i)), 10)
+	}
+	return string(b)
+}
+
+// decodeDelta reads the binary form of a delta: e holds the validated
+// attributes; get reads a header.
+func decodeDelta(e Envelope, get func(string) string, data []byte) (TokensGenerated, error) {
+	ev := TokensGenerated{RequestID: e.Subject}
+	if strings.TrimSpace(e.Subject) == "" {
+		return ev, fmt.Errorf("no %s (the request id)", HeaderSubject)
+	}
+	var err error
+	if ev.Attempt, err = strconv.Atoi(get(HeaderAttempt)); err != nil || ev.Attempt < 0 {
+		return ev, fmt.Errorf("bad %s %q", HeaderAttempt, get(HeaderAttempt))
+	}
+	if ev.Offset, err = strconv.Atoi(get(HeaderOffset)); err != nil || ev.Offset < 0 {
+		return ev, fmt.Errorf("bad %s %q", HeaderOffset, get(HeaderOffset))
+	}
+	if ev.Tokens, err = splitTokens(get(HeaderTokenLens), data); err != nil {
+		return ev, err
+	}
+	if v := get(HeaderTokenIDs); v != "" {
+		if ev.IDs, err = parseInts(v); err != nil || len(ev.IDs) != len(ev.Tokens) {
+			return ev, fmt.Errorf("bad %s %q for %d tokens", HeaderTokenIDs, v, len(ev.Tokens))
+		}
+	}
+	if v := get(HeaderEmitNS); v != "" {
+		if ev.EmitUnixNano, err = strconv.ParseInt(v, 10, 64); err != nil || ev.EmitUnixNano == 0 {
+			return ev, fmt.Errorf("bad %s %q", HeaderEmitNS, v)
+		}
+	}
+	return ev, nil
+}
+
+// splitTokens cuts data into tokens of the byte lengths in lens (one token,
+// all of data, when lens is empty).
+func splitTokens(lens string, data []byte) ([]string, error) {
+	if lens == "" {
+		return []string{string(data)}, nil
+	}
+	ns, err := parseInts(lens)
+	if err != nil || len(ns) < 2 {
+		return nil, fmt.Errorf("bad %s %q", HeaderTokenLens, lens)
+	}
+	text := string(data) // one copy; the tokens share it
+	out := make([]string, len(ns))
+	at := 0
+	for i, n := range ns {
+		if n < 0 || n > len(text)-at {
+			return nil, fmt.Errorf("%s %q does not match %d bytes of data", HeaderTokenLens, lens, len(data))
+		}
+		out[i], at = text[at:at+n], at+n
+	}
+	if at != len(text) {
+		return nil, fmt.Errorf("%s %q does not match %d bytes of data", HeaderTokenLens, lens, len(data))
+	}
+	return out, nil
+}
+
+// parseInts reads a comma-separated list of decimal integers.
+func parseInts(s string) ([]int, error) {
+	out := make([]int, 0, strings.Count(s, ",")+1)
+	for f := range strings.SplitSeq(s, ",") {
+		v, err := strconv.Atoi(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// isText reports whether a Content-Type names the binary form of a delta.
+func isText(ct string) bool {
+	return ct == ContentTypeText || strings.HasPrefix(ct, "text/plain")
+}
