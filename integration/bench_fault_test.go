@@ -165,7 +165,11 @@ func logCost(b *testing.B, url, id string) (int, int) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	it, err := jetstreamext.GetBatch(ctx, js, streams.RequestsStream, 10000, jetstreamext.GetBatchSubject(streams.RequestAll(id)))
+	parts, err := streams.Discover(ctx, js)
+	if err != nil {
+		b.Fatal(err)
+	}
+	it, err := jetstreamext.GetBatch(ctx, js, parts.StreamOf(id), 10000, jetstreamext.GetBatchSubject(streams.RequestAll(id)))
 	if err != nil {
 		b.Fatal(err)
 	}

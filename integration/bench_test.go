@@ -13,7 +13,6 @@ import (
 
 	"github.com/baton-dev/baton/services/engine"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -129,15 +128,7 @@ func passthroughRate(b *testing.B, streams, tokens int) float64 {
 // server, with a window of 4096 pending acks.
 func rawPublishRate(b *testing.B, url string) float64 {
 	b.Helper()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		b.Fatal(err)
-	}
+	js := asyncPublisher(b, url)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"}}); err != nil {

@@ -152,15 +152,26 @@ type clusterStream struct {
 	maxGap     time.Duration
 }
 
-// streamAll runs n streaming completions through fe at once and calls fault
-// once every stream has received at least faultAt tokens.
-func streamAll(t *testing.T, fe *frontend, tag string, n, maxTokens, faultAt int, fault func()) []*clusterStream {
+// partitionedID is the first id "<tag>-<i>-<j>" whose request partition of
+// parts is i modulo their number: streams i = 0, 1, 2, ... spread over them.
+func partitionedID(parts streams.Partitions, tag string, i int) string {
+	for j := 0; ; j++ {
+		if id := fmt.Sprintf("%s-%d-%d", tag, i, j); parts.PartitionOf(id) == i%parts.Count() {
+			return id
+		}
+	}
+}
+
+// streamAll runs n streaming completions through fe at once, their ids
+// spread over the request partitions of parts, and calls fault once every
+// stream has received at least faultAt tokens.
+func streamAll(t *testing.T, fe *frontend, parts streams.Partitions, tag string, n, maxTokens, faultAt int, fault func()) []*clusterStream {
 	t.Helper()
 	out := make([]*clusterStream, n)
 	var wg, reached sync.WaitGroup
 	reached.Add(n)
 	for i := range out {
-		cs := &clusterStream{id: fmt.Sprintf("%s-%d", tag, i), prompt: fmt.Sprintf("cluster %s stream %d", tag, i)}
+		cs := &clusterStream{id: partitionedID(parts, tag, i), prompt: fmt.Sprintf("cluster %s stream %d", tag, i)}
 		out[i] = cs
 		wg.Add(1)
 		go func() {
@@ -238,7 +249,7 @@ func storedTokens(t *testing.T, js jetstream.JetStream, id string) (tokens, delt
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for e, err := range streams.ReadRequest(ctx, js, id, 1) {
+	for e, err := range readLog(ctx, t, js, id) {
 		if err != nil {
 			t.Fatalf("read %s from the log: %v", id, err)
 		}
@@ -267,10 +278,16 @@ func postlessReplay(t *testing.T, fe *frontend, id string) sseResult {
 	return readStream(t, resp, nil)
 }
 
+// clusterPartitions is the request log's layout in the cluster test: one
+// partition per node.
+const clusterPartitions = 3
+
 // TestClusterNodeLoss runs streams through a 3-node cluster with R3 streams
-// and kills (SIGKILL) first a node that leads nothing of interest, then the
-// leader of BATON_REQUESTS, each mid-stream, with a frontend connected to the
-// killed node. In-flight streams pause for the election and complete with the
+// and a request log of three partitions, whose leaders the first frontend
+// spreads over the three nodes. Twice it kills (SIGKILL) the node leading one
+// partition (a leader for that partition, a follower for the others),
+// mid-stream, with a frontend connected to the killed node. In-flight streams
+// of every partition pause at most for the election and complete with the
 // fault-free text; the log, read through the other frontend, holds every
 // acknowledged event.
 func TestClusterNodeLoss(t *testing.T) {
@@ -278,30 +295,31 @@ func TestClusterNodeLoss(t *testing.T) {
 		t.Skip("cluster test")
 	}
 	c := newCluster(t)
-	s := &stack{t: t, dir: t.TempDir(), natsURL: c.urls(), workers: map[string]*proc{}}
+	s := &stack{t: t, dir: t.TempDir(), natsURL: c.urls(), workers: map[string]*proc{}, partitions: clusterPartitions}
+	parts := streams.Partitions(clusterPartitions)
 	// fe1 provisions the R3 streams with the full list. Migration is on, as
 	// in any cluster deployment (compose runs with 3): on a loaded machine an
 	// election can outlast a worker's lease (10 s), and a lease lost then is a
 	// worker lost, whose requests must move on, not fail.
 	fe1 := s.frontend(nil, "--replicas", "3", "--migration-limit", "3")
+	js := c.jetStream()
+	checkLeadersSpread(t, c, js, parts)
 	for i := 1; i <= 2; i++ {
 		s.worker(fmt.Sprintf("w%d", i), "--replicas", "3", "--mock-tokens-per-sec", "150", "--mock-ttft", "10ms")
 	}
 	fe1.waitRoutable(t, "w1", "w2")
-	js := c.jetStream()
-	for _, phase := range []struct {
+	for k, phase := range []struct {
 		name      string
-		leader    bool
-		maxTokens int // at 150 tokens/s; past a leader's kill, longer than its election (~6 s)
-	}{{"follower", false, 300}, {"leader", true, 1500}} {
+		maxTokens int // at 150 tokens/s; the second outlasts its partition leader's election (~6 s)
+	}{{"partition-0-leader", 300}, {"partition-1-leader", 1500}} {
 		maxTokens := phase.maxTokens
 		t.Run(phase.name, func(t *testing.T) {
-			info := c.streamInfo(js, streams.RequestsStream)
-			victim := c.node(info.Cluster.Leader)
-			if !phase.leader {
-				victim = c.node(info.Cluster.Replicas[0].Name)
+			for j := range parts.Count() {
+				c.streamInfo(js, parts.Stream(j))
 			}
-			t.Logf("BATON_REQUESTS leader %s; killing %s", info.Cluster.Leader, victim.name)
+			info := c.streamInfo(js, parts.Stream(k))
+			victim := c.node(info.Cluster.Leader)
+			t.Logf("%s leader %s; killing it", parts.Stream(k), victim.name)
 			// A frontend that knows only the victim: it must find the other
 			// nodes through the cluster's gossip and carry on through one.
 			saved := s.natsURL
@@ -311,7 +329,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			fe.waitRoutable(t, "w1", "w2")
 
 			killed := time.Now()
-			res := streamAll(t, fe, phase.name, 4, maxTokens, 100, func() {
+			res := streamAll(t, fe, parts, phase.name, 4, maxTokens, 100, func() {
 				victim.signal(syscall.SIGKILL)
 				victim.wait(10 * time.Second)
 				killed = time.Now()
@@ -321,8 +339,23 @@ func TestClusterNodeLoss(t *testing.T) {
 
 			// Bring the node back with its store, so the next phase has three.
 			c.startNode(victim)
-			c.streamInfo(js, streams.RequestsStream)
+			c.streamInfo(js, parts.Stream(k))
 		})
+	}
+}
+
+// checkLeadersSpread checks that the request partitions, created by the
+// first frontend, have their leaders on different nodes, and logs them.
+func checkLeadersSpread(t *testing.T, c *cluster, js jetstream.JetStream, parts streams.Partitions) {
+	t.Helper()
+	led := map[string]string{}
+	for k := range parts.Count() {
+		info := c.streamInfo(js, parts.Stream(k))
+		t.Logf("%s: leader %s, subjects %v", parts.Stream(k), info.Cluster.Leader, info.Config.Subjects[:2])
+		if prev, ok := led[info.Cluster.Leader]; ok {
+			t.Errorf("%s and %s are both led by %s; want the leaders on different nodes", prev, parts.Stream(k), info.Cluster.Leader)
+		}
+		led[info.Cluster.Leader] = parts.Stream(k)
 	}
 }
 

@@ -94,10 +94,12 @@ func screenshot(t *testing.T, ctx context.Context, paths ...string) {
 // migration in the live feed without a reload, opens the request's timeline
 // (two attempt lanes, the cut at the offset the log recorded), kills another
 // request with the page's button, and follows the page as it fails over to
-// the second frontend when its own is killed. Set UPDATE_CONSOLE_PNG=1 to
-// rewrite docs/console.png from the run.
+// the second frontend when its own is killed. The request log has three
+// partitions, so the feed cursor the page resumes with has a sequence per
+// partition. Set UPDATE_CONSOLE_PNG=1 to rewrite docs/console.png from the run.
 func TestConsoleBrowser(t *testing.T) {
 	s := newStack(t)
+	s.partitions = testPartitions
 	args := []string{"--migration-limit", "3", "--nats-system-url", s.sysURL()}
 	fe1 := s.frontend(nil, args...)
 	fe2 := s.frontend(nil, args...)

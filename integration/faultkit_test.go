@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"net/http"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -190,6 +192,17 @@ func (s *stack) jetStream(t *testing.T) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// readLog reads request id from the log, learning the request log's layout
+// from the server as every reader does.
+func readLog(ctx context.Context, t testing.TB, js jetstream.JetStream, id string) iter.Seq2[events.Envelope, error] {
+	t.Helper()
+	parts, err := streams.Discover(ctx, js)
+	if err != nil {
+		t.Fatalf("discover the request log: %v", err)
+	}
+	return streams.ReadRequest(ctx, js, parts, id, 1)
 }
 
 // deleteLease removes worker id's lease key, as an operator or a control

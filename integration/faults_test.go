@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/streams"
 )
 
 // TestSIGSTOPServingWorker pauses the serving worker mid-stream. It keeps its
@@ -260,7 +259,7 @@ func zombieTokens(t *testing.T, s *stack, id string, cut int) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	n := 0
-	for e, err := range streams.ReadRequest(ctx, s.jetStream(t), id, 1) {
+	for e, err := range readLog(ctx, t, s.jetStream(t), id) {
 		if err != nil {
 			t.Fatalf("read %s: %v", id, err)
 		}

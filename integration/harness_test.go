@@ -186,6 +186,9 @@ type stack struct {
 	fronts    []*frontend
 	workers   map[string]*proc
 	workerEnv []string
+	// partitions, when set, is passed to every frontend and worker as
+	// --request-partitions.
+	partitions int
 }
 
 type frontend struct {
@@ -215,7 +218,7 @@ func (s *stack) frontend(env []string, args ...string) *frontend {
 	s.t.Helper()
 	port := freePort(s.t)
 	name := fmt.Sprintf("frontend-%d", len(s.fronts)+1)
-	all := append([]string{"frontend", "--nats", s.natsURL, "--http-port", strconv.Itoa(port), "--frontend-id", name}, args...)
+	all := append(append([]string{"frontend", "--nats", s.natsURL, "--http-port", strconv.Itoa(port), "--frontend-id", name}, s.partitionArgs()...), args...)
 	f := &frontend{proc: start(s.t, name, env, all...), url: "http://127.0.0.1:" + strconv.Itoa(port)}
 	waitFor(s.t, 20*time.Second, name+" to serve", func() bool {
 		resp, err := http.Get(f.url + "/live")
@@ -231,10 +234,17 @@ func (s *stack) frontend(env []string, args ...string) *frontend {
 // worker starts a mock worker with the given id and extra args.
 func (s *stack) worker(id string, args ...string) *proc {
 	s.t.Helper()
-	all := append([]string{"worker", "--nats", s.natsURL, "--worker-id", id}, args...)
+	all := append(append([]string{"worker", "--nats", s.natsURL, "--worker-id", id}, s.partitionArgs()...), args...)
 	p := start(s.t, "worker-"+id, s.workerEnv, all...)
 	s.workers[id] = p
 	return p
+}
+
+func (s *stack) partitionArgs() []string {
+	if s.partitions == 0 {
+		return nil
+	}
+	return []string{"--request-partitions", strconv.Itoa(s.partitions)}
 }
 
 // waitRoutable waits until frontend f sees exactly the given workers ready.

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,8 +10,10 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
 )
 
 // servingWorker asks the frontend which worker serves request id now.
@@ -84,12 +87,18 @@ func checkCleanError(t *testing.T, res sseResult, prompt string, maxTokens int) 
 	checkIDs(t, res, 0)
 }
 
+// testPartitions is the request log's layout of the migration and resume
+// tests: partitioned, while the other tests run with one partition.
+const testPartitions = 3
+
 // migrationStack starts NATS, a frontend with the given args (and the
 // system-account URL for disconnect advisories if advisory is set), and n
-// workers producing tokensPerSec tokens/s with a 1 s drain budget.
+// workers producing tokensPerSec tokens/s with a 1 s drain budget, on a
+// request log of testPartitions partitions.
 func migrationStack(t *testing.T, n, tokensPerSec int, advisory bool, workerArgs []string, frontendArgs ...string) (*stack, *frontend, []string) {
 	t.Helper()
 	s := newStack(t)
+	s.partitions = testPartitions
 	if advisory {
 		frontendArgs = append(frontendArgs, "--nats-system-url", s.sysURL())
 	}
@@ -102,7 +111,18 @@ func migrationStack(t *testing.T, n, tokensPerSec int, advisory bool, workerArgs
 		ids = append(ids, id)
 	}
 	fe.waitRoutable(t, ids...)
+	s.checkPartitions(t, testPartitions)
 	return s, fe, ids
+}
+
+// checkPartitions checks that the server's request log has n partitions.
+func (s *stack) checkPartitions(t *testing.T, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got, err := streams.Discover(ctx, s.jetStream(t)); err != nil || got.Count() != n {
+		t.Fatalf("the request log has %d partitions (%v), want %d", got, err, n)
+	}
 }
 
 // sysURL is the system-account URL of the stack's server, with the password

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/services/natsserver"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -66,9 +67,18 @@ func (v *violations) all() []string {
 // TestLeastPrivilegePermissions runs a frontend and two workers as users
 // holding exactly the permission sets of docs/deployment.md, on a server that
 // enforces them: a stream, a migration after a worker is killed, a resume and
-// a cancel all work, and the server logs no permission violation.
+// a cancel all work, and the server logs no permission violation. It runs
+// with one request stream, and with three partitions and the sets expanded
+// as the docs say (natsserver.ForPartitions).
 func TestLeastPrivilegePermissions(t *testing.T) {
+	for _, partitions := range []int{1, 3} {
+		t.Run(fmt.Sprintf("partitions=%d", partitions), func(t *testing.T) { leastPrivilege(t, partitions) })
+	}
+}
+
+func leastPrivilege(t *testing.T, partitions int) {
 	fePerms, wkPerms := permissionBlocks(t)
+	fePerms, wkPerms = natsserver.ForPartitions(fePerms, partitions), natsserver.ForPartitions(wkPerms, partitions)
 	port := freePort(t)
 	conf := fmt.Sprintf(`
 listen: 127.0.0.1:%d
@@ -109,7 +119,7 @@ system_account: SYS
 	t.Cleanup(srv.Shutdown)
 
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	s := &stack{t: t, dir: t.TempDir(), natsURL: url, workers: map[string]*proc{}}
+	s := &stack{t: t, dir: t.TempDir(), natsURL: url, workers: map[string]*proc{}, partitions: partitions}
 	sys := fmt.Sprintf("nats://sys:spw@127.0.0.1:%d", port)
 	f1 := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "fpw", "--nats-system-url", sys, "--migration-limit", "3")
 	f2 := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "fpw", "--nats-system-url", sys, "--migration-limit", "3")

@@ -115,6 +115,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 		t.Fatalf("baton replay --json: exit %d: %s", code, errOut)
 	}
 	var doc struct {
+		Stream  string `json:"stream"`
 		Request struct {
 			Status     string `json:"status"`
 			Owner      string `json:"owner"`
@@ -133,6 +134,10 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 	}
 	if doc.Output != want {
 		t.Errorf("replay --json output:\n got %q\nwant %q", doc.Output, want)
+	}
+	// The request's partition, as the docs find it for the nats CLI.
+	if wantStream := streams.Partitions(testPartitions).StreamOf(id); doc.Stream != wantStream {
+		t.Errorf("replay --json stream %q, want %q", doc.Stream, wantStream)
 	}
 	if doc.Request.Status != "completed" || doc.Request.Owner != "frontend-2" ||
 		len(doc.Request.Migrations) != 1 || doc.Request.Migrations[0].MigrationType != "ongoing_request" {
@@ -165,7 +170,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 	// The nats CLI shows the same messages with readable ce-type headers.
 	nats := natsCLI(t)
 	out, errOut, code = runTool(t, nats, "--server", s.natsURL, "sub", streams.RequestAll(id),
-		"--stream", "BATON_REQUESTS", "--all", "--terminate-at-end", "--headers-only")
+		"--stream", doc.Stream, "--all", "--terminate-at-end", "--headers-only")
 	if code != 0 || !strings.Contains(out, "ce-type: baton.request.accepted.v1") || !strings.Contains(out, "ce-type: baton.request.migrated.v1") {
 		t.Errorf("nats sub --stream: exit %d, stderr %q, stdout:\n%s", code, errOut, out)
 	}
@@ -176,7 +181,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 		t.Log("script(1) not installed: skipping nats stream view")
 		return
 	}
-	view := nats + " --server " + s.natsURL + " stream view BATON_REQUESTS 25 --subject " + streams.RequestEvents(id)
+	view := nats + " --server " + s.natsURL + " stream view " + doc.Stream + " 25 --subject " + streams.RequestEvents(id)
 	out, errOut, code = runTool(t, script, "-qec", view, "/dev/null")
 	if code != 0 || !strings.Contains(out, "ce-type: baton.request.accepted.v1") || !strings.Contains(out, "ce-type: baton.request.attached.v1") {
 		t.Errorf("nats stream view: exit %d, stderr %q, stdout:\n%s", code, errOut, out)

@@ -51,10 +51,12 @@ func joined(t *testing.T, first, rest sseResult, prompt string, maxTokens int) {
 }
 
 // twoFrontends starts NATS, two frontends (with the disconnect fast path)
-// and two workers at 100 tokens/s.
+// and two workers at 100 tokens/s, on a request log of testPartitions
+// partitions.
 func twoFrontends(t *testing.T, frontendArgs ...string) (*stack, *frontend, *frontend) {
 	t.Helper()
 	s := newStack(t)
+	s.partitions = testPartitions
 	args := append([]string{"--nats-system-url", s.sysURL(), "--migration-limit", "3"}, frontendArgs...)
 	f1 := s.frontend(nil, args...)
 	f2 := s.frontend(nil, args...)
@@ -62,6 +64,7 @@ func twoFrontends(t *testing.T, frontendArgs ...string) (*stack, *frontend, *fro
 	s.worker("w2", "--mock-tokens-per-sec", "100", "--mock-ttft", "10ms")
 	f1.waitRoutable(t, "w1", "w2")
 	f2.waitRoutable(t, "w1", "w2")
+	s.checkPartitions(t, testPartitions)
 	return s, f1, f2
 }
 

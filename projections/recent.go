@@ -36,10 +36,13 @@ type RequestSummary struct {
 // ones, ended requests first. Events of requests whose accepted event it
 // did not see (accepted before the reader started) are ignored.
 //
+// The request log may be split into partitions (streams.Partitions), each
+// with its own sequences: Recent keeps the last applied one per partition.
+//
 // A Recent is not safe for concurrent use.
 type Recent struct {
 	limit   int
-	lastSeq uint64
+	lastSeq map[int]uint64 // per partition
 	reqs    map[string]*recentRequest
 }
 
@@ -56,20 +59,21 @@ func NewRecent(limit int) *Recent {
 	if limit <= 0 {
 		limit = DefaultRecentLimit
 	}
-	return &Recent{limit: limit, reqs: map[string]*recentRequest{}}
+	return &Recent{limit: limit, lastSeq: map[int]uint64{}, reqs: map[string]*recentRequest{}}
 }
 
-// LastSeq is the stream sequence of the last applied event.
-func (v *Recent) LastSeq() uint64 { return v.lastSeq }
+// Apply folds an event of a request log of one partition: ApplyPartition(0, e).
+func (v *Recent) Apply(e events.Envelope) (changed bool) { return v.ApplyPartition(0, e) }
 
-// Apply folds an event of the requests stream and reports whether a row
-// changed. Events not newer than the last applied sequence are skipped.
-func (v *Recent) Apply(e events.Envelope) (changed bool) {
+// ApplyPartition folds an event of request partition k and reports whether
+// a row changed. Events not newer than the partition's last applied
+// sequence are skipped.
+func (v *Recent) ApplyPartition(k int, e events.Envelope) (changed bool) {
 	if e.Seq != 0 {
-		if e.Seq <= v.lastSeq {
+		if e.Seq <= v.lastSeq[k] {
 			return false
 		}
-		v.lastSeq = e.Seq
+		v.lastSeq[k] = e.Seq
 	}
 	id := requestOf(e.Event)
 	if id == "" {

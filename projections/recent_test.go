@@ -125,3 +125,37 @@ func TestRequestCounter(t *testing.T) {
 		t.Errorf("full %d tokens %q, counter %d tokens %q; want 6 and the text only in full", full.Len(), full.Text(), count.Len(), count.Text())
 	}
 }
+
+// TestRecentPartitions folds two request partitions, whose sequences overlap:
+// each is skipped only against its own last sequence.
+func TestRecentPartitions(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	env := func(seq uint64, id string, ev events.Event) events.Envelope {
+		return events.Envelope{ID: id + fmt.Sprint(seq), Subject: id, Time: t0.Add(time.Duration(seq) * time.Second), Event: ev, Seq: seq}
+	}
+	v := NewRecent(10)
+	steps := []struct {
+		name string
+		k    int
+		e    events.Envelope
+		want bool
+	}{
+		{"a accepted in partition 0", 0, env(1, "a", events.RequestAccepted{RequestID: "a", Model: "m", MaxTokens: 4}), true},
+		{"b accepted in partition 1 at the same sequence", 1, env(1, "b", events.RequestAccepted{RequestID: "b", Model: "m", MaxTokens: 4}), true},
+		{"b routed", 1, env(2, "b", events.RequestRouted{RequestID: "b", WorkerID: "w1"}), true},
+		{"a routed, below partition 1's sequence", 0, env(2, "a", events.RequestRouted{RequestID: "a", WorkerID: "w2"}), true},
+		{"b routed again: redelivered", 1, env(2, "b", events.RequestRouted{RequestID: "b", WorkerID: "w9"}), false},
+	}
+	for _, s := range steps {
+		if got := v.ApplyPartition(s.k, s.e); got != s.want {
+			t.Errorf("%s: ApplyPartition = %v, want %v", s.name, got, s.want)
+		}
+	}
+	workers := map[string]string{}
+	for _, r := range v.Requests("", "", 0) {
+		workers[r.ID] = r.Worker
+	}
+	if want := map[string]string{"a": "w2", "b": "w1"}; !reflect.DeepEqual(workers, want) {
+		t.Errorf("workers %v, want %v", workers, want)
+	}
+}

@@ -281,11 +281,12 @@ const batchSize = 1000
 
 // ReadRequest yields the stored events of request id in stream order, starting
 // at stream sequence from (1 for the whole history), using batch direct get: no
-// consumer is created. Messages that are not baton events are skipped; events
+// consumer is created. p is the request log's layout (Provision, Discover):
+// the request is read from its partition, p.StreamOf(id). Messages that are not baton events are skipped; events
 // of unknown types are skipped too. It returns ErrNotFound (as the iterator's
 // error) when nothing is stored at or after from.
-func ReadRequest(ctx context.Context, js jetstream.JetStream, id string, from uint64) iter.Seq2[events.Envelope, error] {
-	return readSubject(ctx, js, RequestsStream, RequestAll(id), from)
+func ReadRequest(ctx context.Context, js jetstream.JetStream, p Partitions, id string, from uint64) iter.Seq2[events.Envelope, error] {
+	return readSubject(ctx, js, p.StreamOf(id), RequestAll(id), from)
 }
 
 func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64) iter.Seq2[events.Envelope, error] {

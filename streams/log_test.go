@@ -27,7 +27,7 @@ func testCtx(t *testing.T) context.Context {
 func readAll(t *testing.T, ctx context.Context, js jetstream.JetStream, id string, from uint64) []events.Envelope {
 	t.Helper()
 	var out []events.Envelope
-	for e, err := range streams.ReadRequest(ctx, js, id, from) {
+	for e, err := range streams.ReadRequest(ctx, js, 1, id, from) {
 		if err != nil {
 			t.Fatalf("read %s: %v", id, err)
 		}
@@ -136,7 +136,7 @@ func TestReadRequestNotFound(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var n int
 			var last error
-			for _, err := range streams.ReadRequest(ctx, js, tt.id, tt.from) {
+			for _, err := range streams.ReadRequest(ctx, js, 1, tt.id, tt.from) {
 				n++
 				last = err
 			}
@@ -218,7 +218,7 @@ func TestProvisionKeepsFirstDefinition(t *testing.T) {
 	first := streams.Config{MemoryStorage: true, RequestsMaxAge: time.Hour, MaxMsgsPerSubject: 500}
 	second := streams.Config{MemoryStorage: true, RequestsMaxAge: time.Minute, MaxMsgsPerSubject: 5}
 	for _, cfg := range []streams.Config{first, second} {
-		if err := streams.Provision(ctx, js, cfg); err != nil {
+		if _, err := streams.Provision(ctx, js, cfg); err != nil {
 			t.Fatalf("provision %+v: %v", cfg, err)
 		}
 	}
@@ -238,7 +238,7 @@ func TestProvisionKeepsFirstDefinition(t *testing.T) {
 func TestProvisionRejectsBadConfig(t *testing.T) {
 	s := natstest.Start(t)
 	js := s.JetStream(t)
-	err := streams.Provision(testCtx(t), js, streams.Config{Replicas: 7, RequestsMaxAge: -time.Second})
+	_, err := streams.Provision(testCtx(t), js, streams.Config{Replicas: 7, RequestsMaxAge: -time.Second})
 	if err == nil {
 		t.Fatal("got nil error, want config error")
 	}
@@ -255,7 +255,7 @@ func TestSubjectLimitRefusesNewWrites(t *testing.T) {
 	s := natstest.Start(t)
 	js := s.JetStream(t)
 	ctx := testCtx(t)
-	if err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, MaxMsgsPerSubject: 3}); err != nil {
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, MaxMsgsPerSubject: 3}); err != nil {
 		t.Fatal(err)
 	}
 	log := streams.NewLog(js, "test")
@@ -309,7 +309,7 @@ func TestStreamLimitErrors(t *testing.T) {
 			js := s.JetStream(t)
 			ctx := testCtx(t)
 			tt.cfg.MemoryStorage = true
-			if err := streams.Provision(ctx, js, tt.cfg); err != nil {
+			if _, err := streams.Provision(ctx, js, tt.cfg); err != nil {
 				t.Fatal(err)
 			}
 			log := streams.NewLog(js, "test")

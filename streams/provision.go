@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -15,11 +16,16 @@ type Config struct {
 	Replicas          int           // R for streams and buckets (1, or 3 in a cluster); default 1
 	MemoryStorage     bool          // keep streams in memory instead of files (tests, benchmarks)
 	RequestsMaxAge    time.Duration // how long a request's events stay; default 24h
-	RequestsMaxBytes  int64         // size cap of BATON_REQUESTS; default 1 GiB
+	RequestsMaxBytes  int64         // size cap of each request stream (partition); default 1 GiB
 	MaxMsgsPerSubject int64         // cap on one subject (one attempt's deltas); default 100000
 	MaxMsgSize        int32         // largest event; default 1 MiB
 	WorkersMaxAge     time.Duration // how long worker lifecycle events stay; default 7 days
 	MarkerTTL         time.Duration // how long lease-expiry markers stay; default 5m
+	// RequestPartitions is the number of streams the request log is split
+	// into (see Partitions), 1 to MaxPartitions. 0 means: whatever the
+	// existing streams have, and 1 if they do not exist yet. A number that
+	// differs from the existing streams' is a PartitionsMismatchError.
+	RequestPartitions int
 }
 
 // Defaults of Config.
@@ -63,6 +69,11 @@ func (c Config) Validate() error {
 	if c.Replicas < 0 || c.Replicas > 5 {
 		errs = append(errs, fmt.Errorf("replicas %d: want 1 to 5", c.Replicas))
 	}
+	if c.RequestPartitions != 0 {
+		if err := Partitions(c.RequestPartitions).Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if c.RequestsMaxAge < 0 || c.RequestsMaxBytes < 0 || c.MaxMsgsPerSubject < 0 || c.MaxMsgSize < 0 || c.WorkersMaxAge < 0 || c.MarkerTTL < 0 {
 		errs = append(errs, errors.New("retention limits must not be negative"))
 	}
@@ -76,13 +87,20 @@ func (c Config) storage() jetstream.StorageType {
 	return jetstream.FileStorage
 }
 
-// RequestsConfig is the definition of BATON_REQUESTS.
-func (c Config) RequestsConfig() jetstream.StreamConfig {
+// RequestsConfig is the definition of partition k of a request log of p
+// partitions: BATON_REQUESTS when p is 1. Every partition has the same
+// limits (each its own MaxBytes), and republishes to baton.live.requests.>.
+func (c Config) RequestsConfig(p Partitions, k int) jetstream.StreamConfig {
 	c = c.withDefaults()
+	desc := "baton requests: lifecycle events and token deltas, one subject tree per request"
+	if p.n() > 1 {
+		desc = fmt.Sprintf("baton requests, partition %d of %d: the requests whose hash slot s has s %% %d == %d", k, p.n(), p.n(), k)
+	}
 	return jetstream.StreamConfig{
-		Name:        RequestsStream,
-		Description: "baton requests: lifecycle events and token deltas, one subject tree per request",
-		Subjects:    []string{requestsPrefix + ">"},
+		Name:        p.Stream(k),
+		Description: desc,
+		Subjects:    p.Subjects(k),
+		Metadata:    map[string]string{metaPartitions: strconv.Itoa(p.n()), metaPartition: strconv.Itoa(k)},
 		Storage:     c.storage(),
 		Replicas:    c.Replicas,
 		MaxAge:      c.RequestsMaxAge,
@@ -132,17 +150,42 @@ func (c Config) bucketConfig(name, desc string) jetstream.KeyValueConfig {
 	}
 }
 
-// Provision creates baton's streams and buckets if they do not exist. It is
-// idempotent and safe to race: whichever component starts first creates them,
-// and an existing definition is kept as it is (never weakened or replaced).
-// In a cluster that is still forming (no meta leader yet, a node restarting)
-// transient failures (see Transient) are retried until ctx ends, each try
-// bounded by DefaultTimeout.
-func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+// Provision creates baton's streams and buckets if they do not exist, and
+// returns the request log's partitions. It is idempotent and safe to race:
+// whichever component starts first creates them, and an existing definition
+// is kept as it is (never weakened or replaced). The number of partitions is
+// the existing streams' (cfg.RequestPartitions 0 adopts it; another number
+// is a *PartitionsMismatchError). In a cluster that is still forming (no meta
+// leader yet, a node restarting) transient failures (see Transient) are
+// retried until ctx ends, each try bounded by DefaultTimeout.
+//
+// When this call created request partitions with replicas, it then spreads
+// their leaders over the cluster's nodes (SpreadLeaders); if that fails the
+// streams still work, and the error wraps ErrLeadersNotSpread with the layout.
+func Provision(ctx context.Context, js jetstream.JetStream, cfg Config) (Partitions, error) {
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("streams: config: %w", err)
+		return 0, fmt.Errorf("streams: config: %w", err)
 	}
-	return Retry(ctx, func(ctx context.Context) error { return provision(ctx, js, cfg) })
+	var p Partitions
+	created := false
+	err := Retry(ctx, func(ctx context.Context) error {
+		var c bool
+		var err error
+		p, c, err = provision(ctx, js, cfg)
+		created = created || c
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	if created && p.n() > 1 && cfg.withDefaults().Replicas > 1 {
+		sctx, cancel := context.WithTimeout(ctx, SpreadBudget)
+		defer cancel()
+		if err := SpreadLeaders(sctx, js, p); err != nil {
+			return p, fmt.Errorf("%w: %w", ErrLeadersNotSpread, err)
+		}
+	}
+	return p, nil
 }
 
 // StartBudget is how long a component starting up keeps retrying JetStream
@@ -155,30 +198,20 @@ const StartBudget = 60 * time.Second
 // 1 s). Each try gets at most DefaultTimeout: a request sent before the
 // cluster has a leader is dropped unanswered.
 func Retry(ctx context.Context, f func(ctx context.Context) error) error {
-	backoff := appendBackoffMin
-	for {
-		tctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
-		err := f(tctx)
-		cancel()
-		if err == nil || !Transient(err) || ctx.Err() != nil {
-			return err
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-		backoff = min(2*backoff, appendBackoffMax)
-	}
+	return poll(ctx, appendBackoffMax, func(ctx context.Context) (bool, error) {
+		err := f(ctx)
+		return err == nil, err
+	})
 }
 
-func provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
-	for _, sc := range []jetstream.StreamConfig{cfg.RequestsConfig(), cfg.WorkersConfig()} {
-		if err := ensureStream(ctx, js, sc); err != nil {
-			return err
-		}
+// provision makes sure every stream and bucket exists; created says whether
+// it created a request partition.
+func provision(ctx context.Context, js jetstream.JetStream, cfg Config) (p Partitions, created bool, err error) {
+	if p, created, err = provisionRequests(ctx, js, cfg); err != nil {
+		return 0, false, err
+	}
+	if _, err := ensureStream(ctx, js, cfg.WorkersConfig()); err != nil {
+		return 0, false, err
 	}
 	for _, kc := range []jetstream.KeyValueConfig{
 		cfg.bucketConfig(LeasesBucket, "baton worker leases: a key lives while its worker's lease does"),
@@ -186,29 +219,31 @@ func provision(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		cfg.bucketConfig(FrontendsBucket, "baton frontend replicas: a key lives while its frontend does"),
 	} {
 		if err := ensureBucket(ctx, js, kc); err != nil {
-			return err
+			return 0, false, err
 		}
 	}
-	return nil
+	return p, created, nil
 }
 
-func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) error {
+// ensureStream creates sc if no stream of its name exists. It returns the
+// existing stream's definition, or nil when it created it.
+func ensureStream(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) (*jetstream.StreamConfig, error) {
 	for range 3 {
-		if _, err := js.Stream(ctx, sc.Name); err == nil {
-			return nil
+		if s, err := js.Stream(ctx, sc.Name); err == nil {
+			return &s.CachedInfo().Config, nil
 		} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("streams: look up stream %s: %w", sc.Name, err)
+			return nil, fmt.Errorf("streams: look up stream %s: %w", sc.Name, err)
 		}
 		_, err := js.CreateStream(ctx, sc)
 		if err == nil {
-			return nil
+			return nil, nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("streams: create stream %s: %w", sc.Name, err)
+			return nil, fmt.Errorf("streams: create stream %s: %w", sc.Name, translateCreate(err))
 		}
 		// Lost a race with another component: look again.
 	}
-	return fmt.Errorf("streams: create stream %s: still racing", sc.Name)
+	return nil, fmt.Errorf("streams: create stream %s: still racing", sc.Name)
 }
 
 func ensureBucket(ctx context.Context, js jetstream.JetStream, kc jetstream.KeyValueConfig) error {

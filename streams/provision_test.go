@@ -16,7 +16,7 @@ func TestProvisionIsIdempotent(t *testing.T) {
 	js := s.JetStream(t)
 	ctx := context.Background()
 	for i := range 3 {
-		if err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true}); err != nil {
+		if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true}); err != nil {
 			t.Fatalf("provision #%d: %v", i, err)
 		}
 	}
@@ -89,7 +89,7 @@ func TestAppendRepublishesWithLastSequence(t *testing.T) {
 		t.Errorf("next republish: got seq %d (err %v), want %d", e.Seq, err, seq3)
 	}
 	var n int
-	for e, err := range streams.ReadRequest(ctx, js, "r1", 1) {
+	for e, err := range streams.ReadRequest(ctx, js, 1, "r1", 1) {
 		if e.Type() == events.TypeRequestAttached {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -292,19 +293,29 @@ func (c *conn) close() {
 
 // connectTool connects a command-line tool (replay, events) and opens
 // JetStream. A nil conn with a nil error means ctx ended while connecting.
-func connectTool(ctx context.Context, env *environment, common *commonFlags, nf *natsFlags, name string) (*conn, jetstream.JetStream, error) {
+// connectTool connects a tool (replay, events) to NATS and learns the request
+// log's layout from the server: tools take no --request-partitions. conn is
+// nil when ctx ended while connecting.
+func connectTool(ctx context.Context, env *environment, common *commonFlags, nf *natsFlags, name string) (*conn, jetstream.JetStream, streams.Partitions, error) {
 	log := common.logger(env.stderr, name)
 	nc, err := connectNATS(ctx, nf.urls, "baton-"+name, toolConnectTimeout, log, nf.options()...)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, nil, nil
+			return nil, nil, 0, nil
 		}
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("jetstream: %w", err)
+		return nil, nil, 0, fmt.Errorf("jetstream: %w", err)
 	}
-	return nc, js, nil
+	dctx, cancel := context.WithTimeout(ctx, toolConnectTimeout)
+	defer cancel()
+	parts, err := streams.Discover(dctx, js)
+	if err != nil {
+		nc.Close()
+		return nil, nil, 0, err
+	}
+	return nc, js, parts, nil
 }

@@ -210,6 +210,52 @@ func TestUpPassesWorkerFlags(t *testing.T) {
 	}
 }
 
+// TestRequestPartitionsFlag: --request-partitions (or BATON_REQUEST_PARTITIONS)
+// reaches the streams config of the frontend and the worker, and baton up
+// passes it to its workers only when it was set (unset, they adopt the log's).
+func TestRequestPartitionsFlag(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want int
+	}{
+		{"unset", nil, nil, 0},
+		{"env", nil, map[string]string{"BATON_REQUEST_PARTITIONS": "3"}, 3},
+		{"flag beats env", []string{"--request-partitions", "4"}, map[string]string{"BATON_REQUEST_PARTITIONS": "3"}, 4},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, _ := testEnv(tt.env)
+			fe, err := parseFrontend(env, tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := parseWorker(env, tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			up, err := parseUp(env, tt.args)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fe.cfg.Streams.RequestPartitions != tt.want || w.cfg.Streams.RequestPartitions != tt.want || up.cfg.Streams.RequestPartitions != tt.want {
+				t.Errorf("got partitions %d, %d, %d (frontend, worker, up); want %d", fe.cfg.Streams.RequestPartitions,
+					w.cfg.Streams.RequestPartitions, up.cfg.Streams.RequestPartitions, tt.want)
+			}
+			passed := strings.Contains(strings.Join(up.workerArgs, " "), fmt.Sprintf("--request-partitions %d", tt.want))
+			if passed != (tt.want != 0) {
+				t.Errorf("up's worker args %q: passes --request-partitions %v, want %v", up.workerArgs, passed, tt.want != 0)
+			}
+		})
+	}
+	for _, bad := range []string{"0x", "65", "-1"} {
+		env, _, _ := testEnv(map[string]string{"BATON_REQUEST_PARTITIONS": bad})
+		if _, err := parseWorker(env, nil); err == nil || !errors.As(err, new(usageError)) {
+			t.Errorf("BATON_REQUEST_PARTITIONS=%s: got %v, want a usage error", bad, err)
+		}
+	}
+}
+
 // TestUpFlags: up listens on loopback unless --http-host says otherwise,
 // gives worker i the status port --system-port+i-1 (always explicit, so a
 // DYN_SYSTEM_PORT in the environment cannot give every worker the same one),

@@ -14,7 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-const eventsSummary = `Pretty-prints the event log: the messages of BATON_REQUESTS and
+const eventsSummary = `Pretty-prints the event log: the messages of BATON_REQUESTS (or of
+every request partition, BATON_REQUESTS_<k>, learnt from the server) and
 BATON_WORKERS, one line each (stored time, stream sequence, ce-type, subject,
 and a summary of the event), merged in time order. Without --follow it prints
 what is stored and exits; with --follow it then keeps printing new events
@@ -69,14 +70,18 @@ func parseEvents(env *environment, args []string) (*eventsOptions, error) {
 	return o, nil
 }
 
-// sources are the streams and subject filters the options select.
-func (o *eventsOptions) sources() []logSource {
+// sources are the streams and subject filters the options select, in a
+// request log of parts partitions: every partition, or the one of --request.
+func (o *eventsOptions) sources(parts streams.Partitions) []logSource {
 	var out []logSource
 	switch {
 	case o.request == "" && o.worker == "":
-		return []logSource{{streams.RequestsStream, ""}, {streams.WorkersStream, ""}}
+		for _, name := range parts.Streams() {
+			out = append(out, logSource{name, ""})
+		}
+		return append(out, logSource{streams.WorkersStream, ""})
 	case o.request != "":
-		out = append(out, logSource{streams.RequestsStream, streams.RequestAll(o.request)})
+		out = append(out, logSource{parts.StreamOf(o.request), streams.RequestAll(o.request)})
 	}
 	if o.worker != "" {
 		out = append(out, logSource{streams.WorkersStream, "baton.workers." + o.worker + ".>"})
@@ -89,7 +94,7 @@ func runEvents(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, js, err := connectTool(ctx, env, o.common, o.nats, "events")
+	nc, js, parts, err := connectTool(ctx, env, o.common, o.nats, "events")
 	if nc == nil {
 		return err // nil when ctx ended while connecting
 	}
@@ -108,7 +113,7 @@ func runEvents(ctx context.Context, env *environment, args []string) error {
 		_, err := fmt.Fprintln(env.stdout, line)
 		return err
 	}
-	err = tailLog(ctx, js, o.sources(), o.since, o.follow, print)
+	err = tailLog(ctx, js, o.sources(parts), o.since, o.follow, print)
 	if ctx.Err() != nil {
 		return nil // SIGINT: a normal end of --follow
 	}
@@ -335,12 +340,17 @@ func (r logRecord) jsonRecord() jsonRecord {
 	return j
 }
 
+// shortStream names a stream in a line: "requests", "req.<k>" for request
+// partition k, "workers".
 func shortStream(s string) string {
 	switch s {
 	case streams.RequestsStream:
 		return "requests"
 	case streams.WorkersStream:
 		return "workers"
+	}
+	if k, ok := strings.CutPrefix(s, streams.RequestsStream+"_"); ok {
+		return "req." + k
 	}
 	return s
 }

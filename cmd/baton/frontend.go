@@ -192,6 +192,7 @@ func frontendEnv(lookup lookupFunc, cfg *frontend.Config) []error {
 // definition is never changed).
 type streamFlags struct {
 	replicas          int
+	partitions        int
 	maxAge            time.Duration
 	maxBytes          int64
 	maxMsgsPerSubject int64
@@ -201,8 +202,12 @@ type streamFlags struct {
 func addStreamFlags(f *flagSet) *streamFlags {
 	sf := &streamFlags{}
 	f.IntVar(&sf.replicas, "replicas", 1, "replicas (R) of the streams and buckets this component provisions if they do not exist; 3 in a cluster")
-	f.DurationVar(&sf.maxAge, "stream-max-age", streams.DefaultRequestsMaxAge, "how long BATON_REQUESTS keeps a request's events, a `duration`")
-	f.Int64Var(&sf.maxBytes, "stream-max-bytes", streams.DefaultRequestsMaxBytes, "size cap of BATON_REQUESTS in `bytes`; when full, new writes are refused")
+	f.IntVar(&sf.partitions, "request-partitions", 0, "`N` streams the request log is split into (1 to 64; a request's hash slot picks one), fixed when the streams are created; "+
+		"another number than the existing streams' exits 2")
+	f.bindEnv("request-partitions", "BATON_REQUEST_PARTITIONS", nil)
+	f.showDefault("request-partitions", "the existing streams', else 1")
+	f.DurationVar(&sf.maxAge, "stream-max-age", streams.DefaultRequestsMaxAge, "how long the request log keeps a request's events, a `duration`")
+	f.Int64Var(&sf.maxBytes, "stream-max-bytes", streams.DefaultRequestsMaxBytes, "size cap of each request log stream (partition) in `bytes`; when full, new writes are refused")
 	f.Int64Var(&sf.maxMsgsPerSubject, "stream-max-msgs-per-subject", streams.DefaultMaxMsgsPerSubject, "cap on the messages of one subject (one attempt's deltas)")
 	f.IntVar(&sf.maxMsgSize, "stream-max-msg-size", streams.DefaultMaxMsgSize, "largest event in `bytes`")
 	return sf
@@ -211,19 +216,23 @@ func addStreamFlags(f *flagSet) *streamFlags {
 // config is the streams.Config of the flags.
 func (sf *streamFlags) config() streams.Config {
 	return streams.Config{
-		Replicas: sf.replicas, RequestsMaxAge: sf.maxAge, RequestsMaxBytes: sf.maxBytes,
+		Replicas: sf.replicas, RequestPartitions: sf.partitions, RequestsMaxAge: sf.maxAge, RequestsMaxBytes: sf.maxBytes,
 		MaxMsgsPerSubject: sf.maxMsgsPerSubject, MaxMsgSize: int32(min(sf.maxMsgSize, 1<<31-1)),
 	}
 }
 
 // args are the flags again, for child processes (baton up's workers).
 func (sf *streamFlags) args() []string {
-	return []string{
+	var parts []string
+	if sf.partitions != 0 {
+		parts = []string{"--request-partitions", strconv.Itoa(sf.partitions)}
+	}
+	return append(parts,
 		"--replicas", strconv.Itoa(sf.replicas), "--stream-max-age", sf.maxAge.String(),
 		"--stream-max-bytes", strconv.FormatInt(sf.maxBytes, 10),
 		"--stream-max-msgs-per-subject", strconv.FormatInt(sf.maxMsgsPerSubject, 10),
 		"--stream-max-msg-size", strconv.Itoa(sf.maxMsgSize),
-	}
+	)
 }
 
 // frontendOptions are the flags of `baton frontend`.

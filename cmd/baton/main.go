@@ -11,6 +11,8 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+
+	"github.com/baton-dev/baton/streams"
 )
 
 // command is one subcommand.
@@ -130,10 +132,11 @@ func supervised() bool {
 // exitCode prints err (if any) on one line and maps it to an exit code.
 func exitCode(stderr io.Writer, prefix string, err error) int {
 	var ue usageError
+	var mismatch *streams.PartitionsMismatchError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.As(err, &ue):
+	case errors.As(err, &ue), errors.As(err, &mismatch):
 		fmt.Fprintf(stderr, "%s: %s\n", prefix, oneLine(err))
 		return 2
 	default:

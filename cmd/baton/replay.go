@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,8 +16,9 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
-const replaySummary = `Rebuilds a request's timeline from the event log alone (BATON_REQUESTS, read
-with batch direct get, folded exactly as a frontend folds it): one line per
+const replaySummary = `Rebuilds a request's timeline from the event log alone (BATON_REQUESTS, or
+the request's partition BATON_REQUESTS_<k> when the log is partitioned: the
+server says how, the id's hash slot says which; read with batch direct get, folded exactly as a frontend folds it): one line per
 event in stream order, with the time since the request was accepted, the
 stream sequence, the subject (events, or tokens.<attempt>) and what happened.
 Consecutive token deltas of one attempt are shown as one line; deltas the fold
@@ -83,7 +85,7 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, js, err := connectTool(ctx, env, o.common, o.nats, "replay")
+	nc, js, parts, err := connectTool(ctx, env, o.common, o.nats, "replay")
 	if nc == nil {
 		return err // nil when ctx ended while connecting
 	}
@@ -91,7 +93,7 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 	rctx, cancel := context.WithTimeout(ctx, replayReadTimeout)
 	defer cancel()
 	var envs []events.Envelope
-	for e, err := range streams.ReadRequest(rctx, js, o.id, 1) {
+	for e, err := range streams.ReadRequest(rctx, js, parts, o.id, 1) {
 		if errors.Is(err, streams.ErrNotFound) {
 			return errRequestNotFound(o.id)
 		}
@@ -104,6 +106,7 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 	if !ok {
 		return errRequestNotFound(o.id)
 	}
+	doc.Stream = parts.StreamOf(o.id)
 	if o.json {
 		enc := json.NewEncoder(env.stdout)
 		enc.SetIndent("", "  ")
@@ -114,6 +117,7 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 
 // replayDoc is what `baton replay --json` prints.
 type replayDoc struct {
+	Stream   string            `json:"stream"` // the request's partition of the log
 	Request  projections.State `json:"request"`
 	Timeline []replayEntry     `json:"timeline"`
 	Output   string            `json:"output"`
@@ -204,7 +208,7 @@ func writeReplay(w io.Writer, doc replayDoc) error {
 	st := doc.Request
 	var b strings.Builder
 	fmt.Fprintf(&b, "request %s: %s\n\n", st.ID, statusLine(st))
-	fmt.Fprintf(&b, "timeline (time since accepted, BATON_REQUESTS sequence, subject under %s):\n", strings.TrimSuffix(streams.RequestAll(st.ID), ">"))
+	fmt.Fprintf(&b, "timeline (time since accepted, %s sequence, subject under %s):\n", cmp.Or(doc.Stream, streams.RequestsStream), strings.TrimSuffix(streams.RequestAll(st.ID), ">"))
 	for _, l := range coalesce(doc.Timeline) {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}

@@ -53,14 +53,20 @@ func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
 	return js
 }
 
-// Provision connects, provisions baton's streams in memory, and returns the
-// JetStream context.
+// Provision connects, provisions baton's streams in memory (one request
+// partition), and returns the JetStream context.
 func (s *Server) Provision(t testing.TB) jetstream.JetStream {
+	t.Helper()
+	return s.ProvisionPartitions(t, 1)
+}
+
+// ProvisionPartitions is Provision with a request log of p partitions.
+func (s *Server) ProvisionPartitions(t testing.TB, p streams.Partitions) jetstream.JetStream {
 	t.Helper()
 	js := s.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true}); err != nil {
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestPartitions: int(p)}); err != nil {
 		t.Fatalf("provision: %v", err)
 	}
 	return js

@@ -140,7 +140,7 @@ func readLog(ctx context.Context, h *harness, id string) (*projections.Request, 
 	defer cancel()
 	p := projections.NewRequest()
 	var migs []events.RequestMigrated
-	for e, err := range streams.ReadRequest(ctx, h.js, id, 1) {
+	for e, err := range streams.ReadRequest(ctx, h.js, h.parts(), id, 1) {
 		if err != nil {
 			return nil, nil, err
 		}

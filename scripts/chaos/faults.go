@@ -100,7 +100,11 @@ func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 		}
 		return old.id + "→" + inc.id, nil
 	case "nats_kill", "nats_leader_kill":
-		leader, followers, err := h.requestsLeader(60 * time.Second)
+		k := 0
+		if n := h.parts().Count(); n > 1 {
+			k = rng.IntN(n) // the same victims for a seed as before partitions when there is one
+		}
+		leader, followers, err := h.requestsLeader(k, 60*time.Second)
 		if err != nil {
 			return "", err
 		}
@@ -117,7 +121,7 @@ func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 		if err := h.startNode(n); err != nil {
 			return victim, err
 		}
-		_, _, err = h.requestsLeader(90 * time.Second)
+		_, _, err = h.requestsLeader(k, 90*time.Second)
 		return victim, err
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)

@@ -3,13 +3,14 @@
 // three mock workers), keeps steady streaming load with clients that resume
 // on any frontend, and injects faults at random moments: worker kill -9,
 // SIGSTOP/SIGCONT, SIGTERM, frontend kill -9, NATS node kill -9 (the
-// BATON_REQUESTS leader included), each followed by a restart. At the end it
+// leader of a request partition included), each followed by a restart. At the end it
 // checks every request against the fault-free text and the log, and every
 // frontend's counters against the log and the clients; it prints a summary
 // table and exits 1 on any violation.
 //
 //	go run ./scripts/chaos -duration 30s               # the CI profile
 //	go run ./scripts/chaos -duration 10m -profile long
+//	go run ./scripts/chaos -duration 30s -partitions 3  # a request log of 3 streams
 //
 // With -compose-check it is instead one resilient client of a running stack
 // (scripts/compose-test): it streams one request, resuming across the given
@@ -29,6 +30,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/baton-dev/baton/streams"
 )
 
 // profile is the soak's shape.
@@ -41,6 +44,7 @@ type profile struct {
 	migrationLimit int
 	drainSecs      int    // DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS: short, so SIGTERM hands requests off too
 	engine         string // "mock", or "openai": workers in front of vLLM simulators
+	partitions     int    // --request-partitions of every component; NATS leader kills pick a partition's leader
 }
 
 var profiles = map[string]profile{
@@ -59,6 +63,7 @@ func main() {
 		bin      = flag.String("baton", "", "a built baton binary (default: go build ./cmd/baton into the run directory)")
 		keep     = flag.Bool("keep", false, "keep the run directory (process logs, JetStream stores) even on success")
 		engName  = flag.String("engine", "mock", "workers' engine: mock, or openai (each worker in front of its own vLLM simulator, cmd/vllmsim)")
+		parts    = flag.Int("partitions", 1, "request log partitions (--request-partitions, 1 to 64); a leader kill picks one partition's leader")
 
 		composeCheck = flag.Bool("compose-check", false, "be one resilient client of a running stack (see -urls); exit 0 iff the text is the fault-free one")
 		urls         = flag.String("urls", "http://127.0.0.1:8000,http://127.0.0.1:8001", "-compose-check: frontends, the first preferred")
@@ -87,6 +92,11 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.engine = *engName
+	if err := streams.Partitions(*parts).Validate(); err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: -partitions: %v\n", err)
+		os.Exit(2)
+	}
+	cfg.partitions = *parts
 	os.Exit(soak(cfg, *duration, *seed, *bin, *keep, strings.Join(os.Args, " ")))
 }
 
@@ -220,8 +230,16 @@ func (h *harness) up() error {
 			return err
 		}
 	}
-	_, _, err := h.requestsLeader(60 * time.Second)
-	return err
+	var leaders []string
+	for k := range h.parts().Count() {
+		leader, _, err := h.requestsLeader(k, 60*time.Second)
+		if err != nil {
+			return err
+		}
+		leaders = append(leaders, h.parts().Stream(k)+"@"+leader)
+	}
+	fmt.Printf("request log leaders: %s\n", strings.Join(leaders, " "))
+	return nil
 }
 
 // load starts the clients. Each runs requests back to back until ctx is done;

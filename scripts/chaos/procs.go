@@ -281,13 +281,17 @@ func (h *harness) startNode(n *natsNode) error {
 	})
 }
 
-// requestsLeader returns the node leading BATON_REQUESTS once it has a leader
-// and every replica is current.
-func (h *harness) requestsLeader(timeout time.Duration) (leader string, followers []string, err error) {
-	err = waitUntil(timeout, streams.RequestsStream+" to have a leader and current replicas", func() bool {
+// parts is the request log's layout of the run.
+func (h *harness) parts() streams.Partitions { return streams.Partitions(h.cfg.partitions) }
+
+// requestsLeader returns the node leading request partition k once it has a
+// leader and every replica is current.
+func (h *harness) requestsLeader(k int, timeout time.Duration) (leader string, followers []string, err error) {
+	name := h.parts().Stream(k)
+	err = waitUntil(timeout, name+" to have a leader and current replicas", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		s, err := h.js.Stream(ctx, streams.RequestsStream)
+		s, err := h.js.Stream(ctx, name)
 		if err != nil {
 			return false
 		}
@@ -330,7 +334,7 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 	h.mu.Unlock()
 	inc := &feInc{slot: slot, id: fmt.Sprintf("fe%d-r%d", slot+1, gen), url: "http://127.0.0.1:" + strconv.Itoa(port)}
 	p, err := h.start(fmt.Sprintf("frontend-%d", slot+1), nil, "frontend", "--nats", h.natsURLs(),
-		"--nats-system-url", h.sysURLs(), "--replicas", "3", "--http-port", strconv.Itoa(port),
+		"--nats-system-url", h.sysURLs(), "--replicas", "3", "--request-partitions", strconv.Itoa(h.parts().Count()), "--http-port", strconv.Itoa(port),
 		"--frontend-id", inc.id, "--migration-limit", strconv.Itoa(h.cfg.migrationLimit),
 		"--detach-timeout", "5m")
 	if err != nil {
@@ -363,7 +367,7 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 // startWorker (re)starts the worker in slot i with its id.
 func (h *harness) startWorker(i int) error {
 	w := h.workers[i]
-	args := []string{"worker", "--nats", h.natsURLs(), "--replicas", "3", "--worker-id", w.id}
+	args := []string{"worker", "--nats", h.natsURLs(), "--replicas", "3", "--request-partitions", strconv.Itoa(h.parts().Count()), "--worker-id", w.id}
 	if h.cfg.engine == "openai" {
 		if w.simURL == "" {
 			if err := h.startSim(w); err != nil {

@@ -65,7 +65,7 @@ func (fe *Frontend) load(ctx context.Context, id string) (*projections.Request, 
 		return p, nil
 	}
 	p := projections.NewRequest()
-	for e, err := range streams.ReadRequest(ctx, fe.js, id, 1) {
+	for e, err := range streams.ReadRequest(ctx, fe.js, fe.parts, id, 1) {
 		if err != nil {
 			return nil, err
 		}

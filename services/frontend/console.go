@@ -54,31 +54,54 @@ type consoleView struct {
 }
 
 // feedCursor is a position in the feed: the last stream sequence seen of
-// BATON_REQUESTS and of BATON_WORKERS. As an SSE id it reads "R.W".
-type feedCursor struct{ Requests, Workers uint64 }
+// each request partition (streams.Partitions; their sequences are not
+// comparable) and of BATON_WORKERS. As an SSE id it reads "R.W", or
+// "R0.R1.….W" with several partitions.
+type feedCursor struct {
+	Requests []uint64 // per partition
+	Workers  uint64
+}
 
-func (c feedCursor) String() string { return fmt.Sprintf("%d.%d", c.Requests, c.Workers) }
+func newCursor(parts streams.Partitions) feedCursor {
+	return feedCursor{Requests: make([]uint64, parts.Count())}
+}
 
-func parseCursor(s string) (feedCursor, error) {
-	r, w, ok := strings.Cut(strings.TrimSpace(s), ".")
-	if !ok {
-		return feedCursor{}, fmt.Errorf("want <requests sequence>.<workers sequence>, got %q", s)
+func (c feedCursor) String() string {
+	var b strings.Builder
+	for _, s := range c.Requests {
+		b.WriteString(strconv.FormatUint(s, 10))
+		b.WriteByte('.')
 	}
-	rs, err1 := strconv.ParseUint(r, 10, 64)
-	ws, err2 := strconv.ParseUint(w, 10, 64)
-	if err1 != nil || err2 != nil {
-		return feedCursor{}, fmt.Errorf("want <requests sequence>.<workers sequence>, got %q", s)
+	b.WriteString(strconv.FormatUint(c.Workers, 10))
+	return b.String()
+}
+
+func parseCursor(s string, parts streams.Partitions) (feedCursor, error) {
+	fields := strings.Split(strings.TrimSpace(s), ".")
+	bad := fmt.Errorf("want the sequences of %d request partition(s) and of the workers stream, dot-separated, got %q", parts.Count(), s)
+	if len(fields) != parts.Count()+1 {
+		return feedCursor{}, bad
 	}
-	return feedCursor{rs, ws}, nil
+	seqs := make([]uint64, len(fields))
+	for i, f := range fields {
+		var err error
+		if seqs[i], err = strconv.ParseUint(f, 10, 64); err != nil {
+			return feedCursor{}, bad
+		}
+	}
+	return feedCursor{Requests: seqs[:parts.Count()], Workers: seqs[parts.Count()]}, nil
+}
+
+// seq is the cursor's sequence of e's stream.
+func (c *feedCursor) seq(e feedEntry) *uint64 {
+	if e.partition < 0 {
+		return &c.Workers
+	}
+	return &c.Requests[e.partition]
 }
 
 // after reports whether e comes after cursor c in its stream.
-func (c feedCursor) after(e feedEntry) bool {
-	if e.Stream == streams.WorkersStream {
-		return e.Seq > c.Workers
-	}
-	return e.Seq > c.Requests
-}
+func (c feedCursor) after(e feedEntry) bool { return e.Seq > *c.seq(e) }
 
 // feedEntry is one event of the live feed.
 type feedEntry struct {
@@ -92,11 +115,14 @@ type feedEntry struct {
 	WorkerID  string    `json:"worker_id,omitempty"`
 	Source    string    `json:"source"`
 	Summary   string    `json:"summary"`
+
+	partition int // the request partition of Stream; -1 for BATON_WORKERS
 }
 
 func newConsoleView(fe *Frontend) *consoleView {
 	return &consoleView{fe: fe, changed: newSignal(), caughtUp: make(chan struct{}),
-		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests}
+		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests,
+		cursor: newCursor(fe.parts)}
 }
 
 // run gives the console the frontend's lifetime: readers start on ctx, and
@@ -140,7 +166,8 @@ func (c *consoleView) start(ctx context.Context) error {
 	return nil
 }
 
-// follow starts the two readers; if either cannot start, neither runs.
+// follow starts the readers, one per request partition and one of
+// BATON_WORKERS; if one cannot start, none runs.
 // Called with startMu held.
 func (c *consoleView) follow() (err error) {
 	ctx := c.ctx
@@ -153,14 +180,18 @@ func (c *consoleView) follow() (err error) {
 		}
 	}()
 	since := time.Now().Add(-c.fe.cfg.ConsoleWindow)
+	c.mu.Lock()
+	c.cursor = newCursor(c.fe.parts) // the frontend knows the layout now
+	c.mu.Unlock()
+	names := append(c.fe.parts.Streams(), streams.WorkersStream)
 	var pending atomic.Int32 // readers not caught up yet
-	pending.Store(2)
+	pending.Store(int32(len(names)))
 	caughtUp := func() {
 		if pending.Add(-1) == 0 {
 			close(c.caughtUp)
 		}
 	}
-	for _, name := range []string{streams.RequestsStream, streams.WorkersStream} {
+	for _, name := range names {
 		// Caught up: the stream's last message as of now was applied, or the
 		// server said nothing is pending, or the window holds nothing.
 		cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
@@ -210,17 +241,17 @@ func (c *consoleView) follow() (err error) {
 func (c *consoleView) apply(stream string, e events.Envelope) {
 	c.mu.Lock()
 	changed := false
-	if stream == streams.RequestsStream {
-		changed = c.recent.Apply(e)
+	k, isRequests := c.fe.parts.Partition(stream)
+	if isRequests {
+		changed = c.recent.ApplyPartition(k, e)
+	} else {
+		k = -1
 	}
 	if projections.InFeed(e.Event) {
-		seq := &c.cursor.Requests
-		if stream == streams.WorkersStream {
-			seq = &c.cursor.Workers
-		}
-		if e.Seq > *seq {
-			*seq = e.Seq
-			c.feed = append(c.feed, feedOf(stream, e, c.cursor))
+		f := feedEntry{Stream: stream, Seq: e.Seq, partition: k}
+		if c.cursor.after(f) {
+			*c.cursor.seq(f) = e.Seq
+			c.feed = append(c.feed, feedOf(f, e, c.cursor))
 			if len(c.feed) > c.limit {
 				c.feed = append(c.feed[:0], c.feed[len(c.feed)-c.limit:]...)
 			}
@@ -233,10 +264,11 @@ func (c *consoleView) apply(stream string, e events.Envelope) {
 	}
 }
 
-func feedOf(stream string, e events.Envelope, cur feedCursor) feedEntry {
-	f := feedEntry{ID: cur.String(), Stream: stream, Seq: e.Seq, Time: e.Time, Type: e.Type(),
-		Kind: projections.Kind(e.Type()), Source: e.Source, Summary: projections.Describe(e)}
-	if stream == streams.WorkersStream {
+// feedOf completes f, the feed entry of e, with the cursor after it.
+func feedOf(f feedEntry, e events.Envelope, cur feedCursor) feedEntry {
+	f.ID, f.Time, f.Type = cur.String(), e.Time, e.Type()
+	f.Kind, f.Source, f.Summary = projections.Kind(e.Type()), e.Source, projections.Describe(e)
+	if f.partition < 0 {
 		f.WorkerID = e.Subject
 	} else {
 		f.RequestID = e.Subject

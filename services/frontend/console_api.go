@@ -68,12 +68,13 @@ func (fe *Frontend) consoleState() consoleState {
 
 // handleConsoleEvents serves GET /v1/console/events: server-sent events with
 // the live feed of the log ("feed" events, resumable: each id is the feed
-// cursor "R.W", the last BATON_REQUESTS and BATON_WORKERS sequences sent, and
+// cursor "R.W", the last BATON_REQUESTS and BATON_WORKERS sequences sent
+// ("R0.R1.….W" with request partitions), and
 // Last-Event-ID or ?last_event_id resumes after it on any replica) and the
 // workers, requests and frontends ("state" events, without ids, at most four
 // a second and at least every two seconds).
 func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
-	cur, apiErr := lastEventCursor(r)
+	cur, apiErr := lastEventCursor(r, fe.parts)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -95,11 +96,7 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	for {
 		feedCh, discCh, presCh := fe.console.changed.C(), fe.disc.changed.C(), fe.presence.changed.C()
 		for _, e := range fe.console.since(cur) {
-			if e.Stream == streams.WorkersStream {
-				cur.Workers = e.Seq
-			} else {
-				cur.Requests = e.Seq
-			}
+			*cur.seq(e) = e.Seq
 			e.ID = cur.String()
 			if writeEvent(w, e.ID, "feed", e) != nil {
 				return
@@ -136,15 +133,15 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 
 // lastEventCursor is the feed cursor a console's events resume after:
 // ?last_event_id, else the Last-Event-ID header, else the start.
-func lastEventCursor(r *http.Request) (feedCursor, *apiError) {
+func lastEventCursor(r *http.Request, parts streams.Partitions) (feedCursor, *apiError) {
 	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
 	if q := r.URL.Query().Get("last_event_id"); q != "" {
 		name, v = "last_event_id", q
 	}
 	if v == "" {
-		return feedCursor{}, nil
+		return newCursor(parts), nil
 	}
-	cur, err := parseCursor(v)
+	cur, err := parseCursor(v, parts)
 	if err != nil {
 		return feedCursor{}, badRequest("invalid_last_event_id", "%s: %v", name, err)
 	}
@@ -217,7 +214,7 @@ func (fe *Frontend) timeline(ctx context.Context, id string) result {
 	ctx, cancel := context.WithTimeout(ctx, 2*streams.DefaultTimeout)
 	defer cancel()
 	var envs []events.Envelope
-	for e, err := range streams.ReadRequest(ctx, fe.js, id, 1) {
+	for e, err := range streams.ReadRequest(ctx, fe.js, fe.parts, id, 1) {
 		if err != nil {
 			return errResult(&lookupError{id: id, err: err})
 		}
@@ -368,7 +365,7 @@ func (c *clusterCollector) streams() map[string]streamSize {
 	defer cancel()
 	out := map[string]streamSize{}
 	var errs []error
-	for _, name := range []string{streams.RequestsStream, streams.WorkersStream} {
+	for _, name := range append(c.fe.parts.Streams(), streams.WorkersStream) {
 		s, err := c.fe.js.Stream(ctx, name)
 		if err != nil {
 			errs = append(errs, err)

@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -12,13 +13,14 @@ import (
 func TestParseCursor(t *testing.T) {
 	cases := []struct {
 		in      string
+		parts   streams.Partitions
 		want    feedCursor
 		wantErr bool
 	}{
-		{in: "0.0", want: feedCursor{}},
-		{in: "12.7", want: feedCursor{12, 7}},
-		{in: " 3.4 ", want: feedCursor{3, 4}},
-		{in: "18446744073709551615.1", want: feedCursor{1<<64 - 1, 1}},
+		{in: "0.0", want: feedCursor{Requests: []uint64{0}}},
+		{in: "12.7", want: feedCursor{[]uint64{12}, 7}},
+		{in: " 3.4 ", want: feedCursor{[]uint64{3}, 4}},
+		{in: "18446744073709551615.1", want: feedCursor{[]uint64{1<<64 - 1}, 1}},
 		{in: "", wantErr: true},
 		{in: "12", wantErr: true},
 		{in: "a.1", wantErr: true},
@@ -26,18 +28,24 @@ func TestParseCursor(t *testing.T) {
 		{in: "-1.2", wantErr: true},
 		{in: "1.2.3", wantErr: true},
 		{in: ".", wantErr: true},
+		// Three request partitions: three request sequences, then the workers'.
+		{in: "1.2.3.4", parts: 3, want: feedCursor{[]uint64{1, 2, 3}, 4}},
+		{in: "0.0.0.0", parts: 3, want: feedCursor{[]uint64{0, 0, 0}, 0}},
+		{in: "1.2", parts: 3, wantErr: true},
+		{in: "1.2.3", parts: 3, wantErr: true},
+		{in: "1.2.3.4.5", parts: 3, wantErr: true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.in, func(t *testing.T) {
-			got, err := parseCursor(tc.in)
+			got, err := parseCursor(tc.in, tc.parts)
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("got err %v, want error %v", err, tc.wantErr)
 			}
-			if got != tc.want {
+			if !tc.wantErr && !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 			if !tc.wantErr {
-				if back, _ := parseCursor(got.String()); back != got {
+				if back, _ := parseCursor(got.String(), tc.parts); !reflect.DeepEqual(back, got) {
 					t.Errorf("got %+v back from %q, want %+v", back, got.String(), got)
 				}
 			}
@@ -46,18 +54,20 @@ func TestParseCursor(t *testing.T) {
 }
 
 func TestFeedCursorAfter(t *testing.T) {
-	c := feedCursor{Requests: 10, Workers: 3}
+	c := feedCursor{Requests: []uint64{10, 2}, Workers: 3}
 	cases := []struct {
 		name string
 		e    feedEntry
 		want bool
 	}{
-		{"a later request event", feedEntry{Stream: streams.RequestsStream, Seq: 11}, true},
-		{"the cursor's request event", feedEntry{Stream: streams.RequestsStream, Seq: 10}, false},
-		{"a request event past the workers' cursor only", feedEntry{Stream: streams.RequestsStream, Seq: 5}, false},
-		{"a later worker event", feedEntry{Stream: streams.WorkersStream, Seq: 4}, true},
-		{"the cursor's worker event", feedEntry{Stream: streams.WorkersStream, Seq: 3}, false},
-		{"a worker event below the requests' cursor still counts by its own", feedEntry{Stream: streams.WorkersStream, Seq: 9}, true},
+		{"a later request event", feedEntry{Stream: "BATON_REQUESTS_0", Seq: 11}, true},
+		{"the cursor's request event", feedEntry{Stream: "BATON_REQUESTS_0", Seq: 10}, false},
+		{"a request event past the workers' cursor only", feedEntry{Stream: "BATON_REQUESTS_0", Seq: 5}, false},
+		{"another partition counts by its own", feedEntry{Stream: "BATON_REQUESTS_1", Seq: 5, partition: 1}, true},
+		{"another partition's cursor event", feedEntry{Stream: "BATON_REQUESTS_1", Seq: 2, partition: 1}, false},
+		{"a later worker event", feedEntry{Stream: streams.WorkersStream, Seq: 4, partition: -1}, true},
+		{"the cursor's worker event", feedEntry{Stream: streams.WorkersStream, Seq: 3, partition: -1}, false},
+		{"a worker event below the requests' cursor still counts by its own", feedEntry{Stream: streams.WorkersStream, Seq: 9, partition: -1}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +119,7 @@ func TestConsoleViewApply(t *testing.T) {
 		}
 	}
 
-	feed := c.since(feedCursor{})
+	feed := c.since(newCursor(1))
 	var kinds []string
 	for _, f := range feed {
 		kinds = append(kinds, f.Kind+"@"+f.ID)
@@ -120,7 +130,7 @@ func TestConsoleViewApply(t *testing.T) {
 	if feed[1].RequestID != "r2" || feed[1].WorkerID != "" || feed[2].WorkerID != "w1" || feed[2].RequestID != "" {
 		t.Errorf("got feed subjects %+v, %+v; want r2's request id, w1's worker id", feed[1], feed[2])
 	}
-	if got := c.since(feedCursor{Requests: 4, Workers: 1}); len(got) != 1 || got[0].Kind != "lost" {
+	if got := c.since(feedCursor{Requests: []uint64{4}, Workers: 1}); len(got) != 1 || got[0].Kind != "lost" {
 		t.Errorf("got %v after 4.1, want only lost", got)
 	}
 
@@ -156,12 +166,49 @@ func TestConsoleViewFeedBound(t *testing.T) {
 	for i := range uint64(10) {
 		c.apply(streams.WorkersStream, envelope(i+1, "w1", events.WorkerDraining{WorkerID: "w1", LeaseID: "l", Reason: "r"}))
 	}
-	feed := c.since(feedCursor{})
+	feed := c.since(newCursor(1))
 	var seqs []uint64
 	for _, f := range feed {
 		seqs = append(seqs, f.Seq)
 	}
 	if want := []uint64{7, 8, 9, 10}; !slices.Equal(seqs, want) {
 		t.Errorf("got feed seqs %v, want %v", seqs, want)
+	}
+}
+
+// TestConsoleViewPartitions: with a request log of three partitions, whose
+// sequences overlap, the feed keeps each partition's events by its own
+// sequence, and the cursor has one sequence per partition.
+func TestConsoleViewPartitions(t *testing.T) {
+	fe := &Frontend{cfg: Config{ConsoleRequests: 4}.withDefaults(), parts: 3}
+	c := newConsoleView(fe)
+	failed := func(id string) events.RequestFailed {
+		return events.RequestFailed{RequestID: id, Code: "no_workers", Message: "none", Status: 503}
+	}
+	accepted := func(id string) events.RequestAccepted {
+		return events.RequestAccepted{RequestID: id, Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", MaxTokens: 5, Frontend: "fe"}
+	}
+	c.apply("BATON_REQUESTS_0", envelope(1, "a", accepted("a")))
+	c.apply("BATON_REQUESTS_2", envelope(1, "b", accepted("b")))
+	c.apply("BATON_REQUESTS_2", envelope(2, "b", failed("b")))
+	c.apply("BATON_REQUESTS_0", envelope(2, "a", failed("a")))
+	c.apply("BATON_REQUESTS_0", envelope(2, "a", failed("a"))) // redelivered
+	c.apply(streams.WorkersStream, envelope(1, "w1", events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: "lease expired"}))
+	var ids []string
+	for _, f := range c.since(newCursor(3)) {
+		ids = append(ids, f.RequestID+f.WorkerID+"@"+f.ID)
+	}
+	if want := []string{"b@0.0.2.0", "a@2.0.2.0", "w1@2.0.2.1"}; !slices.Equal(ids, want) {
+		t.Errorf("got feed %v, want %v", ids, want)
+	}
+	cur, err := parseCursor("0.0.2.0", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.since(cur); len(got) != 2 || got[0].RequestID != "a" {
+		t.Errorf("after 0.0.2.0 got %+v, want a's failure and w1's loss", got)
+	}
+	if got := len(c.requests("", "", 0)); got != 2 {
+		t.Errorf("%d requests in the view, want 2", got)
 	}
 }

@@ -35,6 +35,7 @@ var errStopped = errors.New("frontend: follower stopped")
 type follower struct {
 	id      string
 	js      jetstream.JetStream
+	parts   streams.Partitions
 	changed *signal // any event applied
 	// decided is notified when an event other than a token delta is
 	// applied (and by whoever must wake the supervisor): the supervisor
@@ -60,10 +61,11 @@ type follower struct {
 }
 
 // follow registers for request id's live messages. With history set it
-// first reads what the log already holds (ErrNotFound if nothing).
-func follow(ctx context.Context, lv *live, js jetstream.JetStream, id string, history bool) (*follower, error) {
+// first reads what the log already holds (ErrNotFound if nothing). parts is
+// the request log's layout: the history is read from id's partition.
+func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, changed: newSignal(), decided: newSignal(), subs: lv, wake: make(chan struct{}, 1),
+		id: id, js: js, parts: parts, changed: newSignal(), decided: newSignal(), subs: lv, wake: make(chan struct{}, 1),
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}
@@ -254,7 +256,7 @@ func (f *follower) readLog() error {
 	}()
 	var got []events.Envelope
 	var err error
-	for e, rerr := range streams.ReadRequest(ctx, f.js, f.id, from) {
+	for e, rerr := range streams.ReadRequest(ctx, f.js, f.parts, f.id, from) {
 		if rerr != nil {
 			if !errors.Is(rerr, streams.ErrNotFound) || from <= 1 {
 				err = rerr

@@ -53,7 +53,7 @@ func TestFollowerHistoryThenLive(t *testing.T) {
 	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
 	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
 	x.tokens(0, "a ")
-	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), "r1", true)
+	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestFollowerFillsGap(t *testing.T) {
 	defer nc.Close()
 	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
 	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(x.ctx, liveOn(t, nc), s.JetStream(t), "r1", true)
+	f, err := follow(x.ctx, liveOn(t, nc), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestFollowerConcurrentCatchUps(t *testing.T) {
 	x, s := newFollowFixture(t)
 	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 100})
 	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), "r1", true)
+	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,14 +176,14 @@ func TestLiveDispatchesByRequest(t *testing.T) {
 	for _, id := range []string{"a", "b"} {
 		appendTo(id, 0, events.RequestAccepted{RequestID: id, Model: "m", MaxTokens: 10})
 		appendTo(id, -1, events.RequestRouted{RequestID: id, WorkerID: "w"})
-		f, err := follow(x.ctx, lv, s.JetStream(t), id, true)
+		f, err := follow(x.ctx, lv, s.JetStream(t), 1, id, true)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer f.stop()
 		fs[id] = f
 	}
-	second, err := follow(x.ctx, lv, s.JetStream(t), "a", true)
+	second, err := follow(x.ctx, lv, s.JetStream(t), 1, "a", true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +30,7 @@ type Frontend struct {
 	log      *slog.Logger
 	nc       *nats.Conn
 	js       jetstream.JetStream
+	parts    streams.Partitions // the request log's layout, set by Run before anything reads it
 	events   *streams.Log
 	metrics  *metrics
 	gatherer prometheus.Gatherer
@@ -150,6 +152,11 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
+	// The layout first: everything started below may read the log.
+	if err := fe.provision(ctx); err != nil {
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: %w", err)
+	}
 	ctl, err := fe.openControl()
 	if err != nil {
 		fe.listener.Close()
@@ -227,14 +234,28 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	return nil
 }
 
-// startWatchers provisions the streams and starts the watchers on g, to run until
-// runCtx is done; it gives up when ctx is done or after streams.StartBudget.
+// provision provisions the streams and learns the request log's layout; it
+// gives up when ctx is done or after streams.StartBudget. Leaders that could
+// not be spread over a cluster are worth a warning, not a failure.
+func (fe *Frontend) provision(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
+	defer cancel()
+	parts, err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
+	if errors.Is(err, streams.ErrLeadersNotSpread) {
+		fe.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
+	} else if err != nil {
+		return err
+	}
+	fe.parts = parts
+	fe.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
+	return nil
+}
+
+// startWatchers starts the watchers on g, to run until runCtx is done; it
+// gives up when ctx is done or after streams.StartBudget.
 func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group) error {
 	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	defer cancel()
-	if err := streams.Provision(pctx, fe.js, fe.cfg.Streams); err != nil {
-		return err
-	}
 	if err := streams.Retry(pctx, fe.checkChildRoom); err != nil {
 		return err
 	}

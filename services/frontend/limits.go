@@ -15,8 +15,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/baton-dev/baton/streams"
 )
 
 // ProbeHeadroom is how many connections past Config.MaxConnections are
@@ -325,14 +323,15 @@ var errNoRoom = errors.New("frontend: no room for a cancel")
 // stream's max messages per subject (whose discard policy is DiscardNew per
 // subject, so a full subject refuses new events).
 func (fe *Frontend) checkChildRoom(ctx context.Context) error {
-	s, err := fe.js.Stream(ctx, streams.RequestsStream)
+	name := fe.parts.Stream(0) // every partition has the same limits
+	s, err := fe.js.Stream(ctx, name)
 	if err != nil {
-		return fmt.Errorf("look up %s: %w", streams.RequestsStream, err)
+		return fmt.Errorf("look up %s: %w", name, err)
 	}
 	limit := s.CachedInfo().Config.MaxMsgsPerSubject
 	if need := int64(fe.cfg.MaxChildren) + lifecycleReserve; limit > 0 && need > limit {
 		return fmt.Errorf("%w: --max-children %d plus %d lifecycle events exceed the %d messages per subject of %s",
-			errNoRoom, fe.cfg.MaxChildren, lifecycleReserve, limit, streams.RequestsStream)
+			errNoRoom, fe.cfg.MaxChildren, lifecycleReserve, limit, name)
 	}
 	return nil
 }

@@ -38,7 +38,7 @@ func TestCatchUpOnReconnect(t *testing.T) {
 	}
 	appendEv(streams.RequestEvents("r1"), "a", events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 2})
 	appendEv(streams.RequestEvents("r1"), "b", events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(ctx, liveOn(t, nc), fjs, "r1", true)
+	f, err := follow(ctx, liveOn(t, nc), fjs, 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
 	}

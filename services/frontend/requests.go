@@ -52,7 +52,7 @@ func (fe *Frontend) release(t *tracked) {
 // start appends a new request to the log and starts supervising it. It
 // returns errExists if the id is taken. The caller holds one reference.
 func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tracked, error) {
-	f, err := follow(ctx, fe.live, fe.js, acc.RequestID, false)
+	f, err := follow(ctx, fe.live, fe.js, fe.parts, acc.RequestID, false)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func (fe *Frontend) attach(ctx context.Context, id string) (*tracked, error) {
 	if t, ok := fe.acquire(id); ok {
 		return t, nil
 	}
-	f, err := follow(ctx, fe.live, fe.js, id, true)
+	f, err := follow(ctx, fe.live, fe.js, fe.parts, id, true)
 	if err != nil {
 		return nil, err
 	}

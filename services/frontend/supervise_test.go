@@ -139,7 +139,7 @@ func (x *runnerFixture) run(id string) projections.State {
 	if _, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0); err != nil {
 		x.t.Fatal(err)
 	}
-	f, err := follow(x.ctx, x.fe.live, x.fe.js, id, true)
+	f, err := follow(x.ctx, x.fe.live, x.fe.js, x.fe.parts, id, true)
 	if err != nil {
 		x.t.Fatal(err)
 	}

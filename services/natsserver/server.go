@@ -27,6 +27,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -69,6 +70,10 @@ type Config struct {
 	// WorkerPermissions pinned to its own id (PinWorker). They need User:
 	// an anonymous client would have every permission.
 	WorkerUsers []WorkerUser
+	// RequestPartitions, when above 1, grants WorkerUsers the request log's
+	// partition streams too (ForPartitions): --request-partitions of the
+	// components.
+	RequestPartitions int
 }
 
 // ResolveSysPassword sets the system-account password if c has none: the
@@ -142,6 +147,11 @@ func (c Config) Validate() error {
 	if c.ClusterName == "" && len(c.Routes) > 0 {
 		errs = append(errs, errors.New("--routes needs --cluster-name"))
 	}
+	if c.RequestPartitions != 0 {
+		if err := streams.Partitions(c.RequestPartitions).Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if len(c.WorkerUsers) > 0 && c.User == "" {
 		errs = append(errs, errors.New("--worker-users needs --user and --password: anonymous clients would have every permission"))
 	}
@@ -190,7 +200,7 @@ func (c Config) configString() string {
 	}
 	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
 	for _, w := range c.WorkerUsers {
-		perms, _ := PinWorker(WorkerPermissions, w.ID) // the constant has every pin
+		perms, _ := PinWorker(ForPartitions(WorkerPermissions, c.RequestPartitions), w.ID) // the constant has every pin
 		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(w.Password), perms)
 	}
 	b.WriteString("  ] }\n")

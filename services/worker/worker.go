@@ -218,7 +218,10 @@ func (w *Worker) openControl() error {
 func (w *Worker) open(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	defer cancel()
-	if err := streams.Provision(ctx, w.js, w.cfg.Streams); err != nil {
+	parts, err := streams.Provision(ctx, w.js, w.cfg.Streams)
+	if errors.Is(err, streams.ErrLeadersNotSpread) {
+		w.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
+	} else if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	return streams.Retry(ctx, func(ctx context.Context) error {

@@ -187,7 +187,7 @@ func types(es []events.Envelope) []string {
 func (e *env) request(id string) []events.Envelope {
 	e.t.Helper()
 	var out []events.Envelope
-	for ev, err := range streams.ReadRequest(context.Background(), e.js, id, 1) {
+	for ev, err := range streams.ReadRequest(context.Background(), e.js, 1, id, 1) {
 		if errors.Is(err, streams.ErrNotFound) {
 			return nil
 		}
