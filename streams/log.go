@@ -69,6 +69,7 @@ func DecodeRaw(m *jetstream.RawStreamMsg) (events.Envelope, error) {
 type Log struct {
 	js     jetstream.JetStream
 	source string
+	parts  Partitions // the request log's layout (SetPartitions); one stream by default
 }
 
 // NewLog returns a Log whose events name source as their producer
@@ -161,18 +162,25 @@ func (l *Log) AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uin
 	}
 }
 
+// SetPartitions tells the log the request log's layout (Provision's
+// answer), before its first append: a retried expected-sequence append then
+// looks for its first try in the request's own stream, by name, with no
+// STREAM.NAMES lookup (which the least-privilege sets do not grant).
+func (l *Log) SetPartitions(p Partitions) { l.parts = p }
+
 // storedAlready reports whether the last message on m's subject is m
-// itself (the same Nats-Msg-Id), and its sequence.
+// itself (the same Nats-Msg-Id), and its sequence. Only request subjects
+// are appended with an expected sequence.
 func (l *Log) storedAlready(ctx context.Context, m *nats.Msg) (uint64, bool) {
 	id := m.Header.Get(jetstream.MsgIDHeader)
 	if id == "" {
 		return 0, false
 	}
-	name, err := l.js.StreamNameBySubject(ctx, m.Subject)
+	subj, err := ParseRequestSubject(m.Subject)
 	if err != nil {
 		return 0, false
 	}
-	s, err := l.js.Stream(ctx, name)
+	s, err := l.js.Stream(ctx, l.parts.StreamOf(subj.ID))
 	if err != nil {
 		return 0, false
 	}

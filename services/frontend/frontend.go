@@ -247,6 +247,7 @@ func (fe *Frontend) provision(ctx context.Context) error {
 		return err
 	}
 	fe.parts = parts
+	fe.events.SetPartitions(parts)
 	fe.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }
