@@ -232,18 +232,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 		r.CompletedAt = e.Time.Unix()
 	case events.AttemptFailed:
-		if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) {
-			return false, IgnoredBadAttempt
-		}
-		if r.Attempts[ev.Attempt].Closed {
-			return false, NoEffectClosed
-		}
-		a := &r.Attempts[ev.Attempt]
-		a.Closed = true
-		a.Cut = r.n
-		a.CloseReason = ev.Reason
-		a.CloseClass, a.CloseStatus, a.CloseCode, a.CloseMessage = ev.Class, ev.Status, ev.Code, ev.Message
-		a.RetryAfterMS = ev.RetryAfterMS
+		return r.applyFailed(ev)
 	case events.RequestMigrated:
 		switch {
 		case r.Status.Terminal():
@@ -274,6 +263,23 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 	default:
 		return false, IgnoredUnknownType
 	}
+	return true, ""
+}
+
+// applyFailed closes the attempt ev names at the tokens folded so far.
+func (r *Request) applyFailed(ev events.AttemptFailed) (bool, string) {
+	if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) {
+		return false, IgnoredBadAttempt
+	}
+	if r.Attempts[ev.Attempt].Closed {
+		return false, NoEffectClosed
+	}
+	a := &r.Attempts[ev.Attempt]
+	a.Closed = true
+	a.Cut = r.n
+	a.CloseReason = ev.Reason
+	a.CloseClass, a.CloseStatus, a.CloseCode, a.CloseMessage = ev.Class, ev.Status, ev.Code, ev.Message
+	a.RetryAfterMS = ev.RetryAfterMS
 	return true, ""
 }
 

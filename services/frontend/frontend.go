@@ -203,19 +203,24 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 
-	// Shutdown order: (1) turn /health to 503 and refuse new requests; (2) let
-	// open streams run for the graceful budget, still accepting connections
-	// so that probes see the 503 and new requests get a 503 with Retry-After
-	// rather than a refused connection; (3) stop accepting, and cut what is
-	// left at the end of the budget without cancelling it (the requests keep
-	// generating in the log and stay resumable elsewhere); (4) delete this
-	// frontend's presence key, so another replica may take its requests over
-	// at once; (5) stop supervisors and watchers.
+	return fe.shutdown(ctx, srv, cancelRun, &g)
+}
+
+// shutdown stops the frontend once Run's ctx is done. Its order:
+// (1) turn /health to 503 and refuse new requests; (2) let open streams run
+// for the graceful budget, still accepting connections so that probes see the
+// 503 and new requests get a 503 with Retry-After rather than a refused
+// connection; (3) stop accepting, and cut what is left at the end of the
+// budget without cancelling it (the requests keep generating in the log and
+// stay resumable elsewhere); (4) delete this frontend's presence key, so
+// another replica may take its requests over at once; (5) stop supervisors and
+// watchers (cancelRun, then wait for g).
+func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun context.CancelFunc, g *errgroup.Group) error {
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
 	defer scancel()
 	fe.waitResponses(sctx)
-	err = srv.Shutdown(sctx)
+	err := srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
 		close(fe.closing)
 		err = srv.Close()
