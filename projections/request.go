@@ -95,6 +95,8 @@ type Request struct {
 	n                  int // tokens accepted: len(tokens), unless countOnly
 	// countOnly keeps no token text (NewRequestCounter).
 	countOnly bool
+	// compacted: the state came from a compact record (applyCompacted).
+	compacted bool
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the tokens from the missing delta's
@@ -260,6 +262,8 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		r.Children = append(r.Children, ev.ChildID)
 	case events.RequestCancelled:
 		return r.applyCancel(ev)
+	case events.RequestCompacted:
+		return r.applyCompacted(ev)
 	default:
 		return false, IgnoredUnknownType
 	}

@@ -155,6 +155,8 @@ func Describe(e events.Envelope) string {
 		return fmt.Sprintf("failed: %s (status %d) after %d tokens: %s", ev.Code, ev.Status, ev.Offset, ev.Message)
 	case events.ChildAdded:
 		return "child request " + ev.ChildID
+	case events.RequestCompacted:
+		return fmt.Sprintf("compacted: %d tokens, the history through sequence %d in one record", ev.Tokens, ev.Through)
 	case events.WorkerRegistered:
 		return fmt.Sprintf("worker %s registered: model %s, pid %d on %s, lease ttl %v, %d KV blocks",
 			ev.WorkerID, ev.Model, ev.PID, ev.Host, time.Duration(ev.LeaseTTLMS)*time.Millisecond, ev.KVBlocks)

@@ -1,0 +1,130 @@
+package projections
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/baton-dev/baton/events"
+)
+
+// compactVersion is the version of the state a compact record carries. A
+// reader that meets a newer one ignores the record (IgnoredCompactVersion)
+// and keeps what it folded from the deltas, if they are still there.
+const compactVersion = 1
+
+// compactState is what a finished request's history folds to, less its
+// accepted event (which stays in the log): the state of events.RequestCompacted.
+// Tokens are stored as one text with each token's byte length, so a token
+// costs its text and a few bytes.
+type compactState struct {
+	V                  int                      `json:"v"`
+	Status             Status                   `json:"status"`
+	Owner              string                   `json:"owner,omitempty"`
+	Attempts           []Attempt                `json:"attempts,omitempty"`
+	Migrations         []Migration              `json:"migrations,omitempty"`
+	FinishReason       string                   `json:"finish_reason,omitempty"`
+	Failure            *events.RequestFailed    `json:"failure,omitempty"`
+	Cancel             *events.RequestCancelled `json:"cancel,omitempty"`
+	Children           []string                 `json:"children,omitempty"`
+	CompletedAt        int64                    `json:"completed_at,omitempty"`
+	N                  int                      `json:"n"`
+	Text               string                   `json:"text,omitempty"`
+	Lens               []int                    `json:"lens,omitempty"`
+	IDs                []int                    `json:"ids,omitempty"`
+	IDsLost            bool                     `json:"ids_lost,omitempty"`
+	Details            []json.RawMessage        `json:"details,omitempty"`
+	PromptIDs          []int                    `json:"prompt_ids,omitempty"`
+	EnginePromptTokens int                      `json:"engine_prompt_tokens,omitempty"`
+	Skipped            int                      `json:"skipped,omitempty"`
+}
+
+// Compact returns the compact record of a finished request: the state its
+// history has folded to, from which every reader folds the same request
+// once the token deltas are gone. It fails for a request that is not
+// terminal (its deltas are still being written) or that keeps no token
+// text (NewRequestCounter).
+func (r *Request) Compact() (events.RequestCompacted, error) {
+	switch {
+	case !r.Known():
+		return events.RequestCompacted{}, fmt.Errorf("projections: compact: unknown request")
+	case !r.Status.Terminal():
+		return events.RequestCompacted{}, fmt.Errorf("projections: compact %s: not finished (%s)", r.Accepted.RequestID, r.Status)
+	case r.countOnly:
+		return events.RequestCompacted{}, fmt.Errorf("projections: compact %s: a counter keeps no tokens", r.Accepted.RequestID)
+	}
+	s := compactState{
+		V: compactVersion, Status: r.Status, Owner: r.Owner, Attempts: r.Attempts, Migrations: r.Migrations,
+		FinishReason: r.FinishReason, Failure: r.Failure, Cancel: r.Cancel, Children: r.Children,
+		CompletedAt: r.CompletedAt, N: r.n, Text: r.Text(), IDs: r.ids, IDsLost: r.idsLost,
+		Details: r.details, PromptIDs: r.PromptIDs, EnginePromptTokens: r.EnginePromptTokens, Skipped: r.Skipped,
+	}
+	if len(r.tokens) > 0 {
+		s.Lens = make([]int, len(r.tokens))
+		for i, t := range r.tokens {
+			s.Lens[i] = len(t)
+		}
+	}
+	data, err := json.Marshal(s)
+	if err != nil {
+		return events.RequestCompacted{}, fmt.Errorf("projections: compact %s: %w", r.Accepted.RequestID, err)
+	}
+	return events.RequestCompacted{RequestID: r.Accepted.RequestID, Through: r.lastSeq, Tokens: r.n, State: data}, nil
+}
+
+// Compacted reports whether the state came from a compact record.
+func (r *Request) Compacted() bool { return r.compacted }
+
+// Why a compact record changed nothing.
+const (
+	IgnoredCompactUnreadable = "ignored (unreadable compact record)"
+	IgnoredCompactVersion    = "ignored (compact record of a newer version)"
+)
+
+// applyCompacted replaces everything but the accepted event with the
+// record's state: the record is what the whole history before it folds to,
+// whatever of that history a reader still saw (all of it, part of it while
+// it was being purged, or none).
+func (r *Request) applyCompacted(ev events.RequestCompacted) (bool, string) {
+	if r.compacted {
+		return false, NoEffectApplied
+	}
+	var s compactState
+	if err := json.Unmarshal(ev.State, &s); err != nil {
+		return false, IgnoredCompactUnreadable
+	}
+	if s.V > compactVersion {
+		return false, IgnoredCompactVersion
+	}
+	tokens := make([]string, 0, len(s.Lens))
+	off := 0
+	for _, n := range s.Lens {
+		if n < 0 || off+n > len(s.Text) {
+			return false, IgnoredCompactUnreadable
+		}
+		tokens = append(tokens, s.Text[off:off+n])
+		off += n
+	}
+	if off != len(s.Text) || (!r.countOnly && len(tokens) != s.N) ||
+		(s.IDs != nil && len(s.IDs) != s.N) || (s.Details != nil && len(s.Details) != s.N) {
+		return false, IgnoredCompactUnreadable
+	}
+	r.Status, r.Owner, r.Attempts, r.Migrations = s.Status, s.Owner, s.Attempts, s.Migrations
+	r.FinishReason, r.Failure, r.Cancel, r.Children = s.FinishReason, s.Failure, s.Cancel, s.Children
+	r.CompletedAt, r.n, r.PromptIDs = s.CompletedAt, s.N, s.PromptIDs
+	r.EnginePromptTokens, r.Skipped = s.EnginePromptTokens, s.Skipped
+	r.compacted = true
+	if r.countOnly {
+		return true, ""
+	}
+	for i, d := range s.Details {
+		if string(d) == "null" {
+			s.Details[i] = nil // a token without details, as the fold keeps it
+		}
+	}
+	r.tokens, r.ids, r.idsLost, r.details = tokens, s.IDs, s.IDsLost, s.Details
+	r.emits = nil
+	if len(r.tokens) == 0 {
+		r.tokens = nil
+	}
+	return true, ""
+}
