@@ -82,7 +82,19 @@ type Observation struct {
 	// Dispatch is the outcome of the Dispatch action just carried out; nil
 	// after any other action.
 	Dispatch *DispatchOutcome
+	// LogFull: the request's partition of the log cannot store more (at
+	// its limit, or it refused an append lately).
+	LogFull bool
 }
+
+// LogFullGrace is how long a request makes no progress while the log is
+// full before it fails with CodeLogFull: long enough for eviction to make
+// room, short enough that no client hangs.
+const LogFullGrace = time.Second
+
+// CodeLogFull is the RequestFailed code of a request the log had no room
+// for; its clients get 503 (non-streaming) or an error event.
+const CodeLogFull = "log_full"
 
 // WorkerSeen is a worker as discovery shows it.
 type WorkerSeen struct {
@@ -195,7 +207,16 @@ func (p Policy) Step(s State, o Observation, now time.Time) Action {
 	if !r.Known() || r.Accepted.Choices > 1 || r.Status.Terminal() || r.Owner != p.Frontend {
 		return Action{Kind: Stop, Next: m, Report: Report{Migrated: done}}
 	}
+	if o.LogFull && o.Dispatch == nil && !o.LastProgress.IsZero() && now.Sub(o.LastProgress) >= LogFullGrace {
+		return p.fail(r, m, CodeLogFull, "the request log is full: this request's tokens could not be stored", 503, Report{Migrated: done})
+	}
 	a := p.step(r, m, o, now)
+	if o.LogFull && a.Kind == Wait && !o.LastProgress.IsZero() {
+		// Look again when the grace ends, not at the stall timeout.
+		if end := o.LastProgress.Add(LogFullGrace); a.Until.IsZero() || end.Before(a.Until) {
+			a.Until = end
+		}
+	}
 	a.Report.Migrated = done
 	if p.ExceedsMaxSeqLen(r) && !a.Next.Exceeded {
 		a.Next.Exceeded = true

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -43,6 +44,8 @@ type frontendFlags struct {
 	sec                securityFlags
 	consoleWindow      time.Duration
 	consoleRequests    int
+	logHighWater       float64
+	logCompaction      bool
 }
 
 func addFrontendFlags(f *flagSet) *frontendFlags {
@@ -71,6 +74,10 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.DurationVar(&ff.dispatchTimeout, "dispatch-timeout", frontend.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
 	f.DurationVar(&ff.consoleWindow, "console-window", frontend.DefaultConsoleWindow, "how far back the console starts reading the log; a `duration`")
 	f.IntVar(&ff.consoleRequests, "console-requests", frontend.DefaultConsoleRequests, "recent requests the console keeps (and 4x as many feed events)")
+	f.Float64Var(&ff.logHighWater, "log-high-water", retention.DefaultHighWater, "`fraction` of --stream-max-bytes above which new requests get 503 log_full (the rest is the reserve of requests in flight); eviction of finished requests starts 0.1 below it")
+	f.bindEnv("log-high-water", "BATON_LOG_HIGH_WATER", nil)
+	f.BoolVar(&ff.logCompaction, "log-compaction", true, "fold a finished request's token deltas into one compact record (false keeps every delta until eviction; baton compact does it by hand)")
+	f.bindEnv("log-compaction", "BATON_LOG_COMPACTION", nil)
 	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
 	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
@@ -103,6 +110,8 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 		DispatchTimeout:              ff.dispatchTimeout,
 		ConsoleWindow:                ff.consoleWindow,
 		ConsoleRequests:              ff.consoleRequests,
+		Log:                          retention.Config{HighWater: ff.logHighWater},
+		NoCompaction:                 !ff.logCompaction,
 	}
 	cfg.Streams = sc
 	if err := ff.sec.apply(&cfg); err != nil {
@@ -144,6 +153,9 @@ func (ff *frontendFlags) check() []error {
 	}
 	if ff.consoleWindow <= 0 {
 		errs = append(errs, fmt.Errorf("--console-window %v: must be positive", ff.consoleWindow))
+	}
+	if ff.logHighWater <= 0 || ff.logHighWater > 1 {
+		errs = append(errs, fmt.Errorf("--log-high-water %v: want a fraction above 0, at most 1", ff.logHighWater))
 	}
 	if ff.detachTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.detachTimeout))

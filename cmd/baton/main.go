@@ -36,6 +36,7 @@ var commands = []command{
 	{"frontend", "the OpenAI-compatible HTTP frontend", runFrontend},
 	{"worker", "a worker serving requests on an engine (mock)", runWorker},
 	{"replay", "a request's timeline and output, rebuilt from the event log alone (--json)", runReplay},
+	{"compact", "fold finished requests' token deltas into their compact records by hand", runCompact},
 	{"events", "pretty-print the event log (--follow, --request ID, --worker ID)", runEvents},
 }
 

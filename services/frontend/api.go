@@ -149,7 +149,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 		}
 	}
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", fmt.Sprintf("could not record the request: %v", err))
+		writeRecordError(w, "the request", err)
 		return
 	}
 	defer fe.release(t)
@@ -372,8 +372,15 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 	case routable == 0:
 		reason = "no_routable_workers"
 	}
+	body := map[string]any{"status": "not_ready", "reason": reason, "instances": instances}
+	if reason == "" {
+		if why := fe.room.Health(); why != "" {
+			reason = codeLogFull
+			body["reason"], body["detail"] = reason, why
+		}
+	}
 	if reason != "" {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "not_ready", "reason": reason, "instances": instances})
+		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "healthy", "instances": instances})

@@ -24,6 +24,10 @@ func childID(id string, i int) string { return id + "-" + strconv.Itoa(i) }
 // cancels every choice.
 func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent events.RequestAccepted, n int, start time.Time) {
 	parent.Choices = n
+	if err := fe.admitLog(parent.RequestID, nil); err != nil {
+		writeRecordError(w, "the request", err)
+		return
+	}
 	env := fe.events.Envelope(events.ID(parent.RequestID, "accepted"), parent.RequestID, parent)
 	if _, err := fe.events.Append(r.Context(), streams.RequestEvents(parent.RequestID), env, 0); err != nil {
 		if errors.Is(err, streams.ErrConflict) {
@@ -31,7 +35,7 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 				parent.RequestID, childID(parent.RequestID, 0), childID(parent.RequestID, n-1)))
 			return
 		}
-		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", fmt.Sprintf("could not record the request: %v", err))
+		writeRecordError(w, "the request", fe.admitLog(parent.RequestID, err))
 		return
 	}
 	ts := make([]*tracked, 0, n)
@@ -48,7 +52,7 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 		t, err := fe.start(r.Context(), child)
 		if err != nil {
 			_ = fe.cancelTree(r.Context(), parent.RequestID, events.CancelKill, "a choice could not start")
-			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", fmt.Sprintf("could not record choice %d: %v", i, err))
+			writeRecordError(w, fmt.Sprintf("choice %d", i), err)
 			return
 		}
 		ts = append(ts, t)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -73,6 +74,13 @@ type Config struct {
 
 	// Streams sets provisioning and retention of the log.
 	Streams streams.Config
+	// Log sets the request log's lifecycle: the high-water mark above which
+	// new requests get 503 log_full, and eviction (retention.Config).
+	Log retention.Config
+	// NoCompaction keeps a finished request's deltas instead of folding
+	// them into its compact record (debugging; `baton compact` does it by
+	// hand).
+	NoCompaction bool
 
 	// APIKeysFile, if set, holds the API keys ("TENANT SECRET" lines):
 	// every endpoint but /live, /health and /metrics then needs
@@ -215,6 +223,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("a TLS certificate and key go together"))
 	}
 	if err := c.Streams.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Log.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

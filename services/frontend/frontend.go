@@ -15,6 +15,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,6 +42,7 @@ type Frontend struct {
 	keys     *keyring // nil: the API is open
 	limits   *tenantLimits
 	console  *consoleView
+	room     *retention.Monitor // how full the request log is; evicts finished requests
 
 	launch   chan *tracked // requests whose runner Run should start
 	claims   chan *tracked // requests Run should take over if their owner is gone
@@ -92,6 +94,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
 		presence: newPresence(), openDone: newSignal(),
 		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
+	}
+	if fe.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	if fe.live, err = newLive(nc); err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
@@ -173,6 +178,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		return nil
 	})
 	g.Go(func() error { fe.console.run(runCtx); return nil })
+	g.Go(func() error { return fe.room.Run(runCtx) })
 
 	if err := fe.startWatchers(ctx, runCtx, &g); err != nil {
 		fe.listener.Close()
@@ -253,6 +259,7 @@ func (fe *Frontend) provision(ctx context.Context) error {
 	}
 	fe.parts = parts
 	fe.events.SetPartitions(parts)
+	fe.room.SetPartitions(parts)
 	fe.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }

@@ -52,6 +52,9 @@ func (fe *Frontend) release(t *tracked) {
 // start appends a new request to the log and starts supervising it. It
 // returns errExists if the id is taken. The caller holds one reference.
 func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tracked, error) {
+	if err := fe.admitLog(acc.RequestID, nil); err != nil {
+		return nil, err
+	}
 	f, err := follow(ctx, fe.live, fe.js, fe.parts, acc.RequestID, false)
 	if err != nil {
 		return nil, err
@@ -63,7 +66,7 @@ func (fe *Frontend) start(ctx context.Context, acc events.RequestAccepted) (*tra
 		if errors.Is(err, streams.ErrConflict) {
 			return nil, errExists
 		}
-		return nil, err
+		return nil, fe.admitLog(acc.RequestID, err)
 	}
 	t := &tracked{id: acc.RequestID, f: f, dispatched: make(chan struct{})}
 	// Fold the accepted event now: the supervisor must not wait for the

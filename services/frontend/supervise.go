@@ -59,7 +59,8 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		if mem.Watch.Active {
 			dch = fe.disc.members.C()
 		}
-		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome}
+		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome, LogFull: fe.room.Full(t.id)}
+		lch := fe.room.Changed()
 		var a migrations.Action
 		var model, endpoint string
 		t.f.read(func(p *projections.Request, progress time.Time) {
@@ -81,9 +82,10 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		fe.report(model, endpoint, a.Report)
 		switch a.Kind {
 		case migrations.Stop:
+			fe.compact(ctx, t)
 			return
 		case migrations.Wait:
-			fe.wait(ctx, a.Until, fch, dch)
+			fe.wait(ctx, a.Until, fch, dch, lch)
 		case migrations.DispatchNext:
 			var done func()
 			outcome, done = fe.dispatch(ctx, t, a)
@@ -102,11 +104,11 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
 			} else if err != nil {
 				fe.log.Warn("record migration", "request_id", t.id, "err", err)
-				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch)
+				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Fail:
 			if !fe.fail(ctx, t, a.Failed) {
-				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch)
+				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Detach:
 			fe.detach(ctx, t)
@@ -118,9 +120,13 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 // log refused a decision for another reason than a concurrent writer.
 const retryAfterError = time.Second
 
-// wait blocks until ctx is done, until (if set), or the request or
-// discovery changed.
-func (fe *Frontend) wait(ctx context.Context, until time.Time, request, discovery <-chan struct{}) {
+// wait blocks until ctx is done, until (if set), or the request,
+// discovery or the log's room changed (a nil channel never does).
+func (fe *Frontend) wait(ctx context.Context, until time.Time, request, discovery <-chan struct{}, room ...<-chan struct{}) {
+	var roomC <-chan struct{}
+	if len(room) > 0 {
+		roomC = room[0]
+	}
 	var timeout <-chan time.Time
 	if !until.IsZero() {
 		timer := time.NewTimer(time.Until(until))
@@ -132,6 +138,7 @@ func (fe *Frontend) wait(ctx context.Context, until time.Time, request, discover
 	case <-timeout:
 	case <-request:
 	case <-discovery:
+	case <-roomC:
 	}
 }
 
@@ -165,6 +172,9 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 	}
 	routed := events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
 	ok, err := fe.decide(ctx, t, events.ID(t.id, "routed", d.Attempt, fe.id), routed)
+	if errors.Is(err, streams.ErrStreamFull) {
+		fe.room.Refused(t.id)
+	}
 	switch {
 	case err != nil:
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
@@ -308,6 +318,9 @@ func (fe *Frontend) catchUp(ctx context.Context, t *tracked) {
 func (fe *Frontend) fail(ctx context.Context, t *tracked, ev events.RequestFailed) bool {
 	for range 3 {
 		ok, err := fe.decide(ctx, t, events.ID(t.id, "failed"), ev)
+		if errors.Is(err, streams.ErrStreamFull) {
+			return fe.failUnstored(ctx, t, ev)
+		}
 		if err != nil {
 			fe.log.Error("record request failure", "request_id", t.id, "err", err)
 			return false

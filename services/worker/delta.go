@@ -3,12 +3,14 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -57,6 +59,9 @@ type deltas struct {
 	backoff   time.Duration
 	stampEmit bool  // record emit times (Config.BenchEmitTime)
 	emit      int64 // when the first pending token was emitted (Unix ns)
+	// full: the log refused an append at a limit (streams.ErrStreamFull):
+	// no retry can store it until room is made, so the attempt stops.
+	full bool
 }
 
 // sentDelta is one append of tokens [offset, end) (attempt-relative indexes
@@ -158,7 +163,19 @@ func (d *deltas) appendAsync(s *sentDelta) {
 		s.future, err = d.log.AppendMsgAsync(m)
 	}
 	s.err = err
+	d.noteFull(err)
 }
+
+// noteFull records that err is the log refusing an append at its limits.
+func (d *deltas) noteFull(err error) {
+	if err != nil && errors.Is(streams.Translate(err), streams.ErrStreamFull) {
+		d.full = true
+	}
+}
+
+// logFull reports whether the log refused one of the attempt's appends at
+// its limits: generating more would only add tokens nobody can store.
+func (d *deltas) logFull() bool { return d.full }
 
 // appendSync appends s and waits for it (Append's retries, bounded by ctx).
 func (d *deltas) appendSync(ctx context.Context, s *sentDelta) error {
@@ -218,6 +235,7 @@ func (d *deltas) poll(now time.Time) {
 				continue
 			case err := <-s.future.Err():
 				s.err = err
+				d.noteFull(err)
 			default:
 				return // still in flight
 			}

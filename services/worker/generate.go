@@ -24,6 +24,9 @@ var (
 	errCancelStop = errors.New("worker: cancelled (stop)")
 	errCancelKill = errors.New("worker: cancelled (kill)")
 	errFenced     = errors.New("worker: attempt fenced by a migration")
+	// errLogFull: the request log refused the attempt's tokens at its
+	// limits; the frontend ends the request with log_full.
+	errLogFull = errors.New("worker: the request log is full")
 )
 
 type jobKey struct {
@@ -147,7 +150,14 @@ func (w *Worker) generate(j *job) {
 		PromptIDs: d.PromptIDs, Generated: d.Generated, GeneratedIDs: d.GeneratedIDs,
 		StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, MaxPromptTokens: d.MaxPromptTokens,
 	}
-	res, genErr := w.produce(j.ctx, req, out)
+	res, genErr := w.produce(j.ctx, j.cancel, req, out)
+	if errors.Is(context.Cause(j.ctx), errLogFull) {
+		// Nothing more of this attempt can be stored, its end included:
+		// say so once, and leave the request's end to its frontend.
+		log.Warn("request log full: stopped generating", "tokens", out.offset())
+		w.metrics.requests.WithLabelValues(w.cfg.Model, statusFailed).Inc()
+		return
+	}
 
 	// Appends below outlive the job's context: they record how it ended.
 	// settle may retry a failed append through a leader election.
@@ -239,7 +249,10 @@ func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.Attemp
 // log costs no latency, and a busy one gets fewer, fuller deltas. The rest
 // is flushed at the end, unless a kill cancelled the job: then nothing more
 // is appended once the kill is seen.
-func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (engine.Result, error) {
+//
+// When the log refuses the attempt's tokens at its limits, produce stops
+// the engine (stop with errLogFull) and drops what is not stored.
+func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req engine.Request, out *deltas) (engine.Result, error) {
 	toks := make(chan engine.Token, w.cfg.DeltaMaxTokens)
 	var res engine.Result
 	var genErr error
@@ -261,11 +274,16 @@ func (w *Worker) produce(ctx context.Context, req engine.Request, out *deltas) (
 	flush := func() {
 		timer.Stop()
 		timerC = nil
-		if errors.Is(context.Cause(ctx), errCancelKill) {
+		if c := context.Cause(ctx); errors.Is(c, errCancelKill) || errors.Is(c, errLogFull) {
 			out.drop() // a kill aborts at once: what was not sent yet is dropped
 			return
 		}
 		out.flush()
+		if out.logFull() {
+			stop(errLogFull)
+			out.drop()
+			return
+		}
 		w.notifyLoad()
 		if out.pending() > 0 { // held back by a repair: look again soon
 			timer.Reset(w.cfg.DeltaMaxDelay)

@@ -1,0 +1,140 @@
+package streams
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A request's events have a lifecycle (docs/internals.md, "The log's
+// lifecycle"): hot while it runs (every delta), compact once it is finished
+// (one record on its events subject, its tokens subjects purged), evicted
+// oldest first when the log needs room (every subject purged). These are
+// the log operations of that lifecycle; the decisions are the frontend's.
+
+// RequestTokensAll matches every tokens subject of request id: what its
+// attempts produced, which compaction purges.
+func RequestTokensAll(id string) string { return requestsPrefix + requestBase(id) + "tokens.>" }
+
+// PurgeTokens removes what request id's tokens subjects hold (its deltas,
+// completions, attempt failures and fences), once its compact record is
+// stored. It is idempotent, and retried through a leader election.
+func PurgeTokens(ctx context.Context, js jetstream.JetStream, p Partitions, id string) (uint64, error) {
+	return purge(ctx, js, p.StreamOf(id), RequestTokensAll(id))
+}
+
+// Evict removes every event of request id from the log. It is idempotent,
+// and retried through a leader election.
+func Evict(ctx context.Context, js jetstream.JetStream, p Partitions, id string) (uint64, error) {
+	return purge(ctx, js, p.StreamOf(id), RequestAll(id))
+}
+
+// purgeResponse is the answer to $JS.API.STREAM.PURGE.
+type purgeResponse struct {
+	Error *struct {
+		ErrCode     jetstream.ErrorCode `json:"err_code"`
+		Description string              `json:"description"`
+	} `json:"error,omitempty"`
+	Success bool   `json:"success"`
+	Purged  uint64 `json:"purged"`
+}
+
+// purge removes subject's messages from stream with the stream purge API
+// and a subject filter: one request, no stream info looked up first.
+func purge(ctx context.Context, js jetstream.JetStream, stream, subject string) (uint64, error) {
+	body, err := json.Marshal(map[string]string{"filter": subject})
+	if err != nil {
+		return 0, err
+	}
+	var purged uint64
+	err = Retry(ctx, func(ctx context.Context) error {
+		m, err := js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.PURGE."+stream, body)
+		if err != nil {
+			return err
+		}
+		var resp purgeResponse
+		if err := json.Unmarshal(m.Data, &resp); err != nil {
+			return err
+		}
+		if resp.Error != nil {
+			return &jetstream.APIError{ErrorCode: resp.Error.ErrCode, Description: resp.Error.Description}
+		}
+		purged = resp.Purged
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("purge %s from %s: %w", subject, stream, err)
+	}
+	return purged, nil
+}
+
+// Usage is how full one request stream is.
+type Usage struct {
+	Stream   string
+	Bytes    uint64 // stored
+	MaxBytes int64  // its limit (≤ 0: none)
+	Msgs     uint64
+	FirstSeq uint64
+	LastSeq  uint64
+}
+
+// Ratio is Bytes over MaxBytes, 0 when the stream has no byte limit.
+func (u Usage) Ratio() float64 {
+	if u.MaxBytes <= 0 {
+		return 0
+	}
+	return float64(u.Bytes) / float64(u.MaxBytes)
+}
+
+// ReadUsage reads how full stream is (one stream info request).
+func ReadUsage(ctx context.Context, js jetstream.JetStream, stream string) (Usage, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return Usage{}, fmt.Errorf("usage of %s: %w", stream, err)
+	}
+	info := s.CachedInfo()
+	return Usage{Stream: stream, Bytes: info.State.Bytes, MaxBytes: info.Config.MaxBytes, Msgs: info.State.Msgs,
+		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq}, nil
+}
+
+// Stored is the first message of a stream at or after a sequence, as
+// NextStored finds it: its subject, its sequence, and the request it
+// belongs to ("" when the subject is not a well-formed request subject,
+// such as one with the wrong slot, which no reader folds).
+type Stored struct {
+	Subject   string
+	Seq       uint64
+	RequestID string
+}
+
+// NextStored returns the first message of stream at or after seq; ok is
+// false when there is none. It asks the stream's leader, which holds what
+// every replica will.
+func NextStored(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (Stored, bool, error) {
+	m, err := leaderGet(ctx, js, stream, requestsPrefix+">", seq, false)
+	if err != nil || m == nil {
+		return Stored{}, false, err
+	}
+	st := Stored{Subject: m.Subject, Seq: m.Sequence}
+	if s, perr := ParseRequestSubject(m.Subject); perr == nil {
+		st.RequestID = s.ID
+	}
+	return st, true, nil
+}
+
+// PurgeSubject removes what one subject of stream holds (a subject no
+// reader folds, say). It is idempotent.
+func PurgeSubject(ctx context.Context, js jetstream.JetStream, stream, subject string) (uint64, error) {
+	return purge(ctx, js, stream, subject)
+}
+
+func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, DefaultTimeout)
+}
