@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"os"
 	"path/filepath"
@@ -60,6 +61,7 @@ func flagDefaults(c *frontend.Config) {
 	c.Streams.RequestsMaxBytes = streams.DefaultRequestsMaxBytes
 	c.Streams.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
 	c.Streams.MaxMsgSize = streams.DefaultMaxMsgSize
+	c.Log.HighWater = retention.DefaultHighWater
 }
 
 func TestFrontendFlagsAndEnv(t *testing.T) {
@@ -95,6 +97,12 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}
 		}},
+		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
+			func(t *testing.T, c frontend.Config) {
+				if c.Log.HighWater != 0.75 || !c.NoCompaction {
+					t.Errorf("got high water %v, no compaction %v; want 0.75, true", c.Log.HighWater, c.NoCompaction)
+				}
+			}},
 		{"security env", nil, map[string]string{
 			"BATON_MAX_CHILDREN": "7", "BATON_BODY_TIMEOUT": "3s", "BATON_IDLE_TIMEOUT": "4s",
 			"BATON_MAX_CONNECTIONS": "50", "BATON_TENANT_MAX_CONCURRENT": "2", "BATON_TENANT_RPS": "2.5",

@@ -1,0 +1,409 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// renderings is everything a client or an operator can read of one request:
+// the state, SSE resumes from the start, the middle and the end, a re-POST
+// of the same body (an idempotent retry: the answer again), and baton
+// replay's state and output.
+type renderings map[string]string
+
+func readRenderings(t *testing.T, s *stack, f *frontend, id string, body map[string]any, mid int) renderings {
+	t.Helper()
+	r := renderings{}
+	get := func(name, path string) {
+		resp, err := http.Get(f.url + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		r[name] = fmt.Sprintf("%d %s", resp.StatusCode, b)
+	}
+	get("state", "/v1/requests/"+id)
+	for _, from := range []int{0, mid, 1 << 20} {
+		get(fmt.Sprintf("resume after %d", from), fmt.Sprintf("/v1/requests/%s/stream?starting_after=%d", id, from))
+	}
+	data, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, f.url+body["_path"].(string), bytes.NewReader(data))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r["re-POST"] = fmt.Sprintf("%d %s", resp.StatusCode, b)
+	out, errOut, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, id)
+	if code != 0 {
+		t.Fatalf("replay %s: exit %d: %s", id, code, errOut)
+	}
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("replay --json: %v", err)
+	}
+	r["replay state"], r["replay output"] = string(doc["request"]), string(doc["output"])
+	r["timeline"] = string(doc["timeline"])
+	return r
+}
+
+// TestCompactionKeepsEveryRendering: a finished request reads the same,
+// byte for byte, before and after its deltas are folded into its compact
+// record: a plain stream, one migrated after its worker was killed, a
+// non-streaming chat and the choices of an n=2 request. A frontend that
+// does not compact (--log-compaction=false) serves them first; `baton
+// compact` then compacts them by hand, as the owner does at the end.
+func TestCompactionKeepsEveryRendering(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil, "--log-compaction=false", "--migration-limit", "3")
+	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	s.worker("w2", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1", "w2")
+
+	type req struct {
+		id   string
+		body map[string]any
+		mid  int
+	}
+	reqs := []req{
+		{"lc-plain", map[string]any{"_path": "/v1/completions", "model": "mock", "prompt": "the plain one", "max_tokens": 30, "stream": true}, 7},
+		{"lc-migrated", map[string]any{"_path": "/v1/chat/completions", "model": "mock", "max_tokens": 80, "stream": true,
+			"messages": []map[string]string{{"role": "user", "content": "migrated half way"}}}, 40},
+		{"lc-unary", map[string]any{"_path": "/v1/chat/completions", "model": "mock", "max_tokens": 20,
+			"messages": []map[string]string{{"role": "user", "content": "no stream"}}}, 3},
+		{"lc-n", map[string]any{"_path": "/v1/completions", "model": "mock", "prompt": "two choices", "max_tokens": 12, "n": 2}, 4},
+	}
+	for _, r := range reqs {
+		body := map[string]any{}
+		for k, v := range r.body {
+			if k != "_path" {
+				body[k] = v
+			}
+		}
+		hdr := map[string]string{"X-Request-Id": r.id}
+		if r.id == "lc-migrated" {
+			var once sync.Once
+			res := postStream(t, f.url, r.body["_path"].(string), body, hdr, func(e sseEvent) {
+				n := 0
+				fmt.Sscan(e.id, &n)
+				if n >= 20 {
+					once.Do(func() { s.workers[f.servingWorker(t, r.id)].signal(syscall.SIGKILL) })
+				}
+			})
+			if !res.done || len(strings.Fields(res.text)) != 80 {
+				t.Fatalf("migrated stream: done %v, %d tokens: %s", res.done, len(strings.Fields(res.text)), res.errorBody)
+			}
+			continue
+		}
+		resp := post(t, f.url+r.body["_path"].(string), body, hdr)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d", r.id, resp.StatusCode)
+		}
+	}
+	ids := []string{"lc-plain", "lc-migrated", "lc-unary", "lc-n-0", "lc-n-1"}
+	bodyOf := func(id string) (map[string]any, int) {
+		for _, r := range reqs {
+			if strings.HasPrefix(id, r.id) {
+				return r.body, r.mid
+			}
+		}
+		t.Fatalf("no body for %s", id)
+		return nil, 0
+	}
+	before := map[string]renderings{}
+	for _, id := range ids {
+		body, mid := bodyOf(id)
+		if id == "lc-n-0" || id == "lc-n-1" {
+			body = nil // a choice is re-read through its parent
+		}
+		if body == nil {
+			b, m := bodyOf("lc-n")
+			body, mid = b, m
+		}
+		before[id] = readRenderings(t, s, f, id, body, mid)
+		if !strings.Contains(before[id]["timeline"], `"baton.request.tokens.v1"`) {
+			t.Fatalf("%s: the log holds no deltas before compaction (was it compacted already?)", id)
+		}
+	}
+
+	out, errOut, code := runTool(t, batonBin, append([]string{"compact", "--nats", s.natsURL}, ids...)...)
+	if code != 0 {
+		t.Fatalf("baton compact: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, id := range ids {
+		body, mid := bodyOf(id)
+		if strings.HasPrefix(id, "lc-n-") {
+			body, mid = bodyOf("lc-n")
+		}
+		after := readRenderings(t, s, f, id, body, mid)
+		if strings.Contains(after["timeline"], `"baton.request.tokens.v1"`) || !strings.Contains(after["timeline"], `"baton.request.compacted.v1"`) {
+			t.Fatalf("%s: after baton compact the timeline still has deltas, or no compact record:\n%s", id, after["timeline"])
+		}
+		for name, want := range before[id] {
+			if name == "timeline" {
+				continue // the deltas are gone from it: that is the point
+			}
+			if got := after[name]; got != want {
+				t.Errorf("%s: %s changed by compaction\n got %s\nwant %s", id, name, got, want)
+			}
+		}
+	}
+	// Compacting again is harmless; a request still running is refused.
+	if _, errOut, code := runTool(t, batonBin, "compact", "--nats", s.natsURL, "lc-plain"); code != 0 {
+		t.Fatalf("second baton compact: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := runTool(t, batonBin, "compact", "--nats", s.natsURL, "lc-none"); code == 0 || !strings.Contains(errOut, "not found") {
+		t.Fatalf("compact of an unknown id: exit %d: %s", code, errOut)
+	}
+}
+
+// TestFinishedRequestsAreCompacted: with the defaults, the owner compacts a
+// request once it ends: the log keeps its lifecycle events and one record,
+// and no delta.
+func TestFinishedRequestsAreCompacted(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil)
+	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1")
+	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "compact me", "max_tokens": 50},
+		map[string]string{"X-Request-Id": "auto-1"}, nil)
+	if !res.done {
+		t.Fatalf("stream: %+v", res)
+	}
+	var timeline string
+	waitFor(t, 20*time.Second, "the request to be compacted", func() bool {
+		out, _, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, "auto-1")
+		timeline = out
+		return code == 0 && strings.Contains(out, `"baton.request.compacted.v1"`) && !strings.Contains(out, `"baton.request.tokens.v1"`)
+	})
+	var doc struct {
+		Output string `json:"output"`
+	}
+	if err := json.Unmarshal([]byte(timeline), &doc); err != nil || doc.Output != res.text {
+		t.Fatalf("replay output after compaction %q (%v), want the streamed %q", doc.Output, err, res.text)
+	}
+}
+
+// health is GET /health's status and body.
+func health(t *testing.T, f *frontend) (int, string) {
+	t.Helper()
+	resp, err := http.Get(f.url + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestFullLogAdmission fills the request log past its high-water mark with
+// requests in flight: new requests get 503 log_full with Retry-After and
+// /health says why, while the requests in flight finish whole (the room
+// above the mark is their reserve). Once they are done and compacted, the
+// log is below the mark again and admission resumes by itself.
+func TestFullLogAdmission(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil, "--stream-max-bytes", "1000000", "--log-high-water", "0.3")
+	s.worker("w1", "--mock-tokens-per-sec", "40", "--mock-ttft", "5ms")
+	s.worker("w2", "--mock-tokens-per-sec", "40", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1", "w2")
+
+	const inFlight, tokens = 12, 120
+	results := make([]sseResult, inFlight)
+	var wg sync.WaitGroup
+	for i := range inFlight {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": fmt.Sprintf("fill %d", i), "max_tokens": tokens},
+				map[string]string{"X-Request-Id": fmt.Sprintf("fill-%d", i)}, nil)
+		}()
+	}
+	waitFor(t, 30*time.Second, "/health to report the full log", func() bool {
+		code, body := health(t, f)
+		return code == 503 && strings.Contains(body, `"reason":"log_full"`)
+	})
+	resp := post(t, f.url+"/v1/completions", map[string]any{"model": "mock", "prompt": "refused", "max_tokens": 5}, nil)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), `"code":"log_full"`) || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a new request over the high-water mark: %d %s (Retry-After %q), want 503 log_full with Retry-After",
+			resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+	if v := f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"); v < 0.3 {
+		t.Errorf("baton_log_used_ratio %v while refusing, want at least the high-water mark 0.3", v)
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r.status != 200 || !r.done || len(strings.Fields(r.text)) != tokens {
+			t.Errorf("request in flight %d: status %d, done %v, %d tokens, error %s: want all %d", i, r.status, r.done, len(strings.Fields(r.text)), r.errorBody, tokens)
+		}
+	}
+	// Compaction of the finished requests brings the log below the mark.
+	waitFor(t, 30*time.Second, "admission to resume", func() bool {
+		code, _ := health(t, f)
+		return code == 200
+	})
+	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "admitted again", "max_tokens": 5}, nil, nil)
+	if !res.done {
+		t.Fatalf("after room was made: %d %s", res.status, res.errorBody)
+	}
+}
+
+// soakDuration is how long TestLogLifecycleSoak runs: BATON_LOG_SOAK (a
+// duration), 60 s by default.
+func soakDuration(t *testing.T) time.Duration {
+	if v := os.Getenv("BATON_LOG_SOAK"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("BATON_LOG_SOAK=%q: %v", v, err)
+		}
+		return d
+	}
+	return 60 * time.Second
+}
+
+// TestLogLifecycleSoak streams continuously into a request log capped far
+// below what the traffic writes uncompacted (4 MiB), while a worker is
+// killed (kill -9) every few seconds and comes back: compaction, eviction
+// and migration together. No request hangs or gets a 500, at least 99% of
+// them answer 200 (in the last 15 s too), every answer equals every other
+// answer to the same prompt, every 503 carries Retry-After, and the log
+// stays under its cap.
+func TestLogLifecycleSoak(t *testing.T) {
+	const capBytes, clients, maxTokens = 4 << 20, 12, 40
+	dur := soakDuration(t)
+	s := newStack(t)
+	f := s.frontend(nil, "--stream-max-bytes", strconv.Itoa(capBytes), "--migration-limit", "5")
+	workerArgs := []string{"--mock-tokens-per-sec", "400", "--mock-ttft", "5ms", "--lease-ttl", "3s"}
+	ids := []string{"w1", "w2", "w3"}
+	for _, id := range ids {
+		s.worker(id, workerArgs...)
+	}
+	f.waitRoutable(t, ids...)
+
+	type outcome struct {
+		at       time.Time
+		status   int
+		done     bool
+		prompt   int
+		text     string
+		retry    string
+		errorMsg string
+	}
+	var mu sync.Mutex
+	var outs []outcome
+	var maxRatio float64
+	deadline := time.Now().Add(dur)
+	client := &http.Client{Timeout: 30 * time.Second} // a request slower than this hung
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(deadline); i++ {
+				p := (c*7 + i) % 8
+				data, _ := json.Marshal(map[string]any{"model": "mock", "prompt": fmt.Sprintf("soak prompt %d", p), "max_tokens": maxTokens, "stream": true})
+				req, _ := http.NewRequest(http.MethodPost, f.url+"/v1/completions", bytes.NewReader(data))
+				req.Header.Set("Content-Type", "application/json")
+				o := outcome{prompt: p}
+				resp, err := client.Do(req)
+				if err != nil {
+					o.errorMsg = err.Error()
+				} else {
+					r := readStream(t, resp, nil)
+					resp.Body.Close()
+					o.status, o.done, o.text, o.retry, o.errorMsg = r.status, r.done, r.text, resp.Header.Get("Retry-After"), r.errorBody
+				}
+				o.at = time.Now()
+				mu.Lock()
+				outs = append(outs, o)
+				mu.Unlock()
+				if o.status == 503 {
+					time.Sleep(100 * time.Millisecond) // as Retry-After asks, shorter
+				}
+			}
+		}()
+	}
+	// Faults: every 4 s one worker is killed and started again.
+	kills := 0
+	for k := 0; time.Now().Add(4 * time.Second).Before(deadline); k++ {
+		waitUntil(time.Now().Add(4 * time.Second))
+		id := ids[k%len(ids)]
+		s.workers[id].signal(syscall.SIGKILL)
+		s.workers[id].wait(10 * time.Second)
+		kills++
+		s.worker(id, workerArgs...)
+		if v := f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"); v > maxRatio {
+			maxRatio = v
+		}
+	}
+	wg.Wait()
+
+	want := map[int]string{}
+	var ok, ok15, last15, fiveHundreds, hung, unavailable int
+	tokens := 0
+	for _, o := range outs {
+		recent := o.at.After(deadline.Add(-15 * time.Second))
+		if recent {
+			last15++
+		}
+		switch {
+		case o.status == 0:
+			hung++
+			t.Errorf("a request did not answer: %s", o.errorMsg)
+		case o.status >= 500 && o.status != 503:
+			fiveHundreds++
+			t.Errorf("status %d: %s", o.status, o.errorMsg)
+		case o.status == 503:
+			unavailable++
+			if o.retry == "" {
+				t.Errorf("503 without Retry-After: %s", o.errorMsg)
+			}
+		case o.status == 200 && o.done:
+			ok++
+			if recent {
+				ok15++
+			}
+			tokens += len(strings.Fields(o.text))
+			if w, seen := want[o.prompt]; !seen {
+				want[o.prompt] = o.text
+			} else if o.text != w {
+				t.Errorf("prompt %d answered %q, and %q before", o.prompt, o.text, w)
+			}
+		default:
+			t.Errorf("status %d, done %v: %s", o.status, o.done, o.errorMsg)
+		}
+	}
+	written := float64(tokens) * 480 // what the deltas cost uncompacted, about
+	t.Logf("%d requests in %v (%d ok, %d 503, %d 5xx, %d hung), %d worker kills; %d tokens, about %.0f MiB uncompacted = %.1fx the %d MiB cap; highest log use %.2f",
+		len(outs), dur, ok, unavailable, fiveHundreds, hung, kills, tokens, written/(1<<20), written/capBytes, capBytes>>20, maxRatio)
+	if len(outs) == 0 || float64(ok) < 0.99*float64(len(outs)) {
+		t.Errorf("%d of %d requests answered 200, want at least 99%%", ok, len(outs))
+	}
+	if last15 == 0 || float64(ok15) < 0.99*float64(last15) {
+		t.Errorf("in the last 15 s, %d of %d requests answered 200, want at least 99%%", ok15, last15)
+	}
+	if maxRatio > 1 {
+		t.Errorf("the log went past its cap: %.2f", maxRatio)
+	}
+}
+
+// waitUntil blocks until t (the soak's fault clock).
+func waitUntil(t time.Time) { <-time.After(time.Until(t)) }
