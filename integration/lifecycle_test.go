@@ -400,6 +400,11 @@ func TestLogLifecycleSoak(t *testing.T) {
 	if last15 == 0 || float64(ok15) < 0.99*float64(last15) {
 		t.Errorf("in the last 15 s, %d of %d requests answered 200, want at least 99%%", ok15, last15)
 	}
+	// The run must have written several times the cap: otherwise nothing
+	// here needed compaction or eviction (about 17x in 60 s on CI's machine).
+	if want := 4 * float64(capBytes) * dur.Seconds() / 60; written < want {
+		t.Errorf("the run wrote about %.0f MiB, want at least %.0f MiB to exercise the cap", written/(1<<20), want/(1<<20))
+	}
 	if maxRatio > 1 {
 		t.Errorf("the log went past its cap: %.2f", maxRatio)
 	}

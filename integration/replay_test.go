@@ -21,7 +21,7 @@ import (
 
 // runTool runs a short-lived command to completion and returns its stdout,
 // stderr and exit code.
-func runTool(t *testing.T, bin string, args ...string) (stdout, stderr string, code int) {
+func runTool(t testing.TB, bin string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
