@@ -9,28 +9,14 @@ import (
 
 // A token delta (TokensGenerated) is the hot path: one message per token at
 // decode rates. When it carries only text (and token ids), it is written in
-// CloudEvents binary content mode with its text as the data:
-//
-//	ce-specversion: 1.0
-//	ce-type:        baton.request.tokens.v1
-//	ce-source:      baton/worker/w1
-//	ce-id:          r1.0.17              (also Nats-Msg-Id)
-//	ce-time:        2026-03-14T15:09:26.535897932Z
-//	ce-subject:     r1                   (the request id)
-//	ce-attempt:     0                    (extension attributes)
-//	ce-offset:      17
-//	ce-tokenlens:   5,1,6                (byte length of each token; absent for one token)
-//	ce-tokenids:    1012,13,7781         (absent when the engine gave none)
-//	ce-emitns:      1773500966535897932  (benchmarks only: --bench-emit-time)
-//	Content-Type:   text/plain; charset=utf-8
-//
-//	upon a time
-//
-// so `nats stream view` shows the text itself. A delta that carries more (an
-// entry of Details, the prompt's ids, no token at all) or whose ce-subject
-// is not its request id keeps the JSON data of every other event type
-// (Content-Type application/json). Readers accept both, and deltas stored
-// before the binary form existed are JSON.
+// CloudEvents binary content mode with its text as the data (Content-Type
+// ContentTypeText) and its attempt, offset, token lengths and ids in the
+// extension attributes below, so `nats stream view` shows the text itself.
+// A delta that carries more (an entry of Details, the prompt's ids, no token
+// at all) or whose ce-subject is not its request id keeps the JSON data of
+// every other event type. Readers accept both, and deltas stored before the
+// binary form existed are JSON. docs/internals.md ("A token delta on the
+// wire") shows such a message header by header.
 const (
 	HeaderAttempt   = "ce-attempt"
 	HeaderOffset    = "ce-offset"

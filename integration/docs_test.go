@@ -137,7 +137,8 @@ func TestReadmeQuickStart(t *testing.T) {
 // as written (plus free ports and a private store, and a mock 3 times faster
 // so the test takes 10 s, not 30), the stream, the lookups and the kill of
 // the serving worker, then the metrics, state and replay commands; and then
-// the README's `nats` commands against the same stack, without a terminal.
+// the `nats` commands of docs/internals.md, which look at the demo's stack,
+// against the same stack, without a terminal.
 func TestReadmeDemo(t *testing.T) {
 	readme := readDoc(t, "README.md")
 	blocks := shBlocks(section(t, readme, "### Watch a migration happen"))
@@ -259,26 +260,28 @@ func TestReadmeDemo(t *testing.T) {
 		t.Errorf("%s: exit %d, want 0 and the migration:\n%s", blocks[2][3], code, out)
 	}
 
-	readmeNATS(t, readme, f, natsURL)
+	docsNATS(t, f, natsURL)
 }
 
-// readmeNATS runs the README's `nats` commands against the stack, with no
-// terminal (stdin is /dev/null): each must exit 0 and show what it is for.
-func readmeNATS(t *testing.T, readme string, f *frontend, natsURL string) {
+// docsNATS runs the `nats` commands of docs/internals.md ("Looking at the
+// log with the `nats` CLI") against the demo's stack, with no terminal
+// (stdin is /dev/null): each must exit 0 and show what it is for.
+func docsNATS(t *testing.T, f *frontend, natsURL string) {
 	nats := natsCLI(t)
+	internals := readDoc(t, "docs/internals.md")
 	var cmds []string
-	for _, b := range shBlocks(section(t, readme, "## The event log")) {
+	for _, b := range shBlocks(section(t, internals, "## Looking at the log with the `nats` CLI")) {
 		cmds = append(cmds, b...)
 	}
 	if len(cmds) != 6 {
-		t.Fatalf("the README's nats commands changed (want 6), update this test: %q", cmds)
+		t.Fatalf("the nats commands of docs/internals.md changed (want 6), update this test: %q", cmds)
 	}
 	wants := []string{"BATON_REQUESTS", "ce-type: baton.request.completed.v1", "ce-type: baton.request.accepted.v1",
 		"Subject baton.requests.16.demo-1.events", "up-w", "Nats-Stream: BATON_REQUESTS"}
 	for i, line := range cmds {
 		line = strings.Replace(line, "nats --server nats://127.0.0.1:4222", nats+" --server "+natsURL, 1)
 		if !strings.HasPrefix(line, nats+" ") {
-			t.Fatalf("README: %q is not a nats command on nats://127.0.0.1:4222", cmds[i])
+			t.Fatalf("docs/internals.md: %q is not a nats command on nats://127.0.0.1:4222", cmds[i])
 		}
 		if !strings.Contains(line, "baton.live.") {
 			if out, code := shell(t, line, nil); code != 0 || !strings.Contains(out, wants[i]) {
@@ -341,14 +344,22 @@ func TestDemoScript(t *testing.T) {
 }
 
 // TestDocsSayHowToInstall: docs/debugging.md and docs/deployment.md call a
-// bare `baton`; each must say how to build it before the first such command.
+// bare `baton`, and so may any other page of docs/; each page that does must
+// say how to build it before the first such command.
 func TestDocsSayHowToInstall(t *testing.T) {
 	bare := regexp.MustCompile("(?m)^(\\$ )?baton [a-z]")
-	for _, name := range []string{"docs/debugging.md", "docs/deployment.md"} {
+	pages, err := filepath.Glob(filepath.Join("..", "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, page := range pages {
+		name := filepath.ToSlash(strings.TrimPrefix(page, ".."+string(filepath.Separator)))
 		doc := readDoc(t, name)
 		first := bare.FindStringIndex(doc)
 		if first == nil {
-			t.Errorf("%s: no bare baton command; update this test", name)
+			if name == "docs/debugging.md" || name == "docs/deployment.md" {
+				t.Errorf("%s: no bare baton command; update this test", name)
+			}
 			continue
 		}
 		install := strings.Index(doc, "go install ./cmd/baton")

@@ -50,7 +50,7 @@ func TestPartitionedLogTools(t *testing.T) {
 			t.Errorf("baton events --request %s: exit %d, stderr %q, want lines of %s:\n%s", id, code, errOut, short, out)
 		}
 	}
-	// The nats CLI finds a request's partition from its slot, as the README says.
+	// The nats CLI finds a request's partition from its slot, as docs/internals.md says.
 	nats := natsCLI(t)
 	for _, id := range ids {
 		out, errOut, code := runTool(t, nats, "--server", s.natsURL, "stream", "ls", "--names", "--subject", "baton.requests."+strconv.Itoa(streams.Slot(id))+".>")

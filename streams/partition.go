@@ -14,9 +14,8 @@ import (
 // the writes of different requests go to different stream leaders. N is
 // fixed when the streams are created and recorded in every partition's
 // metadata; readers learn it from the server (Discover), never from a flag.
-//
-//	N = 1   BATON_REQUESTS                          baton.requests.>
-//	N > 1   BATON_REQUESTS_<k>, k = 0 .. N-1        baton.requests.<s>.> for each s with s % N == k
+// The streams and subjects of each N are laid out in docs/internals.md
+// ("Partitions and write capacity").
 //
 // A request's stream is a function of its id alone: PartitionOf(id), and
 // all of a request lives in one stream, so its sequences (and a subject's
