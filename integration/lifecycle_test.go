@@ -412,3 +412,55 @@ func TestLogLifecycleSoak(t *testing.T) {
 
 // waitUntil blocks until t (the soak's fault clock).
 func waitUntil(t time.Time) { <-time.After(time.Until(t)) }
+
+// TestFullLogEndsRequestsInFlightClearly lets requests in flight outgrow
+// the log itself (a high-water mark of 1 leaves no reserve): each of them
+// either completes whole or ends at once with a log_full error event and
+// no [DONE], nothing hangs, and each worker says once per request that it
+// stopped generating.
+func TestFullLogEndsRequestsInFlightClearly(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil, "--stream-max-bytes", "300000", "--log-high-water", "1", "--log-compaction=false")
+	s.worker("w1", "--mock-tokens-per-sec", "40", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1")
+	const n, tokens = 8, 200
+	results := make([]sseResult, n)
+	took := make([]time.Duration, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			results[i] = postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": fmt.Sprintf("outgrow %d", i), "max_tokens": tokens},
+				map[string]string{"X-Request-Id": fmt.Sprintf("outgrow-%d", i)}, nil)
+			took[i] = time.Since(start)
+		}()
+	}
+	wg.Wait()
+	full := 0
+	for i, r := range results {
+		switch {
+		case r.status == 503 && strings.Contains(r.errorBody, "log_full"):
+			full++ // refused at admission: the log was full already
+		case r.status != 200:
+			t.Errorf("request %d: status %d %s", i, r.status, r.errorBody)
+		case r.done && len(strings.Fields(r.text)) == tokens:
+		case !r.done && strings.Contains(r.errorBody, `"code":"log_full"`):
+			full++
+		default:
+			t.Errorf("request %d: done %v with %d tokens, error %q: want the whole answer or a log_full error", i, r.done, len(strings.Fields(r.text)), r.errorBody)
+		}
+		if max := time.Duration(tokens/40+10) * time.Second; took[i] > max {
+			t.Errorf("request %d took %v, more than its tokens' time plus 10 s", i, took[i])
+		}
+	}
+	if full == 0 {
+		t.Fatalf("no request met the full log (%d requests of %d tokens in a 300 kB log)", n, tokens)
+	}
+	said := strings.Count(s.workers["w1"].output(), "request log full: stopped generating")
+	t.Logf("%d of %d requests met the full log; the worker said it stopped generating %d times", full, n, said)
+	if said > n {
+		t.Errorf("the worker said %d times that it stopped generating, for %d requests: want at most once each", said, n)
+	}
+}
