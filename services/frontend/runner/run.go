@@ -1,11 +1,10 @@
-package frontend
+package runner
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -14,30 +13,11 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
-// tracked is a request this frontend follows: its follower, shared by every
-// client stream of the request here, and, while this frontend owns it, the
-// runner that carries out its migration decisions.
-type tracked struct {
-	id         string
-	f          *follower
-	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
-	settleOnce sync.Once
-
-	// Guarded by Frontend.mu.
-	refs          int       // holders: clients, the runner, lookups
-	supervising   bool      // a runner runs for it here
-	clients       int       // client responses being written
-	detachedSince time.Time // when the last client left (zero while one is attached)
-}
-
-// settle marks the first dispatch settled.
-func (t *tracked) settle() { t.settleOnce.Do(func() { close(t.dispatched) }) }
-
-// supervise runs request t until it ends, another frontend owns it, or ctx
-// is done: it observes, asks migrations.Policy.Step what to do, and does it.
-// Decisions are appended with the expected sequence of the events subject,
-// so two frontends never both decide for one request.
-func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
+// run is the runner of request t: until t ends, another frontend owns it,
+// or ctx is done, it observes, asks migrations.Policy.Step what to do, and
+// carries that out. Decisions are appended with the expected sequence of the
+// events subject, so two frontends never both decide for one request.
+func (rn *Runner) run(ctx context.Context, t *Request) {
 	defer t.settle()
 	var (
 		mem     migrations.Memory
@@ -52,14 +32,14 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 		// every token: a stall has its own timer), and discovery's members
 		// while an attempt runs (not its load reports, which only choosing
 		// a worker needs).
-		fch, dch := t.f.decided.C(), fe.disc.changed.C()
-		if fe.cfg.MigrationMaxSeqLen > 0 {
+		fch, dch := t.f.decided.C(), rn.disc.changed.C()
+		if rn.cfg.MigrationMaxSeqLen > 0 {
 			fch = t.f.changed.C() // every token counts towards the limit
 		}
 		if mem.Watch.Active {
-			dch = fe.disc.members.C()
+			dch = rn.disc.members.C()
 		}
-		obs := migrations.Observation{DetachedSince: fe.detachedSince(t), Dispatch: outcome}
+		obs := migrations.Observation{DetachedSince: rn.detachedSince(t), Dispatch: outcome}
 		var a migrations.Action
 		var model, endpoint string
 		t.f.read(func(p *projections.Request, progress time.Time) {
@@ -67,49 +47,49 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 			relayed.note(p)
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
-				w, present := fe.disc.get(cur.WorkerID)
+				w, present := rn.disc.get(cur.WorkerID)
 				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID}
 			}
-			a = fe.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
+			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
 		})
-		fe.send(&relayed)
+		rn.send(&relayed)
 		mem, outcome = a.Next, nil
 		if !mem.Watch.Active || mem.Watch.Attempt != watched {
 			untrack()
 			watched, untrack = -1, func() {}
 		}
-		fe.report(model, endpoint, a.Report)
+		rn.report(model, endpoint, a.Report)
 		switch a.Kind {
 		case migrations.Stop:
 			return
 		case migrations.Wait:
-			fe.wait(ctx, a.Until, fch, dch)
+			rn.waitStep(ctx, a.Until, fch, dch)
 		case migrations.DispatchNext:
 			var done func()
-			outcome, done = fe.dispatch(ctx, t, a)
+			outcome, done = rn.carryDispatch(ctx, t, a)
 			if outcome.Result == migrations.DispatchAccepted {
 				watched, untrack = outcome.Attempt, done
 				t.settle()
 			}
 		case migrations.CatchUp:
-			fe.catchUp(ctx, t)
+			rn.catchUp(ctx, t)
 		case migrations.Fence:
-			fe.fence(ctx, t, a)
+			rn.carryFence(ctx, t, a)
 		case migrations.Migrate:
 			m := a.Migrated
-			if ok, err := fe.decide(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, fe.id), m); ok {
-				fe.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
+			if ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m); ok {
+				rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
 					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
 			} else if err != nil {
-				fe.log.Warn("record migration", "request_id", t.id, "err", err)
-				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch)
+				rn.log.Warn("record migration", "request_id", t.id, "err", err)
+				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch)
 			}
 		case migrations.Fail:
-			if !fe.fail(ctx, t, a.Failed) {
-				fe.wait(ctx, time.Now().Add(retryAfterError), fch, dch)
+			if !rn.appendFailure(ctx, t, a.Failed) {
+				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch)
 			}
 		case migrations.Detach:
-			fe.detach(ctx, t)
+			rn.carryDetach(ctx, t)
 		}
 	}
 }
@@ -118,9 +98,9 @@ func (fe *Frontend) supervise(ctx context.Context, t *tracked) {
 // log refused a decision for another reason than a concurrent writer.
 const retryAfterError = time.Second
 
-// wait blocks until ctx is done, until (if set), or the request or
+// waitStep blocks until ctx is done, until (if set), or the request or
 // discovery changed.
-func (fe *Frontend) wait(ctx context.Context, until time.Time, request, discovery <-chan struct{}) {
+func (rn *Runner) waitStep(ctx context.Context, until time.Time, request, discovery <-chan struct{}) {
 	var timeout <-chan time.Time
 	if !until.IsZero() {
 		timer := time.NewTimer(time.Until(until))
@@ -136,35 +116,35 @@ func (fe *Frontend) wait(ctx context.Context, until time.Time, request, discover
 }
 
 // report counts what a step reports.
-func (fe *Frontend) report(model, endpoint string, r migrations.Report) {
+func (rn *Runner) report(model, endpoint string, r migrations.Report) {
 	if r.MaxSeqLenExceeded {
-		fe.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
+		rn.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
 	}
 	if r.Rejected {
-		fe.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+		rn.metrics.rejections.WithLabelValues(model, endpoint).Inc()
 	}
 	if f := r.Migrated; f != nil {
-		fe.metrics.migrations.WithLabelValues(model, f.MigrationType).Inc()
-		fe.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "success").Observe(time.Since(f.At).Seconds())
+		rn.metrics.migrations.WithLabelValues(model, f.MigrationType).Inc()
+		rn.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "success").Observe(time.Since(f.At).Seconds())
 	}
 	if f := r.MigrationFailed; f != nil {
-		fe.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "failed").Observe(time.Since(f.At).Seconds())
+		rn.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "failed").Observe(time.Since(f.At).Seconds())
 	}
 }
 
-// dispatch carries out one DispatchNext: pick a worker, record the routed
+// carryDispatch carries out one DispatchNext: pick a worker, record the routed
 // decision, send the command. An attempt that never ran (refused, or not
 // answered) is closed at once, so its subject stays empty for good. done
 // ends the router's count of the dispatch; the caller owns it if the worker
 // accepted.
-func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Action) (*migrations.DispatchOutcome, func()) {
+func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Action) (*migrations.DispatchOutcome, func()) {
 	d := a.Dispatch
-	w, err := fe.pickWorker(d, a.Pinned, a.Exclude)
+	w, err := rn.pickWorker(d, a.Pinned, a.Exclude)
 	if err != nil {
-		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, errAllBusy), Err: err.Error()}, nil
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
 	}
 	routed := events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
-	ok, err := fe.decide(ctx, t, events.ID(t.id, "routed", d.Attempt, fe.id), routed)
+	ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
 	switch {
 	case err != nil:
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
@@ -172,10 +152,10 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
-	done := fe.router.track(w.ID)
+	done := rn.router.track(w.ID)
 	wd := wireDispatch(d)
-	wd.MaxPromptTokens = fe.cfg.MaxPromptTokens
-	reply, err := fe.sendDispatch(ctx, w.ID, wd)
+	wd.MaxPromptTokens = rn.cfg.MaxPromptTokens
+	reply, err := rn.sendDispatch(ctx, w.ID, wd)
 	if err == nil && reply.Accepted {
 		out.Result = migrations.DispatchAccepted
 		return out, done
@@ -186,16 +166,16 @@ func (fe *Frontend) dispatch(ctx context.Context, t *tracked, a migrations.Actio
 	if err == nil {
 		reason, out.Result, out.Reason = "refused_"+reply.Reason, migrations.DispatchRefused, reply.Reason
 	} else {
-		fe.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
+		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
-	fe.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
-	fe.waitClosed(ctx, t, d.Attempt)
+	rn.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	rn.waitClosed(ctx, t, d.Attempt)
 	return out, nil
 }
 
 // waitClosed waits until this frontend has folded the closure of attempt k
 // (or the request moved past it), for at most streams.DefaultTimeout.
-func (fe *Frontend) waitClosed(ctx context.Context, t *tracked, k int) {
+func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
 	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
@@ -214,17 +194,17 @@ func wireDispatch(d migrations.Dispatch) streams.Dispatch {
 	}
 }
 
-func (fe *Frontend) pickWorker(d migrations.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
+func (rn *Runner) pickWorker(d migrations.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
 	model := d.Model
 	if pinned != "" {
-		w, ok := fe.disc.get(pinned)
+		w, ok := rn.disc.get(pinned)
 		if !ok || !w.Routable() || w.Model != model {
 			return projections.Worker{}, fmt.Errorf("%w: %s", errNotPinned, pinned)
 		}
 		return w, nil
 	}
 	var cands []projections.Worker
-	fe.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
+	rn.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
 	cands, err := capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
 	if err != nil {
 		return projections.Worker{}, err
@@ -233,17 +213,17 @@ func (fe *Frontend) pickWorker(d migrations.Dispatch, pinned string, exclude []s
 	for _, id := range exclude {
 		skip[id] = true
 	}
-	return fe.router.pick(cands, skip)
+	return rn.router.pick(cands, skip)
 }
 
-func (fe *Frontend) sendDispatch(ctx context.Context, workerID string, d streams.Dispatch) (streams.DispatchReply, error) {
+func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d streams.Dispatch) (streams.DispatchReply, error) {
 	data, err := json.Marshal(d)
 	if err != nil {
 		return streams.DispatchReply{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, fe.cfg.DispatchTimeout)
+	ctx, cancel := context.WithTimeout(ctx, rn.cfg.DispatchTimeout)
 	defer cancel()
-	msg, err := fe.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
+	msg, err := rn.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
 	if err != nil {
 		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
 	}
@@ -254,36 +234,36 @@ func (fe *Frontend) sendDispatch(ctx context.Context, workerID string, d streams
 	return reply, nil
 }
 
-// fence carries out a Fence: close the attempt in the log (unless it is
+// carryFence carries out a Fence: close the attempt in the log (unless it is
 // already), inhibit its worker, and wait until this frontend has folded the
 // closure.
-func (fe *Frontend) fence(ctx context.Context, t *tracked, a migrations.Action) {
+func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Action) {
 	if a.AppendFence {
-		fe.appendFence(ctx, a.Fence)
+		rn.appendFence(ctx, a.Fence)
 	}
-	if w, ok := fe.disc.get(a.Fence.WorkerID); ok && a.Inhibit {
-		fe.router.inhibit(w, a.InhibitFor)
+	if w, ok := rn.disc.get(a.Fence.WorkerID); ok && a.Inhibit {
+		rn.router.inhibit(w, a.InhibitFor)
 	}
-	fe.waitClosed(ctx, t, a.Fence.Attempt)
+	rn.waitClosed(ctx, t, a.Fence.Attempt)
 }
 
-func (fe *Frontend) appendFence(ctx context.Context, ev events.AttemptFailed) {
+func (rn *Runner) appendFence(ctx context.Context, ev events.AttemptFailed) {
 	id := ev.RequestID
-	env := fe.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
-	if _, err := fe.events.Append(ctx, streams.RequestTokens(id, ev.Attempt, ev.WorkerID), env, -1); err != nil {
-		fe.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
+	env := rn.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
+	if _, err := rn.events.Append(ctx, streams.RequestTokens(id, ev.Attempt, ev.WorkerID), env, -1); err != nil {
+		rn.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
 	}
 }
 
-// decide appends a decision to the request's events subject, expecting the
+// appendDecision appends a decision to the request's events subject, expecting the
 // last sequence this frontend has seen there, and waits until the follower
 // has folded it. It reports false with a nil error when someone else wrote
 // first (the follower has caught up by then: look again).
-func (fe *Frontend) decide(ctx context.Context, t *tracked, id string, ev events.Event) (bool, error) {
+func (rn *Runner) appendDecision(ctx context.Context, t *Request, id string, ev events.Event) (bool, error) {
 	expect := int64(t.f.eventsSeq())
-	seq, err := fe.events.Append(ctx, streams.RequestEvents(t.id), fe.events.Envelope(id, t.id, ev), expect)
+	seq, err := rn.events.Append(ctx, streams.RequestEvents(t.id), rn.events.Envelope(id, t.id, ev), expect)
 	if errors.Is(err, streams.ErrConflict) {
-		fe.catchUp(ctx, t)
+		rn.catchUp(ctx, t)
 		return false, nil
 	}
 	if err != nil {
@@ -292,24 +272,24 @@ func (fe *Frontend) decide(ctx context.Context, t *tracked, id string, ev events
 	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
 	if err := t.f.waitFor(wctx, func(p *projections.Request) bool { return p.LastSeq() >= seq }); err != nil {
-		fe.catchUp(ctx, t)
+		rn.catchUp(ctx, t)
 	}
 	return true, nil
 }
 
 // catchUp reads whatever the follower missed.
-func (fe *Frontend) catchUp(ctx context.Context, t *tracked) {
+func (rn *Runner) catchUp(ctx context.Context, t *Request) {
 	_ = t.f.catchUp(ctx)
 }
 
-// fail appends the request's terminal failure, trying again (with the
+// appendFailure appends the request's terminal failure, trying again (with the
 // expected sequence caught up) when another writer came first. It reports
 // false if the log refused it.
-func (fe *Frontend) fail(ctx context.Context, t *tracked, ev events.RequestFailed) bool {
+func (rn *Runner) appendFailure(ctx context.Context, t *Request, ev events.RequestFailed) bool {
 	for range 3 {
-		ok, err := fe.decide(ctx, t, events.ID(t.id, "failed"), ev)
+		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "failed"), ev)
 		if err != nil {
-			fe.log.Error("record request failure", "request_id", t.id, "err", err)
+			rn.log.Error("record request failure", "request_id", t.id, "err", err)
 			return false
 		}
 		if ok {
