@@ -153,9 +153,8 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
 	done := rn.router.track(w.ID)
-	wd := wireDispatch(d)
-	wd.MaxPromptTokens = rn.cfg.MaxPromptTokens
-	reply, err := rn.sendDispatch(ctx, w.ID, wd)
+	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
+	reply, err := rn.sendDispatch(ctx, w.ID, d)
 	if err == nil && reply.Accepted {
 		out.Result = migrations.DispatchAccepted
 		return out, done
@@ -184,17 +183,7 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	})
 }
 
-// wireDispatch is the worker's command for d.
-func wireDispatch(d migrations.Dispatch) streams.Dispatch {
-	return streams.Dispatch{
-		RequestID: d.RequestID, Attempt: d.Attempt, Model: d.Model, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
-		Endpoint: d.Endpoint, Body: d.Body, PromptIDs: d.PromptIDs, GeneratedIDs: d.GeneratedIDs,
-		Generated: d.Generated, StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, Frontend: d.Frontend,
-		DetachTimeoutMS: d.DetachTimeoutMS,
-	}
-}
-
-func (rn *Runner) pickWorker(d migrations.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
+func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
 	model := d.Model
 	if pinned != "" {
 		w, ok := rn.disc.get(pinned)
@@ -216,7 +205,7 @@ func (rn *Runner) pickWorker(d migrations.Dispatch, pinned string, exclude []str
 	return rn.router.pick(cands, skip)
 }
 
-func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d streams.Dispatch) (streams.DispatchReply, error) {
+func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
 	data, err := json.Marshal(d)
 	if err != nil {
 		return streams.DispatchReply{}, err

@@ -75,7 +75,7 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	x.wg.Add(1) // before the reply: the runner cannot stop before this
 	defer x.wg.Done()
-	var d streams.Dispatch
+	var d events.Dispatch
 	_ = json.Unmarshal(m.Data, &d)
 	if w.cancelFirst != "" {
 		c := events.RequestCancelled{RequestID: d.RequestID, Mode: w.cancelFirst, Reason: "elsewhere"}
