@@ -281,7 +281,7 @@ func TestDetachedRequestCancelledByAFrontend(t *testing.T) {
 func commandAttacks(t *testing.T, c *confined, nc *nats.Conn, id string) {
 	t.Helper()
 	kill, _ := json.Marshal(streams.Command{RequestID: id, Attempt: 0, Kind: streams.CommandCancel, Mode: events.CancelKill})
-	dispatch, _ := json.Marshal(streams.Dispatch{RequestID: id, Attempt: 1, Model: "mock", Prompt: "x", MaxTokens: 1})
+	dispatch, _ := json.Marshal(events.Dispatch{RequestID: id, Attempt: 1, Model: "mock", Prompt: "x", MaxTokens: 1})
 	for _, m := range []struct {
 		subj string
 		data []byte

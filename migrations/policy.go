@@ -1,11 +1,11 @@
 package migrations
 
 import (
-	"encoding/json"
 	"errors"
 	"strings"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 )
 
@@ -72,31 +72,6 @@ func FailureCode(err error) string {
 	return "worker_failed"
 }
 
-// Dispatch is what the next attempt of a request is sent with: the original
-// prompt, the text generated so far, and the budget, continuing at
-// StartOffset. The runner turns it into the worker's wire command.
-type Dispatch struct {
-	RequestID    string
-	Attempt      int
-	Model        string
-	Prompt       string
-	PromptTokens int
-	// Endpoint and Body are the request as the client sent it.
-	Endpoint string
-	Body     json.RawMessage
-	// PromptIDs and GeneratedIDs are the prompt's and the generated tokens'
-	// ids, when an engine reported every one: a token-exact continuation.
-	PromptIDs    []int
-	GeneratedIDs []int
-	Generated    string // the text of the tokens produced by earlier attempts
-	StartOffset  int    // tokens already produced
-	MaxTokens    int    // total budget, including StartOffset
-	Frontend     string
-	// DetachTimeoutMS is how long the worker keeps generating once the
-	// owning frontend is gone and nobody attached.
-	DetachTimeoutMS int64
-}
-
 // Continuation builds the dispatch of the next attempt of r: the original
 // prompt, the text generated so far, and the remaining budget, continuing at
 // the current token offset.
@@ -104,8 +79,8 @@ type Dispatch struct {
 // It carries the client's request body, and the prompt's token ids and the
 // generated tokens' ids when every one is known, so that an engine that
 // takes token ids continues token-exactly.
-func Continuation(r *projections.Request, attempt int, frontend string) Dispatch {
-	d := Dispatch{
+func Continuation(r *projections.Request, attempt int, frontend string) events.Dispatch {
+	d := events.Dispatch{
 		RequestID:    r.Accepted.RequestID,
 		Attempt:      attempt,
 		Model:        r.Accepted.Model,

@@ -165,7 +165,7 @@ type Action struct {
 
 	Until time.Time // Wait
 
-	Dispatch Dispatch // DispatchNext
+	Dispatch events.Dispatch // DispatchNext
 	Pinned   string
 	Exclude  []string
 

@@ -19,31 +19,20 @@ const (
 	EndpointCompletions = "completions"
 )
 
-// Request is one generation to run: the tokens at offsets
-// [StartOffset, MaxTokens) of a request's output. StartOffset > 0 means a
+// Request is one generation to run: the dispatch of one attempt, as the
+// frontend sent it (events.Dispatch, the one record from the migration
+// decision to the engine). An engine runs the tokens at offsets
+// [StartOffset, MaxTokens) of the request's output; StartOffset > 0 means a
 // continuation after a migration: Generated holds the text produced so far
-// and, when every earlier token's id is known, GeneratedIDs their ids.
-type Request struct {
-	RequestID string
-	// Endpoint is EndpointChat or EndpointCompletions ("": completions).
-	Endpoint string
-	// Body is the client's request as it sent it; nil means a request made
-	// of Prompt alone (canaries, old dispatches).
-	Body         json.RawMessage
-	Prompt       string
-	PromptTokens int
-	// PromptIDs are the prompt's token ids, as the engine that ran an earlier
-	// attempt reported them; nil when unknown.
-	PromptIDs    []int
-	Generated    string
-	GeneratedIDs []int
-	StartOffset  int
-	MaxTokens    int
-	// MaxPromptTokens, if positive, bounds the prompt in the server's own
-	// tokens: an engine that learns that count (its prompt ids) fails a
-	// first attempt over it with a client-class *UpstreamError (413).
-	MaxPromptTokens int
-}
+// and, when every earlier token's id is known, GeneratedIDs their ids, with
+// the prompt's ids in PromptIDs. Body is the client's request as it sent it
+// (of Endpoint, EndpointChat or EndpointCompletions; "" is completions);
+// nil means a request made of Prompt alone (canaries, old dispatches).
+// MaxPromptTokens, if positive, bounds the prompt in the server's own
+// tokens: an engine that learns that count (its prompt ids) fails a first
+// attempt over it with a client-class *UpstreamError (413). An engine
+// ignores the routing fields (Attempt, Model, Frontend, DetachTimeoutMS).
+type Request = events.Dispatch
 
 // Continuation modes an engine can offer for a request that migrated.
 const (

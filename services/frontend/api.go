@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"io"
 	"net/http"
 	"strconv"
@@ -69,9 +70,9 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	if clientID {
 		// Idempotent retry: a known id attaches to the existing request.
-		if t, err := fe.attach(r.Context(), id); err == nil {
+		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
 			if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
-				fe.release(t)
+				t.Release()
 				writeAPIError(w, apiErr)
 				return
 			}
@@ -136,11 +137,11 @@ func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint
 // serveNew starts request acc (one choice) and answers with it; an id that
 // turns out to exist already is served as a retry from offset from.
 func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.RequestAccepted, from int, start time.Time) {
-	t, err := fe.start(r.Context(), acc)
-	if errors.Is(err, errExists) {
-		if t, err = fe.attach(r.Context(), acc.RequestID); err == nil {
+	t, err := fe.runtime.Accept(r.Context(), acc)
+	if errors.Is(err, runner.ErrExists) {
+		if t, err = fe.runtime.Attach(r.Context(), acc.RequestID); err == nil {
 			if apiErr := reuseError(t, acc.Tenant, publicID(acc.Tenant, acc.RequestID), acc.Endpoint, acc.BodySHA256); apiErr != nil {
-				fe.release(t)
+				t.Release()
 				writeAPIError(w, apiErr)
 				return
 			}
@@ -152,9 +153,9 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 		writeRecordError(w, "the request", err)
 		return
 	}
-	defer fe.release(t)
+	defer t.Release()
 	if acc.ParentID != "" {
-		fe.linkChild(r.Context(), acc.ParentID, acc.RequestID)
+		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}
 	fe.metrics.active.WithLabelValues(acc.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
@@ -162,52 +163,33 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	// Wait until the first dispatch settles, so that "no worker" is still a
 	// plain 503 rather than a broken stream.
 	select {
-	case <-t.dispatched:
+	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
-	out := fe.respond(w, r, acc, []*tracked{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
+	out := fe.respond(w, r, acc, []*runner.Request{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
 }
 
 // admit checks that the model is served and that some worker can take the
-// request, before anything is written to the log.
+// request, before anything is written to the log (runner.Runner.Admit), and
+// says why not in OpenAI's error shape.
 func (fe *Frontend) admit(model, endpoint, pinned string) *apiError {
-	var known, routable bool
-	var pinnedWorker projections.Worker
-	var pinnedOK bool
-	var cands []projections.Worker
-	fe.disc.read(func(v *projections.Discovery) {
-		for _, w := range v.Workers() {
-			if w.Model == model {
-				known = true
-			}
-		}
-		cands = v.Routable(model)
-		routable = len(cands) > 0
-		if pinned != "" {
-			pinnedWorker, pinnedOK = v.Get(pinned)
-		}
-	})
-	if !known && !fe.disc.hasServed(model) {
+	err := fe.runtime.Admit(model, endpoint, pinned)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, runner.ErrUnknownModel):
 		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
 			message: fmt.Sprintf("The model '%s' does not exist or no worker serves it", model)}
-	}
-	if pinned != "" {
-		if !pinnedOK || pinnedWorker.Model != model {
-			return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found",
-				message: fmt.Sprintf("worker '%s' (%s) is not in discovery for model '%s'", pinned, headerWorkerID, model)}
-		}
-		return nil
-	}
-	if !routable {
+	case errors.Is(err, runner.ErrWorkerNotFound):
+		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found",
+			message: fmt.Sprintf("worker '%s' (%s) is not in discovery for model '%s'", pinned, headerWorkerID, model)}
+	case errors.Is(err, runner.ErrNoWorkers):
 		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "no_workers",
 			message: fmt.Sprintf("Service temporarily unavailable: no worker is ready for model '%s', please retry later", model)}
-	}
-	if _, err := fe.router.pick(cands, nil); errors.Is(err, errAllBusy) {
-		fe.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+	default: // runner.ErrAllBusy
 		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "all_workers_busy", message: busyMessage}
 	}
-	return nil
 }
 
 // parseOffset reads the client's resume point: Last-Event-ID or ?starting_after.
@@ -230,28 +212,28 @@ func parseOffset(r *http.Request) (int, *apiError) {
 }
 
 // serveExisting answers a retry or resume of a request already in the log.
-func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *tracked, from int, stream bool) {
-	defer fe.release(t)
+func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *runner.Request, from int, stream bool) {
+	defer t.Release()
 	var model string
 	var n, choices int
 	var terminal bool
-	t.f.view(func(p *projections.Request) {
+	t.View(func(p *projections.Request) {
 		model, n, terminal, choices = p.Accepted.Model, p.Len(), p.Status.Terminal(), p.Accepted.Choices
 	})
 	if choices > 1 {
 		tenant := tenantOf(r)
 		writeAPIError(w, badRequest("group_request", "request %s has %d choices: resume each as %s … %s",
-			publicID(tenant, t.id), choices, publicID(tenant, childID(t.id, 0)), publicID(tenant, childID(t.id, choices-1))))
+			publicID(tenant, t.ID()), choices, publicID(tenant, childID(t.ID(), 0)), publicID(tenant, childID(t.ID(), choices-1))))
 		return
 	}
 	if from > n && terminal {
-		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens)", from, t.id, n))
+		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens)", from, t.ID(), n))
 		return
 	}
 	fe.metrics.resumes.WithLabelValues(model).Inc()
-	fe.claim(t)
-	acc := t.snapshot(0).acc
-	fe.respond(w, r, acc, []*tracked{t}, from, stream, time.Now(), func() { fe.onClientGone(t) })
+	t.Claim()
+	acc := snapshotOf(t, 0).acc
+	fe.respond(w, r, acc, []*runner.Request{t}, from, stream, time.Now(), func() { fe.onClientGone(t) })
 }
 
 // handleResume serves GET /v1/requests/{id}/stream.
@@ -274,9 +256,9 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 	}
 	id := public
 	var n int
-	t.f.view(func(p *projections.Request) { n = p.Len() })
+	t.View(func(p *projections.Request) { n = p.Len() })
 	if from > n {
-		fe.release(t)
+		t.Release()
 		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens so far)", from, id, n))
 		return
 	}
@@ -295,9 +277,9 @@ func (fe *Frontend) requestState(r *http.Request, id string) result {
 	if err != nil {
 		return errResult(&lookupError{id: id, err: err})
 	}
-	defer fe.release(t)
+	defer t.Release()
 	var state RequestState
-	t.f.view(func(p *projections.Request) { state = stateOf(p) })
+	t.View(func(p *projections.Request) { state = stateOf(p) })
 	if tenant := tenantOf(r); tenant != "" && tenant != streams.AdminTenant {
 		state.ID, state.ParentID = id, publicID(tenant, state.ParentID)
 		state.Children = publicIDs(tenant, state.Children)
@@ -322,8 +304,7 @@ func stateOf(p *projections.Request) RequestState {
 
 // handleModels serves GET /v1/models.
 func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
-	var models []string
-	fe.disc.read(func(v *projections.Discovery) { models = v.Models() })
+	models := fe.runtime.Models()
 	data := make([]map[string]any, 0, len(models))
 	for _, m := range models {
 		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "baton"})
@@ -333,8 +314,7 @@ func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
 
 // handleWorkers serves GET /v1/workers: the discovery view.
 func (fe *Frontend) handleWorkers(w http.ResponseWriter, r *http.Request) {
-	var ws []projections.Worker
-	fe.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	ws := fe.runtime.Workers()
 	if fe.keys != nil && tenantOf(r) != streams.AdminTenant {
 		ws = redactWorkers(ws)
 	}
@@ -349,8 +329,7 @@ func (fe *Frontend) handleLive(w http.ResponseWriter, r *http.Request) {
 // handleHealth serves GET /health: healthy while connected, not draining, and
 // at least one worker is routable.
 func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
-	var ws []projections.Worker
-	fe.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	ws := fe.runtime.Workers()
 	instances := make([]map[string]any, 0, len(ws))
 	routable := 0
 	for _, wk := range ws {
@@ -374,7 +353,7 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 	}
 	body := map[string]any{"status": "not_ready", "reason": reason, "instances": instances}
 	if reason == "" {
-		if why := fe.room.Health(); why != "" {
+		if why := fe.runtime.LogHealth(); why != "" {
 			reason = codeLogFull
 			body["reason"], body["detail"] = reason, why
 		}
@@ -403,31 +382,17 @@ func requestType(stream bool) string {
 
 // onClientGone handles a client that left before its response ended: a
 // non-resumable request is cancelled (kill); a resumable one keeps generating.
-func (fe *Frontend) onClientGone(t *tracked) {
+func (fe *Frontend) onClientGone(t *runner.Request) {
 	fe.metrics.disconnected.Inc()
 	var resumable, terminal bool
-	t.f.view(func(p *projections.Request) { resumable, terminal = p.Accepted.Resumable, p.Status.Terminal() })
+	t.View(func(p *projections.Request) { resumable, terminal = p.Accepted.Resumable, p.Status.Terminal() })
 	if resumable || terminal || fe.isClosing() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	defer cancel()
-	if err := fe.cancelTree(ctx, t.id, events.CancelKill, "client disconnected"); err != nil {
-		fe.log.Warn("cancel after client disconnect", "request_id", t.id, "err", err)
-	}
-}
-
-// linkChild records child under parent, so cancelling the parent cancels it;
-// if the parent was cancelled already, the child is cancelled at once.
-func (fe *Frontend) linkChild(ctx context.Context, parent, child string) {
-	ev := events.ChildAdded{RequestID: parent, ChildID: child}
-	env := fe.events.Envelope(events.ID(parent, "child", child), parent, ev)
-	if _, err := fe.events.Append(ctx, streams.RequestEvents(parent), env, -1); err != nil {
-		fe.log.Warn("link child request", "request_id", child, "parent_id", parent, "err", err)
-		return
-	}
-	if p, err := fe.load(ctx, parent); err == nil && p.Cancel != nil {
-		_ = fe.cancelTree(ctx, child, p.Cancel.Mode, "parent cancelled")
+	if err := fe.runtime.Cancel(ctx, t.ID(), events.CancelKill, "client disconnected", ""); err != nil {
+		fe.log.Warn("cancel after client disconnect", "request_id", t.ID(), "err", err)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
 	"os"
 	"strings"
@@ -239,20 +240,20 @@ func mayAccess(tenant string, acc events.RequestAccepted) bool {
 // attachFor follows the request that the caller of r names public, if it
 // may see it; for anyone else it is streams.ErrNotFound, as for an id that
 // does not exist. The caller holds one reference.
-func (fe *Frontend) attachFor(r *http.Request, public string) (*tracked, error) {
+func (fe *Frontend) attachFor(r *http.Request, public string) (*runner.Request, error) {
 	tenant := tenantOf(r)
 	id, ok := requestID(tenant, public)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
 	}
-	t, err := fe.attach(r.Context(), id)
+	t, err := fe.runtime.Attach(r.Context(), id)
 	if err != nil {
 		return nil, err
 	}
 	var acc events.RequestAccepted
-	t.f.view(func(p *projections.Request) { acc = p.Accepted })
+	t.View(func(p *projections.Request) { acc = p.Accepted })
 	if !mayAccess(tenant, acc) {
-		fe.release(t)
+		t.Release()
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
 	}
 	return t, nil
@@ -261,9 +262,9 @@ func (fe *Frontend) attachFor(r *http.Request, public string) (*tracked, error) 
 // reuseError checks a re-POST under an existing id: only its tenant (or the
 // admin) may attach, and only with the body and endpoint the request was
 // accepted with (the id is an idempotency key).
-func reuseError(t *tracked, tenant, public, endpoint, bodySHA string) *apiError {
+func reuseError(t *runner.Request, tenant, public, endpoint, bodySHA string) *apiError {
 	var acc events.RequestAccepted
-	t.f.view(func(p *projections.Request) { acc = p.Accepted })
+	t.View(func(p *projections.Request) { acc = p.Accepted })
 	if !mayAccess(tenant, acc) {
 		return notFound(public)
 	}
@@ -306,7 +307,7 @@ func (fe *Frontend) checkParent(ctx context.Context, tenant, parent string) *api
 	if !ok {
 		return missing
 	}
-	p, err := fe.load(ctx, id)
+	p, err := fe.runtime.Load(ctx, id)
 	if errors.Is(err, streams.ErrNotFound) {
 		return missing
 	}

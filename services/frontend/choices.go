@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
 	"strconv"
 	"time"
@@ -24,34 +25,29 @@ func childID(id string, i int) string { return id + "-" + strconv.Itoa(i) }
 // cancels every choice.
 func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent events.RequestAccepted, n int, start time.Time) {
 	parent.Choices = n
-	if err := fe.admitLog(parent.RequestID, nil); err != nil {
-		writeRecordError(w, "the request", err)
-		return
-	}
-	env := fe.events.Envelope(events.ID(parent.RequestID, "accepted"), parent.RequestID, parent)
-	if _, err := fe.events.Append(r.Context(), streams.RequestEvents(parent.RequestID), env, 0); err != nil {
-		if errors.Is(err, streams.ErrConflict) {
+	if err := fe.runtime.AcceptParent(r.Context(), parent); err != nil {
+		if errors.Is(err, runner.ErrExists) {
 			writeAPIError(w, badRequest("request_exists", "request %s exists; resume its choices as %s … %s",
 				parent.RequestID, childID(parent.RequestID, 0), childID(parent.RequestID, n-1)))
 			return
 		}
-		writeRecordError(w, "the request", fe.admitLog(parent.RequestID, err))
+		writeRecordError(w, "the request", err)
 		return
 	}
-	ts := make([]*tracked, 0, n)
+	ts := make([]*runner.Request, 0, n)
 	defer func() {
 		for _, t := range ts {
-			fe.release(t)
+			t.Release()
 		}
 	}()
 	for i := range n {
 		child := parent
 		child.RequestID, child.ParentID, child.Choices = childID(parent.RequestID, i), parent.RequestID, 0
 		child.Body = choiceBody(parent.Body, i)
-		fe.linkChild(r.Context(), parent.RequestID, child.RequestID)
-		t, err := fe.start(r.Context(), child)
+		fe.runtime.Link(r.Context(), parent.RequestID, child.RequestID)
+		t, err := fe.runtime.Accept(r.Context(), child)
 		if err != nil {
-			_ = fe.cancelTree(r.Context(), parent.RequestID, events.CancelKill, "a choice could not start")
+			_ = fe.runtime.Cancel(r.Context(), parent.RequestID, events.CancelKill, "a choice could not start", "")
 			writeRecordError(w, fmt.Sprintf("choice %d", i), err)
 			return
 		}
@@ -61,7 +57,7 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 	defer fe.metrics.active.WithLabelValues(parent.Model).Dec()
 	for _, t := range ts {
 		select {
-		case <-t.dispatched:
+		case <-t.Dispatched():
 		case <-r.Context().Done():
 		}
 	}
@@ -77,7 +73,7 @@ func (fe *Frontend) onGroupGone(parent events.RequestAccepted) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	defer cancel()
-	if err := fe.cancelTree(ctx, parent.RequestID, events.CancelKill, "client disconnected"); err != nil {
+	if err := fe.runtime.Cancel(ctx, parent.RequestID, events.CancelKill, "client disconnected", ""); err != nil {
 		fe.log.Warn("cancel after client disconnect", "request_id", parent.RequestID, "err", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 )
@@ -109,19 +110,19 @@ type Config struct {
 	TLSCertFile, TLSKeyFile string
 }
 
-// Defaults of Config.
+// Defaults of Config; those of the runtime's fields are the runtime's.
 const (
 	DefaultHTTPAddr          = ":8000"
-	DefaultInhibitedDuration = 5 * time.Second
-	DefaultStallTimeout      = 30 * time.Second
-	DefaultDetachTimeout     = 120 * time.Second
+	DefaultInhibitedDuration = runner.DefaultInhibitedDuration
+	DefaultStallTimeout      = runner.DefaultStallTimeout
+	DefaultDetachTimeout     = runner.DefaultDetachTimeout
 	DefaultShutdownTimeout   = 5 * time.Second
-	DefaultDispatchTimeout   = 2 * time.Second
+	DefaultDispatchTimeout   = runner.DefaultDispatchTimeout
 	DefaultMaxTokens         = 64
 	DefaultMaxTokensLimit    = 32768
-	DefaultMaxPromptTokens   = 32768
+	DefaultMaxPromptTokens   = runner.DefaultMaxPromptTokens
 	DefaultMaxBodyBytes      = 1 << 20
-	DefaultMaxChildren       = 1024
+	DefaultMaxChildren       = runner.DefaultMaxChildren
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
@@ -185,27 +186,25 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with c.
+// runtimeConfig is the part of c the request runtime takes.
+func (c Config) runtimeConfig() runner.Config {
+	return runner.Config{
+		ID: c.ID, MigrationLimit: c.MigrationLimit, MigrationMaxSeqLen: c.MigrationMaxSeqLen,
+		InhibitedDuration:           c.InhibitedDuration,
+		ActiveDecodeBlocksThreshold: c.ActiveDecodeBlocksThreshold, ActivePrefillTokensThreshold: c.ActivePrefillTokensThreshold,
+		StallTimeout: c.StallTimeout, DetachTimeout: c.DetachTimeout, DispatchTimeout: c.DispatchTimeout,
+		MaxPromptTokens: c.MaxPromptTokens, MaxChildren: c.MaxChildren,
+		SystemURL: c.SystemURL, SystemTLS: c.SystemTLS, Streams: c.Streams,
+		Log: c.Log, NoCompaction: c.NoCompaction,
+	}
+}
+
+// Validate reports every problem with c: the runtime's fields
+// (runner.Config.Validate) and the HTTP edge's.
 func (c Config) Validate() error {
-	var errs []error
-	if c.ID != "" && !streams.ValidID(c.ID) {
-		errs = append(errs, fmt.Errorf("frontend id %q: want letters, digits, '-' or '_'", c.ID))
-	}
-	if c.MigrationLimit < 0 {
-		errs = append(errs, fmt.Errorf("migration limit %d: must not be negative", c.MigrationLimit))
-	}
-	if c.MigrationMaxSeqLen < 0 {
-		errs = append(errs, fmt.Errorf("migration max seq len %d: must not be negative", c.MigrationMaxSeqLen))
-	}
-	if t := c.ActiveDecodeBlocksThreshold; t != nil && (*t < 0 || *t > 1) {
-		errs = append(errs, fmt.Errorf("active decode blocks threshold %v: want 0 to 1", *t))
-	}
-	if t := c.ActivePrefillTokensThreshold; t != nil && *t < 0 {
-		errs = append(errs, fmt.Errorf("active prefill tokens threshold %d: must not be negative", *t))
-	}
+	errs := []error{c.runtimeConfig().Validate()}
 	for name, d := range map[string]time.Duration{
-		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout,
-		"shutdown timeout": c.ShutdownTimeout, "dispatch timeout": c.DispatchTimeout,
+		"shutdown timeout":    c.ShutdownTimeout,
 		"read header timeout": c.ReadHeaderTimeout, "body timeout": c.BodyTimeout, "idle timeout": c.IdleTimeout,
 		"console window": c.ConsoleWindow,
 	} {
@@ -213,20 +212,14 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", name, d))
 		}
 	}
-	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxPromptTokens < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
+	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
 	}
-	if c.MaxChildren < 0 || c.MaxConnections < 0 || c.TenantMaxConcurrent < 0 || c.TenantRPS < 0 {
-		errs = append(errs, errors.New("max children, max connections and tenant limits must not be negative"))
+	if c.MaxConnections < 0 || c.TenantMaxConcurrent < 0 || c.TenantRPS < 0 {
+		errs = append(errs, errors.New("max connections and tenant limits must not be negative"))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("a TLS certificate and key go together"))
-	}
-	if err := c.Streams.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	if err := c.Log.Validate(); err != nil {
-		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

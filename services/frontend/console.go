@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"io/fs"
 	"net/http"
 	"strconv"
@@ -38,7 +39,7 @@ var consoleAssets embed.FS
 // console asks for them and stopped with the frontend.
 type consoleView struct {
 	fe      *Frontend
-	changed *signal
+	changed *runner.Signal
 
 	startMu   sync.Mutex
 	ctx       context.Context            // the frontend's lifetime while run runs; guarded by startMu
@@ -120,7 +121,7 @@ type feedEntry struct {
 }
 
 func newConsoleView(fe *Frontend) *consoleView {
-	return &consoleView{fe: fe, changed: newSignal(), caughtUp: make(chan struct{}),
+	return &consoleView{fe: fe, changed: runner.NewSignal(), caughtUp: make(chan struct{}),
 		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests,
 		cursor: newCursor(fe.parts)}
 }

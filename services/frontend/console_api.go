@@ -35,20 +35,6 @@ func consoleFrontends(fs []projections.Frontend) []consoleFrontend {
 	return out
 }
 
-// list returns the live frontends.
-func (p *presence) list() []consoleFrontend {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return consoleFrontends(p.view.Members())
-}
-
-// known returns the live frontends and those that departed.
-func (p *presence) known() []consoleFrontend {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return consoleFrontends(append(p.view.Members(), p.view.Departed()...))
-}
-
 // consoleState is the data of a "state" event of GET /v1/console/events: the
 // whole picture apart from the feed.
 type consoleState struct {
@@ -60,10 +46,8 @@ type consoleState struct {
 }
 
 func (fe *Frontend) consoleState() consoleState {
-	s := consoleState{Now: time.Now(), Frontend: fe.id, Requests: fe.console.requests("", "", consoleRows),
-		Frontends: fe.presence.list()}
-	fe.disc.read(func(v *projections.Discovery) { s.Workers = v.Workers() })
-	return s
+	return consoleState{Now: time.Now(), Frontend: fe.id, Requests: fe.console.requests("", "", consoleRows),
+		Frontends: consoleFrontends(fe.runtime.Frontends()), Workers: fe.runtime.Workers()}
 }
 
 // handleConsoleEvents serves GET /v1/console/events: server-sent events with
@@ -94,7 +78,7 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	var lastState time.Time
 	stateDue := true
 	for {
-		feedCh, discCh, presCh := fe.console.changed.C(), fe.disc.changed.C(), fe.presence.changed.C()
+		feedCh, discCh, presCh := fe.console.changed.C(), fe.runtime.WorkersChanged(), fe.runtime.FrontendsChanged()
 		for _, e := range fe.console.since(cur) {
 			*cur.seq(e) = e.Seq
 			e.ID = cur.String()
@@ -230,7 +214,7 @@ func (fe *Frontend) timeline(ctx context.Context, id string) result {
 // handleFrontends serves GET /v1/console/frontends: the live frontends, from
 // their presence keys, so a console can reconnect to another.
 func (fe *Frontend) handleFrontends(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "self": fe.id, "data": fe.presence.list()})
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "self": fe.id, "data": consoleFrontends(fe.runtime.Frontends())})
 }
 
 // withCORS lets a console served by one frontend call the others (it fails
@@ -279,7 +263,7 @@ func (fe *Frontend) frontendOrigin(origin, reqHost string) bool {
 		ip := net.ParseIP(h)
 		return h == "localhost" || (ip != nil && ip.IsLoopback())
 	}
-	fronts := fe.presence.known()
+	fronts := consoleFrontends(fe.runtime.KnownFrontends())
 	if fe.listener != nil { // itself, before its own presence key comes back from the watch
 		fronts = append(fronts, consoleFrontend{ID: fe.id, Addr: fe.listener.Addr().String()})
 	}
@@ -338,11 +322,9 @@ func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	type key struct{ model, state string }
 	counts := map[key]int{}
-	c.fe.disc.read(func(v *projections.Discovery) {
-		for _, w := range v.Workers() {
-			counts[key{w.Model, w.State}]++
-		}
-	})
+	for _, w := range c.fe.runtime.Workers() {
+		counts[key{w.Model, w.State}]++
+	}
 	for k, n := range counts {
 		ch <- prometheus.MustNewConstMetric(descWorkers, prometheus.GaugeValue, float64(n), k.model, k.state)
 	}

@@ -1,9 +1,16 @@
-// Package frontend is baton's OpenAI-compatible HTTP API. It accepts requests
-// into the log, routes and dispatches them to workers, streams their tokens
-// from the log to clients, and migrates them when a worker fails.
+// Package frontend is baton's OpenAI-compatible HTTP API: the HTTP edge of a
+// frontend. It parses and admits requests, authenticates callers, applies
+// the tenants' limits, renders requests as OpenAI responses and SSE
+// streams, serves the console, and orders the shutdown ("stop answering,
+// then stop the runtime").
+//
+// Everything that keeps a request alive once it is in the log (following
+// it, running the migration decisions, taking it over, discovery, presence,
+// commands to workers) is the request runtime, package runner, which the
+// edge drives through the runtime's small API and never reaches into.
 //
 // A frontend is stateless apart from caches rebuilt from the log: the
-// discovery view, one follower per request it serves, and, once someone
-// opened the console (/console) on it, the console's bounded view of recent
-// requests and incidents.
+// runtime's, and, once someone opened the console (/console) on it, the
+// console's bounded view of recent requests and incidents. Frontend.mu
+// guards only HTTP state (the count of open responses).
 package frontend

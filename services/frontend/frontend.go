@@ -9,13 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
-	"time"
 
-	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/migrations"
-	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -24,40 +20,30 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Frontend serves the HTTP API. Create it with New and run it with Run.
+// Frontend serves the HTTP API: it is the HTTP edge over a request runtime
+// (package runner), which it drives through the runtime's API and never
+// reaches into. Create it with New and run it with Run.
 type Frontend struct {
 	id       string
 	cfg      Config
 	log      *slog.Logger
 	nc       *nats.Conn
 	js       jetstream.JetStream
-	parts    streams.Partitions // the request log's layout, set by Run before anything reads it
-	events   *streams.Log
+	parts    streams.Partitions // the request log's layout, set by Run once the runtime started
+	runtime  *runner.Runner
 	metrics  *metrics
 	gatherer prometheus.Gatherer
-	disc     *discovery
-	presence *presence
-	router   *router
-	policy   migrations.Policy
 	keys     *keyring // nil: the API is open
 	limits   *tenantLimits
 	console  *consoleView
-	room     *retention.Monitor // how full the request log is; evicts finished requests
 
-	launch   chan *tracked // requests whose runner Run should start
-	claims   chan *tracked // requests Run should take over if their owner is gone
-	stopped  chan struct{} // closed when Run no longer starts runners
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
 	listener net.Listener
 
-	ctl  *nats.Conn // dispatches: nc until Run opens a connection of their own, before any runner starts
-	live *live      // the one live subscription of every followed request
-
 	mu       sync.Mutex
-	requests map[string]*tracked
-	open     int     // API responses being served (completions, resumes); guarded by mu
-	openDone *signal // notified when open drops to zero
+	open     int            // API responses being served (completions, resumes); guarded by mu
+	openDone *runner.Signal // notified when open drops to zero
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -82,24 +68,15 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
+	rt, err := runner.New(nc, log, reg, cfg.runtimeConfig())
+	if err != nil {
+		return nil, err
+	}
 	fe := &Frontend{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
-		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
-		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
-		policy: migrations.Policy{
-			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
-			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
-		},
-		draining: make(chan struct{}), closing: make(chan struct{}), requests: map[string]*tracked{},
-		launch: make(chan *tracked), claims: make(chan *tracked), stopped: make(chan struct{}),
-		presence: newPresence(), openDone: newSignal(),
-		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
-	}
-	if fe.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
-	}
-	if fe.live, err = newLive(nc); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
+		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
+		draining: make(chan struct{}), closing: make(chan struct{}),
+		openDone: runner.NewSignal(),
+		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {
 		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
@@ -118,20 +95,6 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		fe.gatherer = prometheus.DefaultGatherer
 	}
 	return fe, nil
-}
-
-// openControl opens the connection dispatches go over (Frontend.ctl), with
-// nc's options: on nc their replies would queue behind the token deltas of
-// every open stream, and a reply late by seconds inhibits a healthy worker.
-func (fe *Frontend) openControl() (*nats.Conn, error) {
-	opts := fe.nc.Opts
-	opts.Name += " (control)"
-	ctl, err := opts.Connect()
-	if err != nil {
-		return nil, fmt.Errorf("frontend: control connection: %w", err)
-	}
-	fe.ctl = ctl
-	return ctl, nil
 }
 
 // ID is this replica's name.
@@ -157,35 +120,18 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
-	// The layout first: everything started below may read the log.
-	if err := fe.provision(ctx); err != nil {
+	// The runtime first: the handlers and the console read the log.
+	if err := fe.runtime.Start(ctx, fe.listener.Addr().String()); err != nil {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
-	ctl, err := fe.openControl()
-	if err != nil {
-		fe.listener.Close()
-		return err
-	}
-	defer ctl.Close() // last, once no runner dispatches
-	// Watchers and request runners live until cancelRun, which comes at the
-	// end of the shutdown, not with ctx.
+	fe.parts = fe.runtime.Partitions()
+	// The console lives until cancelRun, which comes at the end of the
+	// shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	var g errgroup.Group
-	g.Go(func() error {
-		fe.runSupervisors(runCtx, &g)
-		return nil
-	})
 	g.Go(func() error { fe.console.run(runCtx); return nil })
-	g.Go(func() error { return fe.room.Run(runCtx) })
-
-	if err := fe.startWatchers(ctx, runCtx, &g); err != nil {
-		fe.listener.Close()
-		cancelRun()
-		_ = g.Wait()
-		return fmt.Errorf("frontend: start: %w", err)
-	}
 
 	srv := &http.Server{
 		Handler: fe.Handler(), ReadHeaderTimeout: fe.cfg.ReadHeaderTimeout, IdleTimeout: fe.cfg.IdleTimeout,
@@ -203,6 +149,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 
 	select {
 	case err := <-serveErr:
+		fe.runtime.Stop()
 		cancelRun()
 		_ = g.Wait()
 		return fmt.Errorf("frontend: serve: %w", err)
@@ -212,15 +159,16 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	return fe.shutdown(ctx, srv, cancelRun, &g)
 }
 
-// shutdown stops the frontend once Run's ctx is done. Its order:
+// shutdown stops the frontend once Run's ctx is done: stop answering, then
+// stop the runtime. Its order:
 // (1) turn /health to 503 and refuse new requests; (2) let open streams run
 // for the graceful budget, still accepting connections so that probes see the
 // 503 and new requests get a 503 with Retry-After rather than a refused
 // connection; (3) stop accepting, and cut what is left at the end of the
 // budget without cancelling it (the requests keep generating in the log and
 // stay resumable elsewhere); (4) delete this frontend's presence key, so
-// another replica may take its requests over at once; (5) stop supervisors and
-// watchers (cancelRun, then wait for g).
+// another replica may take its requests over at once; (5) stop the runtime's
+// runners and watchers; (6) stop the console (cancelRun, then wait for g).
 func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun context.CancelFunc, g *errgroup.Group) error {
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
@@ -232,66 +180,17 @@ func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun co
 		err = srv.Close()
 	}
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), streams.DefaultTimeout)
-	if perr := fe.presence.revoke(rctx); perr != nil {
+	if perr := fe.runtime.Deregister(rctx); perr != nil {
 		fe.log.Warn("deregister", "err", perr)
 	}
 	rcancel()
+	fe.runtime.Stop()
 	cancelRun()
 	_ = g.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("frontend: shutdown: %w", err)
 	}
 	fe.log.Info("frontend stopped")
-	return nil
-}
-
-// provision provisions the streams and learns the request log's layout; it
-// gives up when ctx is done or after streams.StartBudget. Leaders that could
-// not be spread over a cluster are worth a warning, not a failure.
-func (fe *Frontend) provision(ctx context.Context) error {
-	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
-	defer cancel()
-	parts, err := streams.Provision(pctx, fe.js, fe.cfg.Streams)
-	if errors.Is(err, streams.ErrLeadersNotSpread) {
-		fe.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
-	} else if err != nil {
-		return err
-	}
-	fe.parts = parts
-	fe.events.SetPartitions(parts)
-	fe.room.SetPartitions(parts)
-	fe.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
-	return nil
-}
-
-// startWatchers starts the watchers on g, to run until runCtx is done; it
-// gives up when ctx is done or after streams.StartBudget.
-func (fe *Frontend) startWatchers(ctx, runCtx context.Context, g *errgroup.Group) error {
-	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
-	defer cancel()
-	if err := streams.Retry(pctx, fe.checkChildRoom); err != nil {
-		return err
-	}
-	err := streams.Retry(pctx, func(tctx context.Context) error { return fe.disc.start(runCtx, tctx, fe.js, g) })
-	if err != nil {
-		return err
-	}
-	err = streams.Retry(pctx, func(tctx context.Context) error {
-		return fe.presence.start(runCtx, tctx, fe.js, events.FrontendPresence{
-			FrontendID: fe.id, Addr: fe.listener.Addr().String(),
-			ClientID: clientID(fe.nc), Server: fe.nc.ConnectedServerId(),
-		}, g)
-	})
-	if err != nil {
-		return err
-	}
-	if err := fe.watchDisconnects(runCtx, g); err != nil {
-		return err
-	}
-	if err := fe.answerChecks(runCtx, g); err != nil {
-		return err
-	}
-	fe.catchUpOnReconnect(runCtx, g)
 	return nil
 }
 
@@ -373,11 +272,6 @@ func (fe *Frontend) isClosing() bool {
 	default:
 		return false
 	}
-}
-
-func clientID(nc *nats.Conn) uint64 {
-	id, _ := nc.GetClientID()
-	return id
 }
 
 func randomHex(n int) string {

@@ -307,31 +307,3 @@ func (fe *Frontend) concurrent(h http.HandlerFunc) http.HandlerFunc {
 		h(w, r)
 	}
 }
-
-// lifecycleReserve is how many messages of a request's events subject are
-// kept for what is not a child: accepted, routed and migrated per attempt,
-// attached, cancelled (once per mode), failed, and the children that
-// concurrent requests may link past the MaxChildren check.
-const lifecycleReserve = 1024
-
-// errNoRoom means the log's per-subject limit leaves no room for a cancel
-// after MaxChildren children.
-var errNoRoom = errors.New("frontend: no room for a cancel")
-
-// checkChildRoom makes sure that a request's events subject can always take
-// its cancel: MaxChildren children plus lifecycleReserve must fit in the
-// stream's max messages per subject (whose discard policy is DiscardNew per
-// subject, so a full subject refuses new events).
-func (fe *Frontend) checkChildRoom(ctx context.Context) error {
-	name := fe.parts.Stream(0) // every partition has the same limits
-	s, err := fe.js.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("look up %s: %w", name, err)
-	}
-	limit := s.CachedInfo().Config.MaxMsgsPerSubject
-	if need := int64(fe.cfg.MaxChildren) + lifecycleReserve; limit > 0 && need > limit {
-		return fmt.Errorf("%w: --max-children %d plus %d lifecycle events exceed the %d messages per subject of %s",
-			errNoRoom, fe.cfg.MaxChildren, lifecycleReserve, limit, name)
-	}
-	return nil
-}

@@ -6,21 +6,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the frontend's Prometheus series, with Dynamo's names and labels.
+// metrics are the HTTP edge's Prometheus series, with Dynamo's names and
+// labels: what clients were sent. The runtime registers its own (package
+// runner).
 type metrics struct {
-	requests          *prometheus.CounterVec   // model, endpoint, request_type, status
-	active            *prometheus.GaugeVec     // model
-	ttft              *prometheus.HistogramVec // model
-	itl               *prometheus.HistogramVec // model
-	duration          *prometheus.HistogramVec // model
-	outputTokens      *prometheus.CounterVec   // model
-	disconnected      prometheus.Counter
-	migrations        *prometheus.CounterVec   // model, migration_type
-	maxSeqLenExceeded *prometheus.CounterVec   // model
-	migrationDuration *prometheus.HistogramVec // model, migration_type, outcome
-	rejections        *prometheus.CounterVec   // model, endpoint
-	cancellations     *prometheus.CounterVec   // model, endpoint, request_type
-	resumes           *prometheus.CounterVec   // model
+	requests     *prometheus.CounterVec   // model, endpoint, request_type, status
+	active       *prometheus.GaugeVec     // model
+	ttft         *prometheus.HistogramVec // model
+	itl          *prometheus.HistogramVec // model
+	duration     *prometheus.HistogramVec // model
+	outputTokens *prometheus.CounterVec   // model
+	disconnected prometheus.Counter
+	resumes      *prometheus.CounterVec // model
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -47,29 +44,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		disconnected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dynamo_frontend_disconnected_clients", Help: "Clients that went away before their response ended.",
 		}),
-		migrations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynamo_frontend_model_migration_total", Help: "Requests re-dispatched to another worker.",
-		}, []string{"model", "migration_type"}),
-		maxSeqLenExceeded: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynamo_frontend_model_migration_max_seq_len_exceeded_total", Help: "Requests whose migration was disabled by --migration-max-seq-len.",
-		}, []string{"model"}),
-		migrationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "dynamo_frontend_model_migration_duration_seconds", Help: "Time from a failure to the continuation's dispatch (or giving up).", Buckets: latency,
-		}, []string{"model", "migration_type", "outcome"}),
-		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynamo_frontend_model_rejection_total", Help: "Requests rejected with 503 because every worker was busy.",
-		}, []string{"model", "endpoint"}),
-		cancellations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynamo_frontend_model_cancellation_total", Help: "Requests cancelled.",
-		}, []string{"model", "endpoint", "request_type"}),
 		resumes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynamo_frontend_model_resume_total", Help: "Streams resumed on this replica.",
 		}, []string{"model"}),
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{
-		m.requests, m.active, m.ttft, m.itl, m.duration, m.outputTokens, m.disconnected,
-		m.migrations, m.maxSeqLenExceeded, m.migrationDuration, m.rejections, m.cancellations, m.resumes,
+		m.requests, m.active, m.ttft, m.itl, m.duration, m.outputTokens, m.disconnected, m.resumes,
 	} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)

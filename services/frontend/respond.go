@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"encoding/json"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
 	"slices"
 	"strconv"
@@ -26,9 +27,10 @@ type snapshot struct {
 	cancel       *events.RequestCancelled
 }
 
-func (t *tracked) snapshot(from int) snapshot {
+// snapshotOf is t's snapshot from token offset from on.
+func snapshotOf(t *runner.Request, from int) snapshot {
 	var s snapshot
-	t.f.view(func(p *projections.Request) {
+	t.View(func(p *projections.Request) {
 		cur, _ := p.Current()
 		s = snapshot{
 			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), emits: p.Emits(from), worker: cur.WorkerID,
@@ -48,12 +50,12 @@ func (t *tracked) snapshot(from int) snapshot {
 // While it writes, every request counts a client (a request without clients
 // is cancelled after the detach timeout), and if a request's owner goes away
 // this frontend takes it over.
-func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, acc events.RequestAccepted, ts []*tracked, from int, stream bool, start time.Time, gone func()) bool {
+func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, acc events.RequestAccepted, ts []*runner.Request, from int, stream bool, start time.Time, gone func()) bool {
 	wake := make(chan struct{}, 1) // poked by any request's change
 	for _, t := range ts {
-		fe.clientEnter(t)
-		defer fe.clientLeave(t)
-		defer t.f.changed.listen(wake)()
+		t.Enter()
+		defer t.Leave()
+		defer t.Listen(wake)()
 	}
 	o := &output{fe: fe, w: w, r: r, acc: acc, ts: ts, wake: wake, gone: gone}
 	if stream {
@@ -68,7 +70,7 @@ type output struct {
 	w    http.ResponseWriter
 	r    *http.Request
 	acc  events.RequestAccepted
-	ts   []*tracked
+	ts   []*runner.Request
 	wake chan struct{}
 	gone func()
 }
@@ -81,7 +83,7 @@ func (o *output) wait(pch <-chan struct{}) bool {
 	case <-o.wake:
 	case <-pch:
 		for _, t := range o.ts {
-			o.fe.claim(t)
+			t.Claim()
 		}
 	case <-o.fe.closing:
 		return false // cut by shutdown: the requests stay resumable
@@ -94,11 +96,11 @@ func (o *output) wait(pch <-chan struct{}) bool {
 
 func (o *output) unary() bool {
 	for {
-		pch := o.fe.presence.changed.C()
+		pch := o.fe.runtime.FrontendsChanged()
 		snaps := make([]snapshot, len(o.ts))
 		done := true
 		for i, t := range o.ts {
-			snaps[i] = t.snapshot(0)
+			snaps[i] = snapshotOf(t, 0)
 			done = done && snaps[i].status.Terminal()
 		}
 		if done {
@@ -201,11 +203,11 @@ func (o *output) stream(from int, start time.Time) bool {
 	total := from
 	started, finished := make([]bool, len(o.ts)), make([]bool, len(o.ts))
 	for {
-		pch := o.fe.presence.changed.C()
+		pch := o.fe.runtime.FrontendsChanged()
 		var failed *snapshot
 		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
-			s := t.snapshot(sent[i])
+			s := snapshotOf(t, sent[i])
 			if n := len(s.tokens); n > 0 {
 				sent[i] += n
 				total += n
@@ -237,7 +239,7 @@ func (o *output) stream(from int, start time.Time) bool {
 			_, body := failureOf(*failed)
 			sse.error(total, body)
 			if len(o.ts) > 1 {
-				_ = o.fe.cancelTree(o.r.Context(), o.acc.RequestID, events.CancelKill, "another choice failed")
+				_ = o.fe.runtime.Cancel(o.r.Context(), o.acc.RequestID, events.CancelKill, "another choice failed", "")
 			}
 		} else if done {
 			if o.acc.IncludeUsage {
@@ -270,7 +272,7 @@ func (o *output) beforeHeaders(from int) (answered, ok bool) {
 	if len(o.ts) != 1 {
 		return false, false
 	}
-	s := o.ts[0].snapshot(from)
+	s := snapshotOf(o.ts[0], from)
 	if from == 0 && s.total == 0 && !s.status.Terminal() {
 		s = o.awaitFirstToken()
 	}
@@ -437,15 +439,15 @@ func (o *output) awaitFirstToken() snapshot {
 	deadline := time.NewTimer(headerWait)
 	defer deadline.Stop()
 	for {
-		pch := o.fe.presence.changed.C()
-		s := o.ts[0].snapshot(0)
+		pch := o.fe.runtime.FrontendsChanged()
+		s := snapshotOf(o.ts[0], 0)
 		if s.total > 0 || s.status.Terminal() {
 			return s
 		}
 		select {
 		case <-o.wake:
 		case <-pch:
-			o.fe.claim(o.ts[0])
+			o.ts[0].Claim()
 		case <-deadline.C:
 			return s
 		case <-o.fe.closing:

@@ -36,7 +36,7 @@ type jobKey struct {
 
 // job is one accepted dispatch.
 type job struct {
-	d      streams.Dispatch
+	d      events.Dispatch
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -65,7 +65,7 @@ func (j *job) setOwner(id string) {
 // onDispatch answers a dispatch: refuse it, or accept it and start generating.
 // It runs on the subscription's goroutine and never blocks on the network.
 func (w *Worker) onDispatch(m *nats.Msg) {
-	var d streams.Dispatch
+	var d events.Dispatch
 	if err := json.Unmarshal(m.Data, &d); err != nil || !validDispatch(d) {
 		w.log.Warn("malformed dispatch", "err", err)
 		w.reply(m, d, streams.RefusedBadRequest)
@@ -105,12 +105,12 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	go w.guardDetach(j)
 }
 
-func validDispatch(d streams.Dispatch) bool {
+func validDispatch(d events.Dispatch) bool {
 	return streams.ValidRequestID(d.RequestID) && d.Attempt >= 0 && d.StartOffset >= 0 &&
 		d.MaxTokens >= d.StartOffset && d.PromptTokens >= 0
 }
 
-func (w *Worker) reply(m *nats.Msg, d streams.Dispatch, refused string) {
+func (w *Worker) reply(m *nats.Msg, d events.Dispatch, refused string) {
 	r := streams.DispatchReply{Accepted: refused == "", Reason: refused}
 	if refused != "" {
 		w.metrics.refused.WithLabelValues(w.cfg.Model, refused).Inc()
@@ -145,12 +145,7 @@ func (w *Worker) generate(j *job) {
 	}
 	out := newDeltas(sink, w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
 	out.stampEmit = w.cfg.BenchEmitTime
-	req := engine.Request{
-		RequestID: d.RequestID, Endpoint: d.Endpoint, Body: d.Body, Prompt: d.Prompt, PromptTokens: d.PromptTokens,
-		PromptIDs: d.PromptIDs, Generated: d.Generated, GeneratedIDs: d.GeneratedIDs,
-		StartOffset: d.StartOffset, MaxTokens: d.MaxTokens, MaxPromptTokens: d.MaxPromptTokens,
-	}
-	res, genErr := w.produce(j.ctx, j.cancel, req, out)
+	res, genErr := w.produce(j.ctx, j.cancel, d, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
 		// Nothing more of this attempt can be stored, its end included:
 		// say so once, and leave the request's end to its frontend.
@@ -315,7 +310,7 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 // promptTokens is the prompt's length to report at completion: the engine's
 // count when it gave one for the original prompt (its usage on a first
 // attempt, the recorded prompt ids on a continuation), else the frontend's.
-func promptTokens(d streams.Dispatch, res engine.Result, out *deltas) int {
+func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
 	switch {
 	case d.StartOffset == 0 && res.PromptTokens > 0:
 		return res.PromptTokens

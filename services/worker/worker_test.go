@@ -225,7 +225,7 @@ func (e *env) accept(id, prompt string, maxTokens int, workerID string) {
 	}
 }
 
-func (e *env) dispatch(workerID string, d streams.Dispatch) streams.DispatchReply {
+func (e *env) dispatch(workerID string, d events.Dispatch) streams.DispatchReply {
 	e.t.Helper()
 	data, _ := json.Marshal(d)
 	m, err := e.nc.Request(streams.DispatchSubject(workerID), data, 5*time.Second)
@@ -239,8 +239,8 @@ func (e *env) dispatch(workerID string, d streams.Dispatch) streams.DispatchRepl
 	return r
 }
 
-func newDispatch(id, prompt string, maxTokens int) streams.Dispatch {
-	return streams.Dispatch{RequestID: id, Model: "mock", Prompt: prompt, PromptTokens: engine.CountTokens(prompt),
+func newDispatch(id, prompt string, maxTokens int) events.Dispatch {
+	return events.Dispatch{RequestID: id, Model: "mock", Prompt: prompt, PromptTokens: engine.CountTokens(prompt),
 		MaxTokens: maxTokens, Frontend: "fe-test"}
 }
 
@@ -476,10 +476,10 @@ func TestDeltasSentAtOnceWhenIdle(t *testing.T) {
 func TestRefusals(t *testing.T) {
 	e := newEnv(t)
 	e.start(nil, slow, worker.Config{ID: "w-ref", MaxConcurrentRequests: 1, ShutdownTimeout: 500 * time.Millisecond})
-	if rep := e.dispatch("w-ref", streams.Dispatch{RequestID: "r-x", Model: "other", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedWrongModel {
+	if rep := e.dispatch("w-ref", events.Dispatch{RequestID: "r-x", Model: "other", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedWrongModel {
 		t.Errorf("wrong model: %+v", rep)
 	}
-	if rep := e.dispatch("w-ref", streams.Dispatch{RequestID: "bad id!", Model: "mock", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedBadRequest {
+	if rep := e.dispatch("w-ref", events.Dispatch{RequestID: "bad id!", Model: "mock", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedBadRequest {
 		t.Errorf("bad id: %+v", rep)
 	}
 	m, err := e.nc.Request(streams.DispatchSubject("w-ref"), []byte("{not json"), 5*time.Second)

@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -36,12 +36,12 @@ type follower struct {
 	id      string
 	js      jetstream.JetStream
 	parts   streams.Partitions
-	changed *signal // any event applied
+	changed *Signal // any event applied
 	// decided is notified when an event other than a token delta is
-	// applied (and by whoever must wake the supervisor): the supervisor
+	// applied (and by whoever must wake the runner): the runner
 	// waits on it, not on every token, unless --migration-max-seq-len makes
 	// it count tokens; a stall is caught by its timer.
-	decided *signal
+	decided *Signal
 	subs    *live
 	wake    chan struct{} // capacity 1: pokes coalesce
 	stopped chan struct{} // closed by stop
@@ -65,7 +65,7 @@ type follower struct {
 // the request log's layout: the history is read from id's partition.
 func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, parts: parts, changed: newSignal(), decided: newSignal(), subs: lv, wake: make(chan struct{}, 1),
+		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv, wake: make(chan struct{}, 1),
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}

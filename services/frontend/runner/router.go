@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"errors"
@@ -13,7 +13,8 @@ import (
 // Routing errors.
 var (
 	errNoWorkers = errors.New("frontend: no worker serves this model")
-	errAllBusy   = errors.New("frontend: all workers are busy")
+	// ErrAllBusy: every routable worker is over a load threshold.
+	ErrAllBusy   = errors.New("frontend: all workers are busy")
 	errNotPinned = errors.New("frontend: pinned worker is not in discovery")
 	// errNotCapable: workers are routable, but none of their engines can
 	// serve the request's endpoint or continue it after a migration.
@@ -92,7 +93,7 @@ func (r *router) busy(w projections.Worker) bool {
 
 // pick chooses among candidates (the routable workers of a model), skipping
 // excluded and inhibited ones. It returns errNoWorkers when none is left and
-// errAllBusy when every one left is busy.
+// ErrAllBusy when every one left is busy.
 func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
 	var best []projections.Worker
 	bestScore := -1
@@ -118,7 +119,7 @@ func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) 
 	if !anyFree {
 		for _, w := range candidates {
 			if !exclude[w.ID] && !r.isInhibited(w) {
-				return projections.Worker{}, errAllBusy
+				return projections.Worker{}, ErrAllBusy
 			}
 		}
 		return projections.Worker{}, errNoWorkers

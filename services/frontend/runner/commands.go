@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -54,22 +54,22 @@ func attemptCommand(p *projections.Request, k int) *streams.Command {
 
 // command publishes c to worker. Core NATS: a command lost on the way is
 // asked for again by the worker after its reconnect.
-func (fe *Frontend) command(worker string, c streams.Command) {
+func (rn *Runner) command(worker string, c streams.Command) {
 	data, err := json.Marshal(c)
 	if err == nil {
-		err = fe.nc.Publish(streams.CommandSubject(worker), data)
+		err = rn.nc.Publish(streams.CommandSubject(worker), data)
 	}
 	if err != nil {
-		fe.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
+		rn.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
 	}
 }
 
 // commandCurrent sends the command the current attempt of p must obey, if
 // any, to its worker.
-func (fe *Frontend) commandCurrent(p *projections.Request) {
+func (rn *Runner) commandCurrent(p *projections.Request) {
 	if cur, ok := p.Current(); ok {
 		if c := attemptCommand(p, cur.Attempt); c != nil {
-			fe.command(cur.WorkerID, *c)
+			rn.command(cur.WorkerID, *c)
 		}
 	}
 }
@@ -100,9 +100,9 @@ func (r *relay) note(p *projections.Request) {
 	}
 }
 
-func (fe *Frontend) send(r *relay) {
+func (rn *Runner) send(r *relay) {
 	if r.pending != nil {
-		fe.command(r.worker, *r.pending)
+		rn.command(r.worker, *r.pending)
 		r.pending = nil
 	}
 }
@@ -112,9 +112,9 @@ const checkers = 4
 
 // answerChecks answers the workers' checks (one frontend of the queue group
 // answers each) on g until ctx is done.
-func (fe *Frontend) answerChecks(ctx context.Context, g *errgroup.Group) error {
+func (rn *Runner) answerChecks(ctx context.Context, g *errgroup.Group) error {
 	ch := make(chan *nats.Msg, 256)
-	sub, err := fe.nc.ChanQueueSubscribe(streams.CheckSubjects, streams.CheckQueue, ch)
+	sub, err := rn.nc.ChanQueueSubscribe(streams.CheckSubjects, streams.CheckQueue, ch)
 	if err != nil {
 		return fmt.Errorf("subscribe to checks: %w", err)
 	}
@@ -131,7 +131,7 @@ func (fe *Frontend) answerChecks(ctx context.Context, g *errgroup.Group) error {
 					return nil
 				case m := <-ch:
 					cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-					data, _ := json.Marshal(fe.check(cctx, m.Subject, m.Data))
+					data, _ := json.Marshal(rn.check(cctx, m.Subject, m.Data))
 					cancel()
 					_ = m.Respond(data)
 				}
@@ -145,7 +145,7 @@ func (fe *Frontend) answerChecks(ctx context.Context, g *errgroup.Group) error {
 // (NATS permissions let a worker publish only its own): it learns nothing
 // of an attempt not routed to it, and a detach cancels only a request whose
 // current attempt it runs and whose owner is gone.
-func (fe *Frontend) check(ctx context.Context, subject string, data []byte) streams.CheckReply {
+func (rn *Runner) check(ctx context.Context, subject string, data []byte) streams.CheckReply {
 	worker, err := streams.CheckWorker(subject)
 	var c streams.Check
 	if err == nil {
@@ -154,7 +154,7 @@ func (fe *Frontend) check(ctx context.Context, subject string, data []byte) stre
 	if err != nil || !streams.ValidRequestID(c.RequestID) {
 		return streams.CheckReply{Error: "malformed check"}
 	}
-	p, err := fe.load(ctx, c.RequestID)
+	p, err := rn.Load(ctx, c.RequestID)
 	if errors.Is(err, streams.ErrNotFound) {
 		return streams.CheckReply{}
 	}
@@ -165,14 +165,14 @@ func (fe *Frontend) check(ctx context.Context, subject string, data []byte) stre
 		return streams.CheckReply{}
 	}
 	cmd := attemptCommand(p, c.Attempt)
-	if cmd != nil || !c.Detach || p.Owner == "" || fe.presence.isAlive(p.Owner) {
+	if cmd != nil || !c.Detach || p.Owner == "" || rn.presence.isAlive(p.Owner) {
 		return streams.CheckReply{Command: cmd, Owner: p.Owner}
 	}
 	reason := "detached: frontend " + p.Owner + " is gone and no client re-attached"
-	if err := fe.cancelTree(ctx, c.RequestID, events.CancelKill, reason); err != nil {
+	if err := rn.Cancel(ctx, c.RequestID, events.CancelKill, reason, ""); err != nil {
 		return streams.CheckReply{Error: "cancel the detached request: " + err.Error()}
 	}
-	fe.log.Info("cancelled detached request", "request_id", c.RequestID, "owner", p.Owner, "worker_id", worker)
+	rn.log.Info("cancelled detached request", "request_id", c.RequestID, "owner", p.Owner, "worker_id", worker)
 	return streams.CheckReply{Owner: p.Owner, Command: &streams.Command{RequestID: c.RequestID, Attempt: c.Attempt,
 		Kind: streams.CommandCancel, Mode: events.CancelKill, Reason: reason}}
 }

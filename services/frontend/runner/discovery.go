@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -20,11 +20,11 @@ import (
 type discovery struct {
 	log     *slog.Logger
 	leases  jetstream.KeyValue
-	changed *signal // any change, load reports included
+	changed *Signal // any change, load reports included
 	// members is notified on every change but a load report: a worker came,
-	// left, drained or renewed its lease. A supervisor watching a running
+	// left, drained or renewed its lease. A runner watching a running
 	// attempt needs nothing else, and load reports come often.
-	members *signal
+	members *Signal
 
 	stop  context.CancelFunc // ends the watches (they also end with Run's context)
 	mu    sync.Mutex
@@ -36,7 +36,7 @@ type discovery struct {
 }
 
 func newDiscovery(log *slog.Logger) *discovery {
-	return &discovery{log: log, changed: newSignal(), members: newSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
+	return &discovery{log: log, changed: NewSignal(), members: NewSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
 }
 
 // hasServed reports whether any worker has served model since start.

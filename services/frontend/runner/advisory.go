@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -35,16 +35,16 @@ type disconnectAdvisory struct {
 // milliseconds instead of at the lease TTL; a crashed frontend's presence key
 // is deleted likewise, so its requests can be taken over at once. It needs a system-account connection
 // (Config.SystemURL); without one, detection falls back to the TTL.
-func (fe *Frontend) watchDisconnects(ctx context.Context, g *errgroup.Group) error {
-	if fe.cfg.SystemURL == "" {
+func (rn *Runner) watchDisconnects(ctx context.Context, g *errgroup.Group) error {
+	if rn.cfg.SystemURL == "" {
 		return nil
 	}
-	opts := []nats.Option{nats.Name("baton-frontend-" + fe.id + "-sys"),
+	opts := []nats.Option{nats.Name("baton-frontend-" + rn.id + "-sys"),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
-	if fe.cfg.SystemTLS != nil {
-		opts = append(opts, nats.Secure(fe.cfg.SystemTLS))
+	if rn.cfg.SystemTLS != nil {
+		opts = append(opts, nats.Secure(rn.cfg.SystemTLS))
 	}
-	sys, err := nats.Connect(fe.cfg.SystemURL, opts...)
+	sys, err := nats.Connect(rn.cfg.SystemURL, opts...)
 	if err != nil {
 		return fmt.Errorf("connect system account: %w", err)
 	}
@@ -54,7 +54,7 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, g *errgroup.Group) err
 			return
 		}
 		var lost []projections.Worker
-		fe.disc.read(func(v *projections.Discovery) {
+		rn.disc.read(func(v *projections.Discovery) {
 			for _, w := range v.Workers() {
 				if w.ClientID == a.Client.ID && w.Server == a.Server.ID {
 					lost = append(lost, w)
@@ -63,19 +63,19 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, g *errgroup.Group) err
 		})
 		for _, w := range lost {
 			g.Go(func() error {
-				fe.declareLost(ctx, w, "disconnected: "+a.Reason)
+				rn.declareLost(ctx, w, "disconnected: "+a.Reason)
 				return nil
 			})
 		}
-		for _, p := range fe.presence.connectedAs(a.Client.ID, a.Server.ID) {
-			if p.FrontendID == fe.id {
+		for _, p := range rn.presence.connectedAs(a.Client.ID, a.Server.ID) {
+			if p.FrontendID == rn.id {
 				continue
 			}
 			g.Go(func() error {
 				ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 				defer cancel()
-				if err := fe.presence.expire(ctx, p); err != nil {
-					fe.log.Warn("expire frontend", "frontend", p.FrontendID, "err", err)
+				if err := rn.presence.expire(ctx, p); err != nil {
+					rn.log.Warn("expire frontend", "frontend", p.FrontendID, "err", err)
 				}
 				return nil
 			})
@@ -100,22 +100,22 @@ func (fe *Frontend) watchDisconnects(ctx context.Context, g *errgroup.Group) err
 // declareLost revokes worker w's lease and records that it was lost. Every
 // frontend may do this for the same worker: the revocation expects the lease's
 // revision and the event's id is deterministic, so only one of each lands.
-func (fe *Frontend) declareLost(ctx context.Context, w projections.Worker, reason string) {
+func (rn *Runner) declareLost(ctx context.Context, w projections.Worker, reason string) {
 	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
-	revoked, err := fe.disc.revoke(ctx, w)
+	revoked, err := rn.disc.revoke(ctx, w)
 	if err != nil {
-		fe.log.Warn("revoke lease", "worker_id", w.ID, "err", err)
+		rn.log.Warn("revoke lease", "worker_id", w.ID, "err", err)
 		return
 	}
 	if !revoked {
 		return // it deregistered in order, registered again, or another frontend declared it lost
 	}
 	ev := events.WorkerLost{WorkerID: w.ID, LeaseID: w.LeaseID, Reason: reason}
-	env := fe.events.Envelope(events.ID(w.ID, w.LeaseID, "lost"), w.ID, ev)
-	if _, err := fe.events.Append(ctx, streams.WorkerEvents(w.ID), env, -1); err != nil {
-		fe.log.Warn("record worker lost", "worker_id", w.ID, "err", err)
+	env := rn.events.Envelope(events.ID(w.ID, w.LeaseID, "lost"), w.ID, ev)
+	if _, err := rn.events.Append(ctx, streams.WorkerEvents(w.ID), env, -1); err != nil {
+		rn.log.Warn("record worker lost", "worker_id", w.ID, "err", err)
 		return
 	}
-	fe.log.Info("worker lost", "worker_id", w.ID, "lease_id", w.LeaseID, "reason", reason)
+	rn.log.Info("worker lost", "worker_id", w.ID, "lease_id", w.LeaseID, "reason", reason)
 }

@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -23,7 +23,7 @@ const presenceTTL = 6 * time.Second
 // watches everyone's: a request whose owner's key is gone may be taken over.
 type presence struct {
 	kv      jetstream.KeyValue
-	changed *signal
+	changed *Signal
 
 	mu      sync.Mutex
 	view    *projections.Frontends
@@ -31,7 +31,7 @@ type presence struct {
 }
 
 func newPresence() *presence {
-	return &presence{changed: newSignal(), view: projections.NewFrontends()}
+	return &presence{changed: NewSignal(), view: projections.NewFrontends()}
 }
 
 // start registers id and starts renewing and watching, in goroutines on g.
@@ -130,4 +130,18 @@ func (p *presence) revoke(ctx context.Context) error {
 		return fmt.Errorf("deregister frontend: %w", err)
 	}
 	return nil
+}
+
+// members returns the live frontends.
+func (p *presence) members() []projections.Frontend {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.view.Members()
+}
+
+// known returns the live frontends and those that departed.
+func (p *presence) known() []projections.Frontend {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append(p.view.Members(), p.view.Departed()...)
 }

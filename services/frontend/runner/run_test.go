@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -28,12 +28,12 @@ type fakeWorker struct {
 	cancelFirst string
 }
 
-// runnerFixture is a frontend whose runner is driven directly (no HTTP, no
+// runnerFixture is a runtime whose runner is driven directly (no HTTP, no
 // Run), with workers injected into its discovery and faked on core NATS.
 type runnerFixture struct {
 	t   *testing.T
 	ctx context.Context
-	fe  *Frontend
+	rn  *Runner
 	reg *prometheus.Registry
 	log *streams.Log
 	wg  sync.WaitGroup // fake workers' writes in flight
@@ -48,14 +48,14 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	reg := prometheus.NewRegistry()
-	fe, err := New(s.Connect(t), nil, reg, Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}})
+	rn, err := New(s.Connect(t), nil, reg, Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &runnerFixture{t: t, ctx: ctx, fe: fe, reg: reg, log: streams.NewLog(js, "fake-worker")}
+	x := &runnerFixture{t: t, ctx: ctx, rn: rn, reg: reg, log: streams.NewLog(js, "fake-worker")}
 	nc := s.Connect(t)
 	for i, w := range workers {
-		fe.disc.update(func(v *projections.Discovery) bool {
+		rn.disc.update(func(v *projections.Discovery) bool {
 			return v.ApplyLease(projections.LeaseUpdate{Key: w.id, Revision: uint64(i + 1),
 				Lease: &events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m"}})
 		})
@@ -75,7 +75,7 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	x.wg.Add(1) // before the reply: the runner cannot stop before this
 	defer x.wg.Done()
-	var d streams.Dispatch
+	var d events.Dispatch
 	_ = json.Unmarshal(m.Data, &d)
 	if w.cancelFirst != "" {
 		c := events.RequestCancelled{RequestID: d.RequestID, Mode: w.cancelFirst, Reason: "elsewhere"}
@@ -139,13 +139,13 @@ func (x *runnerFixture) run(id string) projections.State {
 	if _, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0); err != nil {
 		x.t.Fatal(err)
 	}
-	f, err := follow(x.ctx, x.fe.live, x.fe.js, x.fe.parts, id, true)
+	f, err := follow(x.ctx, x.rn.live, x.rn.js, x.rn.parts, id, true)
 	if err != nil {
 		x.t.Fatal(err)
 	}
 	defer f.stop()
-	t := &tracked{id: id, f: f, dispatched: make(chan struct{})}
-	x.fe.supervise(x.ctx, t)
+	t := x.rn.newRequest(id, f)
+	x.rn.run(x.ctx, t)
 	x.wg.Wait()
 	var st projections.State
 	f.view(func(p *projections.Request) { st = p.State() })
@@ -178,13 +178,13 @@ func (x *runnerFixture) migrations(typ string) float64 {
 // worker with no migration and no inhibition.
 func TestRunnerRefusalIsNoMigration(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", refuse: streams.RefusedBusy}, fakeWorker{id: "w2"})
-	x.fe.router.active["w2"] = 1 // w1 is the less loaded: tried first
+	x.rn.router.active["w2"] = 1 // w1 is the less loaded: tried first
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 0 || st.Worker != "w2" || len(st.Attempts) != 2 ||
 		st.Attempts[0].WorkerID != "w1" || st.Attempts[0].CloseReason != "refused_busy" {
 		t.Fatalf("state %+v: want w1 refused, then completed on w2 with no migration", st)
 	}
-	if w, _ := x.fe.disc.get("w1"); x.fe.router.isInhibited(w) {
+	if w, _ := x.rn.disc.get("w1"); x.rn.router.isInhibited(w) {
 		t.Error("w1 inhibited after a refusal")
 	}
 	if got := x.migrations(events.MigrationNewRequest) + x.migrations(events.MigrationOngoingRequest); got != 0 {
@@ -198,7 +198,7 @@ func TestRunnerRefusalIsNoMigration(t *testing.T) {
 func TestRunnerUpstreamUnavailable(t *testing.T) {
 	fail := &events.AttemptFailed{Reason: "engine_error", Class: events.FailureUnavailable, Status: 429, RetryAfterMS: 60_000}
 	x := newRunnerFixture(t, fakeWorker{id: "w1", fail: fail}, fakeWorker{id: "w2"})
-	x.fe.router.active["w2"] = 1
+	x.rn.router.active["w2"] = 1
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest ||
 		st.Migrations[0].FromWorker != "w1" || st.Worker != "w2" {
@@ -207,7 +207,7 @@ func TestRunnerUpstreamUnavailable(t *testing.T) {
 	if got := x.migrations(events.MigrationNewRequest); got != 1 {
 		t.Errorf("new_request migrations counted %v, want 1", got)
 	}
-	if w, _ := x.fe.disc.get("w1"); !x.fe.router.isInhibited(w) {
+	if w, _ := x.rn.disc.get("w1"); !x.rn.router.isInhibited(w) {
 		t.Error("w1 not inhibited after its upstream was unavailable")
 	}
 }
@@ -217,13 +217,13 @@ func TestRunnerUpstreamUnavailable(t *testing.T) {
 func TestRunnerClientError(t *testing.T) {
 	fail := &events.AttemptFailed{Reason: "engine_error", Class: events.FailureClient, Status: 422, Code: "context_length_exceeded", Message: "too long"}
 	x := newRunnerFixture(t, fakeWorker{id: "w1", fail: fail}, fakeWorker{id: "w2"})
-	x.fe.router.active["w2"] = 1
+	x.rn.router.active["w2"] = 1
 	st := x.run("r")
 	if st.Status != "failed" || st.Failure == nil || st.Failure.Status != 422 || st.Failure.Code != "context_length_exceeded" ||
 		len(st.Migrations) != 0 || len(st.Attempts) != 1 || st.Attempts[0].WorkerID != "w1" {
 		t.Fatalf("state %+v failure %+v: want failed with 422 context_length_exceeded and no migration", st, st.Failure)
 	}
-	if w, _ := x.fe.disc.get("w1"); x.fe.router.isInhibited(w) {
+	if w, _ := x.rn.disc.get("w1"); x.rn.router.isInhibited(w) {
 		t.Error("w1 inhibited after the upstream rejected the request itself")
 	}
 }

@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 // were never delivered, and without this a follower would only notice the
 // gap with the next message, which may never come (a completion published
 // during the outage).
-func (fe *Frontend) catchUpOnReconnect(ctx context.Context, g *errgroup.Group) {
-	ch := fe.nc.StatusChanged(nats.CONNECTED)
+func (rn *Runner) catchUpOnReconnect(ctx context.Context, g *errgroup.Group) {
+	ch := rn.nc.StatusChanged(nats.CONNECTED)
 	g.Go(func() error {
-		defer fe.nc.RemoveStatusListener(ch)
+		defer rn.nc.RemoveStatusListener(ch)
 		for {
 			select {
 			case <-ctx.Done():
@@ -24,17 +24,17 @@ func (fe *Frontend) catchUpOnReconnect(ctx context.Context, g *errgroup.Group) {
 				if !ok {
 					return nil
 				}
-				fe.mu.Lock()
-				followed := make([]*tracked, 0, len(fe.requests))
-				for _, t := range fe.requests {
+				rn.mu.Lock()
+				followed := make([]*Request, 0, len(rn.requests))
+				for _, t := range rn.requests {
 					t.refs++
 					followed = append(followed, t)
 				}
-				fe.mu.Unlock()
-				fe.log.Info("reconnected to NATS; catching up followed requests", "requests", len(followed))
+				rn.mu.Unlock()
+				rn.log.Info("reconnected to NATS; catching up followed requests", "requests", len(followed))
 				for _, t := range followed {
-					fe.catchUp(ctx, t)
-					fe.release(t)
+					rn.catchUp(ctx, t)
+					rn.release(t)
 				}
 			}
 		}

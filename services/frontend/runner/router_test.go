@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"errors"
@@ -168,9 +168,9 @@ func TestRouterBusy(t *testing.T) {
 		{name: "prefill threshold skips the queued worker", prefill: &hundred, cands: []projections.Worker{
 			loaded(worker("w1", "a"), prefill(101)), loaded(worker("w2", "b"), prefill(100))}, want: "w2"},
 		{name: "every worker busy", decode: &half, prefill: &hundred, cands: []projections.Worker{
-			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), prefill(101))}, wantErr: errAllBusy},
+			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), prefill(101))}, wantErr: ErrAllBusy},
 		{name: "the only free worker is excluded", decode: &half, exclude: map[string]bool{"w2": true}, cands: []projections.Worker{
-			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), kv(1, 10))}, wantErr: errAllBusy},
+			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), kv(1, 10))}, wantErr: ErrAllBusy},
 		{name: "every worker excluded", exclude: map[string]bool{"w1": true}, cands: []projections.Worker{
 			worker("w1", "a")}, wantErr: errNoWorkers},
 		{name: "no candidates", wantErr: errNoWorkers},

@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -43,11 +43,11 @@ func TestCatchUpOnReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.stop()
-	fe := &Frontend{nc: nc, log: slog.New(slog.DiscardHandler), requests: map[string]*tracked{}}
-	fe.requests["r1"] = &tracked{id: "r1", f: f, refs: 1}
+	rn := &Runner{nc: nc, log: slog.New(slog.DiscardHandler), requests: map[string]*Request{}}
+	rn.requests["r1"] = &Request{id: "r1", f: f, refs: 1}
 	var g errgroup.Group
 	rctx, rcancel := context.WithCancel(ctx)
-	fe.catchUpOnReconnect(rctx, &g)
+	rn.catchUpOnReconnect(rctx, &g)
 	defer func() { rcancel(); _ = g.Wait() }()
 
 	p.Cut()

@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 )
 
 // waitUntil waits for cond, re-checking it at every notification of sig.
-func waitUntil(t *testing.T, sig *signal, what string, cond func() bool) {
+func waitUntil(t *testing.T, sig *Signal, what string, cond func() bool) {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {

@@ -1,32 +1,34 @@
-package frontend
+package runner
 
 import "sync"
 
-// signal is a broadcast of "something changed": waiters take the current
+// Signal is a broadcast of "something changed": waiters take the current
 // channel with C and are woken when Notify closes it; listeners get a poke
-// on their own channel. Notifications coalesce.
-type signal struct {
+// on their own channel. Notifications coalesce. It is safe for concurrent
+// use; the HTTP edge uses it too, for its own counters and views.
+type Signal struct {
 	mu        sync.Mutex
 	ch        chan struct{}
 	listeners map[chan struct{}]struct{}
 }
 
-func newSignal() *signal {
-	return &signal{ch: make(chan struct{}), listeners: map[chan struct{}]struct{}{}}
+// NewSignal returns a signal nobody waits on yet.
+func NewSignal() *Signal {
+	return &Signal{ch: make(chan struct{}), listeners: map[chan struct{}]struct{}{}}
 }
 
 // C returns a channel closed at the next Notify.
-func (s *signal) C() <-chan struct{} {
+func (s *Signal) C() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ch
 }
 
-// listen pokes ch at every Notify until stop is called, without blocking:
+// Listen pokes ch at every Notify until stop is called, without blocking:
 // give ch a capacity of 1 and the pokes coalesce. One channel may listen to
 // several signals, so a waiter needs no select over a varying number of
 // channels.
-func (s *signal) listen(ch chan struct{}) (stop func()) {
+func (s *Signal) Listen(ch chan struct{}) (stop func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.listeners[ch] = struct{}{}
@@ -38,7 +40,7 @@ func (s *signal) listen(ch chan struct{}) (stop func()) {
 }
 
 // Notify wakes every waiter and pokes every listener.
-func (s *signal) Notify() {
+func (s *Signal) Notify() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	close(s.ch)

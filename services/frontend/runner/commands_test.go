@@ -1,4 +1,4 @@
-package frontend
+package runner
 
 import (
 	"context"
@@ -104,7 +104,7 @@ func TestCheck(t *testing.T) {
 		data, _ := json.Marshal(c)
 		ctx, cancel := context.WithTimeout(x.ctx, 5*time.Second)
 		defer cancel()
-		return x.fe.check(ctx, streams.CheckSubject(worker), data)
+		return x.rn.check(ctx, streams.CheckSubject(worker), data)
 	}
 	if r := ask("w1", streams.Check{RequestID: "run", Attempt: 0}); r.Command != nil || r.Owner != "fe-gone" || r.Error != "" {
 		t.Errorf("running: %+v, want no command, owner fe-gone", r)
@@ -118,16 +118,16 @@ func TestCheck(t *testing.T) {
 	if r := ask("w2", streams.Check{RequestID: "gone", Attempt: 0, Detach: true}); r.Command != nil {
 		t.Errorf("another worker's detach: %+v, want nothing", r)
 	}
-	if p, _ := x.fe.load(x.ctx, "gone"); p.Cancel != nil {
+	if p, _ := x.rn.Load(x.ctx, "gone"); p.Cancel != nil {
 		t.Fatalf("another worker's detach cancelled the request: %+v", p.Cancel)
 	}
 	if r := ask("w1", streams.Check{RequestID: "gone", Attempt: 0, Detach: true}); r.Command == nil || r.Command.Mode != events.CancelKill {
 		t.Errorf("detach: %+v, want a kill", r)
 	}
-	if p, _ := x.fe.load(x.ctx, "gone"); p.Status != projections.StatusCancelled {
+	if p, _ := x.rn.Load(x.ctx, "gone"); p.Status != projections.StatusCancelled {
 		t.Errorf("after the detach check: status %s, want cancelled", p.Status)
 	}
-	if r := x.fe.check(x.ctx, "baton.checks.a.b", []byte(`{}`)); r.Error == "" {
+	if r := x.rn.check(x.ctx, "baton.checks.a.b", []byte(`{}`)); r.Error == "" {
 		t.Errorf("malformed check: %+v, want an error", r)
 	}
 }

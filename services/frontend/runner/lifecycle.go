@@ -1,0 +1,100 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/streams"
+)
+
+// The request log's lifecycle, as this frontend takes part in it
+// (services/retention): it refuses new requests above the high-water
+// mark, ends a request whose events can no longer be stored, and
+// compacts the finished requests it owns.
+
+// LogHealth says why the request log cannot take new requests ("" when it
+// can): the partitions above the high-water mark.
+func (rn *Runner) LogHealth() string { return rn.room.Health() }
+
+// admitLog refuses a new request id while its partition is above the
+// high-water mark, or when the log refused the append of its accepted
+// event at a limit (err, from that append): a *retention.FullError.
+func (rn *Runner) admitLog(id string, err error) error {
+	if err == nil {
+		return rn.room.Admit(id)
+	}
+	if errors.Is(err, streams.ErrStreamFull) {
+		rn.room.Refused(id)
+		return &retention.FullError{Stream: rn.parts.StreamOf(id), Used: 1, HighWater: rn.room.HighWater()}
+	}
+	return err
+}
+
+// logFullRetry spaces the tries to store the failure of a request the log
+// had no room for; logFullPatience bounds them.
+const (
+	logFullRetry    = time.Second
+	logFullPatience = 5 * time.Minute
+)
+
+// failUnstored ends request t here when the log refused its failure ev at
+// a limit: its clients get the error at once (the failure is folded
+// locally), and the failure is stored once there is room again, quietly,
+// for at most logFullPatience. It reports whether it was stored.
+func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.RequestFailed) bool {
+	rn.room.Refused(t.id)
+	t.f.apply(rn.events.Envelope(events.ID(t.id, "failed"), t.id, ev))
+	t.f.changed.Notify()
+	rn.log.Error("request log full: request ended", "request_id", t.id, "code", ev.Code)
+	deadline := time.Now().Add(logFullPatience)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		rn.waitStep(ctx, time.Now().Add(logFullRetry), nil, nil, nil)
+		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "failed"), ev)
+		if ok || (err == nil && !rn.room.Full(t.id)) {
+			return true
+		}
+	}
+	return false
+}
+
+// compact stores the compact record of t, a finished request this frontend
+// owns, and purges its deltas (retention.Compact). A decision stored
+// meanwhile makes it read the log and try again; it gives up after three
+// tries, leaving the deltas for eviction.
+func (rn *Runner) compact(ctx context.Context, t *Request) {
+	if rn.cfg.NoCompaction {
+		return
+	}
+	for range 3 {
+		var rec *events.RequestCompacted
+		var err error
+		owned := false
+		seq := t.f.eventsSeq()
+		t.f.view(func(p *projections.Request) {
+			owned = p.Owner == rn.id && p.Accepted.Choices <= 1
+			if owned {
+				rec, err = retention.Record(p)
+			}
+		})
+		if !owned || errors.Is(err, retention.ErrNotFinished) {
+			return
+		}
+		if err == nil {
+			err = retention.Compact(ctx, rn.events, rn.parts, t.id, rec, seq)
+		}
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, streams.ErrConflict) {
+			if ctx.Err() == nil {
+				rn.log.Warn("compact finished request", "request_id", t.id, "err", err)
+			}
+			return
+		}
+		rn.catchUp(ctx, t)
+	}
+}

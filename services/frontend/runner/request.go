@@ -1,0 +1,330 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"golang.org/x/sync/errgroup"
+)
+
+// Request is a request this frontend follows: its follower, shared by every
+// client stream of the request here, and, while this frontend owns it, the
+// runner that carries out its migration decisions. A holder of a Request
+// holds one reference to it and gives it back with Release.
+type Request struct {
+	rn         *Runner
+	id         string
+	f          *follower
+	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
+	settleOnce sync.Once
+
+	// Guarded by Runner.mu.
+	refs          int       // holders: clients, the runner, lookups
+	running       bool      // a runner runs for it here
+	clients       int       // client responses being written
+	detachedSince time.Time // when the last client left (zero while one is attached)
+}
+
+func (rn *Runner) newRequest(id string, f *follower) *Request {
+	return &Request{rn: rn, id: id, f: f, dispatched: make(chan struct{})}
+}
+
+// ID is the request's (internal) id.
+func (t *Request) ID() string { return t.id }
+
+// View runs fn on the request's projection under its lock; fn must not keep
+// references or block.
+func (t *Request) View(fn func(p *projections.Request)) { t.f.view(fn) }
+
+// Listen pokes ch (give it a capacity of 1) whenever an event of the request
+// is applied, until stop is called.
+func (t *Request) Listen(ch chan struct{}) (stop func()) { return t.f.changed.Listen(ch) }
+
+// Dispatched is closed once the first dispatch of a request accepted here
+// settled (a worker accepted it, or the request failed), and at once for a
+// request attached to: until then "no worker" can still be a plain 503.
+func (t *Request) Dispatched() <-chan struct{} { return t.dispatched }
+
+// settle marks the first dispatch settled.
+func (t *Request) settle() { t.settleOnce.Do(func() { close(t.dispatched) }) }
+
+// ErrExists means a request with that id is already in the log.
+var ErrExists = errors.New("frontend: request exists")
+
+// register adds t to the requests this frontend follows, with one reference
+// held by the caller. The follower stops when the last reference is released.
+func (rn *Runner) register(t *Request) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	t.refs = 1
+	rn.requests[t.id] = t
+}
+
+// acquire returns the tracked request id with a new reference, if followed here.
+func (rn *Runner) acquire(id string) (*Request, bool) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	t, ok := rn.requests[id]
+	if ok {
+		t.refs++
+	}
+	return t, ok
+}
+
+// Release drops the caller's reference to t.
+func (t *Request) Release() { t.rn.release(t) }
+
+// release drops a reference to t.
+func (rn *Runner) release(t *Request) {
+	rn.mu.Lock()
+	t.refs--
+	last := t.refs == 0
+	if last {
+		delete(rn.requests, t.id)
+	}
+	rn.mu.Unlock()
+	if last {
+		t.f.stop()
+	}
+}
+
+// Accept appends a new request to the log and starts running it. It
+// returns ErrExists if the id is taken. The caller holds one reference.
+func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Request, error) {
+	if err := rn.admitLog(acc.RequestID, nil); err != nil {
+		return nil, err
+	}
+	f, err := follow(ctx, rn.live, rn.js, rn.parts, acc.RequestID, false)
+	if err != nil {
+		return nil, err
+	}
+	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
+	seq, err := rn.events.Append(ctx, streams.RequestEvents(acc.RequestID), env, 0)
+	if err != nil {
+		f.stop()
+		if errors.Is(err, streams.ErrConflict) {
+			return nil, ErrExists
+		}
+		return nil, rn.admitLog(acc.RequestID, err)
+	}
+	t := rn.newRequest(acc.RequestID, f)
+	// Fold the accepted event now: the runner must not wait for the
+	// republished copy to know what to dispatch.
+	env.Seq, env.Stored = seq, streams.RequestEvents(acc.RequestID)
+	f.apply(env)
+	rn.register(t)
+	rn.startRunner(t)
+	return t, nil
+}
+
+// AcceptParent appends parent, a request whose n > 1 choices run as child
+// requests (Accept each, then Link it), without following it. It returns
+// ErrExists if the id is taken.
+func (rn *Runner) AcceptParent(ctx context.Context, parent events.RequestAccepted) error {
+	if err := rn.admitLog(parent.RequestID, nil); err != nil {
+		return err
+	}
+	env := rn.events.Envelope(events.ID(parent.RequestID, "accepted"), parent.RequestID, parent)
+	if _, err := rn.events.Append(ctx, streams.RequestEvents(parent.RequestID), env, 0); err != nil {
+		if errors.Is(err, streams.ErrConflict) {
+			return ErrExists
+		}
+		return rn.admitLog(parent.RequestID, err)
+	}
+	return nil
+}
+
+// Link records child under parent, so cancelling the parent cancels it;
+// if the parent was cancelled already, the child is cancelled at once.
+func (rn *Runner) Link(ctx context.Context, parent, child string) {
+	ev := events.ChildAdded{RequestID: parent, ChildID: child}
+	env := rn.events.Envelope(events.ID(parent, "child", child), parent, ev)
+	if _, err := rn.events.Append(ctx, streams.RequestEvents(parent), env, -1); err != nil {
+		rn.log.Warn("link child request", "request_id", child, "parent_id", parent, "err", err)
+		return
+	}
+	if p, err := rn.Load(ctx, parent); err == nil && p.Cancel != nil {
+		_ = rn.Cancel(ctx, child, p.Cancel.Mode, "parent cancelled", "")
+	}
+}
+
+// startRunner has runRunners start the runner of t, unless one runs
+// already, holding a reference while it runs.
+func (rn *Runner) startRunner(t *Request) {
+	rn.mu.Lock()
+	if t.running {
+		rn.mu.Unlock()
+		return
+	}
+	t.running = true
+	t.refs++
+	rn.mu.Unlock()
+	select {
+	case rn.launch <- t:
+	case <-rn.stopped:
+		t.settle() // nobody will dispatch it here
+		rn.runnerEnded(t)
+	}
+}
+
+// Claim asks the runtime to take t over if its owner is gone (and to run it
+// if this frontend owns it). HTTP handlers call it; the work, which may
+// append to the log, is done on the runtime's goroutines.
+func (t *Request) Claim() {
+	rn := t.rn
+	rn.mu.Lock()
+	t.refs++
+	rn.mu.Unlock()
+	select {
+	case rn.claims <- t:
+	case <-rn.stopped:
+		rn.release(t)
+	}
+}
+
+// runRunners starts the runners startRunner asks for and the takeovers
+// Claim asks for, on g, until ctx is done.
+func (rn *Runner) runRunners(ctx context.Context, g *errgroup.Group) {
+	defer close(rn.stopped)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case t := <-rn.launch:
+			g.Go(func() error {
+				defer rn.runnerEnded(t)
+				rn.run(ctx, t)
+				return nil
+			})
+		case t := <-rn.claims:
+			g.Go(func() error {
+				defer rn.release(t)
+				rn.ensureOwner(ctx, t)
+				return nil
+			})
+		}
+	}
+}
+
+// runnerEnded records that t's runner ended and drops its reference.
+func (rn *Runner) runnerEnded(t *Request) {
+	rn.mu.Lock()
+	t.running = false
+	rn.mu.Unlock()
+	rn.release(t)
+}
+
+// ensureOwner makes this frontend the owner of t if its owner is gone (its
+// presence key expired or was deleted), and runs it if it owns it. The
+// attached event is appended with the expected sequence, so of two frontends
+// racing to take a request over, one wins and the other follows.
+func (rn *Runner) ensureOwner(ctx context.Context, t *Request) {
+	for range 3 {
+		var owner string
+		var terminal bool
+		var offset int
+		t.f.view(func(p *projections.Request) { owner, terminal, offset = p.Owner, p.Status.Terminal(), p.Len() })
+		switch {
+		case terminal:
+			return
+		case owner == rn.id:
+			rn.startRunner(t)
+			return
+		case rn.presence.isAlive(owner):
+			return // its owner is alive and runs it
+		}
+		seq := t.f.eventsSeq()
+		ev := events.RequestAttached{RequestID: t.id, Frontend: rn.id, Offset: offset}
+		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "attached", rn.id, seq), ev)
+		if err != nil {
+			rn.log.Warn("take over request", "request_id", t.id, "err", err)
+			return
+		}
+		if ok {
+			rn.log.Info("took over request", "request_id", t.id, "previous_owner", owner)
+			rn.startRunner(t)
+			return
+		}
+	}
+}
+
+// Enter and Leave count the clients of t; a request left without clients
+// is cancelled after the detach timeout by its runner.
+func (t *Request) Enter() {
+	t.rn.mu.Lock()
+	t.clients++
+	t.detachedSince = time.Time{}
+	t.rn.mu.Unlock()
+}
+
+// Leave ends a client of t (see Enter).
+func (t *Request) Leave() {
+	t.rn.mu.Lock()
+	t.clients--
+	if t.clients == 0 {
+		t.detachedSince = time.Now()
+	}
+	t.rn.mu.Unlock()
+	t.f.decided.Notify() // wake the runner to start its detach timer
+}
+
+func (rn *Runner) detachedSince(t *Request) time.Time {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	return t.detachedSince
+}
+
+// carryDetach cancels a request that no client came back to.
+func (rn *Runner) carryDetach(ctx context.Context, t *Request) {
+	if err := rn.Cancel(ctx, t.id, events.CancelKill, "detached: no client for "+rn.cfg.DetachTimeout.String(), ""); err != nil {
+		rn.log.Warn("cancel detached request", "request_id", t.id, "err", err)
+		return
+	}
+	rn.log.Info("cancelled detached request", "request_id", t.id)
+}
+
+// Attach follows an existing request (from this frontend's cache or the
+// log). It returns streams.ErrNotFound for an unknown id. The caller holds one
+// reference.
+func (rn *Runner) Attach(ctx context.Context, id string) (*Request, error) {
+	if t, ok := rn.acquire(id); ok {
+		return t, nil
+	}
+	f, err := follow(ctx, rn.live, rn.js, rn.parts, id, true)
+	if err != nil {
+		return nil, err
+	}
+	known := false
+	f.view(func(p *projections.Request) { known = p.Known() })
+	if !known {
+		f.stop()
+		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, id)
+	}
+	t := rn.newRequest(id, f)
+	t.settle()
+	rn.mu.Lock()
+	if existing, ok := rn.requests[id]; ok { // lost a race with another client
+		existing.refs++
+		rn.mu.Unlock()
+		f.stop()
+		return existing, nil
+	}
+	t.refs = 1
+	rn.requests[id] = t
+	rn.mu.Unlock()
+	return t, nil
+}
+
+// appendCancel appends a cancel command for request id. It is idempotent.
+func (rn *Runner) appendCancel(ctx context.Context, id, mode, reason, tenant string) error {
+	ev := events.RequestCancelled{RequestID: id, Mode: mode, Reason: reason, Tenant: tenant}
+	env := rn.events.Envelope(events.ID(id, "cancelled", mode), id, ev)
+	_, err := rn.events.Append(ctx, streams.RequestEvents(id), env, -1)
+	return err
+}

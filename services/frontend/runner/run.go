@@ -1,0 +1,298 @@
+package runner
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/migrations"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+)
+
+// run is the runner of request t: until t ends, another frontend owns it,
+// or ctx is done, it observes, asks migrations.Policy.Step what to do, and
+// carries that out. Decisions are appended with the expected sequence of the
+// events subject, so two frontends never both decide for one request.
+func (rn *Runner) run(ctx context.Context, t *Request) {
+	defer t.settle()
+	var (
+		mem     migrations.Memory
+		outcome *migrations.DispatchOutcome
+		watched = -1        // the attempt whose dispatch untrack counts
+		untrack = func() {} // ends the router's count of watched's dispatch
+		relayed relay       // the command last relayed to the current attempt's worker
+	)
+	defer func() { untrack() }()
+	for ctx.Err() == nil {
+		// Waits are woken by what can change the next step: decisions (not
+		// every token: a stall has its own timer), and discovery's members
+		// while an attempt runs (not its load reports, which only choosing
+		// a worker needs).
+		fch, dch := t.f.decided.C(), rn.disc.changed.C()
+		if rn.cfg.MigrationMaxSeqLen > 0 {
+			fch = t.f.changed.C() // every token counts towards the limit
+		}
+		if mem.Watch.Active {
+			dch = rn.disc.members.C()
+		}
+		obs := migrations.Observation{DetachedSince: rn.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
+		lch := rn.room.Changed()
+		var a migrations.Action
+		var model, endpoint string
+		t.f.read(func(p *projections.Request, progress time.Time) {
+			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
+			relayed.note(p)
+			obs.LastProgress = progress
+			if cur, ok := p.Current(); ok {
+				w, present := rn.disc.get(cur.WorkerID)
+				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID}
+			}
+			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
+		})
+		rn.send(&relayed)
+		mem, outcome = a.Next, nil
+		if !mem.Watch.Active || mem.Watch.Attempt != watched {
+			untrack()
+			watched, untrack = -1, func() {}
+		}
+		rn.report(model, endpoint, a.Report)
+		switch a.Kind {
+		case migrations.Stop:
+			rn.compact(ctx, t)
+			return
+		case migrations.Wait:
+			rn.waitStep(ctx, a.Until, fch, dch, lch)
+		case migrations.DispatchNext:
+			var done func()
+			outcome, done = rn.carryDispatch(ctx, t, a)
+			if outcome.Result == migrations.DispatchAccepted {
+				watched, untrack = outcome.Attempt, done
+				t.settle()
+			}
+		case migrations.CatchUp:
+			rn.catchUp(ctx, t)
+		case migrations.Fence:
+			rn.carryFence(ctx, t, a)
+		case migrations.Migrate:
+			m := a.Migrated
+			if ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m); ok {
+				rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
+					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
+			} else if err != nil {
+				rn.log.Warn("record migration", "request_id", t.id, "err", err)
+				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
+			}
+		case migrations.Fail:
+			if !rn.appendFailure(ctx, t, a.Failed) {
+				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
+			}
+		case migrations.Detach:
+			rn.carryDetach(ctx, t)
+		}
+	}
+}
+
+// retryAfterError is how long a runner waits before deciding again when the
+// log refused a decision for another reason than a concurrent writer.
+const retryAfterError = time.Second
+
+// waitStep blocks until ctx is done, until (if set), or the request,
+// discovery or the log's room changed (a nil channel never does).
+func (rn *Runner) waitStep(ctx context.Context, until time.Time, request, discovery, room <-chan struct{}) {
+	var timeout <-chan time.Time
+	if !until.IsZero() {
+		timer := time.NewTimer(time.Until(until))
+		defer timer.Stop()
+		timeout = timer.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-timeout:
+	case <-request:
+	case <-discovery:
+	case <-room:
+	}
+}
+
+// report counts what a step reports.
+func (rn *Runner) report(model, endpoint string, r migrations.Report) {
+	if r.MaxSeqLenExceeded {
+		rn.metrics.maxSeqLenExceeded.WithLabelValues(model).Inc()
+	}
+	if r.Rejected {
+		rn.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+	}
+	if f := r.Migrated; f != nil {
+		rn.metrics.migrations.WithLabelValues(model, f.MigrationType).Inc()
+		rn.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "success").Observe(time.Since(f.At).Seconds())
+	}
+	if f := r.MigrationFailed; f != nil {
+		rn.metrics.migrationDuration.WithLabelValues(model, f.MigrationType, "failed").Observe(time.Since(f.At).Seconds())
+	}
+}
+
+// carryDispatch carries out one DispatchNext: pick a worker, record the routed
+// decision, send the command. An attempt that never ran (refused, or not
+// answered) is closed at once, so its subject stays empty for good. done
+// ends the router's count of the dispatch; the caller owns it if the worker
+// accepted.
+func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Action) (*migrations.DispatchOutcome, func()) {
+	d := a.Dispatch
+	w, err := rn.pickWorker(d, a.Pinned, a.Exclude)
+	if err != nil {
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
+	}
+	routed := events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
+	ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
+	if errors.Is(err, streams.ErrStreamFull) {
+		rn.room.Refused(t.id)
+	}
+	switch {
+	case err != nil:
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
+	case !ok:
+		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
+	}
+	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
+	done := rn.router.track(w.ID)
+	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
+	reply, err := rn.sendDispatch(ctx, w.ID, d)
+	if err == nil && reply.Accepted {
+		out.Result = migrations.DispatchAccepted
+		return out, done
+	}
+	done()
+	reason := migrations.ReasonDispatchFailed
+	out.Result = migrations.DispatchNoAnswer
+	if err == nil {
+		reason, out.Result, out.Reason = "refused_"+reply.Reason, migrations.DispatchRefused, reply.Reason
+	} else {
+		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
+	}
+	rn.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	rn.waitClosed(ctx, t, d.Attempt)
+	return out, nil
+}
+
+// waitClosed waits until this frontend has folded the closure of attempt k
+// (or the request moved past it), for at most streams.DefaultTimeout.
+func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
+	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+	defer cancel()
+	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
+		c, _ := p.Current()
+		return p.Status.Terminal() || c.Attempt != k || c.Closed
+	})
+}
+
+func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
+	model := d.Model
+	if pinned != "" {
+		w, ok := rn.disc.get(pinned)
+		if !ok || !w.Routable() || w.Model != model {
+			return projections.Worker{}, fmt.Errorf("%w: %s", errNotPinned, pinned)
+		}
+		return w, nil
+	}
+	var cands []projections.Worker
+	rn.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
+	cands, err := capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
+	if err != nil {
+		return projections.Worker{}, err
+	}
+	skip := make(map[string]bool, len(exclude))
+	for _, id := range exclude {
+		skip[id] = true
+	}
+	return rn.router.pick(cands, skip)
+}
+
+func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
+	data, err := json.Marshal(d)
+	if err != nil {
+		return streams.DispatchReply{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, rn.cfg.DispatchTimeout)
+	defer cancel()
+	msg, err := rn.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
+	if err != nil {
+		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
+	}
+	var reply streams.DispatchReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: bad reply: %w", d.RequestID, workerID, err)
+	}
+	return reply, nil
+}
+
+// carryFence carries out a Fence: close the attempt in the log (unless it is
+// already), inhibit its worker, and wait until this frontend has folded the
+// closure.
+func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Action) {
+	if a.AppendFence {
+		rn.appendFence(ctx, a.Fence)
+	}
+	if w, ok := rn.disc.get(a.Fence.WorkerID); ok && a.Inhibit {
+		rn.router.inhibit(w, a.InhibitFor)
+	}
+	rn.waitClosed(ctx, t, a.Fence.Attempt)
+}
+
+func (rn *Runner) appendFence(ctx context.Context, ev events.AttemptFailed) {
+	id := ev.RequestID
+	env := rn.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
+	if _, err := rn.events.Append(ctx, streams.RequestTokens(id, ev.Attempt, ev.WorkerID), env, -1); err != nil {
+		rn.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
+	}
+}
+
+// appendDecision appends a decision to the request's events subject, expecting the
+// last sequence this frontend has seen there, and waits until the follower
+// has folded it. It reports false with a nil error when someone else wrote
+// first (the follower has caught up by then: look again).
+func (rn *Runner) appendDecision(ctx context.Context, t *Request, id string, ev events.Event) (bool, error) {
+	expect := int64(t.f.eventsSeq())
+	seq, err := rn.events.Append(ctx, streams.RequestEvents(t.id), rn.events.Envelope(id, t.id, ev), expect)
+	if errors.Is(err, streams.ErrConflict) {
+		rn.catchUp(ctx, t)
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+	defer cancel()
+	if err := t.f.waitFor(wctx, func(p *projections.Request) bool { return p.LastSeq() >= seq }); err != nil {
+		rn.catchUp(ctx, t)
+	}
+	return true, nil
+}
+
+// catchUp reads whatever the follower missed.
+func (rn *Runner) catchUp(ctx context.Context, t *Request) {
+	_ = t.f.catchUp(ctx)
+}
+
+// appendFailure appends the request's terminal failure, trying again (with the
+// expected sequence caught up) when another writer came first. It reports
+// false if the log refused it.
+func (rn *Runner) appendFailure(ctx context.Context, t *Request, ev events.RequestFailed) bool {
+	for range 3 {
+		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "failed"), ev)
+		if errors.Is(err, streams.ErrStreamFull) {
+			return rn.failUnstored(ctx, t, ev)
+		}
+		if err != nil {
+			rn.log.Error("record request failure", "request_id", t.id, "err", err)
+			return false
+		}
+		if ok {
+			return true
+		}
+	}
+	return true // superseded three times: the next step looks again
+}

@@ -1,0 +1,265 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/migrations"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+)
+
+// Runner is the request runtime of one frontend. Create it with New, start it
+// with Start and stop it with Stop; every other method is safe for
+// concurrent use once Start returned.
+type Runner struct {
+	id       string
+	cfg      Config
+	log      *slog.Logger
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	parts    streams.Partitions // the request log's layout, set by Start before anything reads it
+	events   *streams.Log
+	metrics  *metrics
+	disc     *discovery
+	presence *presence
+	router   *router
+	policy   migrations.Policy
+	room     *retention.Monitor // how full the request log is; evicts finished requests
+
+	launch  chan *Request // requests whose runner runRunners should start
+	claims  chan *Request // requests runRunners should take over if their owner is gone
+	stopped chan struct{} // closed when runRunners no longer starts runners
+
+	ctl  *nats.Conn // dispatches: nc until Start opens a connection of their own, before any runner starts
+	live *live      // the one live subscription of every followed request
+
+	cancelRun context.CancelFunc // ends what Start started
+	g         errgroup.Group     // what Start started
+
+	mu       sync.Mutex
+	requests map[string]*Request
+}
+
+// New builds the runtime of frontend cfg.ID on connection nc; reg receives
+// its metrics.
+func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("runner: config: %w", err)
+	}
+	if cfg.ID == "" {
+		return nil, errors.New("runner: config: no frontend id")
+	}
+	cfg = cfg.withDefaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: metrics: %w", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: jetstream: %w", err)
+	}
+	rn := &Runner{
+		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
+		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
+		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
+		policy: migrations.Policy{
+			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
+			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
+		},
+		requests: map[string]*Request{},
+		launch:   make(chan *Request), claims: make(chan *Request), stopped: make(chan struct{}),
+		presence: newPresence(),
+	}
+	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	if rn.live, err = newLive(nc); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	return rn, nil
+}
+
+// Start provisions the streams and learns the request log's layout, opens
+// the control connection, and starts the runners and the watchers
+// (discovery, presence under addr, disconnect advisories, checks, reconnect
+// catch-up). ctx bounds the start only (and streams.StartBudget each step):
+// what Start starts runs until Stop.
+func (rn *Runner) Start(ctx context.Context, addr string) error {
+	// The layout first: everything started below may read the log.
+	if err := rn.provision(ctx); err != nil {
+		return err
+	}
+	ctl, err := rn.openControl()
+	if err != nil {
+		return err
+	}
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	rn.cancelRun = func() {
+		cancelRun()
+		_ = rn.g.Wait()
+		ctl.Close() // last, once no runner dispatches
+	}
+	rn.g.Go(func() error {
+		rn.runRunners(runCtx, &rn.g)
+		return nil
+	})
+	rn.g.Go(func() error { return rn.room.Run(runCtx) })
+	if err := rn.startWatchers(ctx, runCtx, &rn.g, addr); err != nil {
+		rn.cancelRun()
+		return err
+	}
+	return nil
+}
+
+// Deregister deletes this frontend's presence key, so another replica may
+// take its requests over at once; a shutdown calls it before Stop. Without
+// it, Stop leaves the key to expire.
+func (rn *Runner) Deregister(ctx context.Context) error { return rn.presence.revoke(ctx) }
+
+// Stop stops the runners and the watchers, waits for them, then closes the
+// control connection. The requests keep generating in the log and stay
+// resumable elsewhere. Call it once, after Start succeeded.
+func (rn *Runner) Stop() { rn.cancelRun() }
+
+// openControl opens the connection dispatches go over (Runner.ctl), with
+// nc's options: on nc their replies would queue behind the token deltas of
+// every open stream, and a reply late by seconds inhibits a healthy worker.
+func (rn *Runner) openControl() (*nats.Conn, error) {
+	opts := rn.nc.Opts
+	opts.Name += " (control)"
+	ctl, err := opts.Connect()
+	if err != nil {
+		return nil, fmt.Errorf("frontend: control connection: %w", err)
+	}
+	rn.ctl = ctl
+	return ctl, nil
+}
+
+// provision provisions the streams and learns the request log's layout; it
+// gives up when ctx is done or after streams.StartBudget. Leaders that could
+// not be spread over a cluster are worth a warning, not a failure.
+func (rn *Runner) provision(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
+	defer cancel()
+	parts, err := streams.Provision(pctx, rn.js, rn.cfg.Streams)
+	if errors.Is(err, streams.ErrLeadersNotSpread) {
+		rn.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
+	} else if err != nil {
+		return err
+	}
+	rn.parts = parts
+	rn.events.SetPartitions(parts)
+	rn.room.SetPartitions(parts)
+	rn.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
+	return nil
+}
+
+// startWatchers starts the watchers on g, to run until runCtx is done; it
+// gives up when ctx is done or after streams.StartBudget.
+func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, addr string) error {
+	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
+	defer cancel()
+	if err := streams.Retry(pctx, rn.checkChildRoom); err != nil {
+		return err
+	}
+	err := streams.Retry(pctx, func(tctx context.Context) error { return rn.disc.start(runCtx, tctx, rn.js, g) })
+	if err != nil {
+		return err
+	}
+	err = streams.Retry(pctx, func(tctx context.Context) error {
+		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
+			FrontendID: rn.id, Addr: addr,
+			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(),
+		}, g)
+	})
+	if err != nil {
+		return err
+	}
+	if err := rn.watchDisconnects(runCtx, g); err != nil {
+		return err
+	}
+	if err := rn.answerChecks(runCtx, g); err != nil {
+		return err
+	}
+	rn.catchUpOnReconnect(runCtx, g)
+	return nil
+}
+
+// lifecycleReserve is how many messages of a request's events subject are
+// kept for what is not a child: accepted, routed and migrated per attempt,
+// attached, cancelled (once per mode), failed, and the children that
+// concurrent requests may link past the MaxChildren check.
+const lifecycleReserve = 1024
+
+// errNoRoom means the log's per-subject limit leaves no room for a cancel
+// after MaxChildren children.
+var errNoRoom = errors.New("frontend: no room for a cancel")
+
+// checkChildRoom makes sure that a request's events subject can always take
+// its cancel: MaxChildren children plus lifecycleReserve must fit in the
+// stream's max messages per subject (whose discard policy is DiscardNew per
+// subject, so a full subject refuses new events).
+func (rn *Runner) checkChildRoom(ctx context.Context) error {
+	name := rn.parts.Stream(0) // every partition has the same limits
+	s, err := rn.js.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("look up %s: %w", name, err)
+	}
+	limit := s.CachedInfo().Config.MaxMsgsPerSubject
+	if need := int64(rn.cfg.MaxChildren) + lifecycleReserve; limit > 0 && need > limit {
+		return fmt.Errorf("%w: --max-children %d plus %d lifecycle events exceed the %d messages per subject of %s",
+			errNoRoom, rn.cfg.MaxChildren, lifecycleReserve, limit, name)
+	}
+	return nil
+}
+
+// Partitions is the request log's layout, known once Start returned.
+func (rn *Runner) Partitions() streams.Partitions { return rn.parts }
+
+// Workers returns the discovery view's workers.
+func (rn *Runner) Workers() []projections.Worker {
+	var ws []projections.Worker
+	rn.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
+	return ws
+}
+
+// Models returns the models the discovery view's workers serve.
+func (rn *Runner) Models() []string {
+	var models []string
+	rn.disc.read(func(v *projections.Discovery) { models = v.Models() })
+	return models
+}
+
+// WorkersChanged returns a channel closed at the next change of the
+// discovery view, load reports included.
+func (rn *Runner) WorkersChanged() <-chan struct{} { return rn.disc.changed.C() }
+
+// Frontends returns the live frontends, from their presence keys.
+func (rn *Runner) Frontends() []projections.Frontend { return rn.presence.members() }
+
+// KnownFrontends returns the live frontends and those that departed.
+func (rn *Runner) KnownFrontends() []projections.Frontend { return rn.presence.known() }
+
+// FrontendsChanged returns a channel closed at the next change of the
+// frontends' membership: a request's owner may have gone (Request.Claim).
+func (rn *Runner) FrontendsChanged() <-chan struct{} { return rn.presence.changed.C() }
+
+func clientID(nc *nats.Conn) uint64 {
+	id, _ := nc.GetClientID()
+	return id
+}

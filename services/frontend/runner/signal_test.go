@@ -1,0 +1,40 @@
+package runner
+
+import "testing"
+
+func TestSignalListen(t *testing.T) {
+	a, b := NewSignal(), NewSignal()
+	ch := make(chan struct{}, 1)
+	stopA, stopB := a.Listen(ch), b.Listen(ch)
+	a.Notify()
+	b.Notify() // coalesces with a's poke
+	select {
+	case <-ch:
+	default:
+		t.Fatal("no poke after Notify")
+	}
+	select {
+	case <-ch:
+		t.Fatal("two pokes, want them coalesced")
+	default:
+	}
+	stopA()
+	a.Notify()
+	select {
+	case <-ch:
+		t.Fatal("poked after stop")
+	default:
+	}
+	b.Notify()
+	if len(ch) != 1 {
+		t.Error("the other signal no longer pokes")
+	}
+	stopB()
+	w := a.C()
+	a.Notify()
+	select {
+	case <-w:
+	default:
+		t.Error("C's channel not closed by Notify")
+	}
+}
