@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -65,7 +67,7 @@ type sentDelta struct {
 	offset, end int
 	repair      bool   // a re-send: its range and id are fixed from its first try
 	id          string // the event id of a repair
-	emit        int64  // EmitUnixNano of an original delta
+	emit        int64  // the streams.HeaderBenchEmit of an original delta
 	future      jetstream.PubAckFuture
 	err         error
 }
@@ -142,11 +144,12 @@ func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	if id == "" {
 		id = d.id(s.offset)
 	}
-	ev := d.event(s.offset, s.end)
-	ev.EmitUnixNano = s.emit // a repair's first token is its original's
-	h, data, err := d.enc.Encode(id, time.Now(), ev)
+	h, data, err := d.enc.Encode(id, time.Now(), d.event(s.offset, s.end))
 	if err != nil {
 		return nil, err
+	}
+	if s.emit != 0 { // a repair's first token is its original's
+		h[streams.HeaderBenchEmit] = []string{strconv.FormatInt(s.emit, 10)}
 	}
 	return &nats.Msg{Subject: d.subject, Header: nats.Header(h), Data: data}, nil
 }
