@@ -22,7 +22,6 @@ const (
 	HeaderOffset    = "ce-offset"
 	HeaderTokenLens = "ce-tokenlens"
 	HeaderTokenIDs  = "ce-tokenids"
-	HeaderEmitNS    = "ce-emitns"
 
 	// ContentTypeText is the Content-Type of a delta whose data is its text.
 	ContentTypeText = "text/plain; charset=utf-8"
@@ -105,14 +104,11 @@ func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Heade
 	if ev.IDs != nil {
 		h[HeaderTokenIDs] = []string{joinInts(len(ev.IDs), func(i int) int { return ev.IDs[i] })}
 	}
-	if ev.EmitUnixNano != 0 {
-		h[HeaderEmitNS] = []string{strconv.FormatInt(ev.EmitUnixNano, 10)}
-	}
 	return h, data, nil
 }
 
 // binaryDelta reports whether ev is written with its text as data: it has
-// tokens, and nothing but their text, their ids and an emit time.
+// tokens, and nothing but their text and their ids.
 func binaryDelta(ev TokensGenerated) bool {
 	return len(ev.Tokens) > 0 && ev.Details == nil && ev.PromptIDs == nil &&
 		(ev.IDs == nil || len(ev.IDs) == len(ev.Tokens))
@@ -149,11 +145,6 @@ func decodeDelta(e Envelope, get func(string) string, data []byte) (TokensGenera
 	if v := get(HeaderTokenIDs); v != "" {
 		if ev.IDs, err = parseInts(v); err != nil || len(ev.IDs) != len(ev.Tokens) {
 			return ev, fmt.Errorf("bad %s %q for %d tokens", HeaderTokenIDs, v, len(ev.Tokens))
-		}
-	}
-	if v := get(HeaderEmitNS); v != "" {
-		if ev.EmitUnixNano, err = strconv.ParseInt(v, 10, 64); err != nil || ev.EmitUnixNano == 0 {
-			return ev, fmt.Errorf("bad %s %q", HeaderEmitNS, v)
 		}
 	}
 	return ev, nil

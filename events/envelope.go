@@ -54,6 +54,10 @@ type Envelope struct {
 	Seq     uint64 // stream sequence
 	LastSeq uint64 // previous sequence of the same NATS subject (RePublish), if known
 	Stored  string // the NATS subject it is stored on (not the republished one), if known
+	// Header holds the message's headers as the reader got them, extension
+	// attributes this package does not read included; nil for an envelope
+	// not read from a message. Read-only, and not to be kept.
+	Header Header
 }
 
 // Type returns the CloudEvents type of the carried event.

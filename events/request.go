@@ -121,11 +121,6 @@ type TokensGenerated struct {
 	// PromptIDs, on an attempt's first delta, are the prompt's token ids
 	// as the engine reported them.
 	PromptIDs []int `json:"prompt_ids,omitempty"`
-	// EmitUnixNano, set only by a worker run for a benchmark
-	// (--bench-emit-time), is when the engine emitted the delta's first
-	// token, in Unix nanoseconds: a frontend passes it to its SSE client as
-	// a comment line, so the client measures emit-to-read latency exactly.
-	EmitUnixNano int64 `json:"emit_unix_nano,omitempty"`
 }
 
 func (TokensGenerated) EventType() string { return TypeTokensGenerated }

@@ -122,7 +122,6 @@ func (r *Request) applyCompacted(ev events.RequestCompacted) (bool, string) {
 		}
 	}
 	r.tokens, r.ids, r.idsLost, r.details = tokens, s.IDs, s.IDsLost, s.Details
-	r.emits = nil
 	if len(r.tokens) == 0 {
 		r.tokens = nil
 	}

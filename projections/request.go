@@ -83,9 +83,6 @@ type Request struct {
 	// details parallels tokens once any token has details (nil entries:
 	// none).
 	details []json.RawMessage
-	// emits parallels tokens once any delta carried an emit time
-	// (EmitUnixNano, benchmarks only): each token's delta's.
-	emits []int64
 	// PromptIDs are the prompt's token ids, from the first delta at offset 0
 	// that carried them; nil when no engine reported them.
 	PromptIDs []int
@@ -424,25 +421,8 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 			r.details = append(r.details, make([]json.RawMessage, len(add))...)
 		}
 	}
-	if ev.EmitUnixNano != 0 || r.emits != nil {
-		if r.emits == nil {
-			r.emits = make([]int64, have, have+len(add))
-		}
-		for range add {
-			r.emits = append(r.emits, ev.EmitUnixNano)
-		}
-	}
 	r.tokens = append(r.tokens, add...)
 	return true, ""
-}
-
-// Emits returns the emit times (Unix nanoseconds, 0: unknown) of the tokens
-// at offsets [from, Len()), nil unless a delta carried one (benchmarks).
-func (r *Request) Emits(from int) []int64 {
-	if r.emits == nil || from >= len(r.emits) {
-		return nil
-	}
-	return slices.Clone(r.emits[max(from, 0):])
 }
 
 // TokenIDs returns a copy of the ids of every token so far, and whether the

@@ -45,7 +45,7 @@ func NewMsg(subject string, e events.Envelope) (*nats.Msg, error) {
 // republished copy, filling in Seq and LastSeq from JetStream headers when present.
 func Decode(m *nats.Msg) (events.Envelope, error) {
 	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
-	e.Stored = StoredSubject(m.Subject)
+	e.Stored, e.Header = StoredSubject(m.Subject), events.Header(m.Header)
 	if h := m.Header; h != nil {
 		if v := h.Get(jetstream.SequenceHeader); v != "" {
 			e.Seq, _ = strconv.ParseUint(v, 10, 64)
@@ -61,7 +61,7 @@ func Decode(m *nats.Msg) (events.Envelope, error) {
 func DecodeRaw(m *jetstream.RawStreamMsg) (events.Envelope, error) {
 	e, err := events.Unmarshal(events.Header(m.Header), m.Data)
 	e.Seq = m.Sequence
-	e.Stored = m.Subject
+	e.Stored, e.Header = m.Subject, events.Header(m.Header)
 	return e, err
 }
 

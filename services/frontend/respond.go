@@ -33,11 +33,14 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 	t.View(func(p *projections.Request) {
 		cur, _ := p.Current()
 		s = snapshot{
-			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), emits: p.Emits(from), worker: cur.WorkerID,
+			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), worker: cur.WorkerID,
 			promptTokens: p.PromptTokens(), total: p.Len(), status: p.Status,
 			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
 		}
 	})
+	if n := len(s.tokens); n > 0 {
+		s.emits = t.Emits(from, from+n)
+	}
 	return s
 }
 

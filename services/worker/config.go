@@ -40,7 +40,7 @@ type Config struct {
 	Streams               streams.Config // provisioning of streams and buckets
 	Host                  string         // reported host name; default os.Hostname()
 	// BenchEmitTime stamps each token delta with the time the engine emitted
-	// its first token (events.TokensGenerated.EmitUnixNano), for benchmarks
+	// its first token (the header streams.HeaderBenchEmit), for benchmarks
 	// that measure emit-to-client latency. Off in production: off, a delta
 	// carries nothing more.
 	BenchEmitTime bool

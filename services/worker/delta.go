@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -70,7 +71,7 @@ type sentDelta struct {
 	offset, end int
 	repair      bool   // a re-send: its range and id are fixed from its first try
 	id          string // the event id of a repair
-	emit        int64  // EmitUnixNano of an original delta
+	emit        int64  // the streams.HeaderBenchEmit of an original delta
 	future      jetstream.PubAckFuture
 	err         error
 }
@@ -147,11 +148,12 @@ func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	if id == "" {
 		id = d.id(s.offset)
 	}
-	ev := d.event(s.offset, s.end)
-	ev.EmitUnixNano = s.emit // a repair's first token is its original's
-	h, data, err := d.enc.Encode(id, time.Now(), ev)
+	h, data, err := d.enc.Encode(id, time.Now(), d.event(s.offset, s.end))
 	if err != nil {
 		return nil, err
+	}
+	if s.emit != 0 { // a repair's first token is its original's
+		h[streams.HeaderBenchEmit] = []string{strconv.FormatInt(s.emit, 10)}
 	}
 	return &nats.Msg{Subject: d.subject, Header: nats.Header(h), Data: data}, nil
 }

@@ -139,11 +139,7 @@ func (w *Worker) generate(j *job) {
 	}()
 	w.notifyLoad()
 
-	var sink appender = w.events
-	if w.cfg.BenchLogOff {
-		sink = &logOff{win: w.benchWin, log: w.events, seq: &w.benchSeq}
-	}
-	out := newDeltas(sink, w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
+	out := newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
 	out.stampEmit = w.cfg.BenchEmitTime
 	res, genErr := w.produce(j.ctx, j.cancel, d, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {

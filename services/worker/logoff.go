@@ -79,6 +79,27 @@ func (l *logOff) publish(m *nats.Msg) error {
 	return l.win.publish(m)
 }
 
+// logOffMode is the worker's state in the benchmark-only mode with the log
+// off (Config.BenchLogOff): the synthetic sequences and the flow control
+// its attempts' logOff appenders share. A nil *logOffMode is the mode off.
+type logOffMode struct {
+	win *flowWindow
+	seq atomic.Uint64
+}
+
+func newLogOffMode(nc *nats.Conn) *logOffMode {
+	return &logOffMode{win: newFlowWindow(nc, logOffWindow)}
+}
+
+// sink is what one attempt appends to: log, or with the mode on, a logOff
+// beside it.
+func (m *logOffMode) sink(log *streams.Log) appender {
+	if m == nil {
+		return log
+	}
+	return &logOff{win: m.win, log: log, seq: &m.seq}
+}
+
 // logOffWindow is how many core-NATS publishes of a worker may be
 // unconfirmed by the server in the log-off mode.
 const logOffWindow = 1024

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -61,8 +60,7 @@ type Worker struct {
 	gens      sync.WaitGroup
 	listener  net.Listener // status server; nil when off or not yet bound
 
-	benchSeq atomic.Uint64 // synthetic sequences of Config.BenchLogOff
-	benchWin *flowWindow   // its flow control
+	logOff *logOffMode // Config.BenchLogOff only; nil otherwise
 
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
@@ -100,7 +98,9 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 		jobs:      map[jobKey]*job{},
 		frontends: newFrontends(),
 		fatalCh:   make(chan struct{}),
-		benchWin:  newFlowWindow(nc, logOffWindow),
+	}
+	if cfg.BenchLogOff {
+		w.logOff = newLogOffMode(nc)
 	}
 	w.health = newMonitor(cfg.HealthCheck, cfg.CanaryWait, cfg.HealthCheckTimeout,
 		canaryProbe(eng, cfg.ID, w.fail), w.healthChanged)

@@ -57,6 +57,7 @@ type follower struct {
 	proj       *projections.Request
 	lastBySubj map[string]uint64 // last stream sequence seen per stored subject
 	progress   time.Time         // when the last token was accepted
+	emits      emitTimes         // benchmarks only (--bench-emit-time)
 	err        error             // a catch-up failure; readers surface it
 }
 
@@ -287,8 +288,9 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 		f.lastBySubj[e.Stored] = max(f.lastBySubj[e.Stored], e.Seq)
 	}
 	changed := f.proj.Apply(e)
-	if f.proj.Len() != before {
+	if n := f.proj.Len(); n != before {
 		f.progress = time.Now()
+		f.emits.note(e, before, n)
 	}
 	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {
 		f.decided.Notify()
