@@ -1,6 +1,7 @@
 package projections_test
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/baton-dev/baton/events"
@@ -63,6 +64,61 @@ func TestFoldAcceptsOnlyTheRoutedWorker(t *testing.T) {
 			}
 			if tc.why != "" && (r.Text() != "a" || r.Status != projections.StatusRunning) {
 				t.Errorf("after an ignored event: text %q status %s, want \"a\" running", r.Text(), r.Status)
+			}
+		})
+	}
+}
+
+// TestDiscoveryAcceptsOnlyTheWorkersOwnSubject: a worker lifecycle event
+// counts only from the events subject of the worker it names, and only for
+// that worker's current lease. Formerly w1 could write a draining (lost,
+// deregistered) naming w2 on its own subject and take w2 out of routing on
+// every frontend; now it is ignored, with the reason baton events shows.
+func TestDiscoveryAcceptsOnlyTheWorkersOwnSubject(t *testing.T) {
+	w1, w2 := streams.WorkerEvents("w1"), streams.WorkerEvents("w2")
+	for _, tc := range []struct {
+		name    string
+		subject string
+		ev      events.Event
+		why     string
+		routed  []string // routable afterwards
+	}{
+		{"w2's own draining", w2, events.WorkerDraining{WorkerID: "w2", LeaseID: "l2"}, "", []string{"w1"}},
+		{"a frontend's lost of w2 on w2's subject", w2, events.WorkerLost{WorkerID: "w2", LeaseID: "l2"}, "", []string{"w1"}},
+		{"draining naming w2 on w1's subject", w1, events.WorkerDraining{WorkerID: "w2", LeaseID: "l2"}, projections.IgnoredNotWorkersSubject, []string{"w1", "w2"}},
+		{"lost naming w2 on w1's subject", w1, events.WorkerLost{WorkerID: "w2", LeaseID: "l2"}, projections.IgnoredNotWorkersSubject, []string{"w1", "w2"}},
+		{"deregistered naming w2 on w1's subject", w1, events.WorkerDeregistered{WorkerID: "w2", LeaseID: "l2"}, projections.IgnoredNotWorkersSubject, []string{"w1", "w2"}},
+		{"draining naming w2 on a request subject", streams.RequestEvents("r1"), events.WorkerDraining{WorkerID: "w2", LeaseID: "l2"}, projections.IgnoredNotWorkersSubject, []string{"w1", "w2"}},
+		{"w2's draining of another lease", w2, events.WorkerDraining{WorkerID: "w2", LeaseID: "l0"}, projections.IgnoredNotCurrentLease, []string{"w1", "w2"}},
+		{"w2's draining built in process", "", events.WorkerDraining{WorkerID: "w2", LeaseID: "l2"}, "", []string{"w1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := projections.NewDiscovery()
+			d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 1, Lease: &events.Lease{WorkerID: "w1", LeaseID: "l1", Model: "m"}})
+			d.ApplyLease(projections.LeaseUpdate{Key: "w2", Revision: 2, Lease: &events.Lease{WorkerID: "w2", LeaseID: "l2", Model: "m"}})
+			_, why := d.Fold(events.Envelope{ID: "x", Source: "test", Seq: 1, Stored: tc.subject, Event: tc.ev})
+			if why != tc.why {
+				t.Errorf("got why %q, want %q", why, tc.why)
+			}
+			var got []string
+			for _, w := range d.Routable("m") {
+				got = append(got, w.ID)
+			}
+			if !slices.Equal(got, tc.routed) {
+				t.Errorf("got routable %v, want %v", got, tc.routed)
+			}
+			// The lease renewed: a forged event must not have been kept for it.
+			d.ApplyLease(projections.LeaseUpdate{Key: "w2", Revision: 3, Lease: &events.Lease{WorkerID: "w2", LeaseID: "l2", Model: "m"}})
+			if w, _ := d.Get("w2"); w.Routable() != (len(tc.routed) == 2) {
+				t.Errorf("after a renewal w2 is %s, want routable %v", w.State, len(tc.routed) == 2)
+			}
+			// baton events says the same of the stored event, from the log alone.
+			var log projections.WorkerLog
+			log.Check(events.Envelope{Stored: w2, Event: events.WorkerRegistered{WorkerID: "w2", LeaseID: "l2"}})
+			if tc.subject != "" {
+				if got := log.Check(events.Envelope{Stored: tc.subject, Event: tc.ev}); got != tc.why {
+					t.Errorf("WorkerLog.Check: got %q, want %q", got, tc.why)
+				}
 			}
 		})
 	}

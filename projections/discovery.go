@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
 )
 
 // Worker states in the discovery view.
@@ -149,32 +150,132 @@ func (d *Discovery) ApplyLoad(u LoadUpdate) (changed bool) {
 	return false
 }
 
+// Why a worker lifecycle event changed nothing, as Discovery.Fold and
+// WorkerLog.Check report it.
+const (
+	// IgnoredNotWorkersSubject: the event names a worker other than the one
+	// whose subject (baton.workers.<id>.events) it is stored on. NATS
+	// permissions let a worker write only its own subject, so this is one
+	// worker speaking for another (a forged draining, lost or deregistered).
+	IgnoredNotWorkersSubject = "ignored (not the named worker's subject)"
+	// IgnoredNotCurrentLease: the event ends a lease the worker no longer
+	// (or never) holds.
+	IgnoredNotCurrentLease = "ignored (not the worker's current lease)"
+	// NoEffectNoLease: the worker holds no lease this view has seen yet;
+	// the event ends that lease if its key comes later.
+	NoEffectNoLease = "no effect (no lease seen yet)"
+	// NoEffectDraining: the worker is already out of routing.
+	NoEffectDraining = "no effect (already draining)"
+)
+
+// MisplacedWorkerEvent says why a worker event may not be folded from the
+// subject it is stored on, or "" if it may: a worker event counts only from
+// the events subject of the worker its body names, the rule
+// Request.Fold applies to an attempt's output. Who may write a subject is
+// what NATS permissions enforce (a worker writes only its own; a frontend
+// every worker's, for lost), so this confines a worker to itself. An
+// envelope with no stored subject was built in this process and is trusted.
+func MisplacedWorkerEvent(e events.Envelope) string {
+	id, _, ok := workerEvent(e.Event)
+	if !ok || e.Stored == "" {
+		return ""
+	}
+	if s, ok := streams.WorkerOfSubject(e.Stored); !ok || s != id {
+		return IgnoredNotWorkersSubject
+	}
+	return ""
+}
+
+// workerEvent returns the worker and lease a worker event names.
+func workerEvent(ev events.Event) (id, lease string, ok bool) {
+	switch ev := ev.(type) {
+	case events.WorkerRegistered:
+		return ev.WorkerID, ev.LeaseID, true
+	case events.WorkerDraining:
+		return ev.WorkerID, ev.LeaseID, true
+	case events.WorkerDeregistered:
+		return ev.WorkerID, ev.LeaseID, true
+	case events.WorkerLost:
+		return ev.WorkerID, ev.LeaseID, true
+	}
+	return "", "", false
+}
+
 // Apply folds a worker lifecycle event: draining, deregistered and lost take
 // the worker with that lease out of routing at once, before its key goes.
 func (d *Discovery) Apply(e events.Envelope) (changed bool) {
+	changed, _ = d.Fold(e)
+	return changed
+}
+
+// Fold is Apply that also says why an event changed nothing (empty when it
+// changed something): an event on another worker's subject
+// (MisplacedWorkerEvent) or for a lease other than the worker's current one
+// changes nothing. An event for a lease not seen yet is kept, so that the
+// lease is out of routing when its key arrives (the stream and the bucket
+// are read independently).
+func (d *Discovery) Fold(e events.Envelope) (changed bool, why string) {
 	if e.Seq != 0 {
 		if e.Seq <= d.lastSeq {
-			return false
+			return false, IgnoredReplayed
 		}
 		d.lastSeq = e.Seq
 	}
-	var id, lease string
-	switch ev := e.Event.(type) {
-	case events.WorkerDraining:
-		id, lease = ev.WorkerID, ev.LeaseID
-	case events.WorkerDeregistered:
-		id, lease = ev.WorkerID, ev.LeaseID
-	case events.WorkerLost:
-		id, lease = ev.WorkerID, ev.LeaseID
-	default:
-		return false
+	id, lease, ok := workerEvent(e.Event)
+	if _, registered := e.Event.(events.WorkerRegistered); !ok || registered {
+		return false, NoEffect
+	}
+	if why := MisplacedWorkerEvent(e); why != "" {
+		return false, why
+	}
+	w, known := d.workers[id]
+	switch {
+	case !known:
+		d.ended[id] = lease
+		return false, NoEffectNoLease
+	case w.LeaseID != lease:
+		if d.ended[id] != w.LeaseID {
+			d.ended[id] = lease // perhaps the next registration's, its key not seen yet
+		}
+		return false, IgnoredNotCurrentLease
 	}
 	d.ended[id] = lease
-	if w, ok := d.workers[id]; ok && w.LeaseID == lease && w.State != WorkerDraining {
-		w.State = WorkerDraining
-		return true
+	if w.State == WorkerDraining {
+		return false, NoEffectDraining
 	}
-	return false
+	w.State = WorkerDraining
+	return true, ""
+}
+
+// WorkerLog checks the events of the workers stream, read in order, as a
+// Discovery folds them, for tools that have no leases bucket to hand
+// (`baton events`): the current lease of a worker is the one of its last
+// registered event.
+type WorkerLog struct {
+	leases map[string]string
+}
+
+// Check returns why a Discovery ignores e ("" if it does not, or cannot
+// tell), and learns the lease of a registered event.
+func (l *WorkerLog) Check(e events.Envelope) string {
+	id, lease, ok := workerEvent(e.Event)
+	if !ok {
+		return ""
+	}
+	if why := MisplacedWorkerEvent(e); why != "" {
+		return why
+	}
+	if _, registered := e.Event.(events.WorkerRegistered); registered {
+		if l.leases == nil {
+			l.leases = map[string]string{}
+		}
+		l.leases[id] = lease
+		return ""
+	}
+	if cur, ok := l.leases[id]; ok && cur != lease {
+		return IgnoredNotCurrentLease
+	}
+	return ""
 }
 
 // Get returns a copy of worker id.

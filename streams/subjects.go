@@ -117,6 +117,20 @@ func KVSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 // WorkerEvents is the subject of a worker's lifecycle events.
 func WorkerEvents(id string) string { return workersPrefix + id + ".events" }
 
+// WorkerOfSubject is the worker id that a worker events subject
+// (WorkerEvents) names; ok is false for any other subject.
+func WorkerOfSubject(subj string) (id string, ok bool) {
+	rest, ok := strings.CutPrefix(subj, workersPrefix)
+	if !ok {
+		return "", false
+	}
+	id, ok = strings.CutSuffix(rest, ".events")
+	if !ok || !ValidID(id) {
+		return "", false
+	}
+	return id, true
+}
+
 // DispatchSubject is the core-NATS request subject on which a worker accepts work.
 func DispatchSubject(workerID string) string { return dispatchPrefix + workerID }
 

@@ -100,3 +100,21 @@ func TestRequestSubjects(t *testing.T) {
 		}
 	}
 }
+
+func TestWorkerOfSubject(t *testing.T) {
+	for _, tc := range []struct {
+		subj, want string
+		ok         bool
+	}{
+		{streams.WorkerEvents("w1"), "w1", true},
+		{"baton.workers.w1.events.x", "", false},
+		{"baton.workers.w1.w2.events", "", false},
+		{"baton.workers..events", "", false},
+		{"baton.requests.0.w1.events", "", false},
+		{"", "", false},
+	} {
+		if got, ok := streams.WorkerOfSubject(tc.subj); got != tc.want || ok != tc.ok {
+			t.Errorf("WorkerOfSubject(%q): got %q %v, want %q %v", tc.subj, got, ok, tc.want, tc.ok)
+		}
+	}
+}

@@ -99,7 +99,12 @@ func runEvents(ctx context.Context, env *environment, args []string) error {
 		return err // nil when ctx ended while connecting
 	}
 	defer nc.Close()
+	var workers projections.WorkerLog // why a frontend ignores a worker event
 	print := func(r logRecord) error {
+		if r.Stream == streams.WorkersStream && r.Err == nil {
+			r.Env.Stored = r.Subject
+			r.Why = workers.Check(r.Env)
+		}
 		var line string
 		if o.json {
 			b, err := json.Marshal(r.jsonRecord())
@@ -136,6 +141,7 @@ type logRecord struct {
 	Env     events.Envelope
 	Err     error // decode error: events.ErrUnknownType, events.ErrNotEvent, ...
 	Data    []byte
+	Why     string // why the readers ignore the event, if they do
 }
 
 // tailLog prints the stored messages of the sources merged in stored-time
@@ -298,6 +304,8 @@ func (r logRecord) line() string {
 // summary describes the event, or why it cannot be.
 func (r logRecord) summary() string {
 	switch {
+	case r.Err == nil && r.Env.Event != nil && r.Why != "":
+		return describe(r.Env) + "  " + r.Why
 	case r.Err == nil && r.Env.Event != nil:
 		return describe(r.Env)
 	case errors.Is(r.Err, events.ErrUnknownType):

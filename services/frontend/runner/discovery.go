@@ -83,7 +83,14 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 		if md, err := m.Metadata(); err == nil {
 			e.Seq = md.Sequence.Stream
 		}
-		d.update(func(v *projections.Discovery) bool { return v.Apply(e) })
+		e.Stored = m.Subject() // a worker speaks only for itself: projections.MisplacedWorkerEvent
+		d.update(func(v *projections.Discovery) bool {
+			changed, why := v.Fold(e)
+			if why == projections.IgnoredNotWorkersSubject || why == projections.IgnoredNotCurrentLease {
+				d.log.Warn("worker event ignored", "subject", e.Stored, "type", e.Type(), "why", why)
+			}
+			return changed
+		})
 	})
 	if err != nil {
 		lw.Stop()
