@@ -118,6 +118,31 @@ func (c *cluster) waitJetStream() {
 	})
 }
 
+// newLeader waits until stream name has a leader other than old, which was
+// killed, and fails the test loudly if none is elected: the leader kill did
+// not take effect.
+func (c *cluster) newLeader(js jetstream.JetStream, name, old string) string {
+	c.t.Helper()
+	var leader string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		if s, err := js.Stream(ctx, name); err == nil {
+			if info, err := s.Info(ctx); err == nil && info.Cluster != nil {
+				leader = info.Cluster.Leader
+			}
+		}
+		cancel()
+		if leader != "" && leader != old {
+			return leader
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s: leader %q 60s after killing its leader %s: the leader kill did not produce a new leader", name, leader, old)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // streamInfo returns the cluster view of a stream once it has a leader and
 // every replica is current.
 func (c *cluster) streamInfo(js jetstream.JetStream, name string) *jetstream.StreamInfo {
@@ -335,6 +360,9 @@ func TestClusterNodeLoss(t *testing.T) {
 				killed = time.Now()
 			})
 			t.Logf("streams ended %v after the kill", time.Since(killed).Round(time.Millisecond))
+			// The kill must have moved the leadership: a partition still led
+			// by the victim (or by nobody) means the fault did nothing.
+			c.newLeader(js, parts.Stream(k), victim.name)
 			checkClusterStreams(t, js, fe1, res, maxTokens)
 
 			// Bring the node back with its store, so the next phase has three.

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/internal/faultcheck"
 )
 
 // batonBin is the binary under test and vllmsimBin the vLLM simulator,
@@ -127,11 +130,47 @@ func (p *proc) running() bool {
 	}
 }
 
+// signal sends sig and checks that it took effect, failing the test loudly
+// if not: after SIGSTOP the process is in state T, after SIGCONT it is not,
+// after SIGKILL it is gone and its exit status says SIGKILL. (A fault that
+// silently did nothing would let a fault test pass without testing
+// anything.) Other signals are not checked: their effect is the process's
+// own behaviour, which the tests check.
 func (p *proc) signal(sig syscall.Signal) {
 	p.t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		p.t.Fatalf("signal %v to %s: %v", sig, p.name, err)
 	}
+	var err error
+	switch sig {
+	case syscall.SIGSTOP:
+		_, err = faultcheck.Stopped(p.pid(), 5*time.Second)
+	case syscall.SIGCONT:
+		_, err = faultcheck.Resumed(p.pid(), 5*time.Second)
+	case syscall.SIGKILL:
+		err = p.killed(10 * time.Second)
+	}
+	if err != nil {
+		p.t.Fatalf("%s: %v", p.name, err)
+	}
+}
+
+// killed waits for the process to die of SIGKILL and to be gone from /proc.
+func (p *proc) killed(timeout time.Duration) error {
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		return fmt.Errorf("sent SIGKILL, still running after %v: the fault did not take effect", timeout)
+	}
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) {
+		return fmt.Errorf("sent SIGKILL, but it exited with %v: it was not the kill that ended it", p.err)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		return fmt.Errorf("sent SIGKILL, but it exited with %v: it was not the kill that ended it", p.err)
+	}
+	_, err := faultcheck.Gone(p.pid(), timeout)
+	return err
 }
 
 // wait waits for the process to exit and returns its exit code.

@@ -33,4 +33,8 @@
 // by the body field vllmsim_fault (BodyFault), which reaches the simulator
 // through a proxy that passes the client's fields on; see ParseFault. Every request body is recorded and served
 // at GET /sim/requests, so that tests can assert on what an upstream received.
+// GET /sim/status (and GET /metrics, with vLLM's vllm:num_requests_running)
+// counts the generations running and those aborted because their client went
+// away before the answer ended, so that tests can check that a cancel freed
+// the server.
 package vllmsim

@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -84,6 +85,58 @@ type Server struct {
 	// bodyFaults counts the requests seen per BodyFault spec and key.
 	bodyFaults map[string]int
 	rng        *rand.Rand
+	gens       generations
+}
+
+// Status is what GET /sim/status says about the generations: how many run,
+// and how many were aborted because their client went away before the
+// answer ended (LastAbort: when the latest of them let go of the server).
+type Status struct {
+	Running   int       `json:"running"`
+	Aborted   int64     `json:"aborted"`
+	LastAbort time.Time `json:"last_abort"`
+}
+
+// generations counts running and aborted generations.
+type generations struct {
+	mu sync.Mutex
+	st Status
+}
+
+func (g *generations) begin() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.st.Running++
+}
+
+// end counts a generation's end: an abort when its client is gone (ctx
+// done) before the handler returned.
+func (g *generations) end(ctx context.Context) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.st.Running--
+	if ctx.Err() != nil {
+		g.st.Aborted++
+		g.st.LastAbort = time.Now()
+	}
+}
+
+// Status returns the generation counts.
+func (s *Server) Status() Status {
+	s.gens.mu.Lock()
+	defer s.gens.mu.Unlock()
+	return s.gens.st
+}
+
+// metrics serves GET /metrics in Prometheus's text format: vLLM's
+// vllm:num_requests_running and the simulator's own abort counter.
+func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
+	st := s.Status()
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests running.\n# TYPE vllm:num_requests_running gauge\n")
+	fmt.Fprintf(w, "vllm:num_requests_running{model_name=%q} %d\n", s.cfg.Model, st.Running)
+	fmt.Fprintf(w, "# HELP vllmsim_requests_aborted_total Generations aborted because the client went away before the answer ended.\n# TYPE vllmsim_requests_aborted_total counter\n")
+	fmt.Fprintf(w, "vllmsim_requests_aborted_total{model_name=%q} %d\n", s.cfg.Model, st.Aborted)
 }
 
 // New returns a simulator for cfg.
@@ -96,6 +149,8 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("POST /tokenize", s.tokenize)
 	s.mux.HandleFunc("POST /detokenize", s.detokenize)
 	s.mux.HandleFunc("GET /sim/requests", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Records()) })
+	s.mux.HandleFunc("GET /sim/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.Status()) })
+	s.mux.HandleFunc("GET /metrics", s.metrics)
 	s.mux.HandleFunc("DELETE /sim/requests", func(w http.ResponseWriter, r *http.Request) {
 		s.mu.Lock()
 		s.records = nil
@@ -334,6 +389,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeErr(w, statusFault(f))
 		return
 	}
+	s.gens.begin()
+	defer s.gens.end(r.Context())
 	if g.req.Stream {
 		s.stream(w, r, g, f)
 	} else {

@@ -501,3 +501,70 @@ func TestGreedyCompletionMatchesTheServer(t *testing.T) {
 		t.Fatalf("server %q, GreedyCompletion %q", got, want)
 	}
 }
+
+// TestAbortCounted: a client that goes away before its first token is an
+// aborted generation, on /sim/status and /metrics; one that reads its whole
+// answer is not.
+func TestAbortCounted(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		sim := New(Config{Model: "m", TTFT: time.Hour, Greedy: true})
+		srv := httptest.NewServer(sim)
+		ctx, cancel := context.WithCancel(t.Context())
+		body := `{"model":"m","prompt":"hi","max_tokens":3,"stream":` + map[bool]string{true: "true", false: "false"}[stream] + `}`
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				_, err = bufio.NewReader(resp.Body).ReadString('\n')
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		waitSim(t, "a running generation", func() bool { return sim.Status().Running == 1 })
+		cancel()
+		<-errc
+		waitSim(t, "the abort", func() bool { st := sim.Status(); return st.Running == 0 && st.Aborted == 1 })
+		if sim.Status().LastAbort.IsZero() {
+			t.Errorf("stream %v: no abort time", stream)
+		}
+		resp, err := http.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		_, _ = b.ReadFrom(resp.Body)
+		resp.Body.Close()
+		for _, want := range []string{`vllm:num_requests_running{model_name="m"} 0`, `vllmsim_requests_aborted_total{model_name="m"} 1`} {
+			if !strings.Contains(b.String(), want) {
+				t.Errorf("stream %v: /metrics lacks %q:\n%s", stream, want, b.String())
+			}
+		}
+		srv.Close()
+	}
+	sim := New(Config{Model: "m", Greedy: true})
+	srv := httptest.NewServer(sim)
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":3,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	resp.Body.Close()
+	waitSim(t, "the end", func() bool { return sim.Status().Running == 0 })
+	if st := sim.Status(); st.Aborted != 0 {
+		t.Errorf("a whole answer counted as aborted: %+v", st)
+	}
+}
+
+func waitSim(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -123,7 +123,7 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 	}
 	for _, f := range faults {
 		if f.err != "" {
-			r.violate("%s of %s at %.1fs: the stack did not recover: %s", f.kind, f.target, f.at.Seconds(), f.err)
+			r.violate("%s of %s at %.1fs: the fault did not take effect or the stack did not recover: %s", f.kind, f.target, f.at.Seconds(), f.err)
 		}
 	}
 	h.checkCounters(r, migByFE)
@@ -218,14 +218,22 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 	}
 	sort.Strings(codes)
 	row("failed (code: count)", fmt.Sprintf("%d %s", r.failed, strings.Join(codes, ", ")))
-	byKind := map[string]int{}
+	byKind, checked := map[string]int{}, map[string]int{}
 	recovery := map[string]time.Duration{}
+	var kinds []string
 	for _, f := range r.faults {
+		if byKind[f.kind] == 0 {
+			kinds = append(kinds, f.kind)
+		}
 		byKind[f.kind]++
+		if f.err == "" {
+			checked[f.kind]++
+		}
 		recovery[f.kind] = max(recovery[f.kind], f.recover)
 	}
-	for _, k := range faultKinds {
-		row("faults: "+k, fmt.Sprintf("%d (slowest recovery %v)", byKind[k], recovery[k].Round(100*time.Millisecond)))
+	sort.Strings(kinds)
+	for _, k := range kinds {
+		row("faults: "+k, fmt.Sprintf("%d, %d verified in effect (slowest recovery %v)", byKind[k], checked[k], recovery[k].Round(100*time.Millisecond)))
 	}
 	var types []string
 	for t, n := range r.logMigrationsByType {

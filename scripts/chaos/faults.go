@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -53,6 +54,9 @@ func (h *harness) injectFaults(ctx context.Context, rng *rand.Rand, begin time.T
 	}
 }
 
+// inject injects one fault of kind, checks that it took effect (a fault
+// that did nothing is an error: the run would test nothing), and waits for
+// the stack to recover.
 func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 	switch kind {
 	case "worker_kill", "worker_stop", "worker_term":
@@ -60,13 +64,15 @@ func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 		i := h.workerIndex(w.id)
 		switch kind {
 		case "worker_kill":
-			w.p.signal(syscall.SIGKILL)
-			w.p.wait(10 * time.Second)
+			if err := w.p.kill(10 * time.Second); err != nil {
+				return w.id, err
+			}
 		case "worker_stop":
-			w.p.signal(syscall.SIGSTOP)
+			if err := w.p.pause(); err != nil {
+				return w.id, err
+			}
 			time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
-			w.p.signal(syscall.SIGCONT)
-			return w.id, nil
+			return w.id, w.p.resume()
 		case "worker_term":
 			w.p.signal(syscall.SIGTERM)
 			if !w.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
@@ -87,8 +93,12 @@ func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 		old.mu.Lock()
 		old.killed = true
 		old.mu.Unlock()
-		old.p.signal(syscall.SIGKILL)
-		old.p.wait(10 * time.Second)
+		if err := old.p.kill(10 * time.Second); err != nil {
+			return old.id, err
+		}
+		if err := refused(old.url); err != nil {
+			return old.id, err
+		}
 		inc, err := h.startFrontend(slot)
 		if err != nil {
 			return old.id, err
@@ -116,8 +126,16 @@ func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 		if n == nil {
 			return victim, fmt.Errorf("no node %q", victim)
 		}
-		n.p.signal(syscall.SIGKILL)
-		n.p.wait(10 * time.Second)
+		if err := n.p.kill(10 * time.Second); err != nil {
+			return victim, err
+		}
+		if kind == "nats_leader_kill" {
+			// Before the victim comes back: the kill must have moved the
+			// partition's leadership to another node.
+			if err := h.newLeader(k, victim, 60*time.Second); err != nil {
+				return victim, err
+			}
+		}
 		if err := h.startNode(n); err != nil {
 			return victim, err
 		}
@@ -125,6 +143,42 @@ func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 		return victim, err
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+// refused checks that nothing listens at a killed frontend's address any
+// more: every connection to it was cut.
+func refused(url string) error {
+	addr := strings.TrimPrefix(url, "http://")
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+		return fmt.Errorf("%s still accepts connections after the kill: the fault did not take effect", addr)
+	}
+	return nil
+}
+
+// newLeader waits until request partition k has a leader other than old.
+func (h *harness) newLeader(k int, old string, timeout time.Duration) error {
+	name := h.parts().Stream(k)
+	var leader string
+	err := waitUntil(timeout, name+" to elect a leader other than "+old, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s, err := h.js.Stream(ctx, name)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx)
+		if err != nil || info.Cluster == nil {
+			return false
+		}
+		leader = info.Cluster.Leader
+		return leader != "" && leader != old
+	})
+	if err != nil {
+		return fmt.Errorf("leader kill of %s produced no new leader (leader %q): %w", old, leader, err)
+	}
+	return nil
 }
 
 func (h *harness) workerIndex(id string) int {

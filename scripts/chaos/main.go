@@ -45,6 +45,10 @@ type profile struct {
 	drainSecs      int    // DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS: short, so SIGTERM hands requests off too
 	engine         string // "mock", or "openai": workers in front of vLLM simulators
 	partitions     int    // --request-partitions of every component; NATS leader kills pick a partition's leader
+	// noopFaults sends no fault signal at all, as a broken injector would:
+	// a self-test of the checks that each fault took effect (the run must
+	// fail, loudly).
+	noopFaults bool
 }
 
 var profiles = map[string]profile{
@@ -64,6 +68,7 @@ func main() {
 		keep     = flag.Bool("keep", false, "keep the run directory (process logs, JetStream stores) even on success")
 		engName  = flag.String("engine", "mock", "workers' engine: mock, or openai (each worker in front of its own vLLM simulator, cmd/vllmsim)")
 		parts    = flag.Int("partitions", 1, "request log partitions (--request-partitions, 1 to 64); a leader kill picks one partition's leader")
+		noop     = flag.Bool("noop-faults", false, "self-test: send no kill or stop signal, as a broken injector would; the checks that each fault took effect must fail the run")
 
 		composeCheck = flag.Bool("compose-check", false, "be one resilient client of a running stack (see -urls); exit 0 iff the text is the fault-free one")
 		urls         = flag.String("urls", "http://127.0.0.1:8000,http://127.0.0.1:8001", "-compose-check: frontends, the first preferred")
@@ -97,6 +102,7 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.partitions = *parts
+	cfg.noopFaults = *noop
 	os.Exit(soak(cfg, *duration, *seed, *bin, *keep, strings.Join(os.Args, " ")))
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/baton-dev/baton/internal/faultcheck"
 	"github.com/baton-dev/baton/internal/freeport"
 	"github.com/baton-dev/baton/streams"
 )
@@ -28,6 +29,7 @@ import (
 // run directory (appended, so restarts of a component share one file).
 type proc struct {
 	name string
+	noop bool // -noop-faults: kill and pause send nothing
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error // exit status, valid once done is closed
@@ -59,6 +61,52 @@ func (p *proc) wait(timeout time.Duration) bool {
 	case <-time.After(timeout):
 		return false
 	}
+}
+
+// The checks below make sure a fault took effect (Dynamo's TCP-reset
+// injection was a no-op for two whole test runs): a fault that did nothing
+// is an error, which the soak reports as a violation.
+
+// kill sends SIGKILL and checks that the process died of it and is gone
+// from /proc.
+func (p *proc) kill(timeout time.Duration) error {
+	if p.exited() {
+		return fmt.Errorf("%s had already exited (%v) before the kill: the fault did nothing", p.name, p.err)
+	}
+	if !p.noop {
+		p.signal(syscall.SIGKILL)
+	}
+	if !p.wait(timeout) {
+		return fmt.Errorf("%s: sent SIGKILL, still running after %v: the fault did not take effect", p.name, timeout)
+	}
+	var ee *exec.ExitError
+	if !errors.As(p.err, &ee) {
+		return fmt.Errorf("%s: sent SIGKILL, but it exited with %v", p.name, p.err)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		return fmt.Errorf("%s: sent SIGKILL, but it exited with %v", p.name, p.err)
+	}
+	_, err := faultcheck.Gone(p.pid(), timeout)
+	return err
+}
+
+// pause sends SIGSTOP and checks that the process is in state T.
+func (p *proc) pause() error {
+	if p.exited() {
+		return fmt.Errorf("%s had already exited (%v) before SIGSTOP: the fault did nothing", p.name, p.err)
+	}
+	if !p.noop {
+		p.signal(syscall.SIGSTOP)
+	}
+	_, err := faultcheck.Stopped(p.pid(), 5*time.Second)
+	return err
+}
+
+// resume sends SIGCONT and checks that the process left state T.
+func (p *proc) resume() error {
+	p.signal(syscall.SIGCONT)
+	_, err := faultcheck.Resumed(p.pid(), 5*time.Second)
+	return err
 }
 
 // stop kills the process (waking it first if it was stopped) and reaps it.
@@ -171,7 +219,7 @@ func (h *harness) startBin(bin, name string, env []string, args ...string) (*pro
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), noop: h.cfg.noopFaults}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 )
@@ -72,12 +74,44 @@ const (
 	FinishStop   = "stop"
 )
 
-// Stats is an engine's load, published by its worker.
+// Stats is an engine's load, published by its worker, and its count of
+// aborted generations, which the worker's status server shows.
 type Stats struct {
 	ActiveRequests      int
 	KVBlocksUsed        int
 	KVBlocksTotal       int
 	QueuedPrefillTokens int
+	// Aborted counts the generations that ended because their ctx was done
+	// (a cancel, a client gone, a fence, a hand-off) since the engine was
+	// made; LastAbort is when the latest of them let go of the engine.
+	Aborted   int64
+	LastAbort time.Time
+}
+
+// aborts counts aborted generations for an engine's Stats. It is safe for
+// concurrent use.
+type aborts struct {
+	mu   sync.Mutex
+	n    int64
+	last time.Time
+}
+
+// record counts the end of a generation whose ctx is ctx and whose error is
+// err: an abort when it failed because ctx was done.
+func (a *aborts) record(ctx context.Context, err error) {
+	if err == nil || ctx.Err() == nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n++
+	a.last = time.Now()
+}
+
+func (a *aborts) read() (int64, time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.n, a.last
 }
 
 // Engine generates tokens. Implementations are safe for concurrent use.

@@ -95,6 +95,7 @@ type Mock struct {
 
 	emitted atomic.Int64 // tokens emitted, all requests
 	started atomic.Int64 // Generate calls
+	aborts  aborts
 
 	mu     sync.Mutex
 	active map[*mockRequest]struct{}
@@ -131,8 +132,11 @@ func scale(d time.Duration, speedup float64) time.Duration {
 // Generate emits the tokens at offsets [StartOffset, MaxTokens) of req's
 // output, waiting TTFT before the first and the inter-token latency between
 // tokens. It finishes with FinishLength, ctx's error when cancelled, or an
-// error wrapping ErrFatal when the script says so.
-func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error) (Result, error) {
+// error wrapping ErrFatal when the script says so. A generation cancelled
+// at any point, its time to first token included, lets go of the engine at
+// once and counts as aborted in Stats.
+func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error) (res Result, err error) {
+	defer func() { m.aborts.record(ctx, err) }()
 	if req.StartOffset < 0 || req.MaxTokens < req.StartOffset {
 		return Result{}, fmt.Errorf("engine: mock: bad token range [%d, %d)", req.StartOffset, req.MaxTokens)
 	}
@@ -209,9 +213,11 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 // ceil((prefill + generated) / BlockSize) KV blocks; a request that has not
 // emitted its first token counts its prefill as queued.
 func (m *Mock) Stats() Stats {
+	s := Stats{KVBlocksTotal: m.cfg.KVBlocks}
+	s.Aborted, s.LastAbort = m.aborts.read()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	s := Stats{ActiveRequests: len(m.active), KVBlocksTotal: m.cfg.KVBlocks}
+	s.ActiveRequests = len(m.active)
 	bs := m.cfg.BlockSize
 	for r := range m.active {
 		g := int(r.generated.Load())

@@ -229,6 +229,48 @@ func TestMockCancel(t *testing.T) {
 	})
 }
 
+// TestMockAbortCounted: a generation cancelled during its time to first
+// token lets go of the engine at once and counts as aborted, at the moment
+// of the cancel; one that finishes, or fails for another reason, does not.
+func TestMockAbortCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{TokensPerSec: 10, TTFT: 5 * time.Second})
+		if _, err := m.Generate(t.Context(), engine.Request{Prompt: "x", MaxTokens: 2}, func(engine.Token) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+		boom := errors.New("boom")
+		if _, err := m.Generate(t.Context(), engine.Request{Prompt: "x", MaxTokens: 2}, func(engine.Token) error { return boom }); !errors.Is(err, boom) {
+			t.Fatalf("got %v, want the emit error", err)
+		}
+		if got := m.Stats(); got.Aborted != 0 || !got.LastAbort.IsZero() {
+			t.Fatalf("after a finished and a failed generation: aborted %d at %v, want 0", got.Aborted, got.LastAbort)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error)
+		go func() {
+			_, err := m.Generate(ctx, engine.Request{Prompt: "x", MaxTokens: 100}, func(engine.Token) error {
+				t.Error("a token before the first-token time")
+				return nil
+			})
+			done <- err
+		}()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := m.Stats(); got.ActiveRequests != 1 || got.QueuedPrefillTokens != 1 {
+			t.Fatalf("waiting for the first token: %+v, want 1 active with its prompt queued", got)
+		}
+		cancelled := time.Now()
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Generate after cancel = %v, want context.Canceled", err)
+		}
+		got := m.Stats()
+		if got.ActiveRequests != 0 || got.Aborted != 1 || !got.LastAbort.Equal(cancelled) {
+			t.Errorf("after the cancel: %d active, %d aborted at %v; want 0, 1 at %v", got.ActiveRequests, got.Aborted, got.LastAbort, cancelled)
+		}
+	})
+}
+
 func TestMockEmitError(t *testing.T) {
 	m := newMock(t, fullSpeed)
 	boom := errors.New("boom")

@@ -72,6 +72,7 @@ type OpenAI struct {
 	base   string
 	client *http.Client
 	active atomic.Int64
+	aborts aborts
 
 	mu   sync.Mutex
 	caps Capabilities
@@ -115,7 +116,8 @@ var errFirstToken = errors.New("engine: openai: first-token timeout")
 // sends more is cut, with FinishLength). It returns the server's finish
 // reason and usage, ctx's error when cancelled, or an *UpstreamError; never
 // ErrFatal, since a server can come back.
-func (o *OpenAI) Generate(ctx context.Context, req Request, emit func(Token) error) (Result, error) {
+func (o *OpenAI) Generate(ctx context.Context, req Request, emit func(Token) error) (res Result, err error) {
+	defer func() { o.aborts.record(ctx, err) }()
 	if req.StartOffset < 0 || req.MaxTokens < req.StartOffset {
 		return Result{}, fmt.Errorf("engine: openai: bad token range [%d, %d)", req.StartOffset, req.MaxTokens)
 	}
@@ -161,7 +163,7 @@ func (o *OpenAI) Generate(ctx context.Context, req Request, emit func(Token) err
 	if req.StartOffset == 0 {
 		s.maxPrompt = req.MaxPromptTokens // a continuation's prompt ids include the generated ones
 	}
-	res, err := s.read(resp.Body)
+	res, err = s.read(resp.Body)
 	var ee emitError
 	switch {
 	case errors.As(err, &ee):
@@ -190,7 +192,11 @@ func (o *OpenAI) post(ctx context.Context, path string, body []byte, stream bool
 
 // Stats reports the requests running; the server's KV cache is not visible
 // through the OpenAI API, so its fields are 0.
-func (o *OpenAI) Stats() Stats { return Stats{ActiveRequests: int(o.active.Load())} }
+func (o *OpenAI) Stats() Stats {
+	s := Stats{ActiveRequests: int(o.active.Load())}
+	s.Aborted, s.LastAbort = o.aborts.read()
+	return s
+}
 
 // streamChunk is one streamed event of /v1/chat/completions or
 // /v1/completions, with vLLM's token-id extensions.

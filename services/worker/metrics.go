@@ -3,6 +3,9 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -26,10 +29,16 @@ type metrics struct {
 	stalled      prometheus.GaugeFunc   // engine stopped making progress, 0/1
 	canaries     *prometheus.CounterVec // model, outcome
 	canaryOK     prometheus.Gauge       // unix time of the last passing canary
+	// What the engine itself says, read at scrape time: the generations it
+	// runs and those it aborted (a cancel, a client gone, a fence).
+	engineActive    prometheus.GaugeFunc
+	engineAborted   prometheus.CounterFunc
+	engineLastAbort prometheus.GaugeFunc
 }
 
-// newMetrics builds the collectors; ready and stalled are read at scrape time.
-func newMetrics(reg prometheus.Registerer, workerID string, ready, stalled func() bool) (*metrics, error) {
+// newMetrics builds the collectors; ready, stalled and stats are read at
+// scrape time.
+func newMetrics(reg prometheus.Registerer, workerID string, ready, stalled func() bool, stats func() engine.Stats) (*metrics, error) {
 	constLabels := prometheus.Labels{"worker_id": workerID}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -68,12 +77,25 @@ func newMetrics(reg prometheus.Registerer, workerID string, ready, stalled func(
 			Name: "baton_worker_canary_last_success_timestamp_seconds", ConstLabels: constLabels,
 			Help: "Unix time of the last canary that passed; 0 if none has.",
 		}),
+		engineActive: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "baton_engine_active_requests", ConstLabels: constLabels,
+			Help: "Generations the engine runs now, as the engine counts them (a slot held by a cancelled request shows here).",
+		}, func() float64 { return float64(stats().ActiveRequests) }),
+		engineAborted: prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "baton_engine_aborted_total", ConstLabels: constLabels,
+			Help: "Generations the engine aborted because they were cancelled (a cancel, a client gone, a fence, a hand-off).",
+		}, func() float64 { return float64(stats().Aborted) }),
+		engineLastAbort: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "baton_engine_last_abort_timestamp_seconds", ConstLabels: constLabels,
+			Help: "Unix time at which the latest aborted generation let go of the engine; 0 if none has.",
+		}, func() float64 { return unixSeconds(stats().LastAbort) }),
 	}
 	if reg == nil {
 		return m, nil
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.cancellation, m.refused, m.leaseLive, m.ready, m.stalled, m.canaries, m.canaryOK} {
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.cancellation, m.refused, m.leaseLive, m.ready, m.stalled, m.canaries, m.canaryOK,
+		m.engineActive, m.engineAborted, m.engineLastAbort} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}
@@ -82,6 +104,13 @@ func newMetrics(reg prometheus.Registerer, workerID string, ready, stalled func(
 		return nil, fmt.Errorf("worker: register metrics: %w", err)
 	}
 	return m, nil
+}
+
+func unixSeconds(t time.Time) float64 {
+	if t.IsZero() {
+		return 0
+	}
+	return float64(t.UnixNano()) / 1e9
 }
 
 func b2f(b bool) float64 {

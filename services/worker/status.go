@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -27,6 +28,13 @@ type Status struct {
 	Capabilities *events.Capabilities `json:"capabilities,omitempty"`
 	Draining     bool                 `json:"draining"`
 	InFlight     int                  `json:"in_flight"`
+	// EngineActive is the generations the engine runs, as it counts them;
+	// EngineAborted those it aborted because they were cancelled, and
+	// EngineLastAbort when the latest let go of the engine (RFC 3339, empty
+	// if none has).
+	EngineActive    int    `json:"engine_active"`
+	EngineAborted   int64  `json:"engine_aborted"`
+	EngineLastAbort string `json:"engine_last_abort,omitempty"`
 }
 
 // Ready reports whether the worker may receive new requests: its lease is
@@ -43,6 +51,11 @@ func (w *Worker) Status() Status {
 	s := Status{
 		WorkerID: w.cfg.ID, Model: w.cfg.Model, Lease: "lost", Engine: why,
 		Draining: draining, InFlight: n, Reason: w.health.upstreamReason(), Capabilities: w.capabilities(),
+	}
+	st := w.eng.Stats()
+	s.EngineActive, s.EngineAborted = st.ActiveRequests, st.Aborted
+	if !st.LastAbort.IsZero() {
+		s.EngineLastAbort = st.LastAbort.UTC().Format(time.RFC3339Nano)
 	}
 	live := false
 	if l != nil {

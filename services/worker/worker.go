@@ -108,7 +108,7 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	w.metrics, err = newMetrics(reg, cfg.ID, w.Ready, func() bool {
 		_, why := w.health.state()
 		return why == engineStalled
-	})
+	}, eng.Stats)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,9 @@
+// Package faultcheck checks that an injected fault took effect, for the
+// integration tests and the chaos soak: a process sent SIGSTOP is in state T
+// in /proc, one sent SIGCONT has left it, one sent SIGKILL is gone. A fault
+// that silently did nothing (Dynamo's TCP-reset injection was a no-op for two
+// test runs) would let a fault test pass without testing anything, so every
+// check returns an error that names the process and what /proc said.
+//
+// It reads Linux's /proc and does nothing else.
+package faultcheck
