@@ -112,7 +112,9 @@ func (a *asyncErrors) add(err error) {
 // fold ignores it), and the victim's answer is the fault-free text.
 func TestWorkerConfinedToItsRequests(t *testing.T) {
 	c := confinedStack(t, "w1", "w2")
-	f := c.frontend(nil, c.auth...)
+	// No compaction at the end, so that replay shows w1's writes ignored;
+	// baton compact then purges them, as the owner would have.
+	f := c.frontend(nil, append([]string{"--log-compaction=false"}, c.auth...)...)
 	c.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
 	c.worker("w2", "--mock-tokens-per-sec", "10", "--mock-ttft", "5ms") // the victim runs for 12 s
 	f.waitRoutable(t, "w1", "w2")
@@ -161,6 +163,16 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	out, errOut, code := runTool(t, batonBin, append([]string{"replay", id, "--nats", c.natsURL}, c.auth...)...)
 	if code != 0 || !strings.Contains(out, projectionsNotRouted) {
 		t.Errorf("baton replay (exit %d) does not show w1's writes ignored as %q:\n%s\n%s", code, projectionsNotRouted, out, errOut)
+	}
+	if _, errOut, code := runTool(t, batonBin, append([]string{"compact", id, "--nats", c.natsURL}, c.auth...)...); code != 0 {
+		t.Fatalf("baton compact: exit %d: %s", code, errOut)
+	}
+	out, errOut, code = runTool(t, batonBin, append([]string{"replay", id, "--nats", c.natsURL}, c.auth...)...)
+	if code != 0 || strings.Contains(out, projectionsNotRouted) || !strings.Contains(out, "compacted") {
+		t.Errorf("after baton compact, replay (exit %d) still shows w1's writes, or no compact record:\n%s\n%s", code, out, errOut)
+	}
+	if st := f.state(t, id); st.Status != "completed" || st.Worker != "w2" || st.TokensGenerated != maxTokens {
+		t.Errorf("the victim's state after compaction %+v, want completed on w2 with %d tokens", st, maxTokens)
 	}
 	asyncErrs.mu.Lock()
 	t.Logf("w1's asynchronous errors: %q", asyncErrs.errs)

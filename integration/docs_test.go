@@ -276,7 +276,7 @@ func docsNATS(t *testing.T, f *frontend, natsURL string) {
 	if len(cmds) != 6 {
 		t.Fatalf("the nats commands of docs/internals.md changed (want 6), update this test: %q", cmds)
 	}
-	wants := []string{"BATON_REQUESTS", "ce-type: baton.request.completed.v1", "ce-type: baton.request.accepted.v1",
+	wants := []string{"BATON_REQUESTS", "ce-type: baton.request.compacted.v1", "ce-type: baton.request.accepted.v1",
 		"Subject baton.requests.16.demo-1.events", "up-w", "Nats-Stream: BATON_REQUESTS"}
 	for i, line := range cmds {
 		line = strings.Replace(line, "nats --server nats://127.0.0.1:4222", nats+" --server "+natsURL, 1)
