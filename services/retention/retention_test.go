@@ -1,0 +1,278 @@
+package retention_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// store appends a request's history as a frontend and a worker would: the
+// accepted and routed decisions, tokens deltas of attempt 0 (n tokens), and
+// the completion unless running.
+func store(t *testing.T, fe, wk *streams.Log, id string, n int, running bool) {
+	t.Helper()
+	ctx := context.Background()
+	app := func(log *streams.Log, subj string, evid string, ev events.Event) {
+		t.Helper()
+		if _, err := log.Append(ctx, subj, log.Envelope(evid, id, ev), -1); err != nil {
+			t.Fatalf("append %s: %v", ev.EventType(), err)
+		}
+	}
+	app(fe, streams.RequestEvents(id), events.ID(id, "accepted"), events.RequestAccepted{RequestID: id, Model: "mock",
+		Endpoint: events.EndpointCompletions, Prompt: "p", PromptTokens: 1, MaxTokens: n, Frontend: "fe-1"})
+	app(fe, streams.RequestEvents(id), events.ID(id, "routed", 0), events.RequestRouted{RequestID: id, Attempt: 0, WorkerID: "w1"})
+	tokens := streams.RequestTokens(id, 0, "w1")
+	for i := range n {
+		app(wk, tokens, events.ID(id, 0, i), events.TokensGenerated{RequestID: id, Attempt: 0, Offset: i,
+			Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}})
+	}
+	if !running {
+		app(wk, tokens, events.ID(id, 0, "completed"), events.RequestCompleted{RequestID: id, Attempt: 0, FinishReason: "length", CompletionTokens: n})
+	}
+}
+
+func logs(t *testing.T, js jetstream.JetStream) (fe, wk *streams.Log) {
+	return streams.NewLog(js, "baton/frontend/fe-1"), streams.NewLog(js, "baton/worker/w1")
+}
+
+// state is what every reader renders of a request.
+func state(r *projections.Request) string {
+	ids, _ := r.TokenIDs()
+	return fmt.Sprintf("%s %s %q %v %+v %d", r.Status, r.FinishReason, r.Text(), ids, r.Attempts, r.PromptTokens())
+}
+
+// TestCompactionRaces: two frontends compact one request at once while a
+// reader folds it over and over: one record is stored, the deltas are
+// gone, and every read folds to the state of the full history.
+func TestCompactionRaces(t *testing.T) {
+	srv := natstest.Start(t)
+	js := srv.Provision(t)
+	fe, wk := logs(t, js)
+	const id = "race-1"
+	store(t, fe, wk, id, 400, false)
+	full, _, err := retention.Read(context.Background(), fe, 1, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := state(full)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = retention.CompactFromLog(ctx, fe, 1, id)
+		}()
+	}
+	stop := make(chan struct{})
+	var reads int
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r, _, err := retention.Read(ctx, fe, 1, id)
+			if err != nil {
+				t.Errorf("read during compaction: %v", err)
+				return
+			}
+			if got := state(r); got != want {
+				t.Errorf("a read during compaction folded\n %s\nwant %s", got, want)
+				return
+			}
+			reads++
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-readerDone
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("compactor %d: %v", i, err)
+		}
+	}
+	var records, deltas int
+	for e, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch e.Event.(type) {
+		case events.RequestCompacted:
+			records++
+		case events.TokensGenerated, events.RequestCompleted:
+			deltas++
+		}
+	}
+	if records != 1 || deltas != 0 {
+		t.Errorf("after two compactions: %d records and %d deltas, want 1 and 0", records, deltas)
+	}
+	after, _, _ := retention.Read(ctx, fe, 1, id)
+	if got := state(after); got != want || !after.Compacted() {
+		t.Errorf("after compaction: %s (compacted %v), want %s", got, after.Compacted(), want)
+	}
+	t.Logf("%d reads during compaction", reads)
+}
+
+// TestCompactionInterruptedIsFinished: a frontend that stored the record and
+// died before the purge leaves a request that reads the same; the next
+// compaction only purges.
+func TestCompactionInterruptedIsFinished(t *testing.T) {
+	srv := natstest.Start(t)
+	js := srv.Provision(t)
+	fe, wk := logs(t, js)
+	const id = "crash-1"
+	store(t, fe, wk, id, 20, false)
+	ctx := context.Background()
+	r, seq, err := retention.Read(ctx, fe, 1, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := state(r)
+	rec, err := retention.Record(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record, and no purge: the frontend died here.
+	if _, err := fe.Append(ctx, streams.RequestEvents(id), fe.Envelope(events.ID(id, "compacted"), id, *rec), int64(seq)); err != nil {
+		t.Fatal(err)
+	}
+	mid, _, _ := retention.Read(ctx, fe, 1, id)
+	if got := state(mid); got != want {
+		t.Fatalf("between record and purge: %s, want %s", got, want)
+	}
+	if err := retention.CompactFromLog(ctx, fe, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	after, _, _ := retention.Read(ctx, fe, 1, id)
+	if got := state(after); got != want {
+		t.Fatalf("after the purge: %s, want %s", got, want)
+	}
+	if u, _ := streams.ReadUsage(ctx, js, streams.RequestsStream); u.Msgs != 3 {
+		t.Errorf("%d messages left, want 3 (accepted, routed, the record)", u.Msgs)
+	}
+	// A request still running is refused.
+	store(t, fe, wk, "running-1", 5, true)
+	if err := retention.CompactFromLog(ctx, fe, 1, "running-1"); err == nil || !strings.Contains(err.Error(), "not finished") {
+		t.Errorf("compaction of a running request: %v, want not finished", err)
+	}
+}
+
+// TestEvictionOldestFinishedFirst fills a small request stream with
+// finished requests, one request in flight at the head, and a message on a
+// malformed subject: the monitor evicts finished requests from the oldest
+// on, and the malformed subject, until the stream is below its band, and
+// keeps the request in flight whole.
+func TestEvictionOldestFinishedFirst(t *testing.T) {
+	srv := natstest.Start(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
+		t.Fatal(err)
+	}
+	fe, wk := logs(t, js)
+	store(t, fe, wk, "inflight", 30, true)
+	junk := "baton.requests.0.junk.tokens.0.w1" // slot 0 is not junk's: no reader folds it
+	if _, err := wk.Append(ctx, junk, wk.Envelope("junk", "junk", events.TokensGenerated{RequestID: "junk", Tokens: []string{"x"}}), -1); err != nil {
+		t.Fatal(err)
+	}
+	var finished []string
+	for i := 0; ; i++ {
+		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Ratio() > 0.85 {
+			break
+		}
+		id := fmt.Sprintf("done-%03d", i)
+		store(t, fe, wk, id, 20, false)
+		finished = append(finished, id)
+	}
+	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{HighWater: 0.9, Interval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPartitions(1)
+	if err := m.Admit("anything"); err != nil {
+		t.Fatalf("admission before any reading: %v", err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(rctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Ratio() < 0.7 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the stream is still %.2f full", u.Ratio())
+		}
+		time.Sleep(10 * time.Millisecond) // polling a stream another goroutine empties
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	present := func(id string) bool {
+		for _, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
+			return err == nil
+		}
+		return false
+	}
+	if !present("inflight") {
+		t.Fatal("the request in flight was evicted")
+	}
+	r, _, _ := retention.Read(ctx, fe, 1, "inflight")
+	if r.Len() != 30 {
+		t.Errorf("the request in flight has %d tokens left, want 30", r.Len())
+	}
+	// Oldest first: a prefix of the finished requests is gone, the rest remain.
+	gone := 0
+	for gone < len(finished) && !present(finished[gone]) {
+		gone++
+	}
+	for _, id := range finished[gone:] {
+		if !present(id) {
+			t.Errorf("%s was evicted before an older one was", id)
+		}
+	}
+	if gone == 0 || gone == len(finished) {
+		t.Errorf("%d of %d finished requests evicted, want some, oldest first", gone, len(finished))
+	}
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.GetLastMsgForSubject(ctx, junk); err == nil {
+		t.Error("the malformed subject was kept")
+	}
+	if u, _ := streams.ReadUsage(ctx, js, "BATON_REQUESTS"); u.Ratio() >= 0.7 {
+		t.Errorf("usage %.2f after eviction, want below 0.7", u.Ratio())
+	}
+}
