@@ -175,6 +175,7 @@ type clusterStream struct {
 	id, prompt string
 	res        sseResult
 	maxGap     time.Duration
+	maxTokens  int
 }
 
 // partitionedID is the first id "<tag>-<i>-<j>" whose request partition of
@@ -326,13 +327,18 @@ func TestClusterNodeLoss(t *testing.T) {
 	// in any cluster deployment (compose runs with 3): on a loaded machine an
 	// election can outlast a worker's lease (10 s), and a lease lost then is a
 	// worker lost, whose requests must move on, not fail.
-	fe1 := s.frontend(nil, "--replicas", "3", "--migration-limit", "3")
+	//
+	// The frontends keep every delta (--log-compaction=false), so that the
+	// log's count of stored tokens can be checked; the last phase compacts
+	// the requests by hand while a partition leader is killed.
+	fe1 := s.frontend(nil, "--replicas", "3", "--migration-limit", "3", "--log-compaction=false")
 	js := c.jetStream()
 	checkLeadersSpread(t, c, js, parts)
 	for i := 1; i <= 2; i++ {
 		s.worker(fmt.Sprintf("w%d", i), "--replicas", "3", "--mock-tokens-per-sec", "150", "--mock-ttft", "10ms")
 	}
 	fe1.waitRoutable(t, "w1", "w2")
+	var all []*clusterStream
 	for k, phase := range []struct {
 		name      string
 		maxTokens int // at 150 tokens/s; the second outlasts its partition leader's election (~6 s)
@@ -349,7 +355,7 @@ func TestClusterNodeLoss(t *testing.T) {
 			// nodes through the cluster's gossip and carry on through one.
 			saved := s.natsURL
 			s.natsURL = victim.url
-			fe := s.frontend(nil, "--replicas", "3", "--migration-limit", "3")
+			fe := s.frontend(nil, "--replicas", "3", "--migration-limit", "3", "--log-compaction=false")
 			s.natsURL = saved
 			fe.waitRoutable(t, "w1", "w2")
 
@@ -364,12 +370,60 @@ func TestClusterNodeLoss(t *testing.T) {
 			// by the victim (or by nobody) means the fault did nothing.
 			c.newLeader(js, parts.Stream(k), victim.name)
 			checkClusterStreams(t, js, fe1, res, maxTokens)
+			for _, cs := range res {
+				all = append(all, cs)
+				cs.maxTokens = maxTokens
+			}
 
 			// Bring the node back with its store, so the next phase has three.
 			c.startNode(victim)
 			c.streamInfo(js, parts.Stream(k))
 		})
 	}
+	t.Run("compaction-through-leader-kill", func(t *testing.T) { compactThroughLeaderKill(t, c, s, js, fe1, parts, all) })
+}
+
+// compactThroughLeaderKill compacts the finished requests css by hand
+// (baton compact, what an owner does at a request's end) while the leader
+// of the last partition is killed: every compaction completes through the
+// election, and every request reads the same afterwards, from its record.
+func compactThroughLeaderKill(t *testing.T, c *cluster, s *stack, js jetstream.JetStream, reader *frontend, parts streams.Partitions, css []*clusterStream) {
+	k := parts.Count() - 1
+	info := c.streamInfo(js, parts.Stream(k))
+	victim := c.node(info.Cluster.Leader)
+	ids := make([]string, len(css))
+	for i, cs := range css {
+		ids[i] = cs.id
+	}
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, errOut, code := runTool(t, batonBin, append([]string{"compact", "--nats", s.natsURL}, ids...)...)
+		done <- result{out, errOut, code}
+	}()
+	victim.signal(syscall.SIGKILL)
+	victim.wait(10 * time.Second)
+	r := <-done
+	c.newLeader(js, parts.Stream(k), victim.name)
+	if r.code != 0 {
+		t.Fatalf("baton compact through a leader kill: exit %d\n%s%s", r.code, r.out, r.errOut)
+	}
+	for _, cs := range css {
+		if stored, deltas, _ := storedTokens(t, js, cs.id); deltas != 0 {
+			t.Errorf("%s: %d deltas (%d tokens) left after compaction", cs.id, deltas, stored)
+		}
+		want := engine.MockText(cs.prompt, 0, cs.maxTokens)
+		if replay := postlessReplay(t, reader, cs.id); !replay.done || replay.text != want {
+			t.Errorf("%s: after compaction, the resume from the log differs:\n got %q\nwant %q", cs.id, replay.text, want)
+		}
+		if st := reader.fullState(t, cs.id); st.Status != "completed" || st.TokensGenerated != cs.maxTokens {
+			t.Errorf("%s: after compaction, status %q with %d tokens, want completed with %d", cs.id, st.Status, st.TokensGenerated, cs.maxTokens)
+		}
+	}
+	c.startNode(victim)
 }
 
 // checkLeadersSpread checks that the request partitions, created by the

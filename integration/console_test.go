@@ -201,6 +201,23 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="completed"]`)),
 		chromedp.WaitVisible(css(`#timeline[data-request="long"][data-status="completed"]`)),
 	)
+	// Once its owner has compacted it, the timeline still shows both lanes
+	// and the whole text, coloured by attempt, with the cut.
+	waitFor(t, 20*time.Second, "long to be compacted", func() bool {
+		out, _, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, "long")
+		return code == 0 && strings.Contains(out, `"baton.request.compacted.v1"`) && !strings.Contains(out, `"baton.request.tokens.v1"`)
+	})
+	browse(t, ctx, 20*time.Second, "open the compacted timeline",
+		chromedp.Click(css(`#feed li[data-kind="migrated"][data-request="long"] a[data-open]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="long"] .lane[data-attempt="1"]`)),
+	)
+	compacted := value(t, ctx, "read the compacted text", chromedp.Text(css(`#tl-text`)))
+	if strings.Count(compacted, "‖") != 1 || strings.ReplaceAll(compacted, "‖", "") != res.text {
+		t.Errorf("the compacted timeline's text %q, want the answer %q with one cut mark", compacted, res.text)
+	}
+	if n := value(t, ctx, "count the lanes", chromedp.Evaluate[int](`document.querySelectorAll('#timeline .lane[data-attempt]').length`)); n != 2 {
+		t.Errorf("the compacted timeline has %d attempt lanes, want 2", n)
+	}
 	paths := []string{filepath.Join(t.TempDir(), "console.png")}
 	if os.Getenv("UPDATE_CONSOLE_PNG") != "" {
 		paths = append(paths, filepath.Join("..", "docs", "console.png"))

@@ -296,6 +296,10 @@ func (c *conn) close() {
 // connectTool connects a tool (replay, events) to NATS and learns the request
 // log's layout from the server: tools take no --request-partitions. conn is
 // nil when ctx ended while connecting.
+// toolDiscoverBudget bounds a tool's look-up of the request log's layout once
+// connected.
+const toolDiscoverBudget = 30 * time.Second
+
 func connectTool(ctx context.Context, env *environment, common *commonFlags, nf *natsFlags, name string) (*conn, jetstream.JetStream, streams.Partitions, error) {
 	log := common.logger(env.stderr, name)
 	nc, err := connectNATS(ctx, nf.urls, "baton-"+name, toolConnectTimeout, log, nf.options()...)
@@ -310,9 +314,16 @@ func connectTool(ctx context.Context, env *environment, common *commonFlags, nf 
 		nc.Close()
 		return nil, nil, 0, fmt.Errorf("jetstream: %w", err)
 	}
-	dctx, cancel := context.WithTimeout(ctx, toolConnectTimeout)
+	// Connected: a discovery that fails now is a cluster electing a
+	// leader (5-7 s), which a tool rides out as the components do.
+	dctx, cancel := context.WithTimeout(ctx, toolDiscoverBudget)
 	defer cancel()
-	parts, err := streams.Discover(dctx, js)
+	var parts streams.Partitions
+	err = streams.Retry(dctx, func(ctx context.Context) error {
+		var err error
+		parts, err = streams.Discover(ctx, js)
+		return err
+	})
 	if err != nil {
 		nc.Close()
 		return nil, nil, 0, err

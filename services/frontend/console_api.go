@@ -183,6 +183,10 @@ type timelineDoc struct {
 	Request  RequestState                `json:"request"`
 	Timeline []projections.TimelineEntry `json:"timeline"`
 	Output   string                      `json:"output"`
+	// Tokens are the output's tokens when the request is compacted (its
+	// deltas, which the timeline would show, are gone): the page colours
+	// each by the attempt whose range holds it.
+	Tokens []string `json:"tokens,omitempty"`
 }
 
 // handleTimeline serves GET /v1/console/requests/{id}/timeline: the request's
@@ -208,7 +212,11 @@ func (fe *Frontend) timeline(ctx context.Context, id string) result {
 	if !ok {
 		return errResult(notFound(id))
 	}
-	return okResult(timelineDoc{Request: stateOf(p), Timeline: timeline, Output: p.Text()})
+	doc := timelineDoc{Request: stateOf(p), Timeline: timeline, Output: p.Text()}
+	if p.Compacted() {
+		doc.Tokens = p.Tokens(0)
+	}
+	return okResult(doc)
 }
 
 // handleFrontends serves GET /v1/console/frontends: the live frontends, from

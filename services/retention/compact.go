@@ -74,7 +74,13 @@ func Read(ctx context.Context, log *streams.Log, p streams.Partitions, id string
 // frontend does for a finished request it does not follow.
 func CompactFromLog(ctx context.Context, log *streams.Log, p streams.Partitions, id string) error {
 	for try := 0; ; try++ {
-		r, seq, err := Read(ctx, log, p, id)
+		var r *projections.Request
+		var seq uint64
+		err := streams.Retry(ctx, func(ctx context.Context) error { // through a leader election
+			var err error
+			r, seq, err = Read(ctx, log, p, id)
+			return err
+		})
 		if err != nil {
 			return err
 		}

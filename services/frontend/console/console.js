@@ -337,6 +337,17 @@ function drawTimeline(doc) {
     const ev = e.event;
     (ev.tokens || []).forEach((t, i) => { const o = ev.offset + i; if (o < e.len && toks[o] === undefined) toks[o] = { t, k: ev.attempt, s: e.since_accepted_seconds }; });
   }
+  if (!toks.length && doc.tokens) {
+    // A compacted request: its deltas are folded into one record, so each
+    // token is coloured by the attempt whose range holds it, at the time
+    // of the record.
+    const rec = tl.find((e) => e.type === 'baton.request.compacted.v1');
+    const s = rec ? rec.since_accepted_seconds : end;
+    doc.tokens.forEach((t, i) => {
+      const a = rq.attempts.filter((a) => a.start_offset <= i && (!a.closed || i < a.cut)).pop();
+      toks[i] = { t, k: a ? a.attempt : 0, s };
+    });
+  }
   const cuts = new Set(rq.attempts.filter((a) => a.closed).map((a) => a.cut));
   $('#tl-text').innerHTML = toks.map((o, i) => (cuts.has(i) ? '<span class="cutmark" title="cut">‖</span>' : '') +
     `<span style="color:${color(o.k)}" title="token ${i}, attempt ${o.k}, +${o.s.toFixed(3)}s">${esc(o.t)}</span>`).join('');
