@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 )
 

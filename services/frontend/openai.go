@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/frontend/openai"
 )
 
 // apiError is an error answered with OpenAI's error shape.
@@ -31,11 +32,7 @@ func writeError(w http.ResponseWriter, status int, typ, code, message string) {
 	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, map[string]any{"error": errorBody(typ, code, message)})
-}
-
-func errorBody(typ, code, message string) map[string]any {
-	return map[string]any{"message": message, "type": typ, "code": code}
+	writeJSON(w, status, map[string]any{"error": openai.ErrorBody(typ, code, message)})
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -68,7 +68,7 @@ func BuildReplay(envs []events.Envelope) (doc Doc, ok bool) {
 	}
 	doc = Doc{Request: r.State(), Timeline: timeline, Output: r.Text()}
 	if r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1 {
-		doc.Response = frontend.Response(r)
+		doc.Response = openai.Response(r)
 	}
 	return doc, true
 }
