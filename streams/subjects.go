@@ -217,3 +217,8 @@ func SubjectOf(id, worker string, ev events.Event) string {
 // messages: a frontend's one live subscription, dispatched to the request's
 // followers by ParseRequestSubject.
 func RequestsLive() string { return livePrefix + ">" }
+
+// WorkerTokens matches the tokens subjects of every attempt routed to
+// worker, of any request (RequestTokens): what NATS permissions let that
+// worker write. WorkerTokens("*") matches every worker's.
+func WorkerTokens(worker string) string { return requestsPrefix + "*.*.tokens.*." + worker }

@@ -1,18 +1,12 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"strings"
-	"time"
 
-	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/logtool"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -28,9 +22,6 @@ finish reason) and the output text exactly as clients received it.
 --json prints {"request": state, "timeline": [every event], "output": text}.
 With API keys, a tenant's request is <tenant>:<its X-Request-Id> (alice:r1).
 Exits 1 if the request is not in the log.`
-
-// replayReadTimeout bounds reading one request's history.
-const replayReadTimeout = 30 * time.Second
 
 // replayOptions are the flags and argument of `baton replay`.
 type replayOptions struct {
@@ -90,207 +81,17 @@ func runReplay(ctx context.Context, env *environment, args []string) error {
 		return err // nil when ctx ended while connecting
 	}
 	defer nc.Close()
-	rctx, cancel := context.WithTimeout(ctx, replayReadTimeout)
-	defer cancel()
-	var envs []events.Envelope
-	for e, err := range streams.ReadRequest(rctx, js, parts, o.id, 1) {
-		if errors.Is(err, streams.ErrNotFound) {
-			return errRequestNotFound(o.id)
-		}
-		if err != nil {
-			return fmt.Errorf("read request %s: %w", o.id, err)
-		}
-		envs = append(envs, e)
-	}
-	doc, ok := buildReplay(envs)
-	if !ok {
+	doc, err := logtool.ReadReplay(ctx, js, parts, o.id)
+	if errors.Is(err, streams.ErrNotFound) {
 		return errRequestNotFound(o.id)
 	}
-	doc.Stream = parts.StreamOf(o.id)
+	if err != nil {
+		return err
+	}
 	if o.json {
 		enc := json.NewEncoder(env.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(doc)
 	}
-	return writeReplay(env.stdout, doc)
-}
-
-// replayDoc is what `baton replay --json` prints.
-type replayDoc struct {
-	Stream   string            `json:"stream"` // the request's partition of the log
-	Request  projections.State `json:"request"`
-	Timeline []replayEntry     `json:"timeline"`
-	Output   string            `json:"output"`
-	// Response is the non-streaming answer a client gets for a completed
-	// request (tool calls, logprobs, finish reason and usage included),
-	// rendered from the log as a frontend renders it.
-	Response map[string]any `json:"response,omitempty"`
-}
-
-// replayEntry is one event of the timeline.
-type replayEntry = projections.TimelineEntry
-
-// buildReplay folds a request's events, in stream order, into its state and
-// timeline. ok is false when the history has no accepted event.
-func buildReplay(envs []events.Envelope) (doc replayDoc, ok bool) {
-	r, timeline, ok := projections.Replay(envs)
-	if !ok {
-		return replayDoc{}, false
-	}
-	doc = replayDoc{Request: r.State(), Timeline: timeline, Output: r.Text()}
-	if r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1 {
-		doc.Response = frontend.Response(r)
-	}
-	return doc, true
-}
-
-// timelineLine is one line of the text timeline: an entry, or a run of
-// token deltas of one attempt with the same fate.
-type timelineLine struct {
-	first, last replayEntry
-	deltas      int
-	tokens      int
-	from, to    int // token offsets of the run, to exclusive
-}
-
-// coalesce groups consecutive token deltas of one attempt that the fold
-// treated alike into one line; other entries stay one line each.
-func coalesce(entries []replayEntry) []timelineLine {
-	var out []timelineLine
-	for _, e := range entries {
-		tg, isDelta := e.Event.(events.TokensGenerated)
-		if isDelta && len(out) > 0 {
-			prev := &out[len(out)-1]
-			if p, ok := prev.last.Event.(events.TokensGenerated); ok && p.Attempt == tg.Attempt && prev.last.Note == e.Note {
-				prev.last = e
-				prev.deltas++
-				prev.tokens += len(tg.Tokens)
-				prev.from = min(prev.from, tg.Offset)
-				prev.to = max(prev.to, tg.Offset+len(tg.Tokens))
-				continue
-			}
-		}
-		l := timelineLine{first: e, last: e, deltas: 1}
-		if isDelta {
-			l.tokens, l.from, l.to = len(tg.Tokens), tg.Offset, tg.Offset+len(tg.Tokens)
-		}
-		out = append(out, l)
-	}
-	return out
-}
-
-func (l timelineLine) String() string {
-	seq := fmt.Sprintf("#%d", l.first.Seq)
-	if l.last.Seq != l.first.Seq {
-		seq += fmt.Sprintf("-%d", l.last.Seq)
-	}
-	what := l.first.Summary
-	if tg, ok := l.first.Event.(events.TokensGenerated); ok {
-		what = fmt.Sprintf("attempt %d: %s", tg.Attempt, tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas))
-	}
-	if l.first.Note != "" {
-		what += "  [" + l.first.Note + "]"
-	}
-	return fmt.Sprintf("%+7.3fs  %-11s %-9s %-15s %s", l.first.Since, seq, l.first.Subject, kindOf(l.first.Type), what)
-}
-
-// tokenRangeDeltas describes a run of deltas covering offsets [from, to)
-// with tokens tokens in all (more than to-from if some overlap).
-func tokenRangeDeltas(from, to, tokens, deltas int) string {
-	if deltas > 1 && to-from != tokens {
-		return fmt.Sprintf("tokens %d-%d (%d tokens in %d deltas)", from, to-1, tokens, deltas)
-	}
-	return tokenRange(from, tokens, deltas)
-}
-
-// writeReplay prints the timeline, the summary and the output as text.
-func writeReplay(w io.Writer, doc replayDoc) error {
-	st := doc.Request
-	var b strings.Builder
-	fmt.Fprintf(&b, "request %s: %s\n\n", st.ID, statusLine(st))
-	fmt.Fprintf(&b, "timeline (time since accepted, %s sequence, subject under %s):\n", cmp.Or(doc.Stream, streams.RequestsStream), strings.TrimSuffix(streams.RequestAll(st.ID), ">"))
-	for _, l := range coalesce(doc.Timeline) {
-		fmt.Fprintf(&b, "  %s\n", l)
-	}
-	fmt.Fprintf(&b, "\nsummary:\n")
-	row := func(k, v string) { fmt.Fprintf(&b, "  %-11s %s\n", k, v) }
-	row("status", statusLine(st))
-	row("model", fmt.Sprintf("%s (%s), %d prompt tokens, max_tokens %d", st.Model, st.Endpoint, st.PromptTokens, st.MaxTokens))
-	row("attempts", attemptsLine(st))
-	row("migrations", migrationsLine(st))
-	row("owner", st.Owner)
-	row("tokens", fmt.Sprintf("%d generated", st.TokensGenerated))
-	if st.Cancel != nil {
-		row("cancel", fmt.Sprintf("%s: %s", st.Cancel.Mode, st.Cancel.Reason))
-	}
-	if st.Failure != nil {
-		row("failure", fmt.Sprintf("%s (status %d): %s", st.Failure.Code, st.Failure.Status, st.Failure.Message))
-	}
-	if st.ParentID != "" {
-		row("parent", st.ParentID)
-	}
-	if len(st.Children) > 0 {
-		row("children", strings.Join(st.Children, ", "))
-	}
-	if st.SkippedDeltas > 0 {
-		row("gaps", fmt.Sprintf("%d deltas skipped out of order (a correct log has none)", st.SkippedDeltas))
-	}
-	if calls := toolCallsOf(doc.Response); calls != "" {
-		row("tool calls", calls)
-	}
-	fmt.Fprintf(&b, "\noutput (%d tokens):\n%s", st.TokensGenerated, doc.Output)
-	if !strings.HasSuffix(doc.Output, "\n") {
-		b.WriteString("\n")
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
-}
-
-func statusLine(st projections.State) string {
-	s := st.Status
-	if st.FinishReason != "" {
-		s += ", finish reason " + st.FinishReason
-	}
-	return s
-}
-
-func attemptsLine(st projections.State) string {
-	if len(st.Attempts) == 0 {
-		return "none"
-	}
-	parts := make([]string, 0, len(st.Attempts))
-	for _, a := range st.Attempts {
-		p := fmt.Sprintf("%d on %s from token %d", a.Attempt, a.WorkerID, a.StartOffset)
-		if a.Closed {
-			p += fmt.Sprintf(", closed at token %d (%s)", a.Cut, a.CloseReason)
-		}
-		parts = append(parts, p)
-	}
-	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
-}
-
-func migrationsLine(st projections.State) string {
-	if len(st.Migrations) == 0 {
-		return "none"
-	}
-	parts := make([]string, 0, len(st.Migrations))
-	for _, m := range st.Migrations {
-		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
-	}
-	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
-}
-
-// toolCallsOf lists the tool calls of a chat response, as name(arguments).
-func toolCallsOf(resp map[string]any) string {
-	choices, _ := resp["choices"].([]map[string]any)
-	var out []string
-	for _, c := range choices {
-		msg, _ := c["message"].(map[string]any)
-		calls, _ := msg["tool_calls"].([]map[string]any)
-		for _, tc := range calls {
-			fn, _ := tc["function"].(map[string]any)
-			out = append(out, fmt.Sprintf("%v(%v)", fn["name"], fn["arguments"]))
-		}
-	}
-	return strings.Join(out, ", ")
+	return logtool.WriteReplay(env.stdout, doc)
 }

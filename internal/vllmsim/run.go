@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
+
+	"github.com/baton-dev/baton/streams"
 )
 
 // toolCallTokens is how many tokens a tool call's arguments take when
@@ -60,20 +61,6 @@ func (d *decoder) next() (*token, string) {
 		return t, "tool_calls"
 	}
 	return t, ""
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func (g *generation) object() (id, obj string) {
@@ -171,7 +158,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 		flusher.Flush()
 	}
 	sw := sseWriter{w: w, flusher: flusher}
-	if !sleep(ctx, s.cfg.TTFT) {
+	if !streams.Sleep(ctx, s.cfg.TTFT) {
 		return
 	}
 	d := newDecoder(g)
@@ -189,7 +176,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *generation, f
 		}
 		t, finish := d.next()
 		if t != nil {
-			if sent > 0 && !sleep(ctx, s.cfg.TokenDelay) {
+			if sent > 0 && !streams.Sleep(ctx, s.cfg.TokenDelay) {
 				return
 			}
 			c := g.streamChoice(t, finish, sent, textOff)
@@ -292,7 +279,7 @@ func (g *generation) streamEnd(sw sseWriter, finish string, sent int) {
 
 func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f *Fault) {
 	ctx := r.Context()
-	if !sleep(ctx, s.cfg.TTFT) {
+	if !streams.Sleep(ctx, s.cfg.TTFT) {
 		return
 	}
 	d := newDecoder(g)
@@ -304,7 +291,7 @@ func (s *Server) unary(w http.ResponseWriter, r *http.Request, g *generation, f 
 		}
 		t, fin := d.next()
 		if t != nil {
-			if len(toks) > 0 && !sleep(ctx, s.cfg.TokenDelay) {
+			if len(toks) > 0 && !streams.Sleep(ctx, s.cfg.TokenDelay) {
 				return
 			}
 			toks = append(toks, t)

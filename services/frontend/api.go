@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"io"
 	"net/http"
 	"strconv"
@@ -15,6 +14,8 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/openai"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
 )
@@ -297,7 +298,7 @@ type RequestState struct {
 func stateOf(p *projections.Request) RequestState {
 	s := RequestState{State: p.State()}
 	if f := p.Failure; f != nil {
-		_, s.Error = failureBody(f)
+		_, s.Error = openai.FailureBody(f)
 	}
 	return s
 }

@@ -8,7 +8,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
 	"os"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 )
 

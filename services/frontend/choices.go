@@ -2,14 +2,15 @@ package frontend
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -76,4 +77,28 @@ func (fe *Frontend) onGroupGone(parent events.RequestAccepted) {
 	if err := fe.runtime.Cancel(ctx, parent.RequestID, events.CancelKill, "client disconnected", ""); err != nil {
 		fe.log.Warn("cancel after client disconnect", "request_id", parent.RequestID, "err", err)
 	}
+}
+
+// choiceBody is the body choice i of a request with n > 1 runs with: the
+// client's body, with a seed s made s+i, so that seeded choices differ (as
+// the n choices of one request do on the model server) while each stays
+// reproducible. Choice 0 and bodies without an integer seed are unchanged.
+func choiceBody(body json.RawMessage, i int) json.RawMessage {
+	if i == 0 || len(body) == 0 {
+		return body
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return body
+	}
+	var seed *int64
+	if json.Unmarshal(fields["seed"], &seed) != nil || seed == nil {
+		return body
+	}
+	fields["seed"], _ = json.Marshal(*seed + int64(i))
+	out, err := json.Marshal(fields)
+	if err != nil {
+		return body
+	}
+	return out
 }

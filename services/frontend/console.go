@@ -4,7 +4,6 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"io/fs"
 	"net/http"
 	"strconv"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"

@@ -1,30 +1,24 @@
 package frontend
 
 import (
-	"encoding/json"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"net/http"
-	"slices"
-	"strconv"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/openai"
+	"github.com/baton-dev/baton/services/frontend/runner"
 )
 
 // snapshot is what a client stream needs from the projection at one moment.
 type snapshot struct {
-	acc          events.RequestAccepted
-	tokens       []string          // from the client's offset on
-	details      []json.RawMessage // the tokens' details (nil: none)
-	emits        []int64           // the tokens' emit times (nil: none; benchmarks)
-	worker       string            // the worker of the current attempt
-	promptTokens int               // the engine's count when it reported one
-	total        int
-	status       projections.Status
-	finishReason string
-	failure      *events.RequestFailed
-	cancel       *events.RequestCancelled
+	openai.Choice // what the answer renders: tokens from the client's offset on, and how they ended
+	acc           events.RequestAccepted
+	emits         []int64 // the tokens' emit times (nil: none; benchmarks)
+	worker        string  // the worker of the current attempt
+	status        projections.Status
+	failure       *events.RequestFailed
+	cancel        *events.RequestCancelled
 }
 
 // snapshotOf is t's snapshot from token offset from on.
@@ -33,12 +27,14 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 	t.View(func(p *projections.Request) {
 		cur, _ := p.Current()
 		s = snapshot{
-			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), worker: cur.WorkerID,
-			promptTokens: p.PromptTokens(), total: p.Len(), status: p.Status,
-			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
+			Choice: openai.Choice{
+				Tokens: p.Tokens(from), Details: p.Details(from), FinishReason: p.FinishReason,
+				Total: p.Len(), PromptTokens: p.PromptTokens(),
+			},
+			acc: p.Accepted, worker: cur.WorkerID, status: p.Status, failure: p.Failure, cancel: p.Cancel,
 		}
 	})
-	if n := len(s.tokens); n > 0 {
+	if n := len(s.Tokens); n > 0 {
 		s.emits = t.Emits(from, from+n)
 	}
 	return s
@@ -113,7 +109,7 @@ func (o *output) unary() bool {
 				}
 			}
 			setWorker(o.w, snaps[len(snaps)-1])
-			writeJSON(o.w, http.StatusOK, completionBody(o.acc, snaps))
+			writeJSON(o.w, http.StatusOK, openai.Answer(o.acc, choicesOf(snaps)))
 			return true
 		}
 		if !o.wait(pch) {
@@ -126,7 +122,7 @@ func (o *output) unary() bool {
 func writeUnary(w http.ResponseWriter, s snapshot) bool {
 	if s.status == projections.StatusCompleted {
 		setWorker(w, s)
-		writeJSON(w, http.StatusOK, completionBody(s.acc, []snapshot{s}))
+		writeJSON(w, http.StatusOK, openai.Answer(s.acc, []openai.Choice{s.Choice}))
 		return true
 	}
 	status, body := failureOf(s)
@@ -137,56 +133,22 @@ func writeUnary(w http.ResponseWriter, s snapshot) bool {
 	return false
 }
 
+// choicesOf is the choices of snaps, one per request of a group.
+func choicesOf(snaps []snapshot) []openai.Choice {
+	cs := make([]openai.Choice, len(snaps))
+	for i, s := range snaps {
+		cs[i] = s.Choice
+	}
+	return cs
+}
+
 // failureOf is the HTTP status and OpenAI error body of a request that
 // failed or was cancelled.
 func failureOf(s snapshot) (int, map[string]any) {
 	if s.status == projections.StatusCancelled {
-		return 499, errorBody("cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
+		return 499, openai.ErrorBody("cancelled", "request_cancelled", "the request was cancelled ("+s.cancel.Reason+")")
 	}
-	return failureBody(s.failure)
-}
-
-// failureBody is the HTTP status and OpenAI error body of failure f.
-func failureBody(f *events.RequestFailed) (int, map[string]any) {
-	status := f.Status
-	if status == 0 {
-		status = http.StatusInternalServerError
-	}
-	typ := "server_error"
-	switch {
-	case status == http.StatusServiceUnavailable:
-		typ = "service_unavailable"
-	case status >= 400 && status < 500:
-		typ = "invalid_request_error"
-	}
-	return status, errorBody(typ, f.Code, f.Message)
-}
-
-// completionBody is the non-streaming response of acc with one choice per
-// snapshot.
-func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]any {
-	list := make([]map[string]any, 0, len(choices))
-	completion, prompt := 0, acc.PromptTokens
-	for i, s := range choices {
-		if i == 0 && s.promptTokens > 0 {
-			prompt = s.promptTokens // the engine's count
-		}
-		completion += s.total
-		list = append(list, merge(s.tokens, s.details).answerChoice(acc.Endpoint, i, s.finishReason))
-	}
-	usage := map[string]any{
-		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-	}
-	if acc.Endpoint == events.EndpointChat {
-		return map[string]any{
-			"id": "chatcmpl-" + acc.RequestID, "object": "chat.completion", "created": acc.Created, "model": acc.Model,
-			"choices": list, "usage": usage,
-		}
-	}
-	return map[string]any{
-		"id": "cmpl-" + acc.RequestID, "object": "text_completion", "created": acc.Created, "model": acc.Model,
-		"choices": list, "usage": usage,
-	}
+	return openai.FailureBody(s.failure)
 }
 
 // stream writes the requests as server-sent events, a single request from
@@ -198,8 +160,8 @@ func (o *output) stream(from int, start time.Time) bool {
 	if answered, ok := o.beforeHeaders(from); answered {
 		return ok
 	}
-	flush := startSSE(o.w)
-	sse := &sseWriter{w: o.w, acc: o.acc}
+	flush := openai.StartSSE(o.w)
+	sse := openai.NewSSE(o.w, o.acc)
 	m := o.fe.tokenMetrics(o.acc.Model, start)
 	sent := make([]int, len(o.ts))
 	sent[0] = from
@@ -211,13 +173,13 @@ func (o *output) stream(from int, start time.Time) bool {
 		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
 			s := snapshotOf(t, sent[i])
-			if n := len(s.tokens); n > 0 {
+			if n := len(s.Tokens); n > 0 {
 				sent[i] += n
 				total += n
 				if s.emits != nil {
-					sse.emits(s.emits)
+					sse.Emits(s.emits)
 				}
-				sse.delta(total, i, s.tokens, s.details, !started[i])
+				sse.Delta(total, i, s.Tokens, s.Details, !started[i])
 				started[i] = true
 				m.sent(n)
 			}
@@ -225,7 +187,7 @@ func (o *output) stream(from int, start time.Time) bool {
 			case projections.StatusCompleted:
 				if !finished[i] {
 					finished[i] = true
-					sse.finish(total, i, s.finishReason)
+					sse.Finish(total, i, s.FinishReason)
 				}
 			case projections.StatusFailed, projections.StatusCancelled:
 				if failed == nil {
@@ -233,31 +195,31 @@ func (o *output) stream(from int, start time.Time) bool {
 				}
 			}
 			done = done && s.status.Terminal()
-			completion += s.total
-			if i == 0 && s.promptTokens > 0 {
-				prompt = s.promptTokens // the engine's count
+			completion += s.Total
+			if i == 0 && s.PromptTokens > 0 {
+				prompt = s.PromptTokens // the engine's count
 			}
 		}
 		if failed != nil {
 			_, body := failureOf(*failed)
-			sse.error(total, body)
+			sse.Error(total, body)
 			if len(o.ts) > 1 {
 				_ = o.fe.runtime.Cancel(o.r.Context(), o.acc.RequestID, events.CancelKill, "another choice failed", "")
 			}
 		} else if done {
 			if o.acc.IncludeUsage {
-				sse.usage(total, map[string]any{
+				sse.Usage(total, map[string]any{
 					"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 				})
 			}
-			sse.done(total)
+			sse.Done(total)
 		}
 		flush()
 		if failed != nil || done {
 			m.end()
 			return failed == nil
 		}
-		if sse.err != nil {
+		if sse.Err() != nil {
 			o.gone()
 			return false
 		}
@@ -276,32 +238,16 @@ func (o *output) beforeHeaders(from int) (answered, ok bool) {
 		return false, false
 	}
 	s := snapshotOf(o.ts[0], from)
-	if from == 0 && s.total == 0 && !s.status.Terminal() {
+	if from == 0 && s.Total == 0 && !s.status.Terminal() {
 		s = o.awaitFirstToken()
 	}
-	if s.status == projections.StatusFailed && from == 0 && s.total == 0 {
+	if s.status == projections.StatusFailed && from == 0 && s.Total == 0 {
 		// Nothing was streamed yet: answer as a plain error (e.g. 503 no
 		// worker, or the model server's 400).
 		return true, writeUnary(o.w, s)
 	}
 	setWorker(o.w, s)
 	return false, false
-}
-
-// startSSE writes the headers of an event stream and returns its flush.
-func startSSE(w http.ResponseWriter) (flush func()) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	flusher, _ := w.(http.Flusher)
-	return func() {
-		if flusher != nil {
-			flusher.Flush()
-		}
-	}
 }
 
 // tokenMetrics observes the tokens one response sends.
@@ -336,91 +282,6 @@ func (m *tokenMetrics) end() {
 	m.fe.metrics.duration.WithLabelValues(m.model).Observe(time.Since(m.start).Seconds())
 }
 
-// sseWriter formats OpenAI stream chunks as server-sent events.
-type sseWriter struct {
-	w      http.ResponseWriter
-	acc    events.RequestAccepted
-	err    error
-	buf    []byte // the event being written, reused
-	text   []byte // a text chunk's text, reused
-	suffix []byte // what follows the choices in every chunk (see textEvent)
-}
-
-func (s *sseWriter) event(id int, data []byte) {
-	if s.err != nil {
-		return
-	}
-	s.buf = s.buf[:0]
-	s.buf = append(s.buf, "id: "...)
-	s.buf = strconv.AppendInt(s.buf, int64(id), 10)
-	s.buf = append(s.buf, "\ndata: "...)
-	s.buf = append(s.buf, data...)
-	s.buf = append(s.buf, "\n\n"...)
-	_, s.err = s.w.Write(s.buf)
-}
-
-func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
-	var body map[string]any
-	if s.acc.Endpoint == events.EndpointChat {
-		body = map[string]any{"id": "chatcmpl-" + s.acc.RequestID, "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
-	} else {
-		body = map[string]any{"id": "cmpl-" + s.acc.RequestID, "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
-	}
-	if choice != nil {
-		body["choices"] = []map[string]any{choice}
-	} else {
-		body["choices"] = []map[string]any{}
-	}
-	if usage != nil {
-		body["usage"] = usage
-	}
-	data, _ := json.Marshal(body)
-	s.event(id, data)
-}
-
-// delta writes the chunk of choice index carrying tokens and their details
-// (see chunk.go).
-// emits writes the emit times of the next event's tokens as an SSE comment
-// (": emit <unix ns> ..."), which clients ignore; only a worker run for a
-// benchmark records them.
-func (s *sseWriter) emits(ns []int64) {
-	if s.err != nil {
-		return
-	}
-	s.buf = append(s.buf[:0], ": emit"...)
-	for _, v := range ns {
-		s.buf = append(s.buf, ' ')
-		s.buf = strconv.AppendInt(s.buf, v, 10)
-	}
-	s.buf = append(s.buf, '\n')
-	_, s.err = s.w.Write(s.buf)
-}
-
-func (s *sseWriter) delta(id, index int, tokens []string, details []json.RawMessage, first bool) {
-	if !slices.ContainsFunc(details, func(d json.RawMessage) bool { return d != nil }) {
-		s.textEvent(id, index, tokens, first)
-		return
-	}
-	s.chunk(id, merge(tokens, details).chunkChoice(s.acc.Endpoint, index, first), nil)
-}
-
-func (s *sseWriter) finish(id, index int, reason string) {
-	if s.acc.Endpoint == events.EndpointChat {
-		s.chunk(id, map[string]any{"index": index, "delta": map[string]any{}, "finish_reason": reason}, nil)
-		return
-	}
-	s.chunk(id, map[string]any{"index": index, "text": "", "logprobs": nil, "finish_reason": reason}, nil)
-}
-
-func (s *sseWriter) usage(id int, usage map[string]any) { s.chunk(id, nil, usage) }
-
-func (s *sseWriter) done(id int) { s.event(id, []byte("[DONE]")) }
-
-func (s *sseWriter) error(id int, body map[string]any) {
-	data, _ := json.Marshal(map[string]any{"error": body})
-	s.event(id, data)
-}
-
 // setWorker names the worker of s's current attempt in the X-Worker-Id
 // response header.
 func setWorker(w http.ResponseWriter, s snapshot) {
@@ -444,7 +305,7 @@ func (o *output) awaitFirstToken() snapshot {
 	for {
 		pch := o.fe.runtime.FrontendsChanged()
 		s := snapshotOf(o.ts[0], 0)
-		if s.total > 0 || s.status.Terminal() {
+		if s.Total > 0 || s.status.Terminal() {
 			return s
 		}
 		select {

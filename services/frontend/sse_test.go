@@ -1,72 +1,13 @@
 package frontend
 
 import (
-	"errors"
-	"net/http"
 	"net/http/httptest"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	"github.com/baton-dev/baton/events"
 	"github.com/prometheus/client_golang/prometheus"
 )
-
-func TestStartSSE(t *testing.T) {
-	rec := httptest.NewRecorder()
-	flush := startSSE(rec)
-	if rec.Code != http.StatusOK {
-		t.Errorf("got status %d, want 200", rec.Code)
-	}
-	for k, want := range map[string]string{
-		"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-		"Connection": "keep-alive", "X-Accel-Buffering": "no",
-	} {
-		if got := rec.Header().Get(k); got != want {
-			t.Errorf("got %s %q, want %q", k, got, want)
-		}
-	}
-	if rec.Flushed {
-		t.Fatal("got flushed before flush was called")
-	}
-	flush()
-	if !rec.Flushed {
-		t.Error("got no flush, want the recorder flushed")
-	}
-}
-
-// failingWriter fails every write after the first n.
-type failingWriter struct {
-	http.ResponseWriter
-	n      int
-	writes int
-}
-
-func (f *failingWriter) Write(p []byte) (int, error) {
-	f.writes++
-	if f.writes > f.n {
-		return 0, errors.New("broken pipe")
-	}
-	return f.ResponseWriter.Write(p)
-}
-
-func TestSSEWriterStopsAtTheFirstError(t *testing.T) {
-	rec := httptest.NewRecorder()
-	fw := &failingWriter{ResponseWriter: rec, n: 1}
-	s := &sseWriter{w: fw, acc: events.RequestAccepted{RequestID: "r", Model: "m", Endpoint: events.EndpointChat}}
-	s.done(1)
-	s.done(2) // fails
-	s.done(3) // not tried
-	if s.err == nil {
-		t.Fatal("got no error, want the write's")
-	}
-	if fw.writes != 2 {
-		t.Errorf("got %d writes, want 2 (none after the failure)", fw.writes)
-	}
-	if got, want := rec.Body.String(), "id: 1\ndata: [DONE]\n\n"; got != want {
-		t.Errorf("got %q, want %q", got, want)
-	}
-}
 
 func TestSetWorker(t *testing.T) {
 	cases := []struct {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+
+	"github.com/baton-dev/baton/streams"
 )
 
 // WorkerPermissions is the least-privilege permission set of a worker, as
@@ -31,16 +33,26 @@ subscribe: [ "baton.dispatch.*", "baton.commands.*", "_INBOX_worker.*.>" ]   # p
 
 // pins are the grants of WorkerPermissions that name one worker's own
 // subjects: its attempts' output, lifecycle events, checks, lease and load
-// keys, dispatches, commands and inboxes.
-var pins = []struct{ any, own string }{
-	{`"baton.requests.*.*.tokens.*.*"`, `"baton.requests.*.*.tokens.*.%s"`},
-	{`"baton.workers.*.events"`, `"baton.workers.%s.events"`},
-	{`"baton.checks.*"`, `"baton.checks.%s"`},
-	{`"$KV.baton_leases.>", "$KV.baton_load.>"`, `"$KV.baton_leases.%s", "$KV.baton_load.%s"`},
-	{`"baton.dispatch.*"`, `"baton.dispatch.%s"`},
-	{`"baton.commands.*"`, `"baton.commands.%s"`},
-	{`"_INBOX_worker.*.>"`, `"_INBOX_worker.%s.>"`},
-}
+// keys, dispatches, commands and inboxes. Each is built by streams, as any
+// worker's ("*", or ">" for a key) and as one worker's ("%s").
+var pins = func() []struct{ any, own string } {
+	grant := func(subject func(id string) string) struct{ any, own string } {
+		return struct{ any, own string }{quote(subject("*")), quote(subject("%s"))}
+	}
+	inbox := func(id string) string { return streams.WorkerInboxPrefix(id) + ".>" }
+	return []struct{ any, own string }{
+		grant(streams.WorkerTokens),
+		grant(streams.WorkerEvents),
+		grant(streams.CheckSubject),
+		{quote(streams.KVSubject(streams.LeasesBucket, ">")) + ", " + quote(streams.KVSubject(streams.LoadBucket, ">")),
+			quote(streams.KVSubject(streams.LeasesBucket, "%s")) + ", " + quote(streams.KVSubject(streams.LoadBucket, "%s"))},
+		grant(streams.DispatchSubject),
+		grant(streams.CommandSubject),
+		{quote(inbox("*")), quote(inbox("%s"))},
+	}
+}()
+
+func quote(subject string) string { return `"` + subject + `"` }
 
 // PinWorker narrows a worker permission set to worker id: it may write only
 // its own attempts' output (the tokens subjects that name it), lifecycle

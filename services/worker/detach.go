@@ -53,21 +53,10 @@ func (w *Worker) watchFrontends(ctx context.Context) {
 		w.log.Warn("watch frontends: detached requests will run to the end", "err", err)
 		return
 	}
-	defer watcher.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case e, ok := <-watcher.Updates():
-			if !ok {
-				return
-			}
-			if e != nil {
-				w.frontends.apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
-					Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()})
-			}
-		}
-	}
+	streams.Watch(ctx, watcher, func(e jetstream.KeyValueEntry) {
+		w.frontends.apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
+			Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()})
+	}, nil)
 }
 
 // guardDetach has job j's request cancelled (detach) once its owning

@@ -218,10 +218,7 @@ func (w *Worker) openControl() error {
 func (w *Worker) open(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
 	defer cancel()
-	parts, err := streams.Provision(ctx, w.js, w.cfg.Streams)
-	if errors.Is(err, streams.ErrLeadersNotSpread) {
-		w.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
-	} else if err != nil {
+	if _, err := streams.ProvisionAtStart(ctx, w.js, w.cfg.Streams, w.log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	return streams.Retry(ctx, func(ctx context.Context) error {
@@ -337,7 +334,7 @@ func (w *Worker) registerFirst(ctx context.Context) (*lease, error) {
 			return nil, err
 		}
 		w.log.Info("cannot register yet; retrying", "err", err)
-		if !sleep(ctx, w.cfg.LeaseTTL/10) {
+		if !streams.Sleep(ctx, w.cfg.LeaseTTL/10) {
 			return nil, fmt.Errorf("worker: register: %w", ctx.Err())
 		}
 	}
@@ -368,7 +365,7 @@ func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
 				return
 			}
 			w.log.Warn("register again", "err", err)
-			if !sleep(ctx, w.cfg.LeaseTTL/3) {
+			if !streams.Sleep(ctx, w.cfg.LeaseTTL/3) {
 				return
 			}
 		}
@@ -609,21 +606,6 @@ func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFun
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, streams.DefaultTimeout)
-}
-
-// sleep waits d or until ctx is done; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // waitGroup waits for wg until ctx is done; it reports whether wg finished.

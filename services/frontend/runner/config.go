@@ -11,58 +11,35 @@ import (
 )
 
 // Config configures the runtime. Zero values mean the documented defaults
-// (CONTRACT.md); the frontend maps its own Config onto it.
+// (CONTRACT.md names the flags and variables); the frontend maps its own
+// Config, which users set, onto it.
 type Config struct {
-	// ID names this frontend in events (owner, source); required.
-	ID string
+	ID string // the frontend's id: owner and source of what it decides; required
 
-	// MigrationLimit is how many times one request may be re-dispatched; 0
-	// disables migration.
-	MigrationLimit int
-	// MigrationMaxSeqLen disables migration for a request once prompt +
-	// generated tokens strictly exceed it; 0 means unset.
-	MigrationMaxSeqLen int
-	// InhibitedDuration is how long a worker that failed on the request path
-	// leaves this frontend's routing set; default 5s; negative disables.
-	InhibitedDuration time.Duration
-	// ActiveDecodeBlocksThreshold marks a worker busy when used / total KV
-	// blocks exceeds it (0..1); nil means unset.
-	ActiveDecodeBlocksThreshold *float64
-	// ActivePrefillTokensThreshold marks a worker busy when its queued prefill
-	// tokens exceed it; nil means unset.
-	ActivePrefillTokensThreshold *int
+	// The migration policy (migrations.Policy) and routing.
+	MigrationLimit               int           // re-dispatches one request may have; 0: migration off
+	MigrationMaxSeqLen           int           // prompt + generated tokens past which a request stops migrating; 0: unset
+	InhibitedDuration            time.Duration // how long a worker that failed a request leaves routing; default 5s, negative: off
+	ActiveDecodeBlocksThreshold  *float64      // a worker is busy past this share of used KV blocks (0..1); nil: unset
+	ActivePrefillTokensThreshold *int          // a worker is busy past this many queued prefill tokens; nil: unset
 
-	// StallTimeout treats an in-flight request whose worker produces nothing
-	// for this long as a worker failure; default 30s.
-	StallTimeout time.Duration
-	// DetachTimeout is how long a request with no attached client keeps
-	// generating before it is cancelled; default 120s.
-	DetachTimeout time.Duration
-	// DispatchTimeout bounds a worker's answer to a dispatch; default 2s.
-	DispatchTimeout time.Duration
+	// Timers of a running request.
+	StallTimeout    time.Duration // silence of a worker that counts as its failure; default 30s
+	DetachTimeout   time.Duration // life of a request without a client; default 120s
+	DispatchTimeout time.Duration // wait for a worker's answer to a dispatch; default 2s
 
-	// MaxPromptTokens is the largest prompt a worker accepts in a dispatch;
-	// default 32768.
-	MaxPromptTokens int
-	// MaxChildren is the most children one request may have; Start checks
-	// that the log keeps room for a cancel after them. Default 1024.
-	MaxChildren int
+	// Limits the runtime enforces.
+	MaxPromptTokens int // sent with each dispatch: the engine's bound on the prompt in its own tokens; default 32768
+	MaxChildren     int // children one request may have; Start checks the log keeps room for a cancel after them; default 1024
 
-	// SystemURL, if set, is a NATS URL with system-account credentials used to
-	// receive disconnect advisories (the fast path for worker crashes).
+	// SystemURL (NATS URL with system-account credentials) and SystemTLS,
+	// if set, receive disconnect advisories: the fast path for crashes.
 	SystemURL string
-	// SystemTLS, if set, secures the system-account connection.
 	SystemTLS *tls.Config
 
-	// Streams sets provisioning and retention of the log.
-	Streams streams.Config
-	// Log sets the request log's lifecycle: the high-water mark above which
-	// new requests are refused (ErrLogFull), and eviction.
-	Log retention.Config
-	// NoCompaction keeps a finished request's deltas instead of folding
-	// them into its compact record (debugging; `baton compact` does it by
-	// hand).
-	NoCompaction bool
+	Streams      streams.Config   // provisioning and retention of the log
+	Log          retention.Config // the log's lifecycle: the high-water mark above which new requests are refused (ErrLogFull), eviction
+	NoCompaction bool             // keep a finished request's deltas rather than fold them into its compact record (debugging; baton compact does it by hand)
 }
 
 // Defaults of Config.

@@ -103,13 +103,18 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 	// arrive in time (so that a retried start does not leave them running).
 	wctx, stop := context.WithCancel(ctx)
 	g.Go(func() error {
-		defer lw.Stop()
-		d.watchLeases(wctx, lw, initial)
+		streams.Watch(wctx, lw, d.applyLease, func() {
+			d.mu.Lock()
+			d.ready = true
+			d.mu.Unlock()
+			close(initial)
+			d.changed.Notify()
+			d.members.Notify()
+		})
 		return nil
 	})
 	g.Go(func() error {
-		defer ldw.Stop()
-		d.watchLoad(wctx, ldw)
+		streams.Watch(wctx, ldw, d.applyLoad, nil)
 		return nil
 	})
 	g.Go(func() error {
@@ -127,66 +132,36 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 	}
 }
 
-func (d *discovery) watchLeases(ctx context.Context, w jetstream.KeyWatcher, initial chan struct{}) {
-	for {
-		select {
-		case <-ctx.Done():
+// applyLease applies an entry of the leases bucket.
+func (d *discovery) applyLease(entry jetstream.KeyValueEntry) {
+	u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision(), Time: entry.Created()}
+	if entry.Operation() == jetstream.KeyValuePut {
+		var l events.Lease
+		if err := json.Unmarshal(entry.Value(), &l); err != nil {
+			d.log.Warn("skip malformed lease", "worker_id", entry.Key(), "err", err)
 			return
-		case entry, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if entry == nil { // end of the initial values
-				d.mu.Lock()
-				d.ready = true
-				d.mu.Unlock()
-				close(initial)
-				d.changed.Notify()
-				d.members.Notify()
-				continue
-			}
-			u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision(), Time: entry.Created()}
-			if entry.Operation() == jetstream.KeyValuePut {
-				var l events.Lease
-				if err := json.Unmarshal(entry.Value(), &l); err != nil {
-					d.log.Warn("skip malformed lease", "worker_id", entry.Key(), "err", err)
-					continue
-				}
-				u.Lease = &l
-			}
-			d.update(func(v *projections.Discovery) bool {
-				if u.Lease != nil {
-					d.served[u.Lease.Model] = true
-				}
-				return v.ApplyLease(u)
-			})
 		}
+		u.Lease = &l
 	}
+	d.update(func(v *projections.Discovery) bool {
+		if u.Lease != nil {
+			d.served[u.Lease.Model] = true
+		}
+		return v.ApplyLease(u)
+	})
 }
 
-func (d *discovery) watchLoad(ctx context.Context, w jetstream.KeyWatcher) {
-	for {
-		select {
-		case <-ctx.Done():
+// applyLoad applies an entry of the load bucket.
+func (d *discovery) applyLoad(entry jetstream.KeyValueEntry) {
+	u := projections.LoadUpdate{Key: entry.Key(), Revision: entry.Revision()}
+	if entry.Operation() == jetstream.KeyValuePut {
+		var l events.Load
+		if err := json.Unmarshal(entry.Value(), &l); err != nil {
 			return
-		case entry, ok := <-w.Updates():
-			if !ok {
-				return
-			}
-			if entry == nil {
-				continue
-			}
-			u := projections.LoadUpdate{Key: entry.Key(), Revision: entry.Revision()}
-			if entry.Operation() == jetstream.KeyValuePut {
-				var l events.Load
-				if err := json.Unmarshal(entry.Value(), &l); err != nil {
-					continue
-				}
-				u.Load = &l
-			}
-			d.updateLoad(func(v *projections.Discovery) bool { return v.ApplyLoad(u) })
 		}
+		u.Load = &l
 	}
+	d.updateLoad(func(v *projections.Discovery) bool { return v.ApplyLoad(u) })
 }
 
 func (d *discovery) update(f func(*projections.Discovery) bool) {

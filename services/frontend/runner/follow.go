@@ -113,26 +113,53 @@ func (f *follower) onLive(m *nats.Msg) {
 	f.poke()
 }
 
+// liveMsg is a republished message as the follower applies it: the rule,
+// written once for onLive's fast path and run's, is that a message not
+// newer than what was applied is dropped (a replay or redelivery), one that
+// follows a gap (its Nats-Last-Sequence is past the last sequence seen of
+// its stored subject) waits until the log was read, and any other is
+// applied, its sequence recorded even when it does not decode (an unknown
+// type is skipped).
+type liveMsg struct {
+	e         events.Envelope
+	decodeErr error
+	stored    string
+}
+
+func decodeLive(m *nats.Msg) liveMsg {
+	e, err := streams.Decode(m)
+	return liveMsg{e: e, decodeErr: err, stored: streams.StoredSubject(m.Subject)}
+}
+
+// freshLocked reports whether l is newer than what was applied, and whether a gap
+// precedes it. Called with mu held.
+func (f *follower) freshLocked(l liveMsg) (fresh, gap bool) {
+	return l.e.Seq > f.proj.LastSeq() || l.e.Seq == 0, l.e.LastSeq > f.lastBySubj[l.stored]
+}
+
+// applyLiveLocked applies l if it is newer than what was applied. Called
+// with mu held.
+func (f *follower) applyLiveLocked(l liveMsg) (changed bool) {
+	if l.e.Seq <= f.proj.LastSeq() {
+		return false
+	}
+	f.lastBySubj[l.stored] = l.e.Seq
+	return l.decodeErr == nil && f.applyLocked(l.e)
+}
+
 // applyLive applies m unless a gap precedes it (ok false: run must read the
 // log first).
 func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
-	e, decodeErr := streams.Decode(m)
-	stored := streams.StoredSubject(m.Subject)
+	l := decodeLive(m)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !(e.Seq > f.proj.LastSeq() || e.Seq == 0) {
+	switch fresh, gap := f.freshLocked(l); {
+	case !fresh:
 		return false, true // already applied
-	}
-	if e.LastSeq > f.lastBySubj[stored] {
+	case gap:
 		return false, false
 	}
-	if e.Seq > f.proj.LastSeq() {
-		f.lastBySubj[stored] = e.Seq
-		if decodeErr == nil {
-			changed = f.applyLocked(e)
-		}
-	}
-	return changed, true
+	return f.applyLiveLocked(l), true
 }
 
 func (f *follower) poke() {
@@ -207,11 +234,9 @@ func (f *follower) drain() bool {
 // live applies one republished message, reading the log first if messages
 // of its subject were stored that this follower never saw.
 func (f *follower) live(m *nats.Msg) bool {
-	e, decodeErr := streams.Decode(m)
-	stored := streams.StoredSubject(m.Subject)
+	l := decodeLive(m)
 	f.mu.Lock()
-	fresh := e.Seq > f.proj.LastSeq() || e.Seq == 0
-	gap := e.LastSeq > f.lastBySubj[stored]
+	fresh, gap := f.freshLocked(l)
 	f.mu.Unlock()
 	if !fresh {
 		return false
@@ -223,13 +248,7 @@ func (f *follower) live(m *nats.Msg) bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if e.Seq > f.proj.LastSeq() {
-		f.lastBySubj[stored] = e.Seq
-		if decodeErr == nil {
-			changed = f.applyLocked(e) || changed
-		}
-	}
-	return changed
+	return f.applyLiveLocked(l) || changed
 }
 
 // readLog reads the log past the last applied sequence, without holding mu

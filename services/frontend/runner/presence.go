@@ -64,28 +64,16 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 		return nil
 	})
 	g.Go(func() error {
-		defer w.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case e, ok := <-w.Updates():
-				if !ok {
-					return nil
-				}
-				if e == nil {
-					continue
-				}
-				u := projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
-					Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()}
-				p.mu.Lock()
-				changed := p.view.Apply(u)
-				p.mu.Unlock()
-				if changed {
-					p.changed.Notify() // membership changed; renewals wake nobody
-				}
+		streams.Watch(ctx, w, func(e jetstream.KeyValueEntry) {
+			p.mu.Lock()
+			changed := p.view.Apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
+				Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()})
+			p.mu.Unlock()
+			if changed {
+				p.changed.Notify() // membership changed; renewals wake nobody
 			}
-		}
+		}, nil)
+		return nil
 	})
 	return nil
 }

@@ -150,16 +150,11 @@ func (rn *Runner) openControl() (*nats.Conn, error) {
 	return ctl, nil
 }
 
-// provision provisions the streams and learns the request log's layout; it
-// gives up when ctx is done or after streams.StartBudget. Leaders that could
-// not be spread over a cluster are worth a warning, not a failure.
+// provision provisions the streams and learns the request log's layout
+// (streams.ProvisionAtStart).
 func (rn *Runner) provision(ctx context.Context) error {
-	pctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
-	defer cancel()
-	parts, err := streams.Provision(pctx, rn.js, rn.cfg.Streams)
-	if errors.Is(err, streams.ErrLeadersNotSpread) {
-		rn.log.Warn("request partitions", "partitions", parts.Count(), "err", err)
-	} else if err != nil {
+	parts, err := streams.ProvisionAtStart(ctx, rn.js, rn.cfg.Streams, rn.log)
+	if err != nil {
 		return err
 	}
 	rn.parts = parts

@@ -1,4 +1,4 @@
-package main
+package logtool
 
 import (
 	"context"
@@ -39,10 +39,10 @@ func TestTailLogFollow(t *testing.T) {
 	tctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- tailLog(tctx, js, []logSource{{streams.RequestsStream, ""}, {streams.WorkersStream, ""}}, 0, true, func(r logRecord) error {
+		done <- Tail(tctx, js, []Source{{streams.RequestsStream, ""}, {streams.WorkersStream, ""}}, 0, true, func(r Record) error {
 			mu.Lock()
 			defer mu.Unlock()
-			lines = append(lines, r.line())
+			lines = append(lines, r.Line())
 			return nil
 		})
 	}()
@@ -57,7 +57,7 @@ func TestTailLogFollow(t *testing.T) {
 			t.Errorf("got %v, want context.Canceled", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("tailLog did not return after its ctx ended")
+		t.Fatal("Tail did not return after its ctx ended")
 	}
 	all := strings.Join(got(), "\n")
 	for _, want := range []string{"worker w1 registered", streams.RequestEvents("r9"), "worker w1 draining: sigterm"} {

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"strconv"
@@ -16,7 +16,7 @@ import (
 
 // textEvent writes the SSE event of the chunk of choice index carrying
 // tokens (text alone, no details).
-func (s *sseWriter) textEvent(id, index int, tokens []string, first bool) {
+func (s *SSE) textEvent(id, index int, tokens []string, first bool) {
 	if s.err != nil {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/frontend/openai"
 )
 
 // apiError is an error answered with OpenAI's error shape.
@@ -31,11 +32,7 @@ func writeError(w http.ResponseWriter, status int, typ, code, message string) {
 	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, map[string]any{"error": errorBody(typ, code, message)})
-}
-
-func errorBody(typ, code, message string) map[string]any {
-	return map[string]any{"message": message, "type": typ, "code": code}
+	writeJSON(w, status, map[string]any{"error": openai.ErrorBody(typ, code, message)})
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) {
@@ -268,3 +265,10 @@ func parsePrompt(raw json.RawMessage) (string, *apiError) {
 	}
 	return list[0], nil
 }
+
+// estimateTokens is the frontend's count of a prompt's tokens, for
+// admission (--max-prompt-tokens) and --migration-max-seq-len before an
+// engine has counted them: its whitespace-separated words, which is exact
+// for the mock engine. Once an engine reports its own count (its prompt
+// token ids, its usage), usage and --migration-max-seq-len use that instead.
+func estimateTokens(prompt string) int { return len(strings.Fields(prompt)) }

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
@@ -13,12 +13,9 @@ import (
 // from a frontend (for a completed request), rebuilt from the log: the
 // same rendering as the frontend's, for tools such as baton replay.
 func Response(p *projections.Request) map[string]any {
-	cur, _ := p.Current()
-	s := snapshot{
-		acc: p.Accepted, tokens: p.Tokens(0), details: p.Details(0), worker: cur.WorkerID, total: p.Len(),
-		status: p.Status, finishReason: p.FinishReason, promptTokens: p.PromptTokens(),
-	}
-	return completionBody(p.Accepted, []snapshot{s})
+	return Answer(p.Accepted, []Choice{{
+		Tokens: p.Tokens(0), Details: p.Details(0), FinishReason: p.FinishReason, Total: p.Len(), PromptTokens: p.PromptTokens(),
+	}})
 }
 
 // rendered is what a run of tokens said, merged: text, and what the engine

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"bytes"
@@ -21,9 +21,9 @@ func FuzzTextChunk(f *testing.F) {
 		}
 		tokens := []string{tok1, tok2}
 		slow, fast := httptest.NewRecorder(), httptest.NewRecorder()
-		s := &sseWriter{w: slow, acc: acc}
+		s := &SSE{w: slow, acc: acc}
 		s.chunk(offset, merge(tokens, nil).chunkChoice(acc.Endpoint, index, first), nil)
-		fw := &sseWriter{w: fast, acc: acc}
+		fw := &SSE{w: fast, acc: acc}
 		fw.textEvent(offset, index, tokens, first)
 		fw.textEvent(offset, index, tokens, first) // reused buffers write it again the same
 		if want := append(slow.Body.Bytes(), slow.Body.Bytes()...); !bytes.Equal(fast.Body.Bytes(), want) {

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"

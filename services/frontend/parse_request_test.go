@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/frontend/openai"
 )
 
 func testFrontend() *Frontend {
@@ -155,7 +156,7 @@ func FuzzParseRequest(f *testing.F) {
 			if !utf8.ValidString(err.message) && utf8.ValidString(body) {
 				t.Fatalf("message is not UTF-8: %q", err.message)
 			}
-			if _, merr := json.Marshal(map[string]any{"error": errorBody(err.typ, err.code, err.message)}); merr != nil {
+			if _, merr := json.Marshal(map[string]any{"error": openai.ErrorBody(err.typ, err.code, err.message)}); merr != nil {
 				t.Fatalf("error body does not encode: %v", merr)
 			}
 			return
