@@ -127,7 +127,7 @@ func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
 	}
 	if e.Seq > f.proj.LastSeq() {
 		f.lastBySubj[stored] = e.Seq
-		if decodeErr == nil {
+		if decodeErr == nil || isUnreadable(e) {
 			changed = f.applyLocked(e)
 		}
 	}
@@ -224,7 +224,7 @@ func (f *follower) live(m *nats.Msg) bool {
 	defer f.mu.Unlock()
 	if e.Seq > f.proj.LastSeq() {
 		f.lastBySubj[stored] = e.Seq
-		if decodeErr == nil {
+		if decodeErr == nil || isUnreadable(e) {
 			changed = f.applyLocked(e) || changed
 		}
 	}
@@ -272,6 +272,13 @@ func (f *follower) readLog() error {
 	}
 	f.err = err
 	return err
+}
+
+// isUnreadable reports an event this build cannot read, which the fold
+// steps over with its reason, as a replay of the log does.
+func isUnreadable(e events.Envelope) bool {
+	_, ok := e.Event.(events.Unreadable)
+	return ok
 }
 
 // apply folds e, an event this process appended itself.
