@@ -7,7 +7,10 @@
 //   - The CloudEvents id doubles as the Nats-Msg-Id header, so a retried append
 //     of the same fact is deduplicated by JetStream.
 //   - Decoding an unknown type returns ErrUnknownType, which readers skip, so an
-//     old build survives a newer producer.
+//     old build survives a newer producer; the envelope then carries an
+//     Unreadable that says why (a newer version, an unknown fact, bad data),
+//     for readers that show what they skipped. Unknown fields are ignored.
+//     docs/compatibility.md is the whole rule.
 //
 // The package is pure: no I/O, no logging, no clocks (callers set Time).
 package events

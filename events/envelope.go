@@ -81,6 +81,9 @@ func Marshal(e Envelope) (Header, []byte, error) {
 		return nil, nil, fmt.Errorf("events: marshal: nil event")
 	}
 	typ := e.Event.EventType()
+	if _, ok := e.Event.(Unreadable); ok {
+		return nil, nil, fmt.Errorf("events: marshal %s: an unreadable event is never written", typ)
+	}
 	if err := validate(e.ID, typ, e.Source); err != nil {
 		return nil, nil, fmt.Errorf("events: marshal %s: %w", typ, err)
 	}
@@ -134,8 +137,11 @@ func validate(id, typ, source string) error {
 }
 
 // Unmarshal decodes a message written by Marshal. It returns ErrNotEvent for a
-// message without CloudEvents attributes and ErrUnknownType (with the envelope's
-// attributes filled in) for a type this build does not know; callers skip both.
+// message without CloudEvents attributes. For a type this build does not know
+// it returns ErrUnknownType, and for data that does not decode as its type a
+// decode error; in both cases the envelope's attributes are filled in and
+// its Event is an Unreadable that says why, so that a reader can skip the
+// event knowingly. Unknown fields of a known type are ignored.
 func Unmarshal(h Header, data []byte) (Envelope, error) {
 	get := func(k string) string {
 		if v := h[k]; len(v) > 0 {
@@ -170,6 +176,7 @@ func Unmarshal(h Header, data []byte) (Envelope, error) {
 			err = ev.validate()
 		}
 		if err != nil {
+			e.Event = Unreadable{Type: typ, Reason: "data does not decode: " + err.Error()}
 			return e, fmt.Errorf("events: decode %s %s: %w", typ, e.ID, err)
 		}
 		e.Event = ev
@@ -177,10 +184,12 @@ func Unmarshal(h Header, data []byte) (Envelope, error) {
 	}
 	newEvent, ok := registry[typ]
 	if !ok {
+		e.Event = Unreadable{Type: typ, Reason: unknownReason(typ)}
 		return e, fmt.Errorf("%w: %s", ErrUnknownType, typ)
 	}
 	ev, err := newEvent(data)
 	if err != nil {
+		e.Event = Unreadable{Type: typ, Reason: "data does not decode: " + err.Error()}
 		return e, fmt.Errorf("events: decode %s %s: %w", typ, e.ID, err)
 	}
 	e.Event = ev

@@ -142,18 +142,66 @@ func TestRoundTripOptionalAttributes(t *testing.T) {
 	}
 }
 
-func TestUnmarshalUnknownType(t *testing.T) {
-	h, data, err := events.Marshal(events.Envelope{ID: "id-1", Source: "src", Subject: "sub", Time: when, Event: events.WorkerLost{WorkerID: "w"}})
-	if err != nil {
-		t.Fatal(err)
+// TestUnmarshalFutureEvents holds the compatibility rule
+// (docs/compatibility.md) at the decoder: hand-made events of a future
+// build. Unknown fields of a known type are ignored; an unknown type, a newer
+// or a retired version of a known type, and data that does not decode come
+// back as an Unreadable with the attributes filled in and a reason, beside
+// the error readers already skip on. An Unreadable is never written.
+func TestUnmarshalFutureEvents(t *testing.T) {
+	base := func(typ, data string) (events.Header, []byte) {
+		h, _, err := events.Marshal(events.Envelope{ID: "id-1", Source: "src", Subject: "sub", Time: when, Event: events.WorkerLost{WorkerID: "w"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h[events.HeaderType] = []string{typ}
+		return h, []byte(data)
 	}
-	h[events.HeaderType] = []string{"baton.worker.teleported.v9"}
-	e, err := events.Unmarshal(h, data)
-	if !errors.Is(err, events.ErrUnknownType) {
-		t.Fatalf("got err %v, want ErrUnknownType", err)
-	}
-	if e.ID != "id-1" || e.Source != "src" || e.Subject != "sub" || !e.Time.Equal(when) || e.Event != nil {
-		t.Errorf("got envelope %#v, want attributes filled and no event", e)
+	for _, tc := range []struct {
+		name, typ, data string
+		wantErr         error  // nil: decodes
+		reason          string // part of the Unreadable's reason
+		want            events.Event
+	}{
+		{name: "unknown field", typ: events.TypeRequestRouted,
+			data: `{"request_id":"r","attempt":1,"worker_id":"w2","start_offset":4,"placement":{"zone":"b"},"priority":7}`,
+			want: events.RequestRouted{RequestID: "r", Attempt: 1, WorkerID: "w2", StartOffset: 4}},
+		{name: "unknown type", typ: "baton.request.paused.v1", data: `{"request_id":"r"}`,
+			wantErr: events.ErrUnknownType, reason: "unknown event type"},
+		{name: "unknown type of another namespace", typ: "baton.worker.teleported.v9", data: `{}`,
+			wantErr: events.ErrUnknownType, reason: "unknown event type"},
+		{name: "newer version", typ: "baton.request.completed.v2", data: `{"request_id":"r","outcome":{"finish":"stop"}}`,
+			wantErr: events.ErrUnknownType, reason: "newer version v2 of baton.request.completed (this build reads up to v1)"},
+		{name: "retired version", typ: "baton.request.completed.v0", data: `{"request_id":"r"}`,
+			wantErr: events.ErrUnknownType, reason: "version v0 of baton.request.completed is no longer read"},
+		{name: "unversioned", typ: "com.example.other", data: `{}`,
+			wantErr: events.ErrUnknownType, reason: "not a versioned baton type"},
+		{name: "known type, field of another type", typ: events.TypeRequestRouted, data: `{"request_id":"r","attempt":"one","worker_id":"w"}`,
+			reason: "data does not decode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, data := base(tc.typ, tc.data)
+			e, err := events.Unmarshal(h, data)
+			if e.ID != "id-1" || e.Source != "src" || e.Subject != "sub" || !e.Time.Equal(when) {
+				t.Errorf("got envelope %#v, want the attributes filled in", e)
+			}
+			if tc.want != nil {
+				if err != nil || !reflect.DeepEqual(e.Event, tc.want) {
+					t.Fatalf("got %#v, %v; want %#v", e.Event, err, tc.want)
+				}
+				return
+			}
+			if err == nil || (tc.wantErr != nil && !errors.Is(err, tc.wantErr)) {
+				t.Fatalf("got err %v, want %v", err, tc.wantErr)
+			}
+			u, ok := e.Event.(events.Unreadable)
+			if !ok || u.Type != tc.typ || !strings.Contains(u.Reason, tc.reason) || e.Type() != tc.typ {
+				t.Fatalf("got event %#v, want an Unreadable of %s whose reason says %q", e.Event, tc.typ, tc.reason)
+			}
+			if _, _, err := events.Marshal(e); err == nil {
+				t.Errorf("Marshal wrote an Unreadable")
+			}
+		})
 	}
 }
 

@@ -167,6 +167,10 @@ const (
 	IgnoredBadAttempt  = "ignored (no such attempt)"
 	IgnoredOutOfOrder  = "ignored (not the next attempt)"
 	IgnoredUnknownType = "no effect (not a request event)"
+	// SkippedPrefix begins the reason of an event this build cannot read
+	// (events.Unreadable): "skipped (newer version v2 of ...)". It changes
+	// nothing but the last applied sequence (docs/compatibility.md).
+	SkippedPrefix = "skipped ("
 	// IgnoredNotRouted: an attempt's output (tokens, completed,
 	// attempt_failed) on the subject of a worker that the attempt's routed
 	// event does not name. NATS permissions let a worker write only the
@@ -195,6 +199,9 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 			return false, IgnoredReplayed
 		}
 		r.lastSeq = e.Seq
+	}
+	if u, ok := e.Event.(events.Unreadable); ok {
+		return false, SkippedPrefix + u.Reason + ")"
 	}
 	if why := r.misplaced(e); why != "" {
 		return false, why

@@ -284,15 +284,30 @@ func translate(err error) error {
 	return err
 }
 
+// readable is what a reader of the log yields for a decoded message: the
+// event, or an events.Unreadable (a type this build does not know, data that
+// does not decode) so that the reader steps over it knowingly, with its
+// sequence; ok is false only for a message that is not a baton event.
+func readable(e events.Envelope, err error) (events.Envelope, bool) {
+	if err == nil {
+		return e, true
+	}
+	_, ok := e.Event.(events.Unreadable)
+	return e, ok
+}
+
 // batchSize is how many messages one batch direct get asks for.
 const batchSize = 1000
 
 // ReadRequest yields the stored events of request id in stream order, starting
 // at stream sequence from (1 for the whole history), using batch direct get: no
 // consumer is created. p is the request log's layout (Provision, Discover):
-// the request is read from its partition, p.StreamOf(id). Messages that are not baton events are skipped; events
-// of unknown types are skipped too. It returns ErrNotFound (as the iterator's
-// error) when nothing is stored at or after from.
+// the request is read from its partition, p.StreamOf(id). Messages that are
+// not baton events are skipped; an event this build cannot read (an unknown
+// type, a newer version, data that does not decode) is yielded as an
+// events.Unreadable, which folds step over with its reason. It returns
+// ErrNotFound (as the iterator's error) when nothing is stored at or after
+// from.
 func ReadRequest(ctx context.Context, js jetstream.JetStream, p Partitions, id string, from uint64) iter.Seq2[events.Envelope, error] {
 	return readSubject(ctx, js, p.StreamOf(id), RequestAll(id), from)
 }
@@ -323,9 +338,9 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 				any = true
 				from = m.Sequence + 1
 				pending = m.Header.Get("Nats-Num-Pending")
-				e, err := DecodeRaw(m)
-				if err != nil {
-					continue // not ours, or a type this build does not know
+				e, ok := readable(DecodeRaw(m))
+				if !ok {
+					continue // not a baton event
 				}
 				if !yield(e, nil) {
 					return
@@ -371,9 +386,9 @@ func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject str
 			break
 		}
 		read, from = true, m.Sequence+1
-		e, err := DecodeRaw(m)
-		if err != nil {
-			continue // not ours, or a type this build does not know
+		e, ok := readable(DecodeRaw(m))
+		if !ok {
+			continue // not a baton event
 		}
 		if !yield(e, nil) {
 			return read, false

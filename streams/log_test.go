@@ -419,3 +419,55 @@ func TestAppendExpectedRetryAfterLostAck(t *testing.T) {
 		t.Errorf("another writer's append = %v, want ErrConflict", err)
 	}
 }
+
+// TestReadRequestYieldsUnreadable: an event of a type this build does not
+// know (here a newer version of a known one) is yielded, as an
+// events.Unreadable with its sequence and reason, so that a fold steps over
+// it knowingly and an expected-sequence append after it does not conflict;
+// a message that is not a baton event at all is skipped.
+func TestReadRequestYieldsUnreadable(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(js, "test")
+	subj := streams.RequestEvents("fut")
+	if _, err := log.Append(ctx, subj, log.Envelope("a", "fut", events.RequestAttached{RequestID: "fut", Frontend: "fe"}), -1); err != nil {
+		t.Fatal(err)
+	}
+	m, err := streams.NewMsg(subj, log.Envelope("b", "fut", events.RequestAttached{RequestID: "fut", Frontend: "fe2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Header.Set(events.HeaderType, "baton.request.attached.v2")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: subj, Data: []byte("not an event")}); err != nil {
+		t.Fatal(err)
+	}
+	got := readAll(t, ctx, js, "fut", 1)
+	if len(got) != 2 {
+		t.Fatalf("read %d events, want 2 (the known one and the unreadable one)", len(got))
+	}
+	u, ok := got[1].Event.(events.Unreadable)
+	if !ok || u.Type != "baton.request.attached.v2" || !strings.Contains(u.Reason, "newer version v2") || got[1].Seq != 2 {
+		t.Fatalf("second event %#v at seq %d, want an Unreadable newer version at seq 2", got[1].Event, got[1].Seq)
+	}
+	// A writer that read a subject ending in an unreadable event appends
+	// after it, expecting its sequence, without a conflict.
+	subj2 := streams.RequestEvents("fut2")
+	if _, err := log.Append(ctx, subj2, log.Envelope("c", "fut2", events.RequestAttached{RequestID: "fut2", Frontend: "fe"}), -1); err != nil {
+		t.Fatal(err)
+	}
+	m.Subject = subj2
+	m.Header.Set(events.HeaderID, "d")
+	m.Header.Set(events.HeaderMsgID, "d")
+	if _, err := js.PublishMsg(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	got = readAll(t, ctx, js, "fut2", 1)
+	last := got[len(got)-1].Seq
+	if _, err := log.Append(ctx, subj2, log.Envelope("e", "fut2", events.RequestAttached{RequestID: "fut2", Frontend: "fe3"}), int64(last)); err != nil {
+		t.Fatalf("append expecting the unreadable event's sequence %d: %v", last, err)
+	}
+}

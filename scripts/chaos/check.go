@@ -36,6 +36,19 @@ type report struct {
 	gaps                         []time.Duration
 	incs                         []incReport
 	violations                   []string
+
+	unavail    int           // 503 answers clients got
+	slowest    *outcome      // the request that took the largest share of its bound
+	slowestOf  float64       // its time / its bound
+	slowestMax time.Duration // its bound
+	overBound  []string      // requests that took longer than their bound
+	churn      *churnStats   // -profile churn
+}
+
+// requestBound is how long a request may take from its first try to its
+// end: its tokens at the mock's rate plus 30 s.
+func (h *harness) requestBound(o *outcome) time.Duration {
+	return time.Duration(float64(o.maxTokens)/float64(h.cfg.tokensPerSec)*float64(time.Second)) + 30*time.Second
 }
 
 type incReport struct {
@@ -61,6 +74,16 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 		r.requests++
 		r.cuts += o.cuts
 		r.retries += o.retries
+		r.unavail += o.unavail
+		if !o.ended.IsZero() {
+			took, bound := o.ended.Sub(o.started), h.requestBound(o)
+			if share := float64(took) / float64(bound); share > r.slowestOf {
+				r.slowest, r.slowestOf, r.slowestMax = o, share, bound
+			}
+			if took > bound {
+				r.overBound = append(r.overBound, fmt.Sprintf("%s took %v, bound %v", o.id, took.Round(time.Millisecond), bound))
+			}
+		}
 		r.clientResumes += o.resumes
 		want := h.expected(o.prompt, o.maxTokens)
 		got := o.text.String()
@@ -152,6 +175,24 @@ func readLog(ctx context.Context, h *harness, id string) (*projections.Request, 
 	return p, migs, nil
 }
 
+// checkChurn holds the churn profile's bars: every request ended within its
+// bound, errors and 503s stayed under 1% of requests, and the pool changed
+// at least every 2 s.
+func (h *harness) checkChurn(r *report) {
+	if r.churn == nil {
+		return
+	}
+	for _, v := range r.overBound {
+		r.violate("request not ended in bounded time: %s", v)
+	}
+	if bad := r.failed + r.unavail; r.requests > 0 && float64(bad) >= 0.01*float64(r.requests) {
+		r.violate("errors and 503s: %d failed + %d 503s of %d requests, want under 1%%", r.failed, r.unavail, r.requests)
+	}
+	if r.churn.longestGap > 2*time.Second {
+		r.violate("the pool went %v without a change, want at most 2s", r.churn.longestGap.Round(time.Millisecond))
+	}
+}
+
 // checkCounters compares each frontend incarnation's metrics with the log
 // (migrations) and with its clients (resumes). A live incarnation's final
 // scrape must match exactly. A killed one lost whatever it counted after its
@@ -165,13 +206,16 @@ func (h *harness) checkCounters(r *report, migByFE map[string]int) {
 		f.mu.Lock()
 		ir := incReport{id: f.id, state: "live", logMig: migByFE[f.id], metricMig: f.last.migrations,
 			clientRes: f.resumes, clientResTry: f.resumeTry, ambiguous: f.ambiguous, metricRes: f.last.resumes, scraped: f.scraped}
-		killed, final := f.killed, f.finalScrap
+		killed, final, termed := f.killed, f.finalScrap, f.termed
 		f.mu.Unlock()
 		known[f.id] = true
 		r.metricMigrations += ir.metricMig
 		r.metricResumes += int(ir.metricRes)
 		if killed {
 			ir.state = "killed"
+			if termed {
+				ir.state = "termed"
+			}
 			if ir.metricMig > float64(ir.logMig) {
 				r.violate("%s (killed): metrics say %v migrations, the log %d", f.id, ir.metricMig, ir.logMig)
 			}
@@ -246,6 +290,18 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 	row("resumes: metrics (last scrapes)", fmt.Sprint(r.metricResumes))
 	row("streams cut (client resumed)", fmt.Sprint(r.cuts))
 	row("retries before acceptance", fmt.Sprint(r.retries))
+	row("503 answers", fmt.Sprint(r.unavail))
+	if r.slowest != nil {
+		o := r.slowest
+		row("slowest request / its bound", fmt.Sprintf("%v / %v (%s, %d tokens)", o.ended.Sub(o.started).Round(time.Millisecond),
+			r.slowestMax, o.id, o.maxTokens))
+	}
+	if c := r.churn; c != nil {
+		row("churn: pool changes", fmt.Sprintf("%d (%d adds, %d removes, %d frontends replaced)", c.changes, c.adds, c.removes, c.frontendsReplaced))
+		row("churn: live workers min / max", fmt.Sprintf("%d / %d", c.minPool, c.maxPool))
+		row("churn: longest gap between changes", c.longestGap.Round(time.Millisecond).String())
+		row("churn: slowest recovery", fmt.Sprintf("%v (%s of %s at %.1fs)", c.slowest.recover.Round(time.Millisecond), c.slowest.kind, c.slowest.target, c.slowest.at.Seconds()))
+	}
 	row("out-of-order deltas in the log", fmt.Sprintf("%d in %d requests (re-sent after an election; no text lost)", r.skippedDeltas, r.requestsWithSkips))
 	slices.Sort(r.gaps)
 	row("stall p50 / p99 / max", fmt.Sprintf("%v / %v / %v", pct(r.gaps, 0.50), pct(r.gaps, 0.99), pct(r.gaps, 1)))
@@ -253,8 +309,11 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 	fmt.Fprintf(w, "| %-8s | %-6s | %-13s | %-13s | %-22s |\n", "frontend", "state", "migr log/metr", "resumes c/m", "note")
 	for _, i := range r.incs {
 		note := ""
-		if i.state == "killed" {
+		switch i.state {
+		case "killed":
 			note = fmt.Sprintf("lost by kill -9: %d mig", i.logMig-int(i.metricMig))
+		case "termed":
+			note = fmt.Sprintf("after last scrape: %d mig", i.logMig-int(i.metricMig))
 		}
 		if i.ambiguous > 0 {
 			note += fmt.Sprintf(" %d ambiguous", i.ambiguous)

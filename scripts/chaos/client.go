@@ -34,11 +34,14 @@ type outcome struct {
 	resumes  int    // GET .../stream answered
 	cuts     int    // streams that ended with neither [DONE] nor an error
 	retries  int    // 503s and unanswered attempts before the request was accepted
+	unavail  int    // 503 answers (retried or not)
 	problems []string
 	gaveUp   string
 
 	lastTok time.Time
 	maxGap  time.Duration
+
+	started, ended time.Time // the client's first try and its end
 }
 
 func (o *outcome) problem(format string, args ...any) {
@@ -76,6 +79,8 @@ const idleTimeout = 45 * time.Second
 // whichever frontend pick returns; until the request is accepted it retries
 // 503s. It gives up after budget.
 func runRequest(ctx context.Context, pick func(try int) (target, error), o *outcome, budget time.Duration) {
+	o.started = time.Now()
+	defer func() { o.ended = time.Now() }()
 	deadline := time.Now().Add(budget)
 	var a attempts
 	for try := 0; ; try++ {
@@ -143,6 +148,7 @@ func (a *attempts) post(ctx context.Context, pick func(try int) (target, error),
 		// failed before its first token (stored: that is its end).
 		msg := readBody(resp)
 		o.retries++
+		o.unavail++
 		if exists, _ := probe(ctx, pick, o.id); exists {
 			o.status, o.errEvent = resp.StatusCode, msg
 			return true

@@ -11,6 +11,7 @@
 //	go run ./scripts/chaos -duration 30s               # the CI profile
 //	go run ./scripts/chaos -duration 10m -profile long
 //	go run ./scripts/chaos -duration 30s -partitions 3  # a request log of 3 streams
+//	go run ./scripts/chaos -profile churn -duration 2m  # an autoscaler's churn (churn.go)
 //
 // With -compose-check it is instead one resilient client of a running stack
 // (scripts/compose-test): it streams one request, resuming across the given
@@ -49,6 +50,11 @@ type profile struct {
 	// a self-test of the checks that each fault took effect (the run must
 	// fail, loudly).
 	noopFaults bool
+	workers    int // mock workers at the start
+	// churn replaces the fault cycle with an autoscaler's churn (churn.go):
+	// workers added and removed at least every 2 s, at a pool of 4-8, and
+	// frontends replaced.
+	churn bool
 }
 
 var profiles = map[string]profile{
@@ -56,12 +62,16 @@ var profiles = map[string]profile{
 		tokensPerSec: 150, migrationLimit: 5, drainSecs: 1},
 	"long": {clients: 8, gapMin: 2 * time.Second, gapMax: 8 * time.Second, minTokens: 40, spanTokens: 560,
 		tokensPerSec: 150, migrationLimit: 5, drainSecs: 1},
+	// churn: a pool change every 0.3-1.5 s; many removals per request's
+	// life, so more migrations may be needed than under one fault at a time.
+	"churn": {clients: 8, gapMin: 300 * time.Millisecond, gapMax: 1500 * time.Millisecond, minTokens: 40, spanTokens: 260,
+		tokensPerSec: 150, migrationLimit: 10, drainSecs: 1, workers: 6, churn: true},
 }
 
 func main() {
 	var (
 		duration = flag.Duration("duration", 30*time.Second, "how long to keep load and inject faults")
-		profName = flag.String("profile", "short", "short (CI: faults every 0.5-2 s, requests of 40-300 tokens) or long (faults every 2-8 s, 40-600 tokens)")
+		profName = flag.String("profile", "short", "short (CI: faults every 0.5-2 s, requests of 40-300 tokens), long (faults every 2-8 s, 40-600 tokens) or churn (workers added and removed every 0.3-1.5 s at a pool of 4-8, frontends replaced)")
 		seed     = flag.Uint64("seed", 0, "seed of the fault timing and victims; 0 picks one (printed)")
 		clients  = flag.Int("clients", 0, "concurrent clients (default: the profile's, 8)")
 		bin      = flag.String("baton", "", "a built baton binary (default: go build ./cmd/baton into the run directory)")
@@ -83,7 +93,7 @@ func main() {
 	}
 	cfg, ok := profiles[*profName]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "chaos: unknown profile %q (short or long)\n", *profName)
+		fmt.Fprintf(os.Stderr, "chaos: unknown profile %q (short, long or churn)\n", *profName)
 		os.Exit(2)
 	}
 	if *clients > 0 {
@@ -152,7 +162,13 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 	outs, wait := h.load(loadCtx)
 	loadStart := time.Now()
 	faultCtx, stopFaults := context.WithTimeout(ctx, duration)
-	faults := h.injectFaults(faultCtx, rng, loadStart)
+	var faults []fault
+	var churned *churnStats
+	if cfg.churn {
+		faults, churned = h.churn(faultCtx, rng, loadStart)
+	} else {
+		faults = h.injectFaults(faultCtx, rng, loadStart)
+	}
 	stopFaults()
 	stopLoad() // clients finish the request in hand, then stop
 	fmt.Printf("load stopped after %v; waiting for in-flight requests\n", time.Since(loadStart).Round(100*time.Millisecond))
@@ -162,6 +178,8 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 	stopScrape()
 	h.finalScrape()
 	r := h.check(ctx, outs(), faults)
+	r.churn = churned
+	h.checkChurn(r)
 	r.print(os.Stdout, cmdline, time.Since(began))
 	if len(r.violations) > 0 {
 		return 1
@@ -225,7 +243,7 @@ func (h *harness) up() error {
 			return err
 		}
 	}
-	for i := range 3 {
+	for i := range max(h.cfg.workers, 3) {
 		h.workers = append(h.workers, &workerSlot{id: fmt.Sprintf("w%d", i+1)})
 		if err := h.startWorker(i); err != nil {
 			return err
@@ -262,9 +280,17 @@ func (h *harness) load(ctx context.Context) (func() []*outcome, func(time.Durati
 			next := c
 			pick := func(int) (target, error) {
 				fs := h.current()
-				next++
-				f := fs[next%len(fs)]
-				return target{url: f.url, inc: f}, nil
+				for range len(fs) {
+					next++
+					f := fs[next%len(fs)]
+					f.mu.Lock()
+					draining := f.draining
+					f.mu.Unlock()
+					if !draining {
+						return target{url: f.url, inc: f}, nil
+					}
+				}
+				return target{}, errNoFrontend
 			}
 			for i := 0; ctx.Err() == nil; i++ {
 				o := &outcome{

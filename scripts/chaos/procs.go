@@ -136,7 +136,9 @@ type feInc struct {
 	p    *proc
 
 	mu         sync.Mutex
-	killed     bool     // ended by SIGKILL: counts since its last scrape are lost
+	killed     bool     // ended by SIGKILL (or, churning, SIGTERM): counts since its last scrape are lost
+	draining   bool     // taken out of the clients' rotation before its SIGTERM
+	termed     bool     // ended by SIGTERM (churn), not kill -9
 	scraped    bool     // at least one successful scrape
 	last       counters // the last successful scrape
 	resumes    int      // GET .../stream answered by this incarnation (client count)
@@ -157,6 +159,9 @@ type workerSlot struct {
 	id     string
 	p      *proc
 	simURL string
+	// With -profile churn, under harness.mu: an action is under way on the
+	// slot, or it was removed for good.
+	busy, gone bool
 }
 
 // harness owns every process of the soak and its run directory.
@@ -413,8 +418,10 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 }
 
 // startWorker (re)starts the worker in slot i with its id.
-func (h *harness) startWorker(i int) error {
-	w := h.workers[i]
+func (h *harness) startWorker(i int) error { return h.startSlot(h.workers[i]) }
+
+// startSlot (re)starts worker w with its id.
+func (h *harness) startSlot(w *workerSlot) error {
 	args := []string{"worker", "--nats", h.natsURLs(), "--replicas", "3", "--request-partitions", strconv.Itoa(h.parts().Count()), "--worker-id", w.id}
 	if h.cfg.engine == "openai" {
 		if w.simURL == "" {
@@ -426,11 +433,16 @@ func (h *harness) startWorker(i int) error {
 	} else {
 		args = append(args, "--mock-tokens-per-sec", strconv.Itoa(h.cfg.tokensPerSec), "--mock-ttft", "10ms")
 	}
+	if h.cfg.churn {
+		args = append(args, "--lease-ttl", churnLeaseTTL.String()) // lease-expiry removals take a few seconds
+	}
 	p, err := h.start("worker-"+w.id, []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=" + strconv.Itoa(h.cfg.drainSecs)}, args...)
 	if err != nil {
 		return err
 	}
+	h.mu.Lock()
 	w.p = p
+	h.mu.Unlock()
 	return nil
 }
 
@@ -447,6 +459,12 @@ func (h *harness) waitReady(id string, timeout time.Duration) error {
 	h.mu.Unlock()
 	return waitUntil(timeout, "worker "+id+" ready", func() bool {
 		for _, f := range h.current() {
+			f.mu.Lock()
+			leaving := f.draining
+			f.mu.Unlock()
+			if leaving || f.p.exited() {
+				continue // being replaced (churn): its successor is waited for
+			}
 			if !f.workerReady(id, pid) {
 				return false
 			}

@@ -144,7 +144,7 @@ func (f *follower) applyLiveLocked(l liveMsg) (changed bool) {
 		return false
 	}
 	f.lastBySubj[l.stored] = l.e.Seq
-	return l.decodeErr == nil && f.applyLocked(l.e)
+	return (l.decodeErr == nil || isUnreadable(l.e)) && f.applyLocked(l.e)
 }
 
 // applyLive applies m unless a gap precedes it (ok false: run must read the
@@ -292,6 +292,13 @@ func (f *follower) readLog() error {
 	}
 	f.err = err
 	return err
+}
+
+// isUnreadable reports an event this build cannot read, which the fold
+// steps over with its reason, as a replay of the log does.
+func isUnreadable(e events.Envelope) bool {
+	_, ok := e.Event.(events.Unreadable)
+	return ok
 }
 
 // apply folds e, an event this process appended itself.
