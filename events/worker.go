@@ -114,4 +114,9 @@ type FrontendPresence struct {
 	Host       string `json:"host"`
 	ClientID   uint64 `json:"client_id,omitempty"`
 	Server     string `json:"server,omitempty"`
+	// ReadsCompacted says that this frontend folds compact records
+	// (RequestCompacted). A frontend compacts a finished request only
+	// while every live frontend says so: an earlier release, which does
+	// not, would see a compacted request without its tokens.
+	ReadsCompacted bool `json:"reads_compacted,omitempty"`
 }

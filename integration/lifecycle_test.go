@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // renderings is everything a client or an operator can read of one request:
@@ -463,4 +469,68 @@ func TestFullLogEndsRequestsInFlightClearly(t *testing.T) {
 	if said > n {
 		t.Errorf("the worker said %d times that it stopped generating, for %d requests: want at most once each", said, n)
 	}
+}
+
+// TestCompactionWaitsForEarlierFrontends: while a live frontend of an
+// earlier release (its presence without reads_compacted) shares the log, a
+// finished request keeps its deltas, since that frontend would see a
+// compacted one without its tokens; once it is gone, requests are
+// compacted again.
+func TestCompactionWaitsForEarlierFrontends(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil)
+	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1")
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, streams.FrontendsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := json.Marshal(events.FrontendPresence{FrontendID: "fe-old", Addr: "127.0.0.1:1"})
+	if _, err := kv.Put(ctx, "fe-old", old); err != nil {
+		t.Fatal(err)
+	}
+	compacted := func(id string) (yes, known bool) {
+		out, _, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, id)
+		return strings.Contains(out, `"baton.request.compacted.v1"`), code == 0 && strings.Contains(out, `"status": "completed"`)
+	}
+	listed := func() bool {
+		resp, err := http.Get(f.url + "/v1/console/frontends")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(b), "fe-old")
+	}
+	waitFor(t, 20*time.Second, "the frontend to see the earlier release's frontend", listed)
+	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "beside an old one", "max_tokens": 20},
+		map[string]string{"X-Request-Id": "mixed-1"}, nil)
+	if !res.done {
+		t.Fatalf("stream: %+v", res)
+	}
+	waitFor(t, 20*time.Second, "mixed-1 to be completed in the log", func() bool { _, known := compacted("mixed-1"); return known })
+	waitFor(t, 20*time.Second, "the frontend to say why it holds compaction back", func() bool {
+		return strings.Contains(f.output(), "not compacting finished requests")
+	})
+	if yes, _ := compacted("mixed-1"); yes {
+		t.Fatal("mixed-1 was compacted while a frontend of an earlier release was live")
+	}
+	if err := kv.Delete(ctx, "fe-old"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the earlier release's frontend to be gone", func() bool { return !listed() })
+	res = postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "alone again", "max_tokens": 5},
+		map[string]string{"X-Request-Id": "mixed-2"}, nil)
+	if !res.done {
+		t.Fatalf("stream: %+v", res)
+	}
+	waitFor(t, 20*time.Second, "mixed-2 to be compacted", func() bool { yes, _ := compacted("mixed-2"); return yes })
 }

@@ -61,12 +61,29 @@ func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.Reques
 	return false
 }
 
+// everyoneReadsCompacted reports whether every live frontend folds compact
+// records. During a rolling upgrade from a release that does not, finished
+// requests keep their deltas (eviction still bounds the log), and the first
+// time this frontend holds back it says why.
+func (rn *Runner) everyoneReadsCompacted() bool {
+	for _, f := range rn.presence.members() {
+		if !f.ReadsCompacted {
+			if rn.holdBack.CompareAndSwap(false, true) {
+				rn.log.Info("not compacting finished requests: a live frontend of an earlier release does not read compact records",
+					"frontend", f.FrontendID)
+			}
+			return false
+		}
+	}
+	return true
+}
+
 // compact stores the compact record of t, a finished request this frontend
 // owns, and purges its deltas (retention.Compact). A decision stored
 // meanwhile makes it read the log and try again; it gives up after three
 // tries, leaving the deltas for eviction.
 func (rn *Runner) compact(ctx context.Context, t *Request) {
-	if rn.cfg.NoCompaction {
+	if rn.cfg.NoCompaction || !rn.everyoneReadsCompacted() {
 		return
 	}
 	for range 3 {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -37,6 +38,7 @@ type Runner struct {
 	router   *router
 	policy   migrations.Policy
 	room     *retention.Monitor // how full the request log is; evicts finished requests
+	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
 
 	launch  chan *Request // requests whose runner runRunners should start
 	claims  chan *Request // requests runRunners should take over if their owner is gone
@@ -179,7 +181,7 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	err = streams.Retry(pctx, func(tctx context.Context) error {
 		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
 			FrontendID: rn.id, Addr: addr,
-			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(),
+			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(), ReadsCompacted: true,
 		}, g)
 	})
 	if err != nil {
