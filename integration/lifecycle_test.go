@@ -534,3 +534,72 @@ func TestCompactionWaitsForEarlierFrontends(t *testing.T) {
 	}
 	waitFor(t, 20*time.Second, "mixed-2 to be compacted", func() bool { yes, _ := compacted("mixed-2"); return yes })
 }
+
+// TestLiveTrafficOnlyWhereRead: with three frontends and every request sent
+// through one, the idle two receive almost none of the requests' traffic
+// (a frontend subscribes only to the hash slots of the requests it
+// follows), and a resume on an idle one still works at once.
+func TestLiveTrafficOnlyWhereRead(t *testing.T) {
+	s := newStack(t)
+	fes := []*frontend{s.frontend(nil), s.frontend(nil), s.frontend(nil)}
+	s.worker("w1", "--mock-tokens-per-sec", "400", "--mock-ttft", "5ms")
+	s.worker("w2", "--mock-tokens-per-sec", "400", "--mock-ttft", "5ms")
+	for _, f := range fes {
+		f.waitRoutable(t, "w1", "w2")
+	}
+	received := func() []float64 {
+		out := make([]float64, len(fes))
+		for i, f := range fes {
+			out[i] = f.metric(t, "baton_frontend_nats_received_bytes_total")
+		}
+		return out
+	}
+	before := received()
+	const n, tokens = 24, 100
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := postStream(t, fes[0].url, "/v1/completions", map[string]any{"model": "mock", "prompt": fmt.Sprintf("where read %d", i), "max_tokens": tokens}, nil, nil)
+			if !r.done {
+				t.Errorf("request %d: %+v", i, r)
+			}
+		}()
+	}
+	wg.Wait()
+	after := received()
+	serving := after[0] - before[0]
+	for i := 1; i < len(fes); i++ {
+		idle := after[i] - before[i]
+		t.Logf("frontend %d received %.0f bytes while the serving one received %.0f (%.1f%%)", i+1, idle, serving, 100*idle/serving)
+		if idle > 0.05*serving {
+			t.Errorf("idle frontend %d received %.0f bytes, %.1f%% of the serving one's %.0f: want at most 5%%", i+1, idle, 100*idle/serving, serving)
+		}
+	}
+	// A resume on an idle frontend, mid-stream: it subscribes to the slot,
+	// reads the history, and follows live.
+	var once sync.Once
+	resumed := make(chan sseResult, 1)
+	first := postStream(t, fes[0].url, "/v1/completions", map[string]any{"model": "mock", "prompt": "resume me elsewhere", "max_tokens": 300},
+		map[string]string{"X-Request-Id": "where-resume", "X-Resumable": "true"}, func(e sseEvent) {
+			if e.id == "20" {
+				once.Do(func() {
+					go func() {
+						resp, err := http.Get(fes[1].url + "/v1/requests/where-resume/stream?starting_after=20")
+						if err != nil {
+							t.Error(err)
+							resumed <- sseResult{}
+							return
+						}
+						defer resp.Body.Close()
+						resumed <- readStream(t, resp, nil)
+					}()
+				})
+			}
+		})
+	r := <-resumed
+	if !first.done || !r.done || first.text[len(first.text)-len(r.text):] != r.text || len(strings.Fields(r.text)) != 280 {
+		t.Fatalf("resume on an idle frontend: done %v with %d tokens (first done %v)", r.done, len(strings.Fields(r.text)), first.done)
+	}
+}

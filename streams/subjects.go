@@ -218,6 +218,11 @@ func SubjectOf(id, worker string, ev events.Event) string {
 // followers by ParseRequestSubject.
 func RequestsLive() string { return livePrefix + ">" }
 
+// RequestsLiveSlot matches the republished copies of the stored messages of
+// the requests in hash slot slot (Slot): a frontend subscribes to the slots
+// of the requests it follows, and receives no other request's traffic.
+func RequestsLiveSlot(slot int) string { return livePrefix + strconv.Itoa(slot) + ".>" }
+
 // WorkerTokens matches the tokens subjects of every attempt routed to
 // worker, of any request (RequestTokens): what NATS permissions let that
 // worker write. WorkerTokens("*") matches every worker's.

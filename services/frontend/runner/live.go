@@ -1,48 +1,61 @@
 package runner
 
 import (
-	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 )
 
-// livePendingBytes bounds the republished messages the frontend's live
+// livePendingBytes bounds the republished messages one slot's live
 // subscription holds undelivered; past it NATS drops them (a slow
 // consumer), and each follower sees the gap in Nats-Last-Sequence and reads
 // the log.
 const livePendingBytes = 256 << 20
 
-// live is the frontend's one subscription to every request's republished
-// subjects (streams.RequestsLive), instead of one per followed request: a
-// subscription per stream costs a goroutine, a pending queue and a server
-// interest each, thousands of times over. Its callback parses the request
-// id from the subject (streams.ParseRequestSubject) and hands the message to
-// that request's followers, in the order NATS delivered it; messages of
-// requests nobody here follows are dropped. The callback does no I/O: a
-// follower's onLive only applies or queues.
+// liveLinger is how long a slot's subscription outlives its last follower:
+// a frontend that serves requests keeps the slots it uses (a new request
+// pays no subscription), one that stops serving drops them.
+const liveLinger = 30 * time.Second
+
+// live receives the republished messages of the requests this frontend
+// follows, and of no other: one subscription per hash slot (streams.Slots
+// of them, streams.RequestsLiveSlot) that holds at least one followed
+// request, rather than one per request (a goroutine, a pending queue and a
+// server interest each, thousands of times over) or one to every request
+// (which makes every frontend read every request's tokens, so that N
+// frontends cost N times the fan-out). Its callback parses the request id
+// from the subject (streams.ParseRequestSubject) and hands the message to
+// that request's followers, in the order NATS delivered it (every message
+// of a request is in its slot's subscription); messages of requests nobody
+// here follows are dropped. The callback does no I/O: a follower's onLive
+// only applies or queues.
 //
-// The subscription is made once; registering a follower is then what
-// subscribing to a request used to be: what was republished before is read
-// from the log (follow's history), what comes after reaches the follower.
+// Registering a follower (add) subscribes to its slot if need be and
+// waits until the server has the interest (a flush), so nothing
+// republished after add returns is missed; what was republished before is
+// read from the log (follow's history, or the gap the next message shows).
 type live struct {
-	sub *nats.Subscription
+	nc *nats.Conn
 
 	mu        sync.RWMutex
 	followers map[string][]*follower
+
+	slots [streams.Slots]liveSlot
+}
+
+// liveSlot is the subscription of one hash slot.
+type liveSlot struct {
+	mu     sync.Mutex // held while subscribing and unsubscribing
+	sub    *nats.Subscription
+	n      int         // followers of requests in the slot
+	linger *time.Timer // unsubscribes when it fires with n still 0
 }
 
 func newLive(nc *nats.Conn) (*live, error) {
-	l := &live{followers: map[string][]*follower{}}
-	sub, err := nc.Subscribe(streams.RequestsLive(), l.deliver)
-	if err != nil {
-		return nil, fmt.Errorf("subscribe %s: %w", streams.RequestsLive(), err)
-	}
-	_ = sub.SetPendingLimits(-1, livePendingBytes)
-	l.sub = sub
-	return l, nil
+	return &live{nc: nc, followers: map[string][]*follower{}}, nil
 }
 
 func (l *live) deliver(m *nats.Msg) {
@@ -61,8 +74,58 @@ func (l *live) deliver(m *nats.Msg) {
 // add registers f for its request's messages from now on.
 func (l *live) add(f *follower) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.followers[f.id] = append(slices.Clip(l.followers[f.id]), f)
+	l.mu.Unlock()
+	l.hold(streams.Slot(f.id))
+}
+
+// hold counts one more follower in slot k, subscribing to it first if it has
+// no subscription.
+func (l *live) hold(k int) {
+	s := &l.slots[k]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n++
+	if s.linger != nil {
+		s.linger.Stop()
+		s.linger = nil
+	}
+	if s.sub != nil {
+		return
+	}
+	sub, err := l.nc.Subscribe(streams.RequestsLiveSlot(k), l.deliver)
+	if err != nil {
+		return // a closed connection: nothing is delivered anywhere
+	}
+	_ = sub.SetPendingLimits(-1, livePendingBytes)
+	s.sub = sub
+	// The interest must be the server's before the caller appends or reads:
+	// a disconnected connection re-subscribes when it reconnects, and the
+	// reconnect catch-up reads what was missed meanwhile.
+	_ = l.nc.FlushTimeout(streams.DefaultTimeout)
+}
+
+// release counts one follower less in slot k; the slot's subscription ends
+// liveLinger after its last follower left, unless another came.
+func (l *live) release(k int) {
+	s := &l.slots[k]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.n--
+	if s.n > 0 || s.sub == nil {
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(liveLinger, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.linger != t || s.n > 0 || s.sub == nil {
+			return
+		}
+		_ = s.sub.Unsubscribe()
+		s.sub, s.linger = nil, nil
+	})
+	s.linger = t
 }
 
 // remove stops delivering to f. A delivery that read the list before may
@@ -70,14 +133,30 @@ func (l *live) add(f *follower) {
 // queues for a stopped follower.
 func (l *live) remove(f *follower) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	fs := slices.DeleteFunc(slices.Clone(l.followers[f.id]), func(g *follower) bool { return g == f })
 	if len(fs) == 0 {
 		delete(l.followers, f.id)
-		return
+	} else {
+		l.followers[f.id] = fs
 	}
-	l.followers[f.id] = fs
+	l.mu.Unlock()
+	l.release(streams.Slot(f.id))
 }
 
-// close ends the subscription.
-func (l *live) close() error { return l.sub.Unsubscribe() }
+// close ends every subscription.
+func (l *live) close() error {
+	for k := range l.slots {
+		s := &l.slots[k]
+		s.mu.Lock()
+		if s.linger != nil {
+			s.linger.Stop()
+			s.linger = nil
+		}
+		if s.sub != nil {
+			_ = s.sub.Unsubscribe()
+			s.sub = nil
+		}
+		s.mu.Unlock()
+	}
+	return nil
+}

@@ -93,6 +93,13 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if rn.live, err = newLive(nc); err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
+	received := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "baton_frontend_nats_received_bytes_total",
+		Help: "Bytes this frontend received from NATS on its main connection: the live traffic of the requests it follows, history reads, watches.",
+	}, func() float64 { return float64(nc.Stats().InBytes) })
+	if err := reg.Register(received); err != nil {
+		return nil, fmt.Errorf("frontend: metrics: %w", err)
+	}
 	return rn, nil
 }
 
@@ -114,6 +121,7 @@ func (rn *Runner) Start(ctx context.Context, addr string) error {
 	rn.cancelRun = func() {
 		cancelRun()
 		_ = rn.g.Wait()
+		_ = rn.live.close()
 		ctl.Close() // last, once no runner dispatches
 	}
 	rn.g.Go(func() error {
