@@ -13,6 +13,7 @@ type metrics struct {
 	requests     *prometheus.CounterVec   // model, endpoint, request_type, status
 	active       *prometheus.GaugeVec     // model
 	ttft         *prometheus.HistogramVec // model
+	addedTTFT    *prometheus.HistogramVec // model
 	itl          *prometheus.HistogramVec // model
 	duration     *prometheus.HistogramVec // model
 	outputTokens *prometheus.CounterVec   // model
@@ -32,6 +33,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynamo_frontend_time_to_first_token_seconds", Help: "Time from request to first token sent.", Buckets: latency,
 		}, []string{"model"}),
+		addedTTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "baton_frontend_added_ttft_seconds", Help: "Time to first token minus the engine's own, as its worker reported it: what baton added (streams from their start).",
+			Buckets: []float64{.0005, .001, .002, .003, .005, .0075, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"model"}),
 		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dynamo_frontend_inter_token_latency_seconds", Help: "Time between consecutive tokens sent, per token.", Buckets: latency,
 		}, []string{"model"}),
@@ -50,7 +55,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	var errs []error
 	for _, c := range []prometheus.Collector{
-		m.requests, m.active, m.ttft, m.itl, m.duration, m.outputTokens, m.disconnected, m.resumes,
+		m.requests, m.active, m.ttft, m.addedTTFT, m.itl, m.duration, m.outputTokens, m.disconnected, m.resumes,
 	} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)

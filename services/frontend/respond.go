@@ -1,7 +1,9 @@
 package frontend
 
 import (
+	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -57,6 +59,7 @@ func (fe *Frontend) respond(w http.ResponseWriter, r *http.Request, acc events.R
 		defer t.Listen(wake)()
 	}
 	o := &output{fe: fe, w: w, r: r, acc: acc, ts: ts, wake: wake, gone: gone}
+	setServerTiming(w, ts[0].Timing())
 	if stream {
 		return o.stream(from, start)
 	}
@@ -109,6 +112,7 @@ func (o *output) unary() bool {
 				}
 			}
 			setWorker(o.w, snaps[len(snaps)-1])
+			setServerTiming(o.w, o.ts[0].Timing()) // the upstream's time is known now
 			writeJSON(o.w, http.StatusOK, openai.Answer(o.acc, choicesOf(snaps)))
 			return true
 		}
@@ -163,6 +167,9 @@ func (o *output) stream(from int, start time.Time) bool {
 	flush := openai.StartSSE(o.w)
 	sse := openai.NewSSE(o.w, o.acc)
 	m := o.fe.tokenMetrics(o.acc.Model, start)
+	if from == 0 {
+		m.upstream = func() time.Duration { return o.ts[0].Timing().Upstream }
+	}
 	sent := make([]int, len(o.ts))
 	sent[0] = from
 	total := from
@@ -255,6 +262,10 @@ type tokenMetrics struct {
 	fe          *Frontend
 	model       string
 	start, last time.Time
+	// upstream, if set, is the engine's own time to first token as the
+	// worker reported it (0: unknown): the first token then also observes
+	// what baton added to it.
+	upstream func() time.Duration
 }
 
 func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
@@ -266,7 +277,13 @@ func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
 func (m *tokenMetrics) sent(n int) {
 	now := time.Now()
 	if m.last.IsZero() {
-		m.fe.metrics.ttft.WithLabelValues(m.model).Observe(now.Sub(m.start).Seconds())
+		ttft := now.Sub(m.start)
+		m.fe.metrics.ttft.WithLabelValues(m.model).Observe(ttft.Seconds())
+		if m.upstream != nil {
+			if up := m.upstream(); up > 0 {
+				m.fe.metrics.addedTTFT.WithLabelValues(m.model).Observe(max(ttft-up, 0).Seconds())
+			}
+		}
 	} else {
 		per := now.Sub(m.last).Seconds() / float64(n)
 		for range n {
@@ -280,6 +297,28 @@ func (m *tokenMetrics) sent(n int) {
 // end observes the response's duration.
 func (m *tokenMetrics) end() {
 	m.fe.metrics.duration.WithLabelValues(m.model).Observe(time.Since(m.start).Seconds())
+}
+
+// setServerTiming says where the request's time went before its answer
+// (the W3C Server-Timing header, which browsers' developer tools show):
+// the accepted event's append to the log, routing and the first dispatch,
+// and the upstream engine's own time to first token, each in milliseconds,
+// as far as they are known when the headers go out (an SSE stream's go out
+// once the first dispatch settled, before the engine's first token).
+func setServerTiming(w http.ResponseWriter, t runner.Timing) {
+	var parts []string
+	for _, p := range []struct {
+		name, desc string
+		d          time.Duration
+	}{{"log", "accepted appended to the log", t.Accepted}, {"dispatch", "routing and dispatch", t.Dispatched},
+		{"upstream", "the engine's time to first token", t.Upstream}} {
+		if p.d > 0 {
+			parts = append(parts, fmt.Sprintf("%s;desc=%q;dur=%.3f", p.name, p.desc, float64(p.d.Microseconds())/1000))
+		}
+	}
+	if len(parts) > 0 {
+		w.Header().Set("Server-Timing", strings.Join(parts, ", "))
+	}
 }
 
 // setWorker names the worker of s's current attempt in the X-Worker-Id

@@ -58,8 +58,10 @@ type deltas struct {
 	sent      []sentDelta       // appends not yet known to be covered, by offset
 	retryAt   time.Time         // when a repair may try again
 	backoff   time.Duration
-	stampEmit bool  // record emit times (Config.BenchEmitTime)
-	emit      int64 // when the first pending token was emitted (Unix ns)
+	stampEmit bool          // record emit times (Config.BenchEmitTime)
+	emit      int64         // when the first pending token was emitted (Unix ns)
+	started   time.Time     // when the engine was called (newDeltas)
+	ttft      time.Duration // from started to the engine's first token
 	// full: the log refused an append at a limit (streams.ErrStreamFull):
 	// no retry can store it until room is made, so the attempt stops.
 	full bool
@@ -79,6 +81,7 @@ type sentDelta struct {
 func (d *deltas) add(t engine.Token) {
 	if len(d.tokens) == 0 {
 		d.promptIDs = t.PromptIDs
+		d.ttft = time.Since(d.started)
 	}
 	switch {
 	case d.idsLost:
@@ -134,7 +137,7 @@ func (d *deltas) id(from int) string { return events.ID(d.requestID, d.attempt, 
 // newDeltas returns the output of attempt of requestID, starting at token
 // offset start, appended to subject by source.
 func newDeltas(log appender, source, subject, requestID string, attempt, start int) *deltas {
-	d := &deltas{log: log, subject: subject, requestID: requestID, attempt: attempt, start: start}
+	d := &deltas{log: log, subject: subject, requestID: requestID, attempt: attempt, start: start, started: time.Now()}
 	d.enc, d.encErr = events.NewDeltaEncoder(source, requestID, attempt)
 	return d
 }
@@ -154,6 +157,9 @@ func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	}
 	if s.emit != 0 { // a repair's first token is its original's
 		h[streams.HeaderBenchEmit] = []string{strconv.FormatInt(s.emit, 10)}
+	}
+	if s.offset == 0 && d.ttft > 0 { // the attempt's first delta
+		h[streams.HeaderUpstreamTTFT] = []string{strconv.FormatInt(max(d.ttft.Microseconds(), 1), 10)}
 	}
 	return &nats.Msg{Subject: d.subject, Header: nats.Header(h), Data: data}, nil
 }

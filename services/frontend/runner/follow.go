@@ -58,6 +58,7 @@ type follower struct {
 	lastBySubj map[string]uint64 // last stream sequence seen per stored subject
 	progress   time.Time         // when the last token was accepted
 	emits      emitTimes         // benchmarks only (--bench-emit-time)
+	timing     timing            // where the time before the first token went
 	err        error             // a catch-up failure; readers surface it
 }
 
@@ -317,6 +318,7 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 	if n := f.proj.Len(); n != before {
 		f.progress = time.Now()
 		f.emits.note(e, before, n)
+		f.timing.note(e, before)
 	}
 	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {
 		f.decided.Notify()

@@ -23,6 +23,7 @@ type Request struct {
 	f          *follower
 	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
 	settleOnce sync.Once
+	acceptedAt time.Time // when its accepted event was stored, if here
 
 	// Guarded by Runner.mu.
 	refs          int       // holders: clients, the runner, lookups
@@ -105,7 +106,9 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 		return nil, err
 	}
 	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
+	appending := time.Now()
 	seq, err := rn.events.Append(ctx, streams.RequestEvents(acc.RequestID), env, 0)
+	appended := time.Now()
 	if err != nil {
 		f.stop()
 		if errors.Is(err, streams.ErrConflict) {
@@ -114,6 +117,8 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 		return nil, rn.admitLog(acc.RequestID, err)
 	}
 	t := rn.newRequest(acc.RequestID, f)
+	t.acceptedAt = appended
+	t.noteAccepted(appended.Sub(appending))
 	// Fold the accepted event now: the runner must not wait for the
 	// republished copy to know what to dispatch.
 	env.Seq, env.Stored = seq, streams.RequestEvents(acc.RequestID)

@@ -71,6 +71,9 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			outcome, done = rn.carryDispatch(ctx, t, a)
 			if outcome.Result == migrations.DispatchAccepted {
 				watched, untrack = outcome.Attempt, done
+				if !t.acceptedAt.IsZero() {
+					t.noteDispatched(time.Since(t.acceptedAt))
+				}
 				t.settle()
 			}
 		case migrations.CatchUp:

@@ -1,0 +1,169 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// timedStream is one streamed answer as a client saw it: time to first
+// token and the gaps between tokens.
+type timedStream struct {
+	ttft time.Duration
+	itl  []time.Duration
+	err  error
+}
+
+// streamTimed posts a streaming chat of max tokens and times its content
+// events.
+func streamTimed(client *http.Client, url, prompt string, max int) timedStream {
+	body, _ := json.Marshal(map[string]any{"model": "sim", "max_tokens": max, "stream": true, "temperature": 0,
+		"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	start := time.Now()
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return timedStream{err: err}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return timedStream{err: fmt.Errorf("status %d", resp.StatusCode)}
+	}
+	var out timedStream
+	last := time.Time{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "data: {") || !strings.Contains(line, `"content":"`) {
+			continue
+		}
+		now := time.Now()
+		if last.IsZero() {
+			out.ttft = now.Sub(start)
+		} else {
+			out.itl = append(out.itl, now.Sub(last))
+		}
+		last = now
+	}
+	if last.IsZero() {
+		out.err = fmt.Errorf("no token")
+	}
+	return out
+}
+
+// quantiles are p50, p99 and p999 of d.
+func quantiles(d []time.Duration) [3]time.Duration {
+	if len(d) == 0 {
+		return [3]time.Duration{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return [3]time.Duration{q(0.50), q(0.99), q(0.999)}
+}
+
+// BenchmarkOverhead measures what baton adds to a streamed answer, against
+// calling the engine directly, in one run with the two interleaved request
+// by request: the vLLM simulator (no delay before the first token, 2 ms
+// between tokens) streamed to the client directly, and the same simulator
+// behind one frontend and one OpenAI-engine worker, log on. Chats of 16
+// tokens, at concurrency 1 and 64. Figures: time to first token and
+// inter-token latency at p50, p99 and p999, the added time (through baton
+// minus direct) and the ratio.
+func BenchmarkOverhead(b *testing.B) {
+	const tokens = 16
+	sim := startSim(b, "sim", "--token-delay", "2ms", "--greedy")
+	s := newStack(b)
+	fe := s.frontend(nil)
+	s.openaiWorker("oa1", sim)
+	fe.waitRoutable(b, "oa1")
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	for _, conc := range []int{1, 64} {
+		b.Run(fmt.Sprintf("concurrency=%d", conc), func(b *testing.B) {
+			perClient := max(400/conc, 20)
+			var mu sync.Mutex
+			var dTTFT, bTTFT, dITL, bITL []time.Duration
+			for b.Loop() {
+				var wg sync.WaitGroup
+				for c := range conc {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range perClient {
+							prompt := fmt.Sprintf("overhead %d %d", c, i)
+							d := streamTimed(client, sim.url, prompt, tokens)
+							t := streamTimed(client, fe.url, prompt, tokens)
+							if d.err != nil || t.err != nil {
+								b.Errorf("direct: %v, through baton: %v", d.err, t.err)
+								return
+							}
+							mu.Lock()
+							dTTFT, bTTFT = append(dTTFT, d.ttft), append(bTTFT, t.ttft)
+							dITL, bITL = append(dITL, d.itl...), append(bITL, t.itl...)
+							mu.Unlock()
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			report := func(name string, direct, through []time.Duration) {
+				dq, tq := quantiles(direct), quantiles(through)
+				for i, p := range []string{"p50", "p99", "p999"} {
+					b.ReportMetric(float64(dq[i].Microseconds())/1000, name+"_direct_"+p+"_ms")
+					b.ReportMetric(float64(tq[i].Microseconds())/1000, name+"_baton_"+p+"_ms")
+					b.ReportMetric(float64((tq[i]-dq[i]).Microseconds())/1000, name+"_added_"+p+"_ms")
+				}
+				if dq[0] > 0 {
+					b.ReportMetric(float64(tq[0])/float64(dq[0]), name+"_p50_ratio")
+				}
+			}
+			report("ttft", dTTFT, bTTFT)
+			report("itl", dITL, bITL)
+			b.ReportMetric(float64(len(bTTFT)), "requests_each")
+		})
+	}
+}
+
+// TestServerTimingAndAddedTTFT: every answer says where its time went
+// (Server-Timing: the log append, routing and dispatch, and, once known,
+// the engine's own time to first token), and the frontend's histogram of
+// added time to first token counts each stream, below the time to first
+// token the client saw.
+func TestServerTimingAndAddedTTFT(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil)
+	s.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "30ms")
+	f.waitRoutable(t, "w1")
+	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "timed", "max_tokens": 5}, nil, nil)
+	if !res.done {
+		t.Fatalf("stream: %+v", res)
+	}
+	st := res.header.Get("Server-Timing")
+	if !strings.Contains(st, "log;") || !strings.Contains(st, "dispatch;") {
+		t.Errorf("a stream's Server-Timing %q, want the log append and the dispatch", st)
+	}
+	resp := post(t, f.url+"/v1/completions", map[string]any{"model": "mock", "prompt": "timed unary", "max_tokens": 5}, nil)
+	resp.Body.Close()
+	st = resp.Header.Get("Server-Timing")
+	var up float64
+	for _, part := range strings.Split(st, ",") {
+		if strings.HasPrefix(strings.TrimSpace(part), "upstream;") {
+			fmt.Sscanf(part[strings.Index(part, "dur=")+4:], "%f", &up)
+		}
+	}
+	if !strings.Contains(st, "log;") || up < 30 || up > 5000 {
+		t.Errorf("a unary answer's Server-Timing %q, want the log append and the engine's own 30 ms or more", st)
+	}
+	n := f.metric(t, "baton_frontend_added_ttft_seconds_count", "model", "mock")
+	sum := f.metric(t, "baton_frontend_added_ttft_seconds_sum", "model", "mock")
+	ttft := f.metric(t, "dynamo_frontend_time_to_first_token_seconds_sum", "model", "mock")
+	if n != 1 || sum <= 0 || sum >= ttft {
+		t.Errorf("added time to first token: %v observations summing %vs (time to first token %vs), want 1, below it", n, sum, ttft)
+	}
+}
