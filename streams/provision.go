@@ -153,7 +153,8 @@ func (c Config) bucketConfig(name, desc string) jetstream.KeyValueConfig {
 // Provision creates baton's streams and buckets if they do not exist, and
 // returns the request log's partitions. It is idempotent and safe to race:
 // whichever component starts first creates them, and an existing definition
-// is kept as it is (never weakened or replaced). The number of partitions is
+// is never weakened or replaced: one that differs from cfg's is a
+// *DefinitionError (see Verify). The number of partitions is
 // the existing streams' (cfg.RequestPartitions 0 adopts it; another number
 // is a *PartitionsMismatchError). In a cluster that is still forming (no meta
 // leader yet, a node restarting) transient failures (see Transient) are
@@ -204,8 +205,9 @@ func Retry(ctx context.Context, f func(ctx context.Context) error) error {
 	})
 }
 
-// provision makes sure every stream and bucket exists; created says whether
-// it created a request partition.
+// provision makes sure every stream and bucket exists, then that each is
+// defined as cfg defines it (verify); created says whether it created a
+// request partition.
 func provision(ctx context.Context, js jetstream.JetStream, cfg Config) (p Partitions, created bool, err error) {
 	if p, created, err = provisionRequests(ctx, js, cfg); err != nil {
 		return 0, false, err
@@ -213,14 +215,13 @@ func provision(ctx context.Context, js jetstream.JetStream, cfg Config) (p Parti
 	if _, err := ensureStream(ctx, js, cfg.WorkersConfig()); err != nil {
 		return 0, false, err
 	}
-	for _, kc := range []jetstream.KeyValueConfig{
-		cfg.bucketConfig(LeasesBucket, "baton worker leases: a key lives while its worker's lease does"),
-		cfg.bucketConfig(LoadBucket, "baton worker load reports"),
-		cfg.bucketConfig(FrontendsBucket, "baton frontend replicas: a key lives while its frontend does"),
-	} {
+	for _, kc := range cfg.buckets() {
 		if err := ensureBucket(ctx, js, kc); err != nil {
 			return 0, false, err
 		}
+	}
+	if _, err := verify(ctx, js, cfg); err != nil {
+		return 0, false, err
 	}
 	return p, created, nil
 }

@@ -37,6 +37,7 @@ var commands = []command{
 	{"worker", "a worker serving requests on an engine (mock)", runWorker},
 	{"replay", "a request's timeline and output, rebuilt from the event log alone (--json)", runReplay},
 	{"events", "pretty-print the event log (--follow, --request ID, --worker ID)", runEvents},
+	{"provision", "create the event log's streams and buckets, or verify them (--update to change them)", runProvision},
 }
 
 func main() {
@@ -133,10 +134,11 @@ func supervised() bool {
 func exitCode(stderr io.Writer, prefix string, err error) int {
 	var ue usageError
 	var mismatch *streams.PartitionsMismatchError
+	var definition *streams.DefinitionError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.As(err, &ue), errors.As(err, &mismatch):
+	case errors.As(err, &ue), errors.As(err, &mismatch), errors.As(err, &definition):
 		fmt.Fprintf(stderr, "%s: %s\n", prefix, oneLine(err))
 		return 2
 	default:

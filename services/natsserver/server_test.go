@@ -94,7 +94,8 @@ func TestWorkerUsers(t *testing.T) {
 		}
 	}
 	for _, gone := range []string{`"baton.dispatch.*"`, `"$KV.baton_leases.>"`, `"baton.workers.*.events"`,
-		`tokens.*.*"`, `"baton.checks.*"`, `"baton.commands.*"`, `"_INBOX_worker.*.>"`, "BATON_REQUESTS.", "_INBOX.>", "baton.live"} {
+		`tokens.*.*"`, `"baton.checks.*"`, `"baton.commands.*"`, `"_INBOX_worker.*.>"`, "BATON_REQUESTS", "_INBOX.>", "baton.live",
+		"STREAM.CREATE", "STREAM.UPDATE", "STREAM.INFO.>"} { // a worker creates no stream (issue 23) and lists no request ids
 		if strings.Contains(perms, gone) {
 			t.Errorf("pinned permissions still grant %s", gone)
 		}
