@@ -178,7 +178,14 @@ func WaitProvisioned(ctx context.Context, js jetstream.JetStream, cfg Config, wa
 	defs := cfg.Definitions(1)[1:] // BATON_WORKERS and the buckets
 	var next time.Time
 	for {
-		err := Retry(ctx, func(ctx context.Context) error { return verifyStreams(ctx, js, defs) })
+		err := Retry(ctx, func(ctx context.Context) error {
+			err := verifyStreams(ctx, js, defs)
+			var de *DefinitionError
+			if errors.As(err, &de) && verifyStreams(ctx, js, append([]jetstream.StreamConfig{cfg.legacyWorkersConfig()}, defs[1:]...)) == nil {
+				return nil // an earlier release's BATON_WORKERS, which the first new frontend bounds
+			}
+			return err
+		})
 		if !errors.Is(err, ErrMissing) {
 			return err
 		}

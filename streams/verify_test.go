@@ -65,7 +65,7 @@ func TestProvisionRefusesForeignDefinitions(t *testing.T) {
 		{"a request stream without RePublish", noRepublish, "BATON_REQUESTS republish"},
 		{"a request stream of 1 KiB", tiny, "BATON_REQUESTS max_bytes: the server has 1024"},
 		{"a request stream that drops the oldest tokens", oldDiscard, "BATON_REQUESTS discard"},
-		{"a workers stream without limits", unbounded, "BATON_WORKERS max_msg_size"},
+		{"a workers stream without limits", unbounded, "BATON_WORKERS max_bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := natstest.Start(t)
@@ -143,5 +143,46 @@ func TestVerifyRefusesTwoLayouts(t *testing.T) {
 	var de *streams.DefinitionError
 	if _, err := streams.Verify(ctx, js, streams.Config{MemoryStorage: true}); !errors.As(err, &de) || !strings.Contains(err.Error(), "two layouts") {
 		t.Errorf("verify: got %v, want a DefinitionError naming two layouts", err)
+	}
+}
+
+// TestWorkersStreamBounded: BATON_WORKERS has a MaxBytes and a small
+// message size (formerly neither: one worker credential stored 50 × 1 MiB
+// in 0.33 s, and up to about 10 GiB), and a stream of the earlier
+// definition is accepted by a worker and bounded in place by Provision.
+func TestWorkersStreamBounded(t *testing.T) {
+	cfg := streams.Config{MemoryStorage: true}
+	if w := cfg.WorkersConfig(); w.MaxBytes != streams.WorkersMaxBytes || w.MaxMsgSize != streams.WorkersMaxMsgSize || w.MaxMsgsPerSubject != streams.WorkersMaxMsgsPerSubject {
+		t.Errorf("BATON_WORKERS limits %d bytes, %d per message, %d per subject", w.MaxBytes, w.MaxMsgSize, w.MaxMsgsPerSubject)
+	}
+	s := natstest.Start(t)
+	js := s.JetStream(t)
+	ctx := testCtx(t)
+	legacy := cfg.WorkersConfig()
+	legacy.MaxBytes, legacy.MaxMsgsPerSubject, legacy.MaxMsgSize = -1, 10_000, streams.DefaultMaxMsgSize
+	if _, err := js.CreateStream(ctx, legacy); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range cfg.Definitions(1)[2:] {
+		if _, err := js.CreateStream(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := streams.WaitProvisioned(ctx, js, cfg, func(err error) { t.Errorf("waiting: %v", err) }); err != nil {
+		t.Errorf("a worker on the earlier BATON_WORKERS: %v", err)
+	}
+	if _, err := streams.Provision(ctx, js, cfg); err != nil {
+		t.Fatalf("provision over the earlier BATON_WORKERS: %v", err)
+	}
+	st, err := js.Stream(ctx, streams.WorkersStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := streams.Diff(cfg.WorkersConfig(), st.CachedInfo().Config); d != nil {
+		t.Errorf("BATON_WORKERS after provision: %q, want bounded", d)
+	}
+	big := make([]byte, streams.WorkersMaxMsgSize+1)
+	if _, err := js.Publish(ctx, streams.WorkerEvents("w1"), big); err == nil {
+		t.Error("a message above WorkersMaxMsgSize was stored")
 	}
 }
