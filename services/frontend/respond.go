@@ -193,8 +193,10 @@ func (o *output) stream(from int, start time.Time) bool {
 	if answered, ok := o.beforeHeaders(from); answered {
 		return ok
 	}
-	flush := startSSE(o.w)
-	sse := &sseWriter{w: o.w, acc: o.acc}
+	w := withWriteDeadline(o.w, o.fe.cfg.WriteTimeout) // a client that stops reading is let go
+	defer endWrites(w)
+	flush := startSSE(w)
+	sse := &sseWriter{w: w, acc: o.acc}
 	m := o.fe.tokenMetrics(o.acc.Model, start)
 	sent := make([]int, len(o.ts))
 	sent[0] = from
