@@ -83,3 +83,69 @@ func TestForgedWorkerEventsIgnored(t *testing.T) {
 		t.Errorf("baton events (exit %d) does not show the three forged events ignored:\n%s\n%s", code, out, errOut)
 	}
 }
+
+// TestWorkerCannotFloodWorkersStream: formerly w1's credential stored 50
+// messages of 1 MiB on its own events subject in 0.33 s, up to about 10 GiB
+// of BATON_WORKERS. Now a message above streams.WorkersMaxMsgSize is
+// refused, a flood of small ones only rotates w1's own subject (at most
+// streams.WorkersMaxMsgsPerSubject kept), and w2's events, routing and
+// requests are untouched.
+func TestWorkerCannotFloodWorkersStream(t *testing.T) {
+	c := confinedStack(t, "w1", "w2")
+	f := c.frontend(nil, c.auth...)
+	c.worker("w1", "--mock-ttft", "5ms")
+	c.worker("w2", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1", "w2")
+	nc, _ := c.connectAs("w1")
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	huge := make([]byte, 1<<20)
+	for range 5 {
+		if _, err := js.Publish(ctx, streams.WorkerEvents("w1"), huge); err == nil {
+			t.Fatal("w1 stored 1 MiB on BATON_WORKERS")
+		}
+	}
+	small := make([]byte, streams.WorkersMaxMsgSize-512)
+	const n = 2 * streams.WorkersMaxMsgsPerSubject
+	start := time.Now()
+	for i := range n {
+		if _, err := js.PublishAsync(streams.WorkerEvents("w1"), small); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("the flood's acknowledgements did not arrive")
+	}
+	t.Logf("w1 published %d × %d bytes in %v", n, len(small), time.Since(start))
+	op := c.operator(t)
+	st, err := op.Stream(ctx, streams.WorkersStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter("baton.workers.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.State.Subjects[streams.WorkerEvents("w1")]; got > streams.WorkersMaxMsgsPerSubject {
+		t.Errorf("w1's subject holds %d messages, want at most %d", got, streams.WorkersMaxMsgsPerSubject)
+	}
+	if got := info.State.Subjects[streams.WorkerEvents("w2")]; got == 0 {
+		t.Error("w2's events were evicted by w1's flood")
+	}
+	if max := uint64(streams.WorkersMaxMsgsPerSubject*streams.WorkersMaxMsgSize + 64<<10); info.State.Bytes > max {
+		t.Errorf("BATON_WORKERS holds %d bytes after one worker's flood, want at most %d", info.State.Bytes, max)
+	}
+	t.Logf("BATON_WORKERS after the flood: %d messages, %d bytes", info.State.Msgs, info.State.Bytes)
+	f.waitRoutable(t, "w1", "w2")
+	for _, w := range []string{"w1", "w2"} {
+		res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "after the flood " + w, "max_tokens": 4},
+			map[string]string{"X-Worker-Id": w}, nil)
+		checkComplete(t, res, "after the flood "+w, 4)
+	}
+}

@@ -81,8 +81,10 @@ func TestPartitionedLogTools(t *testing.T) {
 	}
 
 	// Another number of partitions than the log's: exit 2, with the reason.
+	// (A worker reads no request stream, not even its info, which would list
+	// every request id: the frontends check the layout, issue 23.)
 	for _, args := range [][]string{
-		{"worker", "--nats", s.natsURL, "--worker-id", "w9", "--request-partitions", "2"},
+		{"frontend", "--nats", s.natsURL, "--http-port", "0", "--request-partitions", "2"},
 		{"frontend", "--nats", s.natsURL, "--http-port", "0", "--request-partitions", "1"},
 	} {
 		_, errOut, code := runTool(t, batonBin, args...)

@@ -201,3 +201,38 @@ func TestNoDefaultSystemPassword(t *testing.T) {
 		return err == nil
 	})
 }
+
+// TestOpenRoutesRefused: `baton nats` with routes on 0.0.0.0 and no route
+// authentication formerly started silently, and a rogue node joined and
+// read prompts. Now it exits 2 saying why; --cluster-insecure starts it,
+// with a warning, and route authentication without TLS warns too.
+func TestOpenRoutesRefused(t *testing.T) {
+	dir := t.TempDir()
+	args := func(name string, extra ...string) []string {
+		cport := strconv.Itoa(freePort(t))
+		return append([]string{"nats", "--host", "0.0.0.0", "--port", strconv.Itoa(freePort(t)), "--server-name", name,
+			"--store-dir", filepath.Join(dir, name), "--cluster-name", "open", "--cluster-port", cport,
+			"--routes", "nats-route://127.0.0.1:" + cport}, extra...)
+	}
+	_, errOut, code := runTool(t, batonBin, args("refused")...)
+	if code != 2 || !strings.Contains(errOut, "routes listen on 0.0.0.0 without route authentication") || !strings.Contains(errOut, "--cluster-insecure") {
+		t.Errorf("open routes on 0.0.0.0: exit %d, want 2 and the reason:\n%s", code, errOut)
+	}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		warn  string
+	}{
+		{"insecure", []string{"--cluster-insecure"}, "without route authentication (--cluster-insecure)"},
+		{"no-tls", []string{"--cluster-user", "route", "--cluster-password", "route-password-0123"}, "without route TLS"},
+	} {
+		p := start(t, tc.name, nil, args(tc.name, tc.extra...)...)
+		waitFor(t, 20*time.Second, tc.name+" to warn and serve", func() bool {
+			return strings.Contains(p.output(), tc.warn) && strings.Contains(p.output(), "Server is ready")
+		})
+		p.signal(syscall.SIGTERM)
+		if code := p.wait(20 * time.Second); code != 0 {
+			t.Errorf("%s: exit %d after SIGTERM", tc.name, code)
+		}
+	}
+}

@@ -89,4 +89,7 @@ type CheckReply struct {
 	Command *Command `json:"command,omitempty"`
 	Owner   string   `json:"owner,omitempty"`
 	Error   string   `json:"error,omitempty"` // the frontend could not answer (the log unreadable)
+	// RetryAfterMS, with Error, means the check was refused unread: the
+	// worker's checks exceed the frontend's rate; ask again after this long.
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 }

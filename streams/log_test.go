@@ -217,10 +217,14 @@ func TestProvisionKeepsFirstDefinition(t *testing.T) {
 	ctx := testCtx(t)
 	first := streams.Config{MemoryStorage: true, RequestsMaxAge: time.Hour, MaxMsgsPerSubject: 500}
 	second := streams.Config{MemoryStorage: true, RequestsMaxAge: time.Minute, MaxMsgsPerSubject: 5}
-	for _, cfg := range []streams.Config{first, second} {
-		if _, err := streams.Provision(ctx, js, cfg); err != nil {
-			t.Fatalf("provision %+v: %v", cfg, err)
-		}
+	if _, err := streams.Provision(ctx, js, first); err != nil {
+		t.Fatalf("provision %+v: %v", first, err)
+	}
+	// A second component with other limits is refused, naming each one.
+	_, err := streams.Provision(ctx, js, second)
+	var de *streams.DefinitionError
+	if !errors.As(err, &de) || len(de.Diffs) != 2 || !strings.Contains(err.Error(), "max_age: the server has 1h0m0s, this component 1m0s") {
+		t.Errorf("provision with other limits: got %v, want a DefinitionError naming max_age and max_msgs_per_subject", err)
 	}
 	st, err := js.Stream(ctx, streams.RequestsStream)
 	if err != nil {

@@ -120,7 +120,21 @@ func (c Config) RequestsConfig(p Partitions, k int) jetstream.StreamConfig {
 	}
 }
 
-// WorkersConfig is the definition of BATON_WORKERS.
+// Limits of BATON_WORKERS. A worker may write only its own events subject,
+// so what one worker credential can store there is bounded by
+// WorkersMaxMsgsPerSubject × WorkersMaxMsgSize (4 MiB), and a flood only
+// rotates its own subject's history (the per-subject limit discards the
+// subject's oldest); WorkersMaxBytes bounds the stream as a whole. A
+// lifecycle event is a few hundred bytes, and readers need only each
+// worker's latest (discovery reads the last per subject).
+const (
+	WorkersMaxBytes          = 256 << 20
+	WorkersMaxMsgSize        = 16 << 10
+	WorkersMaxMsgsPerSubject = 256
+)
+
+// WorkersConfig is the definition of BATON_WORKERS. Its limits are fixed
+// (not taken from the request log's --stream-* flags).
 func (c Config) WorkersConfig() jetstream.StreamConfig {
 	c = c.withDefaults()
 	return jetstream.StreamConfig{
@@ -130,12 +144,23 @@ func (c Config) WorkersConfig() jetstream.StreamConfig {
 		Storage:           c.storage(),
 		Replicas:          c.Replicas,
 		MaxAge:            c.WorkersMaxAge,
-		MaxMsgsPerSubject: 10_000,
+		MaxBytes:          WorkersMaxBytes,
+		MaxMsgsPerSubject: WorkersMaxMsgsPerSubject,
 		Discard:           jetstream.DiscardOld,
-		MaxMsgSize:        c.MaxMsgSize,
+		MaxMsgSize:        WorkersMaxMsgSize,
 		Duplicates:        2 * time.Minute,
 		AllowDirect:       true,
 	}
+}
+
+// legacyWorkersConfig is BATON_WORKERS as releases before issue 23 defined
+// it (no MaxBytes, 10,000 messages per subject, the request log's message
+// size): Provision updates such a stream to WorkersConfig in place, and a
+// worker accepts it until then, so that an upgrade needs no operator.
+func (c Config) legacyWorkersConfig() jetstream.StreamConfig {
+	sc := c.WorkersConfig()
+	sc.MaxBytes, sc.MaxMsgsPerSubject, sc.MaxMsgSize = -1, 10_000, c.withDefaults().MaxMsgSize
+	return sc
 }
 
 func (c Config) bucketConfig(name, desc string) jetstream.KeyValueConfig {
@@ -153,7 +178,8 @@ func (c Config) bucketConfig(name, desc string) jetstream.KeyValueConfig {
 // Provision creates baton's streams and buckets if they do not exist, and
 // returns the request log's partitions. It is idempotent and safe to race:
 // whichever component starts first creates them, and an existing definition
-// is kept as it is (never weakened or replaced). The number of partitions is
+// is never weakened or replaced: one that differs from cfg's is a
+// *DefinitionError (see Verify). The number of partitions is
 // the existing streams' (cfg.RequestPartitions 0 adopts it; another number
 // is a *PartitionsMismatchError). In a cluster that is still forming (no meta
 // leader yet, a node restarting) transient failures (see Transient) are
@@ -204,23 +230,29 @@ func Retry(ctx context.Context, f func(ctx context.Context) error) error {
 	})
 }
 
-// provision makes sure every stream and bucket exists; created says whether
-// it created a request partition.
+// provision makes sure every stream and bucket exists, then that each is
+// defined as cfg defines it (verify); created says whether it created a
+// request partition.
 func provision(ctx context.Context, js jetstream.JetStream, cfg Config) (p Partitions, created bool, err error) {
 	if p, created, err = provisionRequests(ctx, js, cfg); err != nil {
 		return 0, false, err
 	}
-	if _, err := ensureStream(ctx, js, cfg.WorkersConfig()); err != nil {
+	have, err := ensureStream(ctx, js, cfg.WorkersConfig())
+	if err != nil {
 		return 0, false, err
 	}
-	for _, kc := range []jetstream.KeyValueConfig{
-		cfg.bucketConfig(LeasesBucket, "baton worker leases: a key lives while its worker's lease does"),
-		cfg.bucketConfig(LoadBucket, "baton worker load reports"),
-		cfg.bucketConfig(FrontendsBucket, "baton frontend replicas: a key lives while its frontend does"),
-	} {
+	if have != nil && Diff(cfg.WorkersConfig(), *have) != nil && Diff(cfg.legacyWorkersConfig(), *have) == nil {
+		if _, err := js.UpdateStream(ctx, cfg.WorkersConfig()); err != nil {
+			return 0, false, fmt.Errorf("streams: bound %s (an earlier release's definition): %w", WorkersStream, err)
+		}
+	}
+	for _, kc := range cfg.buckets() {
 		if err := ensureBucket(ctx, js, kc); err != nil {
 			return 0, false, err
 		}
+	}
+	if _, err := verify(ctx, js, cfg); err != nil {
+		return 0, false, err
 	}
 	return p, created, nil
 }

@@ -199,9 +199,10 @@ func frontendEnv(lookup lookupFunc, cfg *frontend.Config) []error {
 	return errs
 }
 
-// streamFlags are the retention of the streams a component provisions if
-// they do not exist yet (the first component to start decides; an existing
-// definition is never changed).
+// streamFlags are the definition of the log's streams: a frontend (or
+// baton provision) creates them so if they do not exist, and every
+// component refuses to start (exit 2) when an existing one differs
+// (streams.DefinitionError).
 type streamFlags struct {
 	replicas          int
 	partitions        int
@@ -213,7 +214,7 @@ type streamFlags struct {
 
 func addStreamFlags(f *flagSet) *streamFlags {
 	sf := &streamFlags{}
-	f.IntVar(&sf.replicas, "replicas", 1, "replicas (R) of the streams and buckets this component provisions if they do not exist; 3 in a cluster")
+	f.IntVar(&sf.replicas, "replicas", 1, "replicas (R) of the streams and buckets, as created or as verified (another R than the existing ones' exits 2); 3 in a cluster")
 	f.IntVar(&sf.partitions, "request-partitions", 0, "`N` streams the request log is split into (1 to 64; a request's hash slot picks one), fixed when the streams are created; "+
 		"another number than the existing streams' exits 2")
 	f.bindEnv("request-partitions", "BATON_REQUEST_PARTITIONS", nil)

@@ -38,6 +38,7 @@ var commands = []command{
 	{"replay", "a request's timeline and output, rebuilt from the event log alone (--json)", runReplay},
 	{"compact", "fold finished requests' token deltas into their compact records by hand", runCompact},
 	{"events", "pretty-print the event log (--follow, --request ID, --worker ID)", runEvents},
+	{"provision", "create the event log's streams and buckets, or verify them (--update to change them)", runProvision},
 }
 
 func main() {
@@ -134,10 +135,11 @@ func supervised() bool {
 func exitCode(stderr io.Writer, prefix string, err error) int {
 	var ue usageError
 	var mismatch *streams.PartitionsMismatchError
+	var definition *streams.DefinitionError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
-	case errors.As(err, &ue), errors.As(err, &mismatch):
+	case errors.As(err, &ue), errors.As(err, &mismatch), errors.As(err, &definition):
 		fmt.Fprintf(stderr, "%s: %s\n", prefix, oneLine(err))
 		return 2
 	default:

@@ -51,6 +51,8 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 	f.showDefault("cluster-user", "none: any node that reaches the route port may join")
 	f.StringVar(&o.cfg.ClusterPassword, "cluster-password", "", "`password` of --cluster-user")
 	f.bindEnv("cluster-password", "BATON_NATS_CLUSTER_PASSWORD", nil)
+	f.BoolVar(&o.cfg.ClusterInsecure, "cluster-insecure", false, "let routes listen beyond loopback (--host) without route authentication: any node that reaches the route port joins and receives every prompt")
+	f.bindEnv("cluster-insecure", "BATON_NATS_CLUSTER_INSECURE", nil)
 	f.StringVar(&o.cfg.ClusterTLSCert, "cluster-tls-cert", "", "PEM certificate `file` of this node's routes (with --cluster-tls-key and --cluster-tls-ca): routes are encrypted and verified")
 	f.bindEnv("cluster-tls-cert", "BATON_NATS_CLUSTER_TLS_CERT", nil)
 	f.StringVar(&o.cfg.ClusterTLSKey, "cluster-tls-key", "", "PEM private key `file` of --cluster-tls-cert")
@@ -95,6 +97,14 @@ func runNATS(ctx context.Context, env *environment, args []string) error {
 		return err
 	} else if file != "" {
 		log.Info("system-account password", "user", sysUser(o.cfg.SysUser), "file", file)
+	}
+	if o.cfg.ClusterName != "" && !natsserver.Loopback(o.cfg.Host) {
+		switch {
+		case o.cfg.ClusterUser == "":
+			log.Warn("routes listen beyond loopback without route authentication (--cluster-insecure): any node that reaches the route port joins and receives every prompt", "host", o.cfg.Host)
+		case o.cfg.ClusterTLSCert == "":
+			log.Warn("routes listen beyond loopback without route TLS: the route password and every prompt cross the network in clear", "host", o.cfg.Host)
+		}
 	}
 	s, err := natsserver.Start(o.cfg, log)
 	if err != nil {

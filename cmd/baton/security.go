@@ -23,6 +23,7 @@ type securityFlags struct {
 	idleTimeout         time.Duration
 	maxConnections      int
 	tenantMaxConcurrent int
+	writeTimeout        time.Duration
 	tenantRPS           float64
 	tlsCert, tlsKey     string
 }
@@ -41,9 +42,11 @@ func (s *securityFlags) add(f *flagSet) {
 	f.bindEnv("idle-timeout", "BATON_IDLE_TIMEOUT", nil)
 	f.IntVar(&s.maxConnections, "max-connections", frontend.DefaultMaxConnections, fmt.Sprintf("most open HTTP connections: beyond, 503 (with %d more kept for /live and /health)", frontend.ProbeHeadroom))
 	f.bindEnv("max-connections", "BATON_MAX_CONNECTIONS", nil)
-	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", 0, "most open completions and resumes per tenant (429 beyond); 0 unlimited")
+	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond); 0 unlimited")
 	f.bindEnv("tenant-max-concurrent", "BATON_TENANT_MAX_CONCURRENT", nil)
-	f.showDefault("tenant-max-concurrent", "unlimited")
+	f.showDefault("tenant-max-concurrent", "with --api-keys-file a quarter of --max-connections, else unlimited")
+	f.DurationVar(&s.writeTimeout, "write-timeout", frontend.DefaultWriteTimeout, "disconnect a client that stops reading a stream this long after a write could not go out, a `duration`")
+	f.bindEnv("write-timeout", "BATON_WRITE_TIMEOUT", nil)
 	f.Float64Var(&s.tenantRPS, "tenant-rps", 0, "most API requests per second per tenant, burst max(1, rps) (429 with Retry-After beyond); 0 unlimited")
 	f.bindEnv("tenant-rps", "BATON_TENANT_RPS", nil)
 	f.showDefault("tenant-rps", "unlimited")
@@ -69,7 +72,10 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	if s.maxConnections <= 0 {
 		errs = append(errs, fmt.Errorf("--max-connections %d: must be positive", s.maxConnections))
 	}
-	if s.tenantMaxConcurrent < 0 || s.tenantRPS < 0 {
+	if s.writeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--write-timeout %v: must be positive", s.writeTimeout))
+	}
+	if s.tenantMaxConcurrent < -1 || s.tenantRPS < 0 {
 		errs = append(errs, errors.New("--tenant-max-concurrent and --tenant-rps must not be negative"))
 	}
 	if (s.tlsCert == "") != (s.tlsKey == "") {
@@ -89,7 +95,15 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	}
 	cfg.APIKeysFile, cfg.MaxChildren = s.apiKeysFile, s.maxChildren
 	cfg.ReadHeaderTimeout, cfg.BodyTimeout, cfg.IdleTimeout = s.readHeaderTimeout, s.bodyTimeout, s.idleTimeout
-	cfg.MaxConnections, cfg.TenantMaxConcurrent, cfg.TenantRPS = s.maxConnections, s.tenantMaxConcurrent, s.tenantRPS
+	cfg.MaxConnections, cfg.TenantRPS, cfg.WriteTimeout = s.maxConnections, s.tenantRPS, s.writeTimeout
+	switch s.tenantMaxConcurrent { // Config's 0 is the default, negative none
+	case -1:
+		cfg.TenantMaxConcurrent = 0
+	case 0:
+		cfg.TenantMaxConcurrent = -1
+	default:
+		cfg.TenantMaxConcurrent = s.tenantMaxConcurrent
+	}
 	cfg.TLSCertFile, cfg.TLSKeyFile = s.tlsCert, s.tlsKey
 	return errors.Join(errs...)
 }

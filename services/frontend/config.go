@@ -101,8 +101,15 @@ type Config struct {
 	// ProbeHeadroom more kept for /live and /health; default 4096.
 	MaxConnections int
 	// TenantMaxConcurrent caps one tenant's open completions and resumes
-	// (429 beyond); 0 means unlimited.
+	// (429 beyond). 0 means the default: a quarter of MaxConnections when
+	// APIKeysFile is set (so that no tenant holds every connection), none
+	// without keys (every caller is one tenant, bounded by MaxConnections);
+	// negative means unlimited.
 	TenantMaxConcurrent int
+	// WriteTimeout bounds each write of a streamed response: a client that
+	// stops reading is disconnected this long after its last write could
+	// not go out, freeing its connection; default 30s.
+	WriteTimeout time.Duration
 	// TenantRPS caps one tenant's API requests per second (429 beyond, with
 	// a burst of max(1, TenantRPS)); 0 means unlimited.
 	TenantRPS float64
@@ -127,6 +134,7 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 120 * time.Second
 	DefaultMaxConnections    = 4096
+	DefaultWriteTimeout      = 30 * time.Second
 	DefaultConsoleWindow     = 15 * time.Minute
 	DefaultConsoleRequests   = 500
 )
@@ -177,6 +185,12 @@ func (c Config) withDefaults() Config {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
 	}
+	if c.TenantMaxConcurrent == 0 && c.APIKeysFile != "" {
+		c.TenantMaxConcurrent = max(1, c.MaxConnections/4)
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
 	if c.ConsoleWindow == 0 {
 		c.ConsoleWindow = DefaultConsoleWindow
 	}
@@ -215,8 +229,8 @@ func (c Config) Validate() error {
 	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
 	}
-	if c.MaxConnections < 0 || c.TenantMaxConcurrent < 0 || c.TenantRPS < 0 {
-		errs = append(errs, errors.New("max connections and tenant limits must not be negative"))
+	if c.MaxConnections < 0 || c.WriteTimeout < 0 || c.TenantRPS < 0 {
+		errs = append(errs, errors.New("max connections, the write timeout and tenant limits must not be negative"))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("a TLS certificate and key go together"))

@@ -164,8 +164,10 @@ func (o *output) stream(from int, start time.Time) bool {
 	if answered, ok := o.beforeHeaders(from); answered {
 		return ok
 	}
-	flush := openai.StartSSE(o.w)
-	sse := openai.NewSSE(o.w, o.acc)
+	w := withWriteDeadline(o.w, o.fe.cfg.WriteTimeout) // a client that stops reading is let go
+	defer endWrites(w)
+	flush := openai.StartSSE(w)
+	sse := openai.NewSSE(w, o.acc)
 	m := o.fe.tokenMetrics(o.acc.Model, start)
 	if from == 0 {
 		m.upstream = func() time.Duration { return o.ts[0].Timing().Upstream }

@@ -66,6 +66,10 @@ type Config struct {
 	// ClusterTLSCert, ClusterTLSKey and ClusterTLSCA, when set, encrypt the
 	// routes; each side must present a certificate signed by ClusterTLSCA.
 	ClusterTLSCert, ClusterTLSKey, ClusterTLSCA string
+	// ClusterInsecure lets the routes listen beyond loopback without route
+	// authentication: any node that reaches the route port then joins and
+	// receives every prompt. Validate refuses that unless this is set.
+	ClusterInsecure bool
 	// WorkerUsers are per-worker users of the BATON account, each holding
 	// WorkerPermissions pinned to its own id (PinWorker). They need User:
 	// an anonymous client would have every permission.
@@ -164,12 +168,27 @@ func (c Config) Validate() error {
 	if c.ClusterName == "" && (c.ClusterUser != "" || c.ClusterTLSCert != "") {
 		errs = append(errs, errors.New("route authentication and TLS need --cluster-name"))
 	}
+	if c.ClusterName != "" && c.ClusterUser == "" && !c.ClusterInsecure && !Loopback(c.Host) {
+		errs = append(errs, fmt.Errorf("routes listen on %s without route authentication: any node that reaches the route port "+
+			"joins the cluster and receives every prompt; give --cluster-user and --cluster-password (and the route TLS files), "+
+			"or --cluster-insecure to accept that", c.Host))
+	}
 	for _, r := range c.Routes {
 		if u, err := url.Parse(r); err != nil || u.Host == "" {
 			errs = append(errs, fmt.Errorf("route %q: want nats-route://host:port", r))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Loopback reports whether host, a listen address, is reachable from this
+// machine only ("" is the default, 127.0.0.1).
+func Loopback(host string) bool {
+	if host == "" || host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func (c Config) withDefaults() Config {

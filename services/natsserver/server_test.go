@@ -59,6 +59,9 @@ func TestClusterConfig(t *testing.T) {
 		{StoreDir: "x", ClusterName: "c", ClusterPort: 1, ClusterUser: "u"},
 		{StoreDir: "x", ClusterName: "c", ClusterPort: 1, ClusterTLSCert: "c", ClusterTLSKey: "k"},
 		{StoreDir: "x", ClusterUser: "u", ClusterPassword: "p"},
+		// Open routes beyond loopback (formerly started silently, and a rogue node joined).
+		{StoreDir: "x", Host: "0.0.0.0", ClusterName: "c", ClusterPort: 1},
+		{StoreDir: "x", Host: "10.0.0.1", ClusterName: "c", ClusterPort: 1},
 	} {
 		if bad.Validate() == nil {
 			t.Errorf("%+v validated", bad)
@@ -94,7 +97,8 @@ func TestWorkerUsers(t *testing.T) {
 		}
 	}
 	for _, gone := range []string{`"baton.dispatch.*"`, `"$KV.baton_leases.>"`, `"baton.workers.*.events"`,
-		`tokens.*.*"`, `"baton.checks.*"`, `"baton.commands.*"`, `"_INBOX_worker.*.>"`, "BATON_REQUESTS.", "_INBOX.>", "baton.live"} {
+		`tokens.*.*"`, `"baton.checks.*"`, `"baton.commands.*"`, `"_INBOX_worker.*.>"`, "BATON_REQUESTS", "_INBOX.>", "baton.live",
+		"STREAM.CREATE", "STREAM.UPDATE", "STREAM.INFO.>"} { // a worker creates no stream (issue 23) and lists no request ids
 		if strings.Contains(perms, gone) {
 			t.Errorf("pinned permissions still grant %s", gone)
 		}
@@ -104,5 +108,28 @@ func TestWorkerUsers(t *testing.T) {
 	}
 	if err := (Config{StoreDir: "x", WorkerUsers: users}).Validate(); err == nil {
 		t.Error("worker users without --user validated")
+	}
+}
+
+// TestOpenRoutesOnlyOnLoopback: routes without authentication are valid on
+// loopback, or beyond it only when ClusterInsecure says so.
+func TestOpenRoutesOnlyOnLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		host     string
+		insecure bool
+		auth     bool
+		ok       bool
+	}{
+		{"", false, false, true}, {"127.0.0.1", false, false, true}, {"::1", false, false, true}, {"localhost", false, false, true},
+		{"0.0.0.0", false, false, false}, {"::", false, false, false}, {"192.168.1.5", false, false, false},
+		{"0.0.0.0", true, false, true}, {"0.0.0.0", false, true, true},
+	} {
+		c := Config{StoreDir: "x", Host: tc.host, ClusterName: "c", ClusterPort: 6222, ClusterInsecure: tc.insecure}
+		if tc.auth {
+			c.ClusterUser, c.ClusterPassword = "route", "route-password"
+		}
+		if err := c.Validate(); (err == nil) != tc.ok {
+			t.Errorf("host %q insecure %v auth %v: got %v, want ok %v", tc.host, tc.insecure, tc.auth, err, tc.ok)
+		}
 	}
 }

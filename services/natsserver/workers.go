@@ -19,10 +19,9 @@ const WorkerPermissions = `publish: [
   "baton.workers.*.events",                # registered, draining, deregistered
   "baton.checks.*",                        # asks a frontend about its attempts (reconnect, detach)
   "$KV.baton_leases.>", "$KV.baton_load.>",
-  "$JS.API.INFO", "$JS.API.STREAM.INFO.>",
-  "$JS.API.STREAM.CREATE.BATON_REQUESTS", "$JS.API.STREAM.CREATE.BATON_WORKERS",        # provisioning, as for
-  "$JS.API.STREAM.CREATE.KV_baton_leases", "$JS.API.STREAM.CREATE.KV_baton_load",       # the frontend
-  "$JS.API.STREAM.CREATE.KV_baton_frontends",
+  "$JS.API.INFO", "$JS.API.STREAM.INFO.BATON_WORKERS",                                 # verifies, never creates:
+  "$JS.API.STREAM.INFO.KV_baton_leases", "$JS.API.STREAM.INFO.KV_baton_load",           # a frontend or baton
+  "$JS.API.STREAM.INFO.KV_baton_frontends",                                            # provision provisions
   "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
   "$JS.API.CONSUMER.DELETE.KV_baton_leases.>", "$JS.API.CONSUMER.DELETE.KV_baton_frontends.>",   # its watchers' end

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
@@ -55,13 +56,28 @@ func (w *Worker) check(ctx context.Context, j *job, detach bool) (streams.CheckR
 	if err != nil {
 		return streams.CheckReply{}, err
 	}
-	m, err := w.ctl.RequestWithContext(ctx, streams.CheckSubject(w.cfg.ID), data)
-	if err != nil {
-		return streams.CheckReply{}, fmt.Errorf("check %s: %w", j.d.RequestID, err)
-	}
 	var r streams.CheckReply
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return streams.CheckReply{}, fmt.Errorf("check %s: bad reply: %w", j.d.RequestID, err)
+	for {
+		m, err := w.ctl.RequestWithContext(ctx, streams.CheckSubject(w.cfg.ID), data)
+		if err != nil {
+			return streams.CheckReply{}, fmt.Errorf("check %s: %w", j.d.RequestID, err)
+		}
+		r = streams.CheckReply{}
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			return streams.CheckReply{}, fmt.Errorf("check %s: bad reply: %w", j.d.RequestID, err)
+		}
+		if r.RetryAfterMS <= 0 {
+			break
+		}
+		// Refused unread (this worker's checks are over the frontend's
+		// rate): ask again when it says, within ctx.
+		t := time.NewTimer(time.Duration(r.RetryAfterMS) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return r, fmt.Errorf("check %s: %s, and %w before the retry", j.d.RequestID, r.Error, ctx.Err())
+		case <-t.C:
+		}
 	}
 	if r.Error != "" {
 		return r, fmt.Errorf("check %s: %s", j.d.RequestID, r.Error)

@@ -148,6 +148,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.ctl.Close() // last: the shutdown's lease and load deletes use it
 	if err := w.open(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped while waiting for the log: nothing to shut down
+		}
 		return err
 	}
 	// Listen before the lease exists, so nobody can dispatch to a worker that
@@ -213,14 +216,20 @@ func (w *Worker) openControl() error {
 	return nil
 }
 
-// open provisions the streams and binds the buckets, retrying what fails
+// open waits for the streams and buckets to be provisioned (by a frontend
+// or `baton provision`: a worker creates none, so that a worker credential
+// cannot define the log, issue 23), verifies that they are defined as its
+// own flags define them, and binds the buckets, retrying what fails
 // transiently for streams.StartBudget.
 func (w *Worker) open(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
-	defer cancel()
-	if _, err := streams.ProvisionAtStart(ctx, w.js, w.cfg.Streams, w.log); err != nil {
+	err := streams.WaitProvisioned(ctx, w.js, w.cfg.Streams, func(err error) {
+		w.log.Warn("waiting for the log to be provisioned by a frontend or `baton provision`; a worker creates no stream", "err", err)
+	})
+	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, streams.StartBudget)
+	defer cancel()
 	return streams.Retry(ctx, func(ctx context.Context) error {
 		var err error
 		if w.leases, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {

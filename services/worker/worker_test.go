@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -35,6 +37,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	s := natstest.Start(t)
+	s.Provision(t) // as a frontend does: a worker provisions nothing
 	nc := s.Connect(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -288,6 +291,66 @@ func TestRegisterAndDeregister(t *testing.T) {
 	if got := types(e.workerEvents("w-reg")); !equal(got, want) {
 		t.Errorf("worker events %v, want %v", got, want)
 	}
+}
+
+// signalWriter closes found when what it is written contains want.
+type signalWriter struct {
+	want  string
+	once  sync.Once
+	found chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.want) {
+		w.once.Do(func() { close(w.found) })
+	}
+	return len(p), nil
+}
+
+// TestWorkerProvisionsNothing: on a server with no log a worker creates no
+// stream or bucket (formerly it provisioned like a frontend, so a worker
+// credential could define the log, issue 23): it says it waits, and
+// registers once something else has provisioned.
+func TestWorkerProvisionsNothing(t *testing.T) {
+	s := natstest.Start(t)
+	eng, err := engine.NewMock(fullSpeed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &signalWriter{want: "waiting for the log to be provisioned", found: make(chan struct{})}
+	w, err := worker.New(s.Connect(t), eng, slog.New(slog.NewTextHandler(out, nil)), prometheus.NewRegistry(),
+		worker.Config{ID: "w-wait", Model: "mock", LeaseTTL: time.Second, Streams: streams.Config{MemoryStorage: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-out.found
+	js := s.JetStream(t)
+	if names := streamNames(t, js); len(names) != 0 {
+		t.Errorf("a waiting worker created streams %v, want none", names)
+	}
+	s.Provision(t)
+	e := &env{t: t, s: s, js: js}
+	e.waitFor("lease of w-wait", func() bool { _, ok := e.lease("w-wait"); return ok })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v, want nil", err)
+	}
+}
+
+func streamNames(t *testing.T, js jetstream.JetStream) []string {
+	t.Helper()
+	var out []string
+	l := js.StreamNames(context.Background())
+	for n := range l.Name() {
+		out = append(out, n)
+	}
+	if err := l.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func equal(a, b []string) bool {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -114,7 +115,8 @@ const checkers = 4
 // answers each) on g until ctx is done.
 func (rn *Runner) answerChecks(ctx context.Context, g *errgroup.Group) error {
 	ch := make(chan *nats.Msg, 256)
-	sub, err := rn.nc.ChanQueueSubscribe(streams.CheckSubjects, streams.CheckQueue, ch)
+	limit := newCheckLimiter(checkShare, checkBurst, time.Now)
+	sub, err := rn.nc.QueueSubscribe(streams.CheckSubjects, streams.CheckQueue, func(m *nats.Msg) { admitCheck(limit, ch, m) })
 	if err != nil {
 		return fmt.Errorf("subscribe to checks: %w", err)
 	}
@@ -130,10 +132,14 @@ func (rn *Runner) answerChecks(ctx context.Context, g *errgroup.Group) error {
 				case <-ctx.Done():
 					return nil
 				case m := <-ch:
+					start := time.Now()
 					cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 					data, _ := json.Marshal(rn.check(cctx, m.Subject, m.Data))
 					cancel()
 					_ = m.Respond(data)
+					if w, err := streams.CheckWorker(m.Subject); err == nil {
+						limit.done(w, time.Since(start))
+					}
 				}
 			}
 		})
