@@ -12,6 +12,7 @@
 //	go run ./scripts/chaos -duration 10m -profile long
 //	go run ./scripts/chaos -duration 30s -partitions 3  # a request log of 3 streams
 //	go run ./scripts/chaos -profile churn -duration 2m  # an autoscaler's churn (churn.go)
+//	scripts/upgrade-test                                # -profile upgrade: the previous release and back (upgrade.go)
 //
 // With -compose-check it is instead one resilient client of a running stack
 // (scripts/compose-test): it streams one request, resuming across the given
