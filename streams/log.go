@@ -243,8 +243,16 @@ const AppendStall = DefaultTimeout
 // until an acknowledgement makes room (for at most AppendStall), so a
 // producer slows to the rate the log stores at instead of queueing without
 // bound.
+//
+// An append that finds no stream to answer it (a leader election, a node
+// shutting down) fails at once: it is not retried behind the caller's back.
+// nats.go's default retries such a publish 250 ms later, by which time the
+// appends sent after it may be stored: the log then holds them before it,
+// every one acknowledged, and readers skip the later ones as gaps that no
+// failure ever made the caller repair. A failed future lets the caller
+// re-send in order (the worker's deltas do).
 func (l *Log) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
-	f, err := l.js.PublishMsgAsync(m, jetstream.WithStallWait(AppendStall))
+	f, err := l.js.PublishMsgAsync(m, jetstream.WithStallWait(AppendStall), jetstream.WithRetryAttempts(0))
 	if err != nil {
 		return nil, fmt.Errorf("append %s to %s: %w", m.Header.Get(events.HeaderType), m.Subject, translate(err))
 	}

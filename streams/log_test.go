@@ -475,3 +475,34 @@ func TestReadRequestYieldsUnreadable(t *testing.T) {
 		t.Fatalf("append expecting the unreadable event's sequence %d: %v", last, err)
 	}
 }
+
+// TestAppendAsyncIsNotRetriedOutOfOrder: an asynchronous append that no
+// stream answers fails; it is not re-sent later behind the caller's back,
+// where it would be stored after the appends sent after it (all of them
+// acknowledged, the earlier one out of order: readers would skip the later
+// ones as gaps, and the caller would never know to repair them). Here the
+// stream comes into being just after the append: a hidden retry would store
+// it.
+func TestAppendAsyncIsNotRetriedOutOfOrder(t *testing.T) {
+	s := natstest.Start(t)
+	ctx := testCtx(t)
+	js := s.JetStream(t)
+	log := streams.NewLog(js, "test")
+	f, err := log.AppendAsync("late.1", log.Envelope("a", "r", events.RequestAttached{RequestID: "r", Frontend: "fe"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "LATE", Subjects: []string{"late.>"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.Ok():
+		t.Fatal("an append that no stream answered was stored later: a hidden retry, out of order with what followed")
+	case err := <-f.Err():
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			t.Logf("append failed with %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the append neither failed nor was stored")
+	}
+}

@@ -37,12 +37,13 @@ type report struct {
 	incs                         []incReport
 	violations                   []string
 
-	unavail    int           // 503 answers clients got
-	slowest    *outcome      // the request that took the largest share of its bound
-	slowestOf  float64       // its time / its bound
-	slowestMax time.Duration // its bound
-	overBound  []string      // requests that took longer than their bound
-	churn      *churnStats   // -profile churn
+	unavail    int            // 503 answers clients got
+	slowest    *outcome       // the request that took the largest share of its bound
+	slowestOf  float64        // its time / its bound
+	slowestMax time.Duration  // its bound
+	overBound  []string       // requests that took longer than their bound
+	churn      *churnStats    // -profile churn
+	replayed   map[string]int // -profile upgrade: requests each release's replay agreed on
 }
 
 // requestBound is how long a request may take from its first try to its
@@ -295,6 +296,9 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 		o := r.slowest
 		row("slowest request / its bound", fmt.Sprintf("%v / %v (%s, %d tokens)", o.ended.Sub(o.started).Round(time.Millisecond),
 			r.slowestMax, o.id, o.maxTokens))
+	}
+	if r.replayed != nil {
+		row("replayed by each release, agreeing", fmt.Sprintf("previous %d, current %d", r.replayed["previous"], r.replayed["current"]))
 	}
 	if c := r.churn; c != nil {
 		row("churn: pool changes", fmt.Sprintf("%d (%d adds, %d removes, %d frontends replaced)", c.changes, c.adds, c.removes, c.frontendsReplaced))

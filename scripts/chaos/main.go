@@ -12,6 +12,7 @@
 //	go run ./scripts/chaos -duration 10m -profile long
 //	go run ./scripts/chaos -duration 30s -partitions 3  # a request log of 3 streams
 //	go run ./scripts/chaos -profile churn -duration 2m  # an autoscaler's churn (churn.go)
+//	scripts/upgrade-test                                # -profile upgrade: the previous release and back (upgrade.go)
 //
 // With -compose-check it is instead one resilient client of a running stack
 // (scripts/compose-test): it streams one request, resuming across the given
@@ -55,6 +56,9 @@ type profile struct {
 	// workers added and removed at least every 2 s, at a pool of 4-8, and
 	// frontends replaced.
 	churn bool
+	// upgrade replaces the faults with an upgrade from -old-baton to the
+	// current binary and a downgrade back (upgrade.go).
+	upgrade bool
 }
 
 var profiles = map[string]profile{
@@ -66,6 +70,9 @@ var profiles = map[string]profile{
 	// life, so more migrations may be needed than under one fault at a time.
 	"churn": {clients: 8, gapMin: 300 * time.Millisecond, gapMax: 1500 * time.Millisecond, minTokens: 40, spanTokens: 260,
 		tokensPerSec: 150, migrationLimit: 10, drainSecs: 1, workers: 6, churn: true},
+	// upgrade: 1-3 s of traffic between two upgrade steps.
+	"upgrade": {clients: 8, gapMin: time.Second, gapMax: 3 * time.Second, minTokens: 40, spanTokens: 260,
+		tokensPerSec: 150, migrationLimit: 5, drainSecs: 1, upgrade: true},
 }
 
 func main() {
@@ -78,6 +85,7 @@ func main() {
 		keep     = flag.Bool("keep", false, "keep the run directory (process logs, JetStream stores) even on success")
 		engName  = flag.String("engine", "mock", "workers' engine: mock, or openai (each worker in front of its own vLLM simulator, cmd/vllmsim)")
 		parts    = flag.Int("partitions", 1, "request log partitions (--request-partitions, 1 to 64); a leader kill picks one partition's leader")
+		oldBin   = flag.String("old-baton", "", "-profile upgrade: the previous release's baton binary (scripts/upgrade-test builds it)")
 		noop     = flag.Bool("noop-faults", false, "self-test: send no kill or stop signal, as a broken injector would; the checks that each fault took effect must fail the run")
 
 		composeCheck = flag.Bool("compose-check", false, "be one resilient client of a running stack (see -urls); exit 0 iff the text is the fault-free one")
@@ -113,8 +121,16 @@ func main() {
 	}
 	cfg.partitions = *parts
 	cfg.noopFaults = *noop
+	if cfg.upgrade != (*oldBin != "") {
+		fmt.Fprintln(os.Stderr, "chaos: -profile upgrade and -old-baton go together")
+		os.Exit(2)
+	}
+	upgradeFrom = *oldBin
 	os.Exit(soak(cfg, *duration, *seed, *bin, *keep, strings.Join(os.Args, " ")))
 }
+
+// upgradeFrom is -old-baton.
+var upgradeFrom string
 
 func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep bool, cmdline string) (code int) {
 	began := time.Now()
@@ -137,6 +153,9 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 		}
 	}
 	h := &harness{bin: bin, dir: dir, cfg: cfg, fronts: make([]*feInc, 2), gen: make([]int, 2)}
+	if cfg.upgrade {
+		h.oldBin, h.newBin, h.bin = upgradeFrom, bin, upgradeFrom // the stack starts on the previous release
+	}
 	if cfg.engine == "openai" {
 		if h.simBin, err = build(dir, "vllmsim"); err != nil {
 			fmt.Fprintln(os.Stderr, "chaos:", err)
@@ -164,9 +183,12 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 	faultCtx, stopFaults := context.WithTimeout(ctx, duration)
 	var faults []fault
 	var churned *churnStats
-	if cfg.churn {
+	switch {
+	case cfg.churn:
 		faults, churned = h.churn(faultCtx, rng, loadStart)
-	} else {
+	case cfg.upgrade:
+		faults = h.upgrade(rng, loadStart) // the whole upgrade and downgrade, however long -duration is
+	default:
 		faults = h.injectFaults(faultCtx, rng, loadStart)
 	}
 	stopFaults()
@@ -180,6 +202,7 @@ func soak(cfg profile, duration time.Duration, seed uint64, bin string, keep boo
 	r := h.check(ctx, outs(), faults)
 	r.churn = churned
 	h.checkChurn(r)
+	h.checkUpgrade(ctx, r, outs())
 	r.print(os.Stdout, cmdline, time.Since(began))
 	if len(r.violations) > 0 {
 		return 1

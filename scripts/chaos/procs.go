@@ -166,13 +166,16 @@ type workerSlot struct {
 
 // harness owns every process of the soak and its run directory.
 type harness struct {
-	bin         string
-	simBin      string // the vLLM simulator, with -engine openai
-	sysPassword string // of every node's system account
-	dir         string
-	cfg         profile
-	nodes       []*natsNode
-	workers     []*workerSlot
+	bin string // the binary new processes start with
+	// With -profile upgrade: the previous release's binary and the current
+	// one; bin is one or the other as the upgrade goes.
+	oldBin, newBin string
+	simBin         string // the vLLM simulator, with -engine openai
+	sysPassword    string // of every node's system account
+	dir            string
+	cfg            profile
+	nodes          []*natsNode
+	workers        []*workerSlot
 
 	mu     sync.Mutex
 	fronts []*feInc // current incarnation per slot
