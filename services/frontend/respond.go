@@ -174,12 +174,12 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 	}
 	if acc.Endpoint == events.EndpointChat {
 		return map[string]any{
-			"id": "chatcmpl-" + acc.RequestID, "object": "chat.completion", "created": acc.Created, "model": acc.Model,
+			"id": "chatcmpl-" + openaiID(acc), "object": "chat.completion", "created": acc.Created, "model": acc.Model,
 			"choices": list, "usage": usage,
 		}
 	}
 	return map[string]any{
-		"id": "cmpl-" + acc.RequestID, "object": "text_completion", "created": acc.Created, "model": acc.Model,
+		"id": "cmpl-" + openaiID(acc), "object": "text_completion", "created": acc.Created, "model": acc.Model,
 		"choices": list, "usage": usage,
 	}
 }
@@ -359,9 +359,9 @@ func (s *sseWriter) event(id int, data []byte) {
 func (s *sseWriter) chunk(id int, choice map[string]any, usage map[string]any) {
 	var body map[string]any
 	if s.acc.Endpoint == events.EndpointChat {
-		body = map[string]any{"id": "chatcmpl-" + s.acc.RequestID, "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
+		body = map[string]any{"id": "chatcmpl-" + openaiID(s.acc), "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
 	} else {
-		body = map[string]any{"id": "cmpl-" + s.acc.RequestID, "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
+		body = map[string]any{"id": "cmpl-" + openaiID(s.acc), "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
 	}
 	if choice != nil {
 		body["choices"] = []map[string]any{choice}
