@@ -29,6 +29,7 @@ import (
 
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // Defaults of Config.
@@ -217,13 +218,13 @@ func (c Config) configString() string {
 	if c.User != "" {
 		user, password = c.User, c.Password
 	}
-	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
+	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(hashed(password)))
 	for _, w := range c.WorkerUsers {
 		perms, _ := PinWorker(ForPartitions(WorkerPermissions, c.RequestPartitions), w.ID) // the constant has every pin
-		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(w.Password), perms)
+		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(hashed(w.Password)), perms)
 	}
 	b.WriteString("  ] }\n")
-	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(c.SysPassword))
+	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(hashed(c.SysPassword)))
 	fmt.Fprintf(&b, "system_account: %s\n", SysAccount)
 	if c.User == "" {
 		// Clients without credentials land in BATON.
@@ -321,6 +322,20 @@ func SysURL(clientURL, user, password string) string {
 	}
 	u.User = url.UserPassword(user, password)
 	return u.String()
+}
+
+// hashed is password as bcrypt, which nats-server compares a client's
+// password with: the server's configuration then holds no password in
+// plain text, and it stops warning "Plaintext passwords detected" at every
+// start (issue 23). The configuration is never written to disk, and the
+// generated passwords are random (192 bits), so the lowest cost serves: a
+// login costs a millisecond, not the default cost's tens.
+func hashed(password string) string {
+	h, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil { // a password over 72 bytes: kept as it is (nats-server compares plain text)
+		return password
+	}
+	return string(h)
 }
 
 type slogAdapter struct{ log *slog.Logger }
