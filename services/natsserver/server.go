@@ -218,7 +218,10 @@ func (c Config) configString() string {
 	if c.User != "" {
 		user, password = c.User, c.Password
 	}
-	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(hashed(password)))
+	if c.User != "" {
+		password = hashed(password)
+	} // else the anonymous user's: no_auth_user compares it with itself, so it stays as it is
+	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
 	for _, w := range c.WorkerUsers {
 		perms, _ := PinWorker(ForPartitions(WorkerPermissions, c.RequestPartitions), w.ID) // the constant has every pin
 		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(hashed(w.Password)), perms)
@@ -301,7 +304,9 @@ func Start(cfg Config, log *slog.Logger) (*server.Server, error) {
 		return nil, fmt.Errorf("natsserver: %w", err)
 	}
 	if log != nil {
-		s.SetLoggerV2(&slogAdapter{log: log}, false, false, false)
+		// Without --user the one plaintext password is the anonymous user's,
+		// which is no secret: nats-server's warning about it says nothing.
+		s.SetLoggerV2(&slogAdapter{log: log, quietPlaintext: cfg.User == ""}, false, false, false)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(30 * time.Second) {
@@ -338,11 +343,21 @@ func hashed(password string) string {
 	return string(h)
 }
 
-type slogAdapter struct{ log *slog.Logger }
+type slogAdapter struct {
+	log            *slog.Logger
+	quietPlaintext bool // drop "Plaintext passwords detected"
+}
 
 func (a *slogAdapter) Noticef(format string, v ...any) { a.log.Info(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Warnf(format string, v ...any)   { a.log.Warn(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Fatalf(format string, v ...any)  { a.log.Error(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Errorf(format string, v ...any)  { a.log.Error(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Debugf(format string, v ...any)  { a.log.Debug(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Tracef(format string, v ...any)  { a.log.Debug(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Warnf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if a.quietPlaintext && strings.HasPrefix(msg, "Plaintext passwords detected") {
+		a.log.Debug(msg)
+		return
+	}
+	a.log.Warn(msg)
+}
+func (a *slogAdapter) Fatalf(format string, v ...any) { a.log.Error(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Errorf(format string, v ...any) { a.log.Error(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Debugf(format string, v ...any) { a.log.Debug(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Tracef(format string, v ...any) { a.log.Debug(fmt.Sprintf(format, v...)) }
