@@ -222,7 +222,8 @@ func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, 
 			log.Info("waiting for nats", "url", redactURLs(urls), "timeout", timeout, "err", err)
 		}
 		if !time.Now().Before(deadline) {
-			return nil, fmt.Errorf("no NATS server reachable at %s after %v (start one with 'baton nats' or use 'baton up'): %w", redactURLs(urls), timeout, err)
+			return nil, fmt.Errorf("no NATS server reachable at %s after %v: if the stack runs elsewhere (baton up on another port, compose, a cluster), "+
+				"pass its address with --nats URL or NATS_SERVER; otherwise start one with 'baton nats' or 'baton up': %w", redactURLs(urls), timeout, err)
 		}
 		t := time.NewTimer(min(natsReconnectWait, time.Until(deadline)))
 		select {

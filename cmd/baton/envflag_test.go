@@ -52,6 +52,9 @@ func flagDefaults(c *frontend.Config) {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = frontend.DefaultMaxConnections
 	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = frontend.DefaultWriteTimeout
+	}
 	c.ConsoleWindow = frontend.DefaultConsoleWindow
 	c.ConsoleRequests = frontend.DefaultConsoleRequests
 	if c.Streams.Replicas == 0 {
@@ -473,6 +476,11 @@ func TestConnectNATSGivesUp(t *testing.T) {
 	_, err := connectNATS(context.Background(), "nats://127.0.0.1:1", "test", 300*time.Millisecond, log)
 	if err == nil || !strings.Contains(err.Error(), "no NATS server") {
 		t.Fatalf("got %v, want a no-server error", err)
+	}
+	// A stack on another port is the likely cause: the error names --nats
+	// (formerly it only suggested starting a server).
+	if !strings.Contains(err.Error(), "--nats URL") {
+		t.Errorf("got %v, want it to suggest --nats", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("gave up after %v, want about 300ms", d)

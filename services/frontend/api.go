@@ -48,7 +48,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if !clientID {
 		public = uuid.NewString()
 	}
-	w.Header().Set(headerRequestID, public)
+	echoRequestID(w, public)
 	id, ok := requestID(tenant, public)
 	if !ok {
 		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
@@ -83,6 +83,10 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 			return
 		}
+	}
+	if createsInOtherTenant(tenant, public) {
+		writeAPIError(w, badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public))
+		return
 	}
 	promptTokens := estimateTokens(p.prompt)
 	if promptTokens > fe.cfg.MaxPromptTokens {
@@ -240,7 +244,7 @@ func (fe *Frontend) serveExisting(w http.ResponseWriter, r *http.Request, t *run
 // handleResume serves GET /v1/requests/{id}/stream.
 func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
-	w.Header().Set(headerRequestID, public)
+	echoRequestID(w, public)
 	if _, ok := requestID(tenantOf(r), public); !ok {
 		writeLookupError(w, public, streams.ErrNotFound)
 		return
@@ -269,7 +273,7 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 // handleRequest serves GET /v1/requests/{id}: the request's state from the log.
 func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	w.Header().Set(headerRequestID, id)
+	echoRequestID(w, id)
 	writeResult(w, fe.requestState(r, id))
 }
 

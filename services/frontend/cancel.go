@@ -13,7 +13,7 @@ import (
 // handleCancel serves POST /v1/requests/{id}/cancel with {"mode":"stop"|"kill"}.
 func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
-	w.Header().Set(headerRequestID, public)
+	echoRequestID(w, public)
 	writeResult(w, fe.cancelRequest(w, r, public))
 }
 

@@ -209,6 +209,9 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
 	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if notFoundOrMethod(mux, w, r) {
+			return
+		}
 		writeError(w, http.StatusNotFound, "invalid_request_error", "not_found", fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
 	// Outermost first: an overflow connection gets 503 (probes excepted);

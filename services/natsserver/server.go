@@ -29,6 +29,7 @@ import (
 
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // Defaults of Config.
@@ -217,13 +218,16 @@ func (c Config) configString() string {
 	if c.User != "" {
 		user, password = c.User, c.Password
 	}
+	if c.User != "" {
+		password = hashed(password)
+	} // else the anonymous user's: no_auth_user compares it with itself, so it stays as it is
 	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
 	for _, w := range c.WorkerUsers {
 		perms, _ := PinWorker(ForPartitions(WorkerPermissions, c.RequestPartitions), w.ID) // the constant has every pin
-		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(w.Password), perms)
+		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(hashed(w.Password)), perms)
 	}
 	b.WriteString("  ] }\n")
-	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(c.SysPassword))
+	fmt.Fprintf(&b, "  %s { users: [{user: %s, password: %s}] }\n}\n", SysAccount, q(c.SysUser), q(hashed(c.SysPassword)))
 	fmt.Fprintf(&b, "system_account: %s\n", SysAccount)
 	if c.User == "" {
 		// Clients without credentials land in BATON.
@@ -300,7 +304,9 @@ func Start(cfg Config, log *slog.Logger) (*server.Server, error) {
 		return nil, fmt.Errorf("natsserver: %w", err)
 	}
 	if log != nil {
-		s.SetLoggerV2(&slogAdapter{log: log}, false, false, false)
+		// Without --user the one plaintext password is the anonymous user's,
+		// which is no secret: nats-server's warning about it says nothing.
+		s.SetLoggerV2(&slogAdapter{log: log, quietPlaintext: cfg.User == ""}, false, false, false)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(30 * time.Second) {
@@ -323,11 +329,35 @@ func SysURL(clientURL, user, password string) string {
 	return u.String()
 }
 
-type slogAdapter struct{ log *slog.Logger }
+// hashed is password as bcrypt, which nats-server compares a client's
+// password with: the server's configuration then holds no password in
+// plain text, and it stops warning "Plaintext passwords detected" at every
+// start (issue 23). The configuration is never written to disk, and the
+// generated passwords are random (192 bits), so the lowest cost serves: a
+// login costs a millisecond, not the default cost's tens.
+func hashed(password string) string {
+	h, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil { // a password over 72 bytes: kept as it is (nats-server compares plain text)
+		return password
+	}
+	return string(h)
+}
+
+type slogAdapter struct {
+	log            *slog.Logger
+	quietPlaintext bool // drop "Plaintext passwords detected"
+}
 
 func (a *slogAdapter) Noticef(format string, v ...any) { a.log.Info(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Warnf(format string, v ...any)   { a.log.Warn(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Fatalf(format string, v ...any)  { a.log.Error(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Errorf(format string, v ...any)  { a.log.Error(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Debugf(format string, v ...any)  { a.log.Debug(fmt.Sprintf(format, v...)) }
-func (a *slogAdapter) Tracef(format string, v ...any)  { a.log.Debug(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Warnf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if a.quietPlaintext && strings.HasPrefix(msg, "Plaintext passwords detected") {
+		a.log.Debug(msg)
+		return
+	}
+	a.log.Warn(msg)
+}
+func (a *slogAdapter) Fatalf(format string, v ...any) { a.log.Error(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Errorf(format string, v ...any) { a.log.Error(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Debugf(format string, v ...any) { a.log.Debug(fmt.Sprintf(format, v...)) }
+func (a *slogAdapter) Tracef(format string, v ...any) { a.log.Debug(fmt.Sprintf(format, v...)) }

@@ -34,12 +34,12 @@ func Answer(acc events.RequestAccepted, choices []Choice) map[string]any {
 	}
 	if acc.Endpoint == events.EndpointChat {
 		return map[string]any{
-			"id": "chatcmpl-" + acc.RequestID, "object": "chat.completion", "created": acc.Created, "model": acc.Model,
+			"id": "chatcmpl-" + openaiID(acc), "object": "chat.completion", "created": acc.Created, "model": acc.Model,
 			"choices": list, "usage": usage,
 		}
 	}
 	return map[string]any{
-		"id": "cmpl-" + acc.RequestID, "object": "text_completion", "created": acc.Created, "model": acc.Model,
+		"id": "cmpl-" + openaiID(acc), "object": "text_completion", "created": acc.Created, "model": acc.Model,
 		"choices": list, "usage": usage,
 	}
 }

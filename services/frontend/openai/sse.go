@@ -59,9 +59,9 @@ func (s *SSE) event(id int, data []byte) {
 func (s *SSE) chunk(id int, choice map[string]any, usage map[string]any) {
 	var body map[string]any
 	if s.acc.Endpoint == events.EndpointChat {
-		body = map[string]any{"id": "chatcmpl-" + s.acc.RequestID, "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
+		body = map[string]any{"id": "chatcmpl-" + openaiID(s.acc), "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
 	} else {
-		body = map[string]any{"id": "cmpl-" + s.acc.RequestID, "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
+		body = map[string]any{"id": "cmpl-" + openaiID(s.acc), "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
 	}
 	if choice != nil {
 		body["choices"] = []map[string]any{choice}

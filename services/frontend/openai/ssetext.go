@@ -60,9 +60,9 @@ func appendTextChoice(b []byte, endpoint string, index int, text []byte, first b
 // chunkSuffix is what follows the choices in every chunk of acc's stream:
 // `],"created":…,"id":…,"model":…,"object":…}`.
 func chunkSuffix(acc events.RequestAccepted) []byte {
-	id, object := "cmpl-"+acc.RequestID, "text_completion"
+	id, object := "cmpl-"+openaiID(acc), "text_completion"
 	if acc.Endpoint == events.EndpointChat {
-		id, object = "chatcmpl-"+acc.RequestID, "chat.completion.chunk"
+		id, object = "chatcmpl-"+openaiID(acc), "chat.completion.chunk"
 	}
 	b := append([]byte(`],"created":`), strconv.AppendInt(nil, acc.Created, 10)...)
 	b = append(b, `,"id":`...)
