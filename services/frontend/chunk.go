@@ -11,8 +11,13 @@ import (
 
 // Response is the non-streaming answer to request p as a client gets it
 // from a frontend (for a completed request), rebuilt from the log: the
-// same rendering as the frontend's, for tools such as baton replay.
+// same rendering as the frontend's, for tools such as baton replay (for a
+// response, its response object, named by its internal id).
 func Response(p *projections.Request) map[string]any {
+	if p.Accepted.Endpoint == events.EndpointResponses {
+		obj, _ := renderResponse(p.Accepted.RequestID, p, nil)
+		return obj
+	}
 	cur, _ := p.Current()
 	s := snapshot{
 		acc: p.Accepted, tokens: p.Tokens(0), details: p.Details(0), worker: cur.WorkerID, total: p.Len(),
