@@ -45,19 +45,45 @@ import (
 // For an answer of text alone, token i is event 4+i and the terminal event
 // of n tokens is 4+n+3.
 
-// respEvent is one event of a response's stream.
+// respEvent is one event of a response's stream. Its JSON is built only
+// when asked for (data), and only during the call that emits it: the body
+// reads the renderer's state, which moves on after the call.
 type respEvent struct {
 	seq  int
 	typ  string
-	body map[string]any // without type and sequence_number
+	body func() map[string]any // without type and sequence_number
+	text *textDelta            // set for response.output_text.delta: the hot path
+}
+
+// textDelta is the body of a response.output_text.delta event.
+type textDelta struct {
+	itemID string
+	index  int
+	delta  string
 }
 
 // data is the event's JSON.
-func (e respEvent) data() []byte {
-	e.body["type"] = e.typ
-	e.body["sequence_number"] = e.seq
-	b, _ := json.Marshal(e.body)
-	return b
+func (e respEvent) data() []byte { return e.appendData(nil) }
+
+// appendData appends the event's JSON to b: as encoding/json writes the
+// map of its body (keys sorted, HTML escaped), a text delta without it.
+func (e respEvent) appendData(b []byte) []byte {
+	if d := e.text; d != nil {
+		b = append(b, `{"content_index":0,"delta":`...)
+		b = appendJSONString(b, []byte(d.delta))
+		b = append(b, `,"item_id":`...)
+		b = appendJSONString(b, []byte(d.itemID))
+		b = append(b, `,"logprobs":[],"output_index":`...)
+		b = strconv.AppendInt(b, int64(d.index), 10)
+		b = append(b, `,"sequence_number":`...)
+		b = strconv.AppendInt(b, int64(e.seq), 10)
+		return append(b, `,"type":"response.output_text.delta"}`...)
+	}
+	m := e.body()
+	m["type"] = e.typ
+	m["sequence_number"] = e.seq
+	j, _ := json.Marshal(m)
+	return append(b, j...)
 }
 
 // outItem is one output item being rendered.
@@ -107,8 +133,8 @@ func newRender(public string, acc events.RequestAccepted, emit func(respEvent)) 
 	b := &respRender{public: public, acc: acc, emit: emit}
 	_ = json.Unmarshal(acc.Body, &b.fields)
 	_ = json.Unmarshal(b.fields["max_output_tokens"], &b.max)
-	b.event("response.created", map[string]any{"response": b.object(b.initialStatus(), nil)})
-	b.event("response.in_progress", map[string]any{"response": b.object("in_progress", nil)})
+	b.event("response.created", func() map[string]any { return map[string]any{"response": b.object(b.initialStatus(), nil)} })
+	b.event("response.in_progress", func() map[string]any { return map[string]any{"response": b.object("in_progress", nil)} })
 	return b
 }
 
@@ -119,7 +145,9 @@ func (b *respRender) initialStatus() string {
 	return "in_progress"
 }
 
-func (b *respRender) event(typ string, body map[string]any) {
+// event emits the next event, of type typ, whose body is built by body
+// if the emitter asks for it.
+func (b *respRender) event(typ string, body func() map[string]any) {
 	if b.emit != nil {
 		b.emit(respEvent{seq: b.seq, typ: typ, body: body})
 	}
@@ -161,13 +189,18 @@ func (b *respRender) text(t string) {
 	it := b.open
 	if it == nil || it.kind != "message" {
 		it = b.start("message")
-		b.event("response.output_item.added", map[string]any{"output_index": it.index, "item": it.json()})
-		b.event("response.content_part.added", map[string]any{"item_id": it.id, "output_index": it.index,
-			"content_index": 0, "part": textPart("")})
+		b.event("response.output_item.added", func() map[string]any {
+			return map[string]any{"output_index": it.index, "item": it.json()}
+		})
+		b.event("response.content_part.added", func() map[string]any {
+			return map[string]any{"item_id": it.id, "output_index": it.index, "content_index": 0, "part": textPart("")}
+		})
 	}
 	it.text = append(it.text, t...)
-	b.event("response.output_text.delta", map[string]any{"item_id": it.id, "output_index": it.index,
-		"content_index": 0, "delta": t, "logprobs": []any{}})
+	if b.emit != nil {
+		b.emit(respEvent{seq: b.seq, typ: "response.output_text.delta", text: &textDelta{itemID: it.id, index: it.index, delta: t}})
+	}
+	b.seq++
 }
 
 func (b *respRender) call(c toolCallDelta) {
@@ -175,7 +208,9 @@ func (b *respRender) call(c toolCallDelta) {
 	if it == nil || it.kind != "function_call" || it.toolIndex != c.Index {
 		it = b.start("function_call")
 		it.toolIndex, it.callID, it.name = c.Index, c.ID, c.Function.Name
-		b.event("response.output_item.added", map[string]any{"output_index": it.index, "item": it.json()})
+		b.event("response.output_item.added", func() map[string]any {
+			return map[string]any{"output_index": it.index, "item": it.json()}
+		})
 	}
 	if it.callID == "" {
 		it.callID = c.ID
@@ -185,7 +220,9 @@ func (b *respRender) call(c toolCallDelta) {
 	}
 	if a := c.Function.Arguments; a != "" {
 		it.text = append(it.text, a...)
-		b.event("response.function_call_arguments.delta", map[string]any{"item_id": it.id, "output_index": it.index, "delta": a})
+		b.event("response.function_call_arguments.delta", func() map[string]any {
+			return map[string]any{"item_id": it.id, "output_index": it.index, "delta": a}
+		})
 	}
 }
 
@@ -198,15 +235,21 @@ func (b *respRender) closeOpen(status string) {
 	b.open = nil
 	it.status = status
 	if it.kind == "message" {
-		b.event("response.output_text.done", map[string]any{"item_id": it.id, "output_index": it.index,
-			"content_index": 0, "text": string(it.text), "logprobs": []any{}})
-		b.event("response.content_part.done", map[string]any{"item_id": it.id, "output_index": it.index,
-			"content_index": 0, "part": textPart(string(it.text))})
+		b.event("response.output_text.done", func() map[string]any {
+			return map[string]any{"item_id": it.id, "output_index": it.index, "content_index": 0,
+				"text": string(it.text), "logprobs": []any{}}
+		})
+		b.event("response.content_part.done", func() map[string]any {
+			return map[string]any{"item_id": it.id, "output_index": it.index, "content_index": 0, "part": textPart(string(it.text))}
+		})
 	} else {
-		b.event("response.function_call_arguments.done", map[string]any{"item_id": it.id, "output_index": it.index,
-			"arguments": string(it.text), "name": it.name})
+		b.event("response.function_call_arguments.done", func() map[string]any {
+			return map[string]any{"item_id": it.id, "output_index": it.index, "arguments": string(it.text), "name": it.name}
+		})
 	}
-	b.event("response.output_item.done", map[string]any{"output_index": it.index, "item": it.json()})
+	b.event("response.output_item.done", func() map[string]any {
+		return map[string]any{"output_index": it.index, "item": it.json()}
+	})
 }
 
 // outcome is how a response ended, from its projection.
@@ -273,7 +316,7 @@ func (b *respRender) finish(o outcome) {
 	case "incomplete", "cancelled":
 		typ = "response.incomplete"
 	}
-	b.event(typ, map[string]any{"response": b.object(o.status, &o)})
+	b.event(typ, func() map[string]any { return map[string]any{"response": b.object(o.status, &o)} })
 }
 
 // object is the response object with the output rendered so far.

@@ -11,11 +11,11 @@ import (
 
 // foldResponse folds a response of the given tokens (deltas of the sizes
 // given, one attempt) and its end.
-func foldResponse(t *testing.T, body string, tokens []string, details []json.RawMessage, sizes []int, finish string) (*projections.Request, []events.Envelope) {
+func foldResponse(t testing.TB, body string, tokens []string, details []json.RawMessage, sizes []int, finish string) (*projections.Request, []events.Envelope) {
 	t.Helper()
 	var envs []events.Envelope
 	add := func(ev events.Event) { envs = append(envs, events.Envelope{Seq: uint64(len(envs) + 1), Event: ev}) }
-	add(events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointResponses, Body: json.RawMessage(body), MaxTokens: 64, Created: 7})
+	add(events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointResponses, Body: json.RawMessage(body), MaxTokens: max(64, len(tokens)), Created: 7})
 	add(events.RequestRouted{RequestID: "r1", WorkerID: "w1"})
 	off := 0
 	for _, n := range sizes {
@@ -36,9 +36,18 @@ func foldResponse(t *testing.T, body string, tokens []string, details []json.Raw
 	return p, envs
 }
 
-func allEvents(p *projections.Request) []respEvent {
-	var out []respEvent
-	renderResponse("resp_1", p, func(e respEvent) { out = append(out, e) })
+// emitted is an event as it was emitted: its JSON is taken at once.
+type emitted struct {
+	seq  int
+	typ  string
+	json string
+}
+
+func (r emitted) data() string { return r.json }
+
+func allEvents(p *projections.Request) []emitted {
+	var out []emitted
+	renderResponse("resp_1", p, func(e respEvent) { out = append(out, emitted{e.seq, e.typ, string(e.data())}) })
 	return out
 }
 
@@ -65,7 +74,7 @@ func TestResponseEventsArePrefixStable(t *testing.T) {
 		}
 		got := allEvents(p)
 		for i, e := range got {
-			if string(e.data()) != string(want[i].data()) {
+			if e.data() != want[i].data() {
 				t.Fatalf("after %d events, event %d differs:\n got %s\nwant %s", k, i, e.data(), want[i].data())
 			}
 		}
@@ -85,7 +94,7 @@ func TestResponseEventsArePrefixStable(t *testing.T) {
 			t.Fatalf("%s: %d events, want %d", name, len(got), len(want))
 		}
 		for i := range got {
-			if string(got[i].data()) != string(want[i].data()) {
+			if got[i].data() != want[i].data() {
 				t.Fatalf("%s: event %d differs:\n got %s\nwant %s", name, i, got[i].data(), want[i].data())
 			}
 		}
@@ -134,6 +143,21 @@ func TestResponseStatus(t *testing.T) {
 		obj, _ := renderResponse("resp_1", p, nil)
 		if obj["status"] != tc.want || (obj["incomplete_details"] != nil) != tc.incomplete {
 			t.Errorf("%s: status %v, incomplete_details %v; want %s", tc.name, obj["status"], obj["incomplete_details"], tc.want)
+		}
+	}
+}
+
+// TestTextDeltaBytes holds the text delta's hand-written JSON to what
+// encoding/json writes for the same event.
+func TestTextDeltaBytes(t *testing.T) {
+	for _, text := range []string{"", "plain ", "<b>&\"quoted\"\n", "\u2028 \u00e9 \U0001F600", "\xff\xfe bad", "tab\t\x01"} {
+		d := &textDelta{itemID: "msg_resp_1_0", index: 3, delta: text}
+		fast := respEvent{seq: 42, typ: "response.output_text.delta", text: d}
+		slow := respEvent{seq: 42, typ: "response.output_text.delta", body: func() map[string]any {
+			return map[string]any{"item_id": d.itemID, "output_index": d.index, "content_index": 0, "delta": d.delta, "logprobs": []any{}}
+		}}
+		if got, want := string(fast.data()), string(slow.data()); got != want {
+			t.Errorf("%q:\n got %s\nwant %s", text, got, want)
 		}
 	}
 }

@@ -29,7 +29,7 @@ func (s *respSSE) write(e respEvent) {
 	b = append(b, "\nevent: "...)
 	b = append(b, e.typ...)
 	b = append(b, "\ndata: "...)
-	b = append(b, e.data()...)
+	b = e.appendData(b)
 	b = append(b, "\n\n"...)
 	s.buf = b
 	_, s.err = s.w.Write(b)
