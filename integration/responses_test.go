@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -379,4 +380,60 @@ func TestResponsesTenancy(t *testing.T) {
 		t.Errorf("alice's GET: status %v", got["status"])
 	}
 	getResponse(t, apiClient{url: f.url, key: adminKey}, "alice:"+r.ID)
+}
+
+// TestResponsesCompactionKeepsRenderings: a finished response (one
+// migrated mid-answer) reads the same, byte for byte, before and after its
+// deltas are folded into its compact record: the object, the whole event
+// stream and a resume from the middle.
+func TestResponsesCompactionKeepsRenderings(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil, "--log-compaction=false", "--migration-limit", "3", "--nats-system-url", s.sysURL())
+	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	s.worker("w2", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1", "w2")
+	ctx := context.Background()
+	c := sdk(f.url, "")
+	var once sync.Once
+	res := readResponseStream(c.Responses.NewStreaming(ctx, responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("compact me after a migration")},
+		MaxOutputTokens: openai.Int(60),
+	}), func(ev responses.ResponseStreamEventUnion) bool {
+		if ev.SequenceNumber == 20 {
+			once.Do(func() {
+				id := ev.ItemID[len("msg_") : len(ev.ItemID)-len("_0")]
+				s.workers[f.servingWorker(t, id)].signal(syscall.SIGKILL)
+			})
+		}
+		return true
+	})
+	if res.err != nil || res.last.Type != "response.incomplete" {
+		t.Fatalf("stream: %v, last %q", res.err, res.last.Type)
+	}
+	id := res.last.Response.ID
+	if st := f.state(t, id); len(st.Migrations) != 1 {
+		t.Fatalf("migrations %+v, want one", st.Migrations)
+	}
+	api := apiClient{url: f.url}
+	read := func() []string {
+		return []string{
+			string(api.get(t, "/v1/responses/"+id).body),
+			string(api.get(t, "/v1/responses/"+id+"?stream=true").body),
+			string(api.get(t, "/v1/responses/"+id+"?stream=true&starting_after=30").body),
+		}
+	}
+	before := read()
+	if !strings.Contains(before[1], "event: response.incomplete") {
+		t.Fatalf("the stream before compaction: %s", before[1])
+	}
+	if out, errOut, code := runTool(t, batonBin, "compact", "--nats", s.natsURL, id); code != 0 {
+		t.Fatalf("baton compact: exit %d\n%s%s", code, out, errOut)
+	}
+	f2 := s.frontend(nil) // has never followed it: reads the compact record alone
+	api = apiClient{url: f2.url}
+	for i, after := range read() {
+		if after != before[i] {
+			t.Errorf("rendering %d changed by compaction:\n got %s\nwant %s", i, after, before[i])
+		}
+	}
 }
