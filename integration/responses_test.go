@@ -437,3 +437,40 @@ func TestResponsesCompactionKeepsRenderings(t *testing.T) {
 		}
 	}
 }
+
+// TestResponsesChainBounded: previous_response_id chains carry each
+// response's input and output forward until the conversation exceeds
+// --max-prompt-tokens, which is a 400 naming previous_response_id.
+func TestResponsesChainBounded(t *testing.T) {
+	_, fe := startBasic(t, "--max-prompt-tokens", "30")
+	ctx := context.Background()
+	c := sdk(fe.url, "")
+	first, err := c.Responses.New(ctx, responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("one two three")},
+		MaxOutputTokens: openai.Int(10),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "user: one two three", "assistant: " and 10 words, "user: again": 17 words.
+	second, err := c.Responses.New(ctx, responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("again")},
+		PreviousResponseID: openai.String(first.ID), MaxOutputTokens: openai.Int(10),
+	})
+	if err != nil || second.Usage.InputTokens != 17 {
+		t.Fatalf("second: %v, input tokens %d, want 17 (the first's input and output, then its own)", err, second.Usage.InputTokens)
+	}
+	if want := engine.MockText("user: one two three\nassistant: "+first.OutputText()+"\nuser: again", 0, 10); second.OutputText() != want {
+		t.Errorf("second's text %q, want the mock's answer to the whole conversation %q", second.OutputText(), want)
+	}
+	// 17 + 11 + 2 = 30 words, exactly the limit; then 30 + 11 + 2 = 43.
+	third, err := c.Responses.New(ctx, responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("again")},
+		PreviousResponseID: openai.String(second.ID), MaxOutputTokens: openai.Int(10),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"model":"mock","input":"again","previous_response_id":"` + third.ID + `"}`
+	wantParam(t, "a chain past --max-prompt-tokens", apiClient{url: fe.url}.do(t, http.MethodPost, "/v1/responses", []byte(body), nil), "previous_response_id")
+}
