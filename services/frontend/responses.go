@@ -304,9 +304,13 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return
 	}
-	var n int
+	n := 1 << 62 // events so far: counted only for a starting_after to check
 	var model string
-	t.View(func(p *projections.Request) { _, n = renderResponse(public, p, nil); model = p.Accepted.Model })
+	t.View(func(p *projections.Request) {
+		if model = p.Accepted.Model; after >= 0 {
+			_, n = renderResponse(public, p, nil)
+		}
+	})
 	if after >= n {
 		writeParamError(w, badParam("starting_after", "invalid_value",
 			"'starting_after' %d is past the last event of response %s (sequence number %d so far)", after, public, n-1))
