@@ -474,3 +474,26 @@ func TestResponsesChainBounded(t *testing.T) {
 	body := `{"model":"mock","input":"again","previous_response_id":"` + third.ID + `"}`
 	wantParam(t, "a chain past --max-prompt-tokens", apiClient{url: fe.url}.do(t, http.MethodPost, "/v1/responses", []byte(body), nil), "previous_response_id")
 }
+
+// TestResponsesIdempotentRetry: a client's own X-Request-Id names the
+// response; a retry with the same body answers with that response, another
+// body (or another endpoint) is a 409.
+func TestResponsesIdempotentRetry(t *testing.T) {
+	_, fe := startBasic(t)
+	api := apiClient{url: fe.url}
+	hdr := map[string]string{"X-Request-Id": "my-response-1"}
+	body := []byte(`{"model":"mock","input":"once only","max_output_tokens":8}`)
+	first := api.do(t, http.MethodPost, "/v1/responses", body, hdr)
+	first.want(t, "create", 200, "")
+	again := api.do(t, http.MethodPost, "/v1/responses", body, hdr)
+	again.want(t, "retry", 200, "")
+	if string(again.body) != string(first.body) || !strings.Contains(string(first.body), `"id":"my-response-1"`) {
+		t.Errorf("the retry answered\n%s\nthe first\n%s", again.body, first.body)
+	}
+	api.do(t, http.MethodPost, "/v1/responses", []byte(`{"model":"mock","input":"another"}`), hdr).want(t, "another body", 409, "request_id_conflict")
+	api.do(t, http.MethodPost, "/v1/chat/completions", []byte(`{"model":"mock","messages":[{"role":"user","content":"x"}]}`), hdr).
+		want(t, "another endpoint", 409, "request_id_conflict")
+	if st := fe.state(t, "my-response-1"); st.Status != "completed" {
+		t.Errorf("GET /v1/requests: status %q", st.Status)
+	}
+}

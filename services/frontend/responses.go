@@ -57,31 +57,75 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		writeParamError(w, perr)
 		return
 	}
-	public := "resp_" + randomHex(16)
-	id, _ := requestID(tenant, public)
+	public := r.Header.Get(headerRequestID)
+	clientID := public != ""
+	if !clientID {
+		public = "resp_" + randomHex(16)
+	}
+	id, ok := requestID(tenant, public)
+	if !ok {
+		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
+		return
+	}
+	w.Header().Set(headerRequestID, public)
+	bodySHA := fmt.Sprintf("%x", sha256.Sum256(body))
+	if clientID {
+		// Idempotent retry: a known id answers with the response it names.
+		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
+			defer t.Release()
+			if apiErr := reuseError(t, tenant, public, events.EndpointResponses, bodySHA); apiErr != nil {
+				writeAPIError(w, apiErr)
+				return
+			}
+			var deleted bool
+			t.View(func(p *projections.Request) { deleted = p.Deleted })
+			if deleted {
+				writeAPIError(w, &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "request_id_conflict",
+					message: fmt.Sprintf("response %s was deleted: use a new %s", public, headerRequestID)})
+				return
+			}
+			t.Claim()
+			fe.serveResponse(w, r, t, public, q)
+			return
+		} else if !errors.Is(err, streams.ErrNotFound) {
+			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+			return
+		}
+	}
 	acc, perr := fe.responseAccepted(r, q, body)
 	if perr != nil {
 		writeParamError(w, perr)
 		return
 	}
-	acc.RequestID, acc.Created, acc.Tenant = id, start.Unix(), tenant
+	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
 	if apiErr := fe.admit(q.model, events.EndpointResponses, ""); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
 	t, err := fe.runtime.Accept(r.Context(), acc)
+	if errors.Is(err, runner.ErrExists) { // raced with a retry of the same id
+		writeAPIError(w, &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "request_id_conflict",
+			message: fmt.Sprintf("response %s was created meanwhile by another request: retry to attach to it", public)})
+		return
+	}
 	if err != nil {
 		writeRecordError(w, "the response", err)
 		return
 	}
 	defer t.Release()
-	w.Header().Set(headerRequestID, public)
 	fe.metrics.active.WithLabelValues(acc.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
+	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q))
+}
+
+// serveResponse answers a create of response t, new or retried (q is the
+// request as sent), and reports whether it ended in success: a background
+// response at once with its object, otherwise its stream or, once it
+// ended, its object.
+func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q responseRequest) bool {
 	if q.background && !q.stream {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
-		fe.countRequest(acc.Model, acc.Endpoint, false, true)
-		return
+		return true
 	}
 	// Wait until the first dispatch settles, so that "no worker" is still a
 	// plain 503 rather than a failed response.
@@ -90,17 +134,17 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	case <-r.Context().Done():
 	}
 	if s := snapshotOf(t, 0); s.status == projections.StatusFailed && s.total == 0 {
-		fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, writeUnary(w, s))
-		return
+		return writeUnary(w, s)
 	}
 	gone := func() { fe.onClientGone(t) }
-	var ok bool
 	if q.stream {
-		ok = fe.streamResponse(w, r, t, public, -1, gone)
-	} else if ok = fe.awaitEnd(r, t, gone); ok {
+		return fe.streamResponse(w, r, t, public, -1, gone)
+	}
+	ok := fe.awaitEnd(r, t, gone)
+	if ok {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 	}
-	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, ok)
+	return ok
 }
 
 // responseAccepted is the accepted record of response request q (body as
@@ -141,8 +185,8 @@ func (fe *Frontend) responseAccepted(r *http.Request, q responseRequest, body []
 	return events.RequestAccepted{
 		Model: q.model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
 		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.stream, Frontend: fe.id,
-		Resumable:  q.background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		BodySHA256: fmt.Sprintf("%x", sha256.Sum256(body)), Background: q.background,
+		Resumable:      q.background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
+		Background:     q.background,
 		EngineEndpoint: events.EndpointChat, EngineBody: mustMarshal(chat),
 	}, nil
 }
