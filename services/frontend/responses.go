@@ -72,20 +72,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	if clientID {
 		// Idempotent retry: a known id answers with the response it names.
 		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			defer t.Release()
-			if apiErr := reuseError(t, tenant, public, events.EndpointResponses, bodySHA); apiErr != nil {
-				writeAPIError(w, apiErr)
-				return
-			}
-			var deleted bool
-			t.View(func(p *projections.Request) { deleted = p.Deleted })
-			if deleted {
-				writeAPIError(w, &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "request_id_conflict",
-					message: fmt.Sprintf("response %s was deleted: use a new %s", public, headerRequestID)})
-				return
-			}
-			t.Claim()
-			fe.serveResponse(w, r, t, public, q)
+			fe.serveRetry(w, r, t, public, q, bodySHA)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
@@ -103,10 +90,11 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	t, err := fe.runtime.Accept(r.Context(), acc)
-	if errors.Is(err, runner.ErrExists) { // raced with a retry of the same id
-		writeAPIError(w, &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "request_id_conflict",
-			message: fmt.Sprintf("response %s was created meanwhile by another request: retry to attach to it", public)})
-		return
+	if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
+		if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
+			fe.serveRetry(w, r, t, public, q, bodySHA)
+			return
+		}
 	}
 	if err != nil {
 		writeRecordError(w, "the response", err)
@@ -116,6 +104,26 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	fe.metrics.active.WithLabelValues(acc.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q))
+}
+
+// serveRetry answers a create under the id of request t, which exists:
+// with that response if it is the caller's, of the same body, and not
+// deleted; otherwise a 404 or a 409. It releases t.
+func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q responseRequest, bodySHA string) {
+	defer t.Release()
+	if apiErr := reuseError(t, tenantOf(r), public, events.EndpointResponses, bodySHA); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	var deleted bool
+	t.View(func(p *projections.Request) { deleted = p.Deleted })
+	if deleted {
+		writeAPIError(w, &apiError{status: http.StatusConflict, typ: "invalid_request_error", code: "request_id_conflict",
+			message: fmt.Sprintf("response %s was deleted: use a new %s", public, headerRequestID)})
+		return
+	}
+	t.Claim()
+	fe.serveResponse(w, r, t, public, q)
 }
 
 // serveResponse answers a create of response t, new or retried (q is the
