@@ -414,6 +414,12 @@ func TestResponsesCompactionKeepsRenderings(t *testing.T) {
 	if st := f.state(t, id); len(st.Migrations) != 1 {
 		t.Fatalf("migrations %+v, want one", st.Migrations)
 	}
+	// The migrated stream carried on with the next sequence number and the
+	// undisturbed text.
+	contiguous(t, "migrated stream", res.seqs, 0)
+	if want := engine.MockText("user: compact me after a migration", 0, 60); res.text != want {
+		t.Fatalf("migrated text differs from an undisturbed run:\n got %q\nwant %q", res.text, want)
+	}
 	api := apiClient{url: f.url}
 	read := func() []string {
 		return []string{
@@ -493,6 +499,10 @@ func TestResponsesIdempotentRetry(t *testing.T) {
 	api.do(t, http.MethodPost, "/v1/responses", []byte(`{"model":"mock","input":"another"}`), hdr).want(t, "another body", 409, "request_id_conflict")
 	api.do(t, http.MethodPost, "/v1/chat/completions", []byte(`{"model":"mock","messages":[{"role":"user","content":"x"}]}`), hdr).
 		want(t, "another endpoint", 409, "request_id_conflict")
+	chat := api.do(t, http.MethodPost, "/v1/chat/completions", []byte(`{"model":"mock","messages":[{"role":"user","content":"x"}]}`),
+		map[string]string{"X-Request-Id": "a-chat-1"})
+	chat.want(t, "a chat completion", 200, "")
+	api.get(t, "/v1/responses/a-chat-1").want(t, "a chat request as a response", 404, "response_not_found")
 	if st := fe.state(t, "my-response-1"); st.Status != "completed" {
 		t.Errorf("GET /v1/requests: status %q", st.Status)
 	}
