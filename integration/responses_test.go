@@ -312,6 +312,26 @@ func TestResponsesFunctionCallingAndFormat(t *testing.T) {
 	if fc.Name != "get_weather" || fc.CallID == "" || !json.Valid([]byte(fc.Arguments)) {
 		t.Fatalf("function call %+v", fc)
 	}
+	// Streamed, the call's arguments arrive as deltas that add up to it.
+	streamed := readResponseStream(sdk(f2.url, "").Responses.NewStreaming(ctx, responses.ResponseNewParams{
+		Model: "sim", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("what is the weather in Paris")},
+		Instructions: openai.String("use the tools"), Tools: []responses.ToolUnionParam{weather},
+	}), func(ev responses.ResponseStreamEventUnion) bool { return true })
+	contiguous(t, "streamed tool call", streamed.seqs, 0)
+	var args, done string
+	for _, raw := range streamed.raw {
+		var ev struct{ Type, Delta, Arguments string }
+		_ = json.Unmarshal([]byte(raw), &ev)
+		switch ev.Type {
+		case "response.function_call_arguments.delta":
+			args += ev.Delta
+		case "response.function_call_arguments.done":
+			done = ev.Arguments
+		}
+	}
+	if args == "" || args != done || args != fc.Arguments || streamed.last.Type != "response.completed" {
+		t.Errorf("streamed tool call: deltas %q, done %q, unary %q, last %q", args, done, fc.Arguments, streamed.last.Type)
+	}
 	out := responses.ResponseInputItemParamOfFunctionCallOutput("sunny and 21 degrees")
 	out.OfFunctionCallOutput.CallID = openai.String(fc.CallID)
 	answer, err := sdk(f2.url, "").Responses.New(ctx, responses.ResponseNewParams{
