@@ -34,6 +34,7 @@ func samples() map[string]events.Event {
 		events.TypeRequestCancelled:   events.RequestCancelled{RequestID: "r1", Mode: events.CancelKill, Reason: "client"},
 		events.TypeRequestCompacted:   events.RequestCompacted{RequestID: "r1", Through: 9, Tokens: 2, State: json.RawMessage(`{"v":1,"status":"completed","n":2,"text":"ab","lens":[1,1]}`)},
 		events.TypeChildAdded:         events.ChildAdded{RequestID: "r1", ChildID: "r1-0"},
+		events.TypeResponseDeleted:    events.ResponseDeleted{RequestID: "r1", Tenant: "alice"},
 		events.TypeWorkerRegistered:   events.WorkerRegistered{WorkerID: "w1", LeaseID: "l1", Model: "mock", PID: 42, Host: "h", LeaseTTLMS: 3000, KVBlocks: 64, BlockSize: 16, MaxConcurrent: 8},
 		events.TypeWorkerDraining:     events.WorkerDraining{WorkerID: "w1", LeaseID: "l1", Reason: "sigterm"},
 		events.TypeWorkerDeregistered: events.WorkerDeregistered{WorkerID: "w1", LeaseID: "l1"},

@@ -70,6 +70,16 @@ type RequestAccepted struct {
 	// BodySHA256 is the hex SHA-256 of the request body as the client sent
 	// it: a re-POST under the same id must send the same body.
 	BodySHA256 string `json:"body_sha256,omitempty"`
+	// EngineEndpoint and EngineBody, when EngineBody is set, are what
+	// engines are sent instead of Endpoint and Body: the request rendered
+	// on an endpoint engines serve. A response (EndpointResponses) goes to
+	// chat, its input items as messages and the turns of its previous
+	// responses resolved from the log when it was accepted.
+	EngineEndpoint string          `json:"engine_endpoint,omitempty"`
+	EngineBody     json.RawMessage `json:"engine_body,omitempty"`
+	// Background marks a request that runs with no client attached (a
+	// background response): it is not cancelled when no client follows it.
+	Background bool `json:"background,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }

@@ -76,7 +76,8 @@ func FailureCode(err error) string {
 // prompt, the text generated so far, and the remaining budget, continuing at
 // the current token offset.
 //
-// It carries the client's request body, and the prompt's token ids and the
+// It carries the client's request body (or its rendering for engines,
+// RequestAccepted.EngineBody), and the prompt's token ids and the
 // generated tokens' ids when every one is known, so that an engine that
 // takes token ids continues token-exactly.
 func Continuation(r *projections.Request, attempt int, frontend string) events.Dispatch {
@@ -92,6 +93,9 @@ func Continuation(r *projections.Request, attempt int, frontend string) events.D
 		StartOffset:  r.Len(),
 		MaxTokens:    r.Accepted.MaxTokens,
 		Frontend:     frontend,
+	}
+	if r.Accepted.EngineBody != nil {
+		d.Endpoint, d.Body = r.Accepted.EngineEndpoint, r.Accepted.EngineBody
 	}
 	if ids, ok := r.TokenIDs(); ok && r.PromptIDs != nil && r.Len() > 0 {
 		d.PromptIDs, d.GeneratedIDs = r.PromptIDs, ids

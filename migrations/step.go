@@ -246,7 +246,9 @@ func (p Policy) step(r *projections.Request, m Memory, o Observation, now time.T
 func (p Policy) dispatch(r *projections.Request, m Memory) Action {
 	m.Watch = Watch{}
 	d := Continuation(r, len(r.Attempts), p.Frontend)
-	d.DetachTimeoutMS = p.DetachTimeout.Milliseconds()
+	if !r.Accepted.Background { // a background request runs with no client
+		d.DetachTimeoutMS = p.DetachTimeout.Milliseconds()
+	}
 	exclude := slices.Clone(m.Exclude)
 	if m.LastFailed != "" && !slices.Contains(exclude, m.LastFailed) {
 		exclude = append(exclude, m.LastFailed)
@@ -324,7 +326,7 @@ func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.
 		}
 	}
 	wait := p.StallTimeout
-	if since := o.DetachedSince; !since.IsZero() {
+	if since := o.DetachedSince; !since.IsZero() && !r.Accepted.Background {
 		left := p.DetachTimeout - now.Sub(since)
 		if left <= 0 {
 			// No client came back: cancel, and again after detachRetry if

@@ -75,6 +75,9 @@ type Request struct {
 	Cancel       *events.RequestCancelled
 	Children     []string // child requests, in the order they were added
 	CompletedAt  int64    // unix seconds, from the completion event's time
+	// Deleted is set by a response's tombstone (events.ResponseDeleted):
+	// readers answer for the request as for an unknown id.
+	Deleted bool
 
 	tokens []string
 	// ids parallels tokens while every token's id is known (idsLost: not).
@@ -268,6 +271,11 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		return r.applyCancel(ev)
 	case events.RequestCompacted:
 		return r.applyCompacted(ev)
+	case events.ResponseDeleted:
+		if r.Deleted {
+			return false, NoEffectApplied
+		}
+		r.Deleted = true
 	default:
 		return false, IgnoredUnknownType
 	}

@@ -106,6 +106,9 @@ func Describe(e events.Envelope) string {
 		if ev.Resumable {
 			parts = append(parts, "resumable")
 		}
+		if ev.Background {
+			parts = append(parts, "background")
+		}
 		if ev.ParentID != "" {
 			parts = append(parts, "parent "+ev.ParentID)
 		}
@@ -155,6 +158,8 @@ func Describe(e events.Envelope) string {
 		return fmt.Sprintf("failed: %s (status %d) after %d tokens: %s", ev.Code, ev.Status, ev.Offset, ev.Message)
 	case events.ChildAdded:
 		return "child request " + ev.ChildID
+	case events.ResponseDeleted:
+		return "response deleted: every reader answers 404 for it"
 	case events.RequestCompacted:
 		return fmt.Sprintf("compacted: %d tokens, the history through sequence %d in one record", ev.Tokens, ev.Through)
 	case events.WorkerRegistered:

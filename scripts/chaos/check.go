@@ -24,6 +24,7 @@ var explained = map[string]bool{"migration_exhausted": true, "no_worker": true, 
 // report is what the soak found.
 type report struct {
 	requests, completed, failed  int
+	responses                    int // requests run as background responses
 	failCodes                    map[string]int
 	faults                       []fault
 	logMigrations                int
@@ -73,6 +74,9 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 	migByFE := map[string]int{}
 	for _, o := range outs {
 		r.requests++
+		if o.input != "" {
+			r.responses++
+		}
 		r.cuts += o.cuts
 		r.retries += o.retries
 		r.unavail += o.unavail
@@ -256,6 +260,7 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 	row := func(k, v string) { fmt.Fprintf(w, "| %-34s | %-60s |\n", k, v) }
 	fmt.Fprintf(w, "| %-34s | %-60s |\n|%s|%s|\n", "what", "count", strings.Repeat("-", 36), strings.Repeat("-", 62))
 	row("requests", fmt.Sprint(r.requests))
+	row("of which background responses", fmt.Sprint(r.responses))
 	row("completed, text identical", fmt.Sprint(r.completed))
 	var codes []string
 	for c, n := range r.failCodes {

@@ -25,6 +25,11 @@ type target struct {
 type outcome struct {
 	id, prompt string
 	maxTokens  int
+	// input, when set, makes the request a background response of that
+	// input (its prompt is then the engine's, "user: <input>"); seq is the
+	// last sequence number seen (-1: none).
+	input string
+	seq   int
 
 	text     strings.Builder
 	tokens   int    // tokens received, by the SSE ids
@@ -93,6 +98,20 @@ func runRequest(ctx context.Context, pick func(try int) (target, error), o *outc
 		}
 		t, err := pick(try)
 		if err != nil {
+			continue
+		}
+		if o.input != "" {
+			if !a.accepted {
+				if a.postResponse(ctx, pick, t, o) {
+					return
+				}
+				if !a.accepted {
+					continue
+				}
+			}
+			if resumeResponse(ctx, t, o) {
+				return
+			}
 			continue
 		}
 		if !a.accepted {

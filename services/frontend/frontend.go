@@ -204,6 +204,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
 	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.concurrent(fe.handleResume)))
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
+	fe.registerResponses(mux)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))

@@ -11,7 +11,8 @@ import (
 
 // Response is the non-streaming answer to request p as a client gets it
 // from a frontend (for a completed request), rebuilt from the log: the
-// same rendering as the frontend's, for tools such as baton replay.
+// same rendering as the frontend's, for tools such as baton replay (for a
+// response, its response object, named by its internal id).
 func Response(p *projections.Request) map[string]any {
 	return Answer(p.Accepted, []Choice{{
 		Tokens: p.Tokens(0), Details: p.Details(0), FinishReason: p.FinishReason, Total: p.Len(), PromptTokens: p.PromptTokens(),

@@ -1,0 +1,78 @@
+package frontend
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/baton-dev/baton/events"
+)
+
+func TestParseResponseRequestErrors(t *testing.T) {
+	cases := []struct{ name, body, param string }{
+		{"no model", `{"input":"x"}`, "model"},
+		{"model of the wrong type", `{"model":3,"input":"x"}`, "model"},
+		{"no input", `{"model":"m"}`, "input"},
+		{"input of the wrong type", `{"model":"m","input":3}`, "input"},
+		{"an unknown item type", `{"model":"m","input":[{"type":"image_generation_call"}]}`, "input[0].type"},
+		{"a bad role", `{"model":"m","input":[{"role":"robot","content":"x"}]}`, "input[0].role"},
+		{"a content part of another type", `{"model":"m","input":[{"role":"user","content":[{"type":"input_image"}]}]}`, "input[0].content[0].type"},
+		{"a function call without call_id", `{"model":"m","input":[{"type":"function_call","name":"f"}]}`, "input[0].call_id"},
+		{"a tool of another type", `{"model":"m","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type"},
+		{"a tool schema that is not an object", `{"model":"m","input":"x","tools":[{"type":"function","name":"f","parameters":"nope"}]}`, "tools[0].parameters"},
+		{"a tool without a name", `{"model":"m","input":"x","tools":[{"type":"function"}]}`, "tools[0].name"},
+		{"max_output_tokens too large", `{"model":"m","input":"x","max_output_tokens":100000}`, "max_output_tokens"},
+		{"max_output_tokens a string", `{"model":"m","input":"x","max_output_tokens":"5"}`, "max_output_tokens"},
+		{"temperature out of range", `{"model":"m","input":"x","temperature":3}`, "temperature"},
+		{"stream of the wrong type", `{"model":"m","input":"x","stream":"yes"}`, "stream"},
+		{"an unknown format", `{"model":"m","input":"x","text":{"format":{"type":"yaml"}}}`, "text.format.type"},
+		{"json_schema without a schema", `{"model":"m","input":"x","text":{"format":{"type":"json_schema","name":"s"}}}`, "text.format.schema"},
+		{"background without store", `{"model":"m","input":"x","background":true,"store":false}`, "background"},
+		{"a bad tool_choice", `{"model":"m","input":"x","tool_choice":"always"}`, "tool_choice"},
+	}
+	for _, tc := range cases {
+		_, err := parseResponseRequest([]byte(tc.body), 1000)
+		if err == nil || err.param != tc.param || err.status != 400 {
+			t.Errorf("%s: got %+v, want a 400 with param %q", tc.name, err, tc.param)
+		}
+	}
+}
+
+func TestResponseRequestToChat(t *testing.T) {
+	body := `{"model":"m","instructions":"be brief","input":[
+		{"role":"user","content":[{"type":"input_text","text":"weather?"}]},
+		{"type":"function_call","call_id":"c1","name":"get","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c1","output":"sunny"}],
+		"tools":[{"type":"function","name":"get","parameters":{"type":"object"}}],
+		"tool_choice":{"type":"function","name":"get"},
+		"text":{"format":{"type":"json_schema","name":"w","schema":{"type":"object"},"strict":true}}}`
+	q, err := parseResponseRequest([]byte(body), 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for k, v := range q.chat {
+		got[k] = string(v)
+	}
+	want := map[string]string{
+		"tools":           `[{"function":{"name":"get","parameters":{"type":"object"}},"type":"function"}]`,
+		"tool_choice":     `{"function":{"name":"get"},"type":"function"}`,
+		"response_format": `{"json_schema":{"name":"w","schema":{"type":"object"},"strict":true},"type":"json_schema"}`,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: got %s, want %s", k, got[k], v)
+		}
+	}
+	msgs, _ := json.Marshal(chatMessages(q.input))
+	if w := `[{"content":"weather?","role":"user"},{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"{}","name":"get"},"id":"c1","type":"function"}]},{"content":"sunny","role":"tool","tool_call_id":"c1"}]`; string(msgs) != w {
+		t.Errorf("messages:\n got %s\nwant %s", msgs, w)
+	}
+	var back []chatMessage
+	_ = json.Unmarshal(msgs, &back)
+	if got := itemsOfMessages(back); len(got) != 3 || got[1].CallID != "c1" || got[2].Output != "sunny" {
+		t.Errorf("itemsOfMessages: %+v", got)
+	}
+	if p := promptText([]inputItem{{Type: "message", Role: "user", Text: "hello there"}}); p != renderChat([]events.Message{{Role: "user", Content: "hello there"}}) {
+		t.Errorf("prompt %q differs from chat's", p)
+	}
+}

@@ -1,0 +1,281 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/streams"
+)
+
+// Reading a response: its object, its events after a sequence number, its
+// input items; and ending it: cancel, delete. Every route answers another
+// tenant's response, a deleted one and an unknown id alike: 404.
+
+// loadResponse is the state of the caller's response public from the log:
+// streams.ErrNotFound for an unknown id, another tenant's, a request that is
+// not a response, or a deleted one.
+func (fe *Frontend) loadResponse(r *http.Request, public string) (*projections.Request, error) {
+	tenant := tenantOf(r)
+	id, ok := requestID(tenant, public)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
+	}
+	p, err := fe.runtime.Load(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	if !mayAccess(tenant, p.Accepted) || p.Accepted.Endpoint != events.EndpointResponses || p.Deleted {
+		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
+	}
+	return p, nil
+}
+
+// attachResponse follows the caller's response public, as loadResponse
+// finds it. The caller holds one reference.
+func (fe *Frontend) attachResponse(r *http.Request, public string) (*runner.Request, error) {
+	t, err := fe.attachFor(r, public)
+	if err != nil {
+		return nil, err
+	}
+	var ok bool
+	t.View(func(p *projections.Request) { ok = p.Accepted.Endpoint == events.EndpointResponses && !p.Deleted })
+	if !ok {
+		t.Release()
+		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
+	}
+	return t, nil
+}
+
+// writeResponseLookupError answers a failed lookup of response public.
+func writeResponseLookupError(w http.ResponseWriter, public string, err error) {
+	if errors.Is(err, streams.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "invalid_request_error", "response_not_found",
+			fmt.Sprintf("Response with id '%s' not found (never created, deleted, or past retention).", public))
+		return
+	}
+	writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+}
+
+// responseObject is t's response object now.
+func responseObject(public string, t *runner.Request) map[string]any {
+	var obj map[string]any
+	t.View(func(p *projections.Request) { obj, _ = renderResponse(public, p, nil) })
+	return obj
+}
+
+// handleResponseGet serves GET /v1/responses/{id}: the object, or with
+// stream=true its events after starting_after, then live.
+func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
+	public := r.PathValue("id")
+	stream, perr := streamWanted(r)
+	if perr != nil {
+		writeParamError(w, perr)
+		return
+	}
+	after := -1
+	if v := r.URL.Query().Get("starting_after"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeParamError(w, badParam("starting_after", "invalid_value", "'starting_after' must be a sequence number (a whole number), got %q", v))
+			return
+		}
+		after = n
+	}
+	t, err := fe.attachResponse(r, public)
+	if err != nil {
+		writeResponseLookupError(w, public, err)
+		return
+	}
+	defer t.Release()
+	t.Claim() // a response whose owner is gone is taken over by whoever reads it
+	if !stream {
+		writeJSON(w, http.StatusOK, responseObject(public, t))
+		return
+	}
+	n := 1 << 62 // events so far: counted only for a starting_after to check
+	var model string
+	t.View(func(p *projections.Request) {
+		if model = p.Accepted.Model; after >= 0 {
+			_, n = renderResponse(public, p, nil)
+		}
+	})
+	if after >= n {
+		writeParamError(w, badParam("starting_after", "invalid_value",
+			"'starting_after' %d is past the last event of response %s (sequence number %d so far)", after, public, n-1))
+		return
+	}
+	fe.metrics.resumes.WithLabelValues(model).Inc()
+	fe.streamResponse(w, r, t, public, after, func() { fe.onClientGone(t) })
+}
+
+// streamWanted reads stream=true from the query, or from a JSON body (the
+// openai-go SDK's GetStreaming sends it so).
+func streamWanted(r *http.Request) (bool, *paramError) {
+	if v := r.URL.Query().Get("stream"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return false, badParam("stream", "invalid_value", "'stream' must be true or false, got %q", v)
+		}
+		return b, nil
+	}
+	body, _ := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	var q struct {
+		Stream bool `json:"stream"`
+	}
+	if len(body) > 0 && json.Unmarshal(body, &q) != nil {
+		return false, badParam("", "invalid_json", "request body must be a JSON object")
+	}
+	return q.Stream, nil
+}
+
+// handleResponseCancel serves POST /v1/responses/{id}/cancel: it kills the
+// response (at once: the tokens so far stay its output) and answers with
+// the object, status cancelled. A response that ended already is answered
+// as it is.
+func (fe *Frontend) handleResponseCancel(w http.ResponseWriter, r *http.Request) {
+	public := r.PathValue("id")
+	t, err := fe.attachResponse(r, public)
+	if err != nil {
+		writeResponseLookupError(w, public, err)
+		return
+	}
+	defer t.Release()
+	if err := fe.endResponse(r, t); err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, responseObject(public, t))
+}
+
+// endResponse cancels t (kill) unless it ended, and waits (at most
+// streams.DefaultTimeout) until this frontend has folded its end.
+func (fe *Frontend) endResponse(r *http.Request, t *runner.Request) error {
+	var terminal bool
+	t.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
+	if terminal {
+		return nil
+	}
+	if err := fe.runtime.Cancel(r.Context(), t.ID(), events.CancelKill, "cancelled by API", tenantOf(r)); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), streams.DefaultTimeout)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	defer t.Listen(wake)()
+	for {
+		t.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
+		if terminal {
+			return nil
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return fmt.Errorf("cancel of %s not seen in the log: %w", t.ID(), ctx.Err())
+		}
+	}
+}
+
+// handleResponseDelete serves DELETE /v1/responses/{id}: a response still
+// running is cancelled, then a tombstone in the log hides it from every
+// frontend.
+func (fe *Frontend) handleResponseDelete(w http.ResponseWriter, r *http.Request) {
+	public := r.PathValue("id")
+	t, err := fe.attachResponse(r, public)
+	if err != nil {
+		writeResponseLookupError(w, public, err)
+		return
+	}
+	defer t.Release()
+	if err := fe.endResponse(r, t); err != nil {
+		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
+		return
+	}
+	if err := fe.runtime.Delete(r.Context(), t.ID(), tenantOf(r)); err != nil {
+		writeRecordError(w, "the deletion", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": public, "object": "response", "deleted": true})
+}
+
+// handleInputItems serves GET /v1/responses/{id}/input_items: the items of
+// the response's input as the client sent them (not those of its previous
+// responses), with OpenAI's list parameters order (default desc), after and
+// limit (1-100, default 20).
+func (fe *Frontend) handleInputItems(w http.ResponseWriter, r *http.Request) {
+	public := r.PathValue("id")
+	qs := r.URL.Query()
+	limit := 20
+	if v := qs.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 100 {
+			writeParamError(w, badParam("limit", "invalid_value", "'limit' must be an integer from 1 to 100, got %q", v))
+			return
+		}
+		limit = n
+	}
+	order := qs.Get("order")
+	if order == "" {
+		order = "desc"
+	}
+	if order != "asc" && order != "desc" {
+		writeParamError(w, badParam("order", "invalid_value", "'order' must be asc or desc, got %q", order))
+		return
+	}
+	p, err := fe.loadResponse(r, public)
+	if err != nil {
+		writeResponseLookupError(w, public, err)
+		return
+	}
+	q, _ := parseResponseRequest(p.Accepted.Body, 1<<30)
+	data := make([]map[string]any, 0, len(q.input))
+	for i, it := range q.input {
+		data = append(data, inputItemJSON(public, i, it))
+	}
+	if order == "desc" {
+		for i, j := 0, len(data)-1; i < j; i, j = i+1, j-1 {
+			data[i], data[j] = data[j], data[i]
+		}
+	}
+	if after := qs.Get("after"); after != "" {
+		for i, d := range data {
+			if d["id"] == after {
+				data = data[i+1:]
+				break
+			}
+		}
+	}
+	more := len(data) > limit
+	if more {
+		data = data[:limit]
+	}
+	list := map[string]any{"object": "list", "data": data, "has_more": more, "first_id": nil, "last_id": nil}
+	if len(data) > 0 {
+		list["first_id"], list["last_id"] = data[0]["id"], data[len(data)-1]["id"]
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// inputItemJSON is input item i of response public in OpenAI's shape.
+func inputItemJSON(public string, i int, it inputItem) map[string]any {
+	id := "item_" + public + "_" + strconv.Itoa(i)
+	switch it.Type {
+	case "function_call":
+		return map[string]any{"id": id, "type": it.Type, "status": "completed", "call_id": it.CallID, "name": it.Name, "arguments": it.Arguments}
+	case "function_call_output":
+		return map[string]any{"id": id, "type": it.Type, "status": "completed", "call_id": it.CallID, "output": it.Output}
+	}
+	part := "input_text"
+	if it.Role == "assistant" {
+		part = "output_text"
+	}
+	return map[string]any{"id": id, "type": "message", "status": "completed", "role": it.Role,
+		"content": []map[string]any{{"type": part, "text": it.Text}}}
+}
