@@ -74,8 +74,9 @@ type OpenAI struct {
 	active atomic.Int64
 	aborts aborts
 
-	mu   sync.Mutex
-	caps Capabilities
+	mu      sync.Mutex
+	caps    Capabilities
+	listing Listing
 }
 
 // NewOpenAI returns an engine for the server cfg names. It does not contact

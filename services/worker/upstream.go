@@ -49,6 +49,11 @@ func (w *Worker) probeUpstream(ctx context.Context) bool {
 	} else {
 		w.log.Info("upstream probed", "chat", caps.Chat, "completions", caps.Completions, "token_ids", caps.TokenIDs, "prefill", caps.Prefill)
 	}
+	if l, ok := w.eng.(interface{ Listing() engine.Listing }); ok {
+		if got := l.Listing(); got.Names != nil && got.Match == "" {
+			w.log.Warn("the upstream's /v1/models does not list the model, but it answers requests for it", "listed", got.Names)
+		}
+	}
 	w.health.setUpstream("")
 	return true
 }
