@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -53,5 +56,65 @@ func TestUpstreamListingIsAdvisory(t *testing.T) {
 	res := postStream(t, fe.url, "/v1/chat/completions", body, nil, nil)
 	if !res.done || res.header.Get("X-Worker-Id") != "tiny" {
 		t.Errorf("request: done %v on %q, want done on tiny", res.done, res.header.Get("X-Worker-Id"))
+	}
+}
+
+// TestUpstreamPoisonedRequest (failure 2): a request that every upstream
+// answers with 500 before any token (Ollama's answer to an invalid JSON
+// schema) fails with the upstream's status and message after two workers
+// gave the same answer; no worker is inhibited, so every other client keeps
+// getting 200 in the inhibition window that follows.
+func TestUpstreamPoisonedRequest(t *testing.T) {
+	simA := startSim(t, "sim-a", "--greedy")
+	simB := startSim(t, "sim-b", "--greedy")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.openaiWorker("a", simA)
+	s.openaiWorker("b", simB)
+	fe.waitRoutable(t, "a", "b")
+
+	for _, stream := range []bool{true, false} {
+		id := fmt.Sprintf("poisoned-%v", stream)
+		body := chatRequest("a schema nobody can follow", 8, map[string]any{
+			"vllmsim_fault": map[string]any{"spec": "500", "key": id}})
+		var status int
+		var errBody string
+		if stream {
+			res := postStream(t, fe.url, "/v1/chat/completions", body, map[string]string{"X-Request-Id": id}, nil)
+			status, errBody = res.status, res.errorBody
+		} else {
+			resp := post(t, fe.url+"/v1/chat/completions", body, map[string]string{"X-Request-Id": id})
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			status, errBody = resp.StatusCode, string(raw)
+		}
+		if status != http.StatusInternalServerError || !strings.Contains(errBody, "simulated 500") {
+			t.Errorf("stream %v: poisoned request got %d %s, want the upstream's 500 and its message", stream, status, errBody)
+		}
+		st := fe.engineState(t, id)
+		if st.Status != "failed" || len(st.Attempts) != 2 || st.Attempts[0].WorkerID == st.Attempts[1].WorkerID {
+			t.Errorf("stream %v: state %+v, want failed after one attempt on each worker", stream, st)
+		}
+
+		// Within the inhibition window (5 s by default) every other client
+		// is served, by both workers.
+		var wg sync.WaitGroup
+		errs := make(chan string, 8)
+		for i := range 8 {
+			wg.Go(func() {
+				res := postStream(t, fe.url, "/v1/chat/completions", chatRequest(fmt.Sprintf("an ordinary question %d", i), 4, nil), nil, nil)
+				if res.status != http.StatusOK || !res.done {
+					errs <- fmt.Sprintf("request %d: status %d done %v %s", i, res.status, res.done, res.errorBody)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for e := range errs {
+			t.Errorf("stream %v: after a poisoned request, %s; want 200", stream, e)
+		}
+		if ws, err := fe.workers(); err != nil || len(ws) != 2 || ws[0].State != "ready" || ws[1].State != "ready" {
+			t.Errorf("workers %+v, %v: want both ready (their servers pass the probe)", ws, err)
+		}
 	}
 }

@@ -301,6 +301,11 @@ func (p Policy) unroutable(r *projections.Request, m Memory, why string, busy bo
 		rep.Rejected = true
 		return p.fail(r, m, "all_workers_busy", BusyMessage, status, rep)
 	}
+	if a, ok := lastAnswered(r, m.LastFailed); ok && produced == 0 {
+		// No other worker to try: the server's own answer says more than
+		// "no worker".
+		return p.failAnswered(r, m, a, rep)
+	}
 	msg := "no worker available for model " + model + ": " + why
 	if m.LastFailed != "" {
 		msg = fmt.Sprintf("worker %s failed and no other worker is available for model %s: %s", m.LastFailed, model, why)
@@ -393,6 +398,14 @@ func (p Policy) closed(r *projections.Request, m Memory, cur projections.Attempt
 	case events.FailureNotReady:
 		f.MigrationType = events.MigrationNewRequest
 	}
+	if answeredError(cur) {
+		if sameAnswerElsewhere(r, cur) {
+			// Two workers' servers gave the same answer to this request
+			// before any token: it is the request's, not theirs.
+			return p.failAnswered(r, m, cur, Report{})
+		}
+		return p.fence(r, m, f, false, 0)
+	}
 	return p.fence(r, m, f, f.Reason != ReasonShutdown, 0)
 }
 
@@ -424,6 +437,11 @@ func (p Policy) decide(r *projections.Request, m Memory, f Failure) Action {
 		// The failure stays remembered until the request has ended: if the
 		// decision cannot be recorded, the next step decides again rather
 		// than dispatching past the policy.
+		if a, ok := lastAnswered(r, f.WorkerID); ok && a.Attempt == f.Attempt && r.Len() == 0 {
+			// Nothing produced: the server's own answer, as the client
+			// would have had it from the server directly.
+			return p.failAnswered(r, m, a, Report{MigrationFailed: &f})
+		}
 		msg := fmt.Sprintf("worker %s failed (%s) and the request cannot migrate: %v", f.WorkerID, f.Reason, err)
 		return p.fail(r, m, FailureCode(err), msg, status, Report{MigrationFailed: &f})
 	}

@@ -212,8 +212,11 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 		f.Class, f.Status, f.Code, f.Message = upstream.Class, upstream.Status, upstream.Code, upstream.Message
 		f.RetryAfterMS = upstream.RetryAfter.Milliseconds()
 		status, final = statusFailed, f
-		if upstream.Class == events.FailureNotReady {
+		switch {
+		case upstream.Class == events.FailureNotReady:
 			w.upstreamNotReady(upstream)
+		case upstream.Class == "" && out.offset() == d.StartOffset:
+			w.recheckUpstream()
 		}
 		log.Warn("upstream failed", "class", upstream.Class, "status", upstream.Status, "code", upstream.Code, "err", genErr)
 	default:

@@ -64,6 +64,7 @@ type Worker struct {
 
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
+	recheck    chan struct{}        // capacity 1: probe the upstream now, coalesced
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -95,6 +96,7 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 		log:       log.With("worker_id", cfg.ID),
 		events:    streams.NewLog(js, "baton/worker/"+cfg.ID),
 		loadCh:    make(chan struct{}, 1),
+		recheck:   make(chan struct{}, 1),
 		jobs:      map[jobKey]*job{},
 		frontends: newFrontends(),
 		fatalCh:   make(chan struct{}),
