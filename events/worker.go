@@ -76,6 +76,12 @@ type Lease struct {
 	// Capabilities are what the worker's engine can do, as probed at start;
 	// absent: everything (the mock, older builds).
 	Capabilities *Capabilities `json:"capabilities,omitempty"`
+	// FirstTokenTimeoutMS, when set, is the deadline the worker keeps for an
+	// attempt's first token (its engine's --first-token-timeout): until the
+	// first token the worker itself fails an attempt that exceeds it, so a
+	// frontend does not apply its stall timeout to an engine's queue time.
+	// Absent: the mock, older builds.
+	FirstTokenTimeoutMS int64 `json:"first_token_timeout_ms,omitempty"`
 }
 
 // Capabilities is what a worker's engine can do: serve chat and

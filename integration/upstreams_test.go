@@ -118,3 +118,86 @@ func TestUpstreamPoisonedRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestUpstreamQueueIsNotAStall (failure 3): an engine with one slot queues
+// the others and sends nothing while they wait. With a stall timeout shorter
+// than the queue time, no request is fenced as stalled, the pinned one
+// included: before an attempt's first token only the worker's first-token
+// deadline applies.
+func TestUpstreamQueueIsNotAStall(t *testing.T) {
+	sim := startSim(t, "sim-queue", "--greedy", "--slots", "1", "--token-delay", "40ms")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3", "--stall-timeout", "1s")
+	s.openaiWorker("q", sim, "--first-token-timeout", "30s")
+	fe.waitRoutable(t, "q")
+
+	var wg sync.WaitGroup
+	results := make([]sseResult, 4)
+	for i := range results {
+		header := map[string]string{"X-Request-Id": fmt.Sprintf("queued-%d", i)}
+		if i == len(results)-1 {
+			header["X-Worker-Id"] = "q" // pinned: never migrated, so a stall fence would fail it
+		}
+		wg.Go(func() {
+			results[i] = postStream(t, fe.url, "/v1/chat/completions", chatRequest(fmt.Sprintf("wait your turn %d", i), 25, nil), header, nil)
+		})
+	}
+	wg.Wait()
+	for i, res := range results {
+		id := fmt.Sprintf("queued-%d", i)
+		if res.status != http.StatusOK || !res.done {
+			t.Errorf("%s: status %d done %v %s; want a whole answer", id, res.status, res.done, res.errorBody)
+			continue
+		}
+		if st := fe.engineState(t, id); len(st.Attempts) != 1 || len(st.Migrations) != 0 {
+			t.Errorf("%s: %d attempts, migrations %+v; want one attempt: queue time is not a stall", id, len(st.Attempts), st.Migrations)
+		}
+	}
+}
+
+// TestUpstreamFirstTokenTimeoutFires (failure 3): a silent upstream is
+// failed by the worker's own first-token deadline, not by the frontend's
+// shorter stall timeout, and the request continues on the other worker.
+func TestUpstreamFirstTokenTimeoutFires(t *testing.T) {
+	sim := startSim(t, "sim-silent", "--greedy")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3", "--stall-timeout", "1s")
+	s.openaiWorker("s1", sim, "--first-token-timeout", "3s")
+	s.openaiWorker("s2", sim, "--first-token-timeout", "3s")
+	fe.waitRoutable(t, "s1", "s2")
+	body := chatRequest("say nothing at first", 6, map[string]any{"vllmsim_fault": map[string]any{"spec": "stall", "key": "silent"}})
+	res := postStream(t, fe.url, "/v1/chat/completions", body, map[string]string{"X-Request-Id": "silent"}, nil)
+	if res.status != http.StatusOK || !res.done {
+		t.Fatalf("status %d done %v %s; want the answer from the other worker", res.status, res.done, res.errorBody)
+	}
+	st := fe.engineState(t, "silent")
+	if len(st.Attempts) != 2 || !strings.Contains(st.Attempts[0].CloseMessage, "first token") || st.Attempts[0].CloseReason == "stalled" {
+		t.Errorf("attempts %+v; want the first closed by the worker's first-token timeout, not as stalled", st.Attempts)
+	}
+}
+
+// TestUpstreamStallAfterFirstToken (failure 3): once an attempt has its first
+// token, the stall timeout applies between tokens at once, however long the
+// worker's first-token deadline.
+func TestUpstreamStallAfterFirstToken(t *testing.T) {
+	sim := startSim(t, "sim-stall", "--greedy")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3", "--stall-timeout", "1s")
+	s.openaiWorker("t1", sim, "--first-token-timeout", "60s")
+	s.openaiWorker("t2", sim, "--first-token-timeout", "60s")
+	fe.waitRoutable(t, "t1", "t2")
+	body := chatRequest("stop after two", 6, map[string]any{"vllmsim_fault": map[string]any{"spec": "stall@2", "key": "stall2"}})
+	start := time.Now()
+	res := postStream(t, fe.url, "/v1/chat/completions", body, map[string]string{"X-Request-Id": "stall2"}, nil)
+	took := time.Since(start)
+	if res.status != http.StatusOK || !res.done {
+		t.Fatalf("status %d done %v %s; want the answer continued elsewhere", res.status, res.done, res.errorBody)
+	}
+	st := fe.engineState(t, "stall2")
+	if len(st.Attempts) != 2 || st.Attempts[0].CloseReason != "stalled" {
+		t.Errorf("attempts %+v; want the first fenced as stalled", st.Attempts)
+	}
+	if took > 20*time.Second {
+		t.Errorf("took %v: the stall timeout (1s) must start at the first token, not after the first-token deadline (60s)", took)
+	}
+}

@@ -100,6 +100,9 @@ const CodeLogFull = "log_full"
 type WorkerSeen struct {
 	Present bool
 	LeaseID string
+	// FirstTokenTimeout is the first-token deadline the worker keeps
+	// itself (its lease's); 0: none.
+	FirstTokenTimeout time.Duration
 }
 
 // DispatchResult is how one dispatch try ended.
@@ -328,7 +331,8 @@ func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.
 			m.Watch.LeaseID = ""
 		}
 	}
-	wait := p.StallTimeout
+	limit := p.stallLimit(r, cur, o.Worker)
+	wait := limit
 	if since := o.DetachedSince; !since.IsZero() {
 		left := p.DetachTimeout - now.Sub(since)
 		if left <= 0 {
@@ -364,11 +368,26 @@ func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.
 		last = m.Watch.Since
 	}
 	idle := now.Sub(last)
-	if idle >= p.StallTimeout {
+	if idle >= limit {
 		f := Failure{Attempt: cur.Attempt, WorkerID: cur.WorkerID, MigrationType: events.MigrationOngoingRequest, Reason: ReasonStalled, At: now}
 		return p.fence(r, m, f, true, 0)
 	}
-	return Action{Kind: Wait, Next: m, Until: now.Add(min(wait, p.StallTimeout-idle))}
+	return Action{Kind: Wait, Next: m, Until: now.Add(min(wait, limit-idle))}
+}
+
+// stallLimit is how long attempt cur may produce nothing before it is
+// fenced as stalled. After its first token: the stall timeout, between
+// tokens. Before it, time in an engine's queue is not a stall: when the
+// worker keeps a first-token deadline itself (its engine fails an attempt
+// without a first token by then, as the OpenAI engine's
+// --first-token-timeout does), that deadline applies, and the stall timeout
+// only after it, as a backstop for a worker that does not keep its word.
+// A worker without one (the mock) gets the stall timeout from the start.
+func (p Policy) stallLimit(r *projections.Request, cur projections.Attempt, w WorkerSeen) time.Duration {
+	if r.Len() == cur.StartOffset && w.FirstTokenTimeout > 0 {
+		return w.FirstTokenTimeout + p.StallTimeout
+	}
+	return p.StallTimeout
 }
 
 // closed handles an attempt its worker closed, by the failure's class.

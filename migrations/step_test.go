@@ -65,6 +65,13 @@ func present(worker string) migrations.WorkerSeen {
 	return migrations.WorkerSeen{Present: true, LeaseID: "L-" + worker}
 }
 
+// queued is a present worker that keeps a first-token deadline of d.
+func queued(worker string, d time.Duration) migrations.WorkerSeen {
+	w := present(worker)
+	w.FirstTokenTimeout = d
+	return w
+}
+
 func failed(attempt int, worker, typ, reason string) *migrations.Failure {
 	return &migrations.Failure{Attempt: attempt, WorkerID: worker, MigrationType: typ, Reason: reason, At: t0}
 }
@@ -163,6 +170,24 @@ func TestStep(t *testing.T) {
 			want: want{kind: migrations.Wait, until: stall}},
 		{name: "stall: nothing for the stall timeout", policy: policy(3, 0), req: newReq("").routed(0, "w1").tokens(0, 3),
 			mem: watching(0, "w1", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: present("w1"), LastProgress: t0.Add(-stall)},
+			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
+		// Issue 22, failure 3: time in an engine's queue is not a stall.
+		{name: "queued: no first token yet, the worker keeps a first-token deadline: wait for it", policy: policy(3, 0), req: newReq("").routed(0, "w1"),
+			mem: watching(0, "w1", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: queued("w1", 2*time.Minute)},
+			want: want{kind: migrations.Wait, until: 2*time.Minute + stall - time.Minute}},
+		{name: "queued past the worker's deadline and the stall timeout: stalled", policy: policy(3, 0), req: newReq("").routed(0, "w1"),
+			mem: watching(0, "w1", t0.Add(-2*time.Minute-stall)), obs: migrations.Observation{Worker: queued("w1", 2*time.Minute)},
+			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
+		{name: "after the first token the stall timeout applies, deadline or not", policy: policy(3, 0), req: newReq("").routed(0, "w1").tokens(0, 1),
+			mem: watching(0, "w1", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: queued("w1", 2*time.Minute), LastProgress: t0.Add(-stall)},
+			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
+		{name: "a continuation's first token is its own: the deadline applies again", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").tokens(0, 3).closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "worker_lost"}).
+				migrated(0, "w1", ongoing, "fe").routed(1, "w2"),
+			mem: watching(1, "w2", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: queued("w2", 2*time.Minute), LastProgress: t0.Add(-time.Hour)},
+			want: want{kind: migrations.Wait, until: 2*time.Minute + stall - time.Minute}},
+		{name: "no first token from a worker without a deadline (the mock): the stall timeout", policy: policy(3, 0), req: newReq("").routed(0, "w1"),
+			mem: watching(0, "w1", t0.Add(-stall)), obs: migrations.Observation{Worker: present("w1")},
 			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
 		{name: "stall clock starts when watching starts", policy: policy(3, 0), req: newReq("").routed(0, "w1").tokens(0, 3),
 			mem: watching(0, "w1", t0.Add(-time.Second)), obs: migrations.Observation{Worker: present("w1"), LastProgress: t0.Add(-time.Hour)},

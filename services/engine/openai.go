@@ -109,6 +109,11 @@ func (o *OpenAI) Capabilities() Capabilities {
 	return o.caps
 }
 
+// FirstTokenTimeout is the deadline the engine keeps for a request's first
+// token: a request still without one then fails (an *UpstreamError), so the
+// worker in front of it need not be watched for a stall before it.
+func (o *OpenAI) FirstTokenTimeout() time.Duration { return o.cfg.FirstTokenTimeout }
+
 // errFirstToken cancels a request whose first token did not come in time.
 var errFirstToken = errors.New("engine: openai: first-token timeout")
 

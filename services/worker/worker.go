@@ -386,6 +386,9 @@ func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, err
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
 		NotReady: !healthy, Capabilities: w.capabilities(),
 	}
+	if ft, ok := w.eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
+		v.FirstTokenTimeoutMS = ft.FirstTokenTimeout().Milliseconds()
+	}
 	if !healthy {
 		v.NotReadyReason = reason
 		if up := w.health.upstreamReason(); up != "" {

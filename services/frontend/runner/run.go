@@ -32,9 +32,9 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		// every token: a stall has its own timer), and discovery's members
 		// while an attempt runs (not its load reports, which only choosing
 		// a worker needs).
-		fch, dch := t.f.decided.C(), rn.disc.changed.C()
+		fch, dch, tch := t.f.decided.C(), rn.disc.changed.C(), t.f.changed.C()
 		if rn.cfg.MigrationMaxSeqLen > 0 {
-			fch = t.f.changed.C() // every token counts towards the limit
+			fch = tch // every token counts towards the limit
 		}
 		if mem.Watch.Active {
 			dch = rn.disc.members.C()
@@ -43,18 +43,25 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		lch := rn.room.Changed()
 		var a migrations.Action
 		var model, endpoint string
+		var firstPending bool // the running attempt has no token yet
 		t.f.read(func(p *projections.Request, progress time.Time) {
 			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
 			relayed.note(p)
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
 				w, present := rn.disc.get(cur.WorkerID)
-				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID}
+				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
+				firstPending = !cur.Closed && p.Len() == cur.StartOffset
 			}
 			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
 		})
 		rn.send(&relayed)
 		mem, outcome = a.Next, nil
+		if firstPending && mem.Watch.Active {
+			// Wake at the attempt's first token: the stall timeout starts
+			// there (migrations.Policy's rule for queued engines).
+			fch = tch
+		}
 		if !mem.Watch.Active || mem.Watch.Attempt != watched {
 			untrack()
 			watched, untrack = -1, func() {}
