@@ -68,6 +68,10 @@ func (r *router) inhibit(w projections.Worker, d time.Duration) {
 func (r *router) isInhibited(w projections.Worker) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.isInhibitedLocked(w)
+}
+
+func (r *router) isInhibitedLocked(w projections.Worker) bool {
 	in, ok := r.inhibited[w.ID]
 	if !ok {
 		return false
@@ -93,22 +97,44 @@ func (r *router) busy(w projections.Worker) bool {
 
 // pick chooses among candidates (the routable workers of a model), skipping
 // excluded and inhibited ones. It returns errNoWorkers when none is left and
-// ErrAllBusy when every one left is busy.
+// ErrAllBusy when every one left is busy. It reserves nothing: see reserve.
 func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pickLocked(candidates, exclude)
+}
+
+// reserve picks a worker as pick does and counts a dispatch to it, in one
+// step under the router's lock, so that a burst of requests spreads over the
+// workers instead of all choosing the one that looked least loaded before
+// any of them was counted. done ends the count (call it once the dispatch is
+// over, or failed); it is nil on error.
+func (r *router) reserve(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, func(), error) {
+	r.mu.Lock()
+	w, err := r.pickLocked(candidates, exclude)
+	if err == nil {
+		r.active[w.ID]++
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return projections.Worker{}, nil, err
+	}
+	return w, r.untrack(w.ID), nil
+}
+
+func (r *router) pickLocked(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
 	var best []projections.Worker
 	bestScore := -1
 	anyFree := false
 	for _, w := range candidates {
-		if exclude[w.ID] || r.isInhibited(w) {
+		if exclude[w.ID] || r.isInhibitedLocked(w) {
 			continue
 		}
 		if r.busy(w) {
 			continue
 		}
 		anyFree = true
-		r.mu.Lock()
 		score := max(w.Load.ActiveRequests, r.active[w.ID])
-		r.mu.Unlock()
 		switch {
 		case bestScore < 0 || score < bestScore:
 			best, bestScore = []projections.Worker{w}, score
@@ -118,7 +144,7 @@ func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) 
 	}
 	if !anyFree {
 		for _, w := range candidates {
-			if !exclude[w.ID] && !r.isInhibited(w) {
+			if !exclude[w.ID] && !r.isInhibitedLocked(w) {
 				return projections.Worker{}, ErrAllBusy
 			}
 		}
@@ -132,6 +158,11 @@ func (r *router) track(id string) (done func()) {
 	r.mu.Lock()
 	r.active[id]++
 	r.mu.Unlock()
+	return r.untrack(id)
+}
+
+// untrack returns the func that ends one counted dispatch to id, once.
+func (r *router) untrack(id string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {

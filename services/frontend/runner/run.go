@@ -149,7 +149,7 @@ func (rn *Runner) report(model, endpoint string, r migrations.Report) {
 // accepted.
 func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Action) (*migrations.DispatchOutcome, func()) {
 	d := a.Dispatch
-	w, err := rn.pickWorker(d, a.Pinned, a.Exclude)
+	w, done, err := rn.pickWorker(d, a.Pinned, a.Exclude)
 	if err != nil {
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
 	}
@@ -160,12 +160,13 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	}
 	switch {
 	case err != nil:
+		done()
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
 	case !ok:
+		done()
 		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
-	done := rn.router.track(w.ID)
 	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
 	reply, err := rn.sendDispatch(ctx, w.ID, d)
 	if err == nil && reply.Accepted {
@@ -196,26 +197,29 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	})
 }
 
-func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
+// pickWorker chooses the worker of dispatch d and reserves it in the
+// router (done ends the reservation; nil on error), so that concurrent
+// dispatches see each other's choices.
+func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, func(), error) {
 	model := d.Model
 	if pinned != "" {
 		w, ok := rn.disc.get(pinned)
 		if !ok || !w.Routable() || w.Model != model {
-			return projections.Worker{}, fmt.Errorf("%w: %s", errNotPinned, pinned)
+			return projections.Worker{}, nil, fmt.Errorf("%w: %s", errNotPinned, pinned)
 		}
-		return w, nil
+		return w, rn.router.track(w.ID), nil
 	}
 	var cands []projections.Worker
 	rn.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
 	cands, err := capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
 	if err != nil {
-		return projections.Worker{}, err
+		return projections.Worker{}, nil, err
 	}
 	skip := make(map[string]bool, len(exclude))
 	for _, id := range exclude {
 		skip[id] = true
 	}
-	return rn.router.pick(cands, skip)
+	return rn.router.reserve(cands, skip)
 }
 
 func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
