@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -199,5 +201,99 @@ func TestUpstreamStallAfterFirstToken(t *testing.T) {
 	}
 	if took > 20*time.Second {
 		t.Errorf("took %v: the stall timeout (1s) must start at the first token, not after the first-token deadline (60s)", took)
+	}
+}
+
+// startSimOn starts a simulator on port, as startSim does.
+func startSimOn(t testing.TB, name string, port int, args ...string) *simProc {
+	t.Helper()
+	all := append([]string{"--port", strconv.Itoa(port), "--model", "sim"}, args...)
+	s := &simProc{proc: startBin(t, vllmsimBin, name, nil, all...), url: "http://127.0.0.1:" + strconv.Itoa(port)}
+	waitFor(t, 20*time.Second, name+" to serve", func() bool {
+		resp, err := http.Get(s.url + "/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	return s
+}
+
+func workerState(t testing.TB, fe *frontend, id string) string {
+	ws, err := fe.workers()
+	if err != nil {
+		return ""
+	}
+	for _, w := range ws {
+		if w.ID == id {
+			return w.State
+		}
+	}
+	return ""
+}
+
+// TestUpstreamDeadAndRecovered (failures 7 and 9): a worker whose upstream
+// dies is noticed at once (the failed request makes it probe its server,
+// and it turns not ready) instead of costing every request routed there a
+// failed attempt; once the upstream is back, the worker is ready within a
+// probe interval and gets traffic again within one inhibition period.
+func TestUpstreamDeadAndRecovered(t *testing.T) {
+	port := freePort(t)
+	simA := startSimOn(t, "sim-a", port, "--greedy")
+	simB := startSim(t, "sim-b", "--greedy", "--token-delay", "20ms")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.openaiWorker("a", simA)
+	s.openaiWorker("b", simB)
+	fe.waitRoutable(t, "a", "b")
+
+	// A long answer pinned to b keeps it loaded, so that a, once routable,
+	// is the least loaded worker.
+	long := make(chan sseResult, 1)
+	go func() {
+		long <- postStream(t, fe.url, "/v1/chat/completions", chatRequest("a long story", 1000, nil), map[string]string{"X-Worker-Id": "b", "X-Request-Id": "long-on-b"}, nil)
+	}()
+	waitFor(t, 10*time.Second, "b busy", func() bool {
+		ws, _ := fe.workers()
+		for _, w := range ws {
+			if w.ID == "b" && w.Load.ActiveRequests == 1 {
+				return true
+			}
+		}
+		return false
+	})
+
+	simA.signal(syscall.SIGKILL)
+	res := postStream(t, fe.url, "/v1/chat/completions", chatRequest("while a is down", 4, nil), map[string]string{"X-Request-Id": "down-1"}, nil)
+	if res.status != http.StatusOK || !res.done || res.header.Get("X-Worker-Id") != "b" {
+		t.Fatalf("request while a's upstream is down: status %d done %v on %q, want 200 from b", res.status, res.done, res.header.Get("X-Worker-Id"))
+	}
+	waitFor(t, 10*time.Second, "a not ready after its upstream failed", func() bool { return workerState(t, fe, "a") == "not_ready" })
+
+	startSimOn(t, "sim-a-again", port, "--greedy")
+	back := time.Now()
+	waitFor(t, 15*time.Second, "a ready again", func() bool { return workerState(t, fe, "a") == "ready" })
+	readyAfter := time.Since(back)
+	var servedAfter time.Duration
+	for i := 0; ; i++ {
+		res := postStream(t, fe.url, "/v1/chat/completions", chatRequest(fmt.Sprintf("after the outage %d", i), 2, nil), nil, nil)
+		if res.status != http.StatusOK || !res.done {
+			t.Fatalf("request %d after the outage: status %d %s", i, res.status, res.errorBody)
+		}
+		if res.header.Get("X-Worker-Id") == "a" {
+			servedAfter = time.Since(back)
+			break
+		}
+		if time.Since(back) > 20*time.Second {
+			t.Fatalf("a not used again within 20 s of its upstream's return (%d requests to b)", i+1)
+		}
+	}
+	t.Logf("upstream back: a ready after %v, served a request after %v", readyAfter, servedAfter)
+	if servedAfter > readyAfter+6*time.Second {
+		t.Errorf("a served again %v after its upstream returned, ready after %v: want within one inhibition period (5 s) of ready", servedAfter, readyAfter)
+	}
+	post(t, fe.url+"/v1/requests/long-on-b/cancel", map[string]any{"mode": "stop"}, nil).Body.Close()
+	if r := <-long; !r.done {
+		t.Errorf("the long answer on b did not complete: %s", r.errorBody)
 	}
 }
