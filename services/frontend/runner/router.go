@@ -109,9 +109,17 @@ func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) 
 // workers instead of all choosing the one that looked least loaded before
 // any of them was counted. done ends the count (call it once the dispatch is
 // over, or failed); it is nil on error.
-func (r *router) reserve(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, func(), error) {
+//
+// With lastResort (a migration: the request is under way), a request whose
+// every candidate left is inhibited goes to the one inhibited longest ago
+// (the least recently failed) rather than fail: inhibition is a preference,
+// not a wall, and failing would cut an answer short.
+func (r *router) reserve(candidates []projections.Worker, exclude map[string]bool, lastResort bool) (projections.Worker, func(), error) {
 	r.mu.Lock()
 	w, err := r.pickLocked(candidates, exclude)
+	if errors.Is(err, errNoWorkers) && lastResort {
+		w, err = r.leastRecentlyFailedLocked(candidates, exclude)
+	}
 	if err == nil {
 		r.active[w.ID]++
 	}
@@ -151,6 +159,25 @@ func (r *router) pickLocked(candidates []projections.Worker, exclude map[string]
 		return projections.Worker{}, errNoWorkers
 	}
 	return best[rand.IntN(len(best))], nil
+}
+
+// leastRecentlyFailedLocked is the inhibited candidate, not excluded and not
+// busy, whose inhibition was set longest ago; errNoWorkers if none.
+func (r *router) leastRecentlyFailedLocked(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
+	var best projections.Worker
+	var until time.Time
+	for _, w := range candidates {
+		if exclude[w.ID] || r.busy(w) || !r.isInhibitedLocked(w) {
+			continue
+		}
+		if in := r.inhibited[w.ID]; until.IsZero() || in.until.Before(until) {
+			best, until = w, in.until
+		}
+	}
+	if until.IsZero() {
+		return projections.Worker{}, errNoWorkers
+	}
+	return best, nil
 }
 
 // track counts a dispatch to worker id until the returned func is called.

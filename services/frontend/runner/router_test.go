@@ -242,7 +242,7 @@ func TestRouterReserveBalancesBursts(t *testing.T) {
 	var mu sync.Mutex
 	for range 20 {
 		wg.Go(func() {
-			w, done, err := r.reserve(both, nil)
+			w, done, err := r.reserve(both, nil, false)
 			if err != nil {
 				t.Errorf("reserve: %v", err)
 				return
@@ -272,4 +272,30 @@ func TestRouterReserveBalancesBursts(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d workers still counted after every dispatch ended", left)
 	}
+}
+
+// TestRouterLastResort (issue 22, failure 8): when every worker left is
+// inhibited, a migration goes to the least recently failed one instead of
+// failing; a new request still finds none.
+func TestRouterLastResort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRouter(Config{InhibitedDuration: 5 * time.Second}, time.Now)
+		w1, w2, w3 := worker("w1", "l1"), worker("w2", "l2"), worker("w3", "l3")
+		all := []projections.Worker{w1, w2, w3}
+		r.inhibit(w2, 0)
+		time.Sleep(time.Second)
+		r.inhibit(w1, 0)
+		exclude := map[string]bool{"w3": true} // the worker that just failed
+		if _, _, err := r.reserve(all, exclude, false); !errors.Is(err, errNoWorkers) {
+			t.Fatalf("a new request with every worker inhibited: %v, want errNoWorkers", err)
+		}
+		w, done, err := r.reserve(all, exclude, true)
+		if err != nil || w.ID != "w2" {
+			t.Fatalf("a migration with every worker inhibited got %q, %v; want w2, the least recently failed", w.ID, err)
+		}
+		done()
+		if _, _, err := r.reserve(all, map[string]bool{"w1": true, "w2": true, "w3": true}, true); !errors.Is(err, errNoWorkers) {
+			t.Fatalf("every worker excluded: %v, want errNoWorkers", err)
+		}
+	})
 }

@@ -219,7 +219,7 @@ func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string)
 	for _, id := range exclude {
 		skip[id] = true
 	}
-	return rn.router.reserve(cands, skip)
+	return rn.router.reserve(cands, skip, d.Attempt > 0)
 }
 
 func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
