@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -295,5 +298,101 @@ func TestUpstreamDeadAndRecovered(t *testing.T) {
 	post(t, fe.url+"/v1/requests/long-on-b/cancel", map[string]any{"mode": "stop"}, nil).Body.Close()
 	if r := <-long; !r.done {
 		t.Errorf("the long answer on b did not complete: %s", r.errorBody)
+	}
+}
+
+// simChunks is the content of each streamed chunk of a direct chat request.
+func simChunks(t *testing.T, sim *simProc, body map[string]any) []string {
+	t.Helper()
+	b := maps.Clone(body)
+	b["stream"] = true
+	resp := post(t, sim.url+"/v1/chat/completions", b, nil)
+	defer resp.Body.Close()
+	var out []string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(data), &c) == nil && len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+			out = append(out, c.Choices[0].Delta.Content)
+		}
+	}
+	return out
+}
+
+// usageOf is the completion_tokens of a non-streaming answer's usage, or of
+// a stream's usage chunk.
+func usageOf(t *testing.T, data []string) int {
+	t.Helper()
+	for _, d := range data {
+		var c struct {
+			Usage *struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if json.Unmarshal([]byte(d), &c) == nil && c.Usage != nil {
+			return c.Usage.CompletionTokens
+		}
+	}
+	t.Fatalf("no usage in %q", data)
+	return 0
+}
+
+// TestUpstreamUsageIsTheServers (failure 6): a server that hides a matched
+// stop sequence streams one event fewer than it counts tokens; the usage a
+// client gets through baton is the server's count, streaming or not.
+func TestUpstreamUsageIsTheServers(t *testing.T) {
+	sim := startSim(t, "sim-usage", "--greedy", "--no-token-ids")
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.openaiWorker("u", sim)
+	fe.waitRoutable(t, "u")
+
+	base := chatRequest("count my words please", 10, nil)
+	chunks := simChunks(t, sim, base)
+	k := -1 // a chunk whose text first occurs where it starts: the stop there hides that whole token
+	for i := 2; i < len(chunks); i++ {
+		before := strings.Join(chunks[:i], "")
+		if strings.TrimSpace(chunks[i]) != "" && strings.Index(before+chunks[i], chunks[i]) == len(before) {
+			k = i
+			break
+		}
+	}
+	if k < 0 {
+		t.Fatalf("no usable stop in %q", chunks)
+	}
+	body := chatRequest("count my words please", 10, map[string]any{"stop": chunks[k]})
+	resp := post(t, sim.url+"/v1/chat/completions", body, nil)
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := usageOf(t, []string{string(raw)})
+	if want != k+1 {
+		t.Fatalf("the server counts %d tokens for %d streamed: the test needs it to count the hidden stop token", want, k)
+	}
+
+	resp = post(t, fe.url+"/v1/chat/completions", body, nil)
+	raw, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if got := usageOf(t, []string{string(raw)}); got != want {
+		t.Errorf("non-streaming usage through baton: %d completion tokens, want the server's %d", got, want)
+	}
+	sb := maps.Clone(body)
+	sb["stream_options"] = map[string]any{"include_usage": true}
+	res := postStream(t, fe.url, "/v1/chat/completions", sb, nil, nil)
+	var data []string
+	for _, e := range res.events {
+		data = append(data, e.data)
+	}
+	if got := usageOf(t, data); got != want || res.text != strings.Join(chunks[:k], "") {
+		t.Errorf("streaming through baton: usage %d text %q, want the server's %d and %q", got, res.text, want, strings.Join(chunks[:k], ""))
 	}
 }

@@ -89,7 +89,11 @@ type Request struct {
 	// EnginePromptTokens is the prompt's length as the completing worker
 	// reported it (its engine's count when it had one); 0 until completion.
 	EnginePromptTokens int
-	n                  int // tokens accepted: len(tokens), unless countOnly
+	// EngineCompletionTokens is the answer's length as the completing
+	// worker reported it (its server's usage for its attempt, plus the
+	// tokens before it); 0 until completion.
+	EngineCompletionTokens int
+	n                      int // tokens accepted: len(tokens), unless countOnly
 	// countOnly keeps no token text (NewRequestCounter).
 	countOnly bool
 	// compacted: the state came from a compact record (applyCompacted).
@@ -229,6 +233,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		if ev.PromptTokens > 0 {
 			r.EnginePromptTokens = ev.PromptTokens
 		}
+		r.EngineCompletionTokens = ev.CompletionTokens
 		r.CompletedAt = e.Time.Unix()
 	case events.AttemptFailed:
 		return r.applyFailed(ev)
@@ -441,6 +446,16 @@ func (r *Request) Details(from int) []json.RawMessage {
 		return nil
 	}
 	return slices.Clone(r.details[max(from, 0):])
+}
+
+// CompletionTokens is the answer's length in tokens: the count the
+// completing worker reported (its server's, where the server gave usage),
+// else the tokens accepted.
+func (r *Request) CompletionTokens() int {
+	if r.EngineCompletionTokens > 0 {
+		return r.EngineCompletionTokens
+	}
+	return r.n
 }
 
 // PromptTokens is the prompt's length in tokens: the engine's count when an

@@ -15,7 +15,7 @@ import (
 func Response(p *projections.Request) map[string]any {
 	cur, _ := p.Current()
 	s := snapshot{
-		acc: p.Accepted, tokens: p.Tokens(0), details: p.Details(0), worker: cur.WorkerID, total: p.Len(),
+		acc: p.Accepted, tokens: p.Tokens(0), details: p.Details(0), worker: cur.WorkerID, total: p.Len(), usage: p.CompletionTokens(),
 		status: p.Status, finishReason: p.FinishReason, promptTokens: p.PromptTokens(),
 	}
 	return completionBody(p.Accepted, []snapshot{s})

@@ -21,10 +21,20 @@ type snapshot struct {
 	worker       string            // the worker of the current attempt
 	promptTokens int               // the engine's count when it reported one
 	total        int
+	usage        int // the answer's length for usage: the engine's count when it reported one
 	status       projections.Status
 	finishReason string
 	failure      *events.RequestFailed
 	cancel       *events.RequestCancelled
+}
+
+// usageTokens is the answer's length for its usage: the engine's count
+// when it reported one, else the tokens produced.
+func (s snapshot) usageTokens() int {
+	if s.usage > 0 {
+		return s.usage
+	}
+	return s.total
 }
 
 // snapshotOf is t's snapshot from token offset from on.
@@ -34,7 +44,7 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 		cur, _ := p.Current()
 		s = snapshot{
 			acc: p.Accepted, tokens: p.Tokens(from), details: p.Details(from), worker: cur.WorkerID,
-			promptTokens: p.PromptTokens(), total: p.Len(), status: p.Status,
+			promptTokens: p.PromptTokens(), total: p.Len(), usage: p.CompletionTokens(), status: p.Status,
 			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
 		}
 	})
@@ -171,7 +181,7 @@ func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]a
 		if i == 0 && s.promptTokens > 0 {
 			prompt = s.promptTokens // the engine's count
 		}
-		completion += s.total
+		completion += s.usageTokens()
 		list = append(list, merge(s.tokens, s.details).answerChoice(acc.Endpoint, i, s.finishReason))
 	}
 	usage := map[string]any{
@@ -233,7 +243,7 @@ func (o *output) stream(from int, start time.Time) bool {
 				}
 			}
 			done = done && s.status.Terminal()
-			completion += s.total
+			completion += s.usageTokens()
 			if i == 0 && s.promptTokens > 0 {
 				prompt = s.promptTokens // the engine's count
 			}
