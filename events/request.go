@@ -70,6 +70,11 @@ type RequestAccepted struct {
 	// BodySHA256 is the hex SHA-256 of the request body as the client sent
 	// it: a re-POST under the same id must send the same body.
 	BodySHA256 string `json:"body_sha256,omitempty"`
+	// ClientModel: answers name the model as the client did (Model), not
+	// as the upstream server that produced them did (the frontend's
+	// --response-model client). Recorded here so that every rendering of
+	// the request, on any frontend, says the same.
+	ClientModel bool `json:"client_model,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }
@@ -121,6 +126,9 @@ type TokensGenerated struct {
 	// PromptIDs, on an attempt's first delta, are the prompt's token ids
 	// as the engine reported them.
 	PromptIDs []int `json:"prompt_ids,omitempty"`
+	// Model, on an attempt's first delta, is the model the engine's server
+	// named in its answer (the "model" of its chunks), when it named one.
+	Model string `json:"model,omitempty"`
 }
 
 func (TokensGenerated) EventType() string { return TypeTokensGenerated }

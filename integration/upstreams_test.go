@@ -396,3 +396,66 @@ func TestUpstreamUsageIsTheServers(t *testing.T) {
 		t.Errorf("streaming through baton: usage %d text %q, want the server's %d and %q", got, res.text, want, strings.Join(chunks[:k], ""))
 	}
 }
+
+// modelsOf are the "model" fields of an answer's chunks (or of its body).
+func modelsOf(data []string) map[string]bool {
+	out := map[string]bool{}
+	for _, d := range data {
+		var c struct {
+			Model *string `json:"model"`
+		}
+		if json.Unmarshal([]byte(d), &c) == nil && c.Model != nil {
+			out[*c.Model] = true
+		}
+	}
+	return out
+}
+
+// TestUpstreamModelInTheAnswer (failure 10): an answer names the model the
+// upstream server streamed, not the client's alias; a frontend with
+// --client-model names the alias. The choice is recorded with the request,
+// so a resume on another frontend says the same.
+func TestUpstreamModelInTheAnswer(t *testing.T) {
+	sim := startSim(t, "sim-model", "--greedy", "--model", "org/served-7b")
+	s := newStack(t)
+	fe := s.frontend(nil)
+	alias := s.frontend(nil, "--client-model")
+	s.worker("m", "--engine", "openai", "--openai-url", sim.url, "--openai-model", "org/served-7b", "--model", "tiny")
+	fe.waitRoutable(t, "m")
+	alias.waitRoutable(t, "m")
+
+	for _, tc := range []struct {
+		fe   *frontend
+		want string
+	}{{fe, "org/served-7b"}, {alias, "tiny"}} {
+		body := chatRequest("name yourself", 4, map[string]any{"model": "tiny"})
+		res := postStream(t, tc.fe.url, "/v1/chat/completions", body, map[string]string{"X-Request-Id": "model-" + tc.want[:3]}, nil)
+		var data []string
+		for _, e := range res.events {
+			data = append(data, e.data)
+		}
+		if got := modelsOf(data); !res.done || len(got) != 1 || !got[tc.want] {
+			t.Errorf("%s: streamed models %v, want only %q", tc.fe.name, got, tc.want)
+		}
+		resp := post(t, tc.fe.url+"/v1/chat/completions", chatRequest("name yourself", 4, map[string]any{"model": "tiny", "stream": false}), nil)
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if got := modelsOf([]string{string(raw)}); len(got) != 1 || !got[tc.want] {
+			t.Errorf("%s: non-streaming model %v, want %q: %s", tc.fe.name, got, tc.want, raw)
+		}
+	}
+	// The request accepted on fe, replayed on the --client-model frontend,
+	// names what fe recorded: the upstream's model.
+	resp, err := http.Get(alias.url + "/v1/requests/model-org/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := readStream(t, resp, nil)
+	var data []string
+	for _, e := range res.events {
+		data = append(data, e.data)
+	}
+	if got := modelsOf(data); len(got) != 1 || !got["org/served-7b"] {
+		t.Errorf("resumed elsewhere: models %v, want the recorded org/served-7b", got)
+	}
+}

@@ -89,6 +89,9 @@ type Request struct {
 	// EnginePromptTokens is the prompt's length as the completing worker
 	// reported it (its engine's count when it had one); 0 until completion.
 	EnginePromptTokens int
+	// UpstreamModel is the model the first engine's server that named one
+	// said produced the answer; "" when none did (the mock).
+	UpstreamModel string
 	// EngineCompletionTokens is the answer's length as the completing
 	// worker reported it (its server's usage for its attempt, plus the
 	// tokens before it); 0 until completion.
@@ -409,6 +412,9 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if ev.Offset == 0 && r.PromptIDs == nil && ev.PromptIDs != nil {
 		r.PromptIDs = ev.PromptIDs
 	}
+	if r.UpstreamModel == "" {
+		r.UpstreamModel = ev.Model
+	}
 	switch {
 	case r.idsLost:
 	case ev.IDs == nil:
@@ -446,6 +452,16 @@ func (r *Request) Details(from int) []json.RawMessage {
 		return nil
 	}
 	return slices.Clone(r.details[max(from, 0):])
+}
+
+// ResponseModel is the model an answer names: the upstream's, as its server
+// streamed it, unless the request was accepted to name the client's
+// (Accepted.ClientModel) or no server named one.
+func (r *Request) ResponseModel() string {
+	if r.UpstreamModel != "" && !r.Accepted.ClientModel {
+		return r.UpstreamModel
+	}
+	return r.Accepted.Model
 }
 
 // CompletionTokens is the answer's length in tokens: the count the

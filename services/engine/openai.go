@@ -207,6 +207,7 @@ func (o *OpenAI) Stats() Stats {
 // streamChunk is one streamed event of /v1/chat/completions or
 // /v1/completions, with vLLM's token-id extensions.
 type streamChunk struct {
+	Model          string         `json:"model"`
 	Choices        []streamChoice `json:"choices"`
 	PromptTokenIDs []int          `json:"prompt_token_ids"`
 	Usage          *struct {
@@ -286,7 +287,8 @@ type streamReader struct {
 	emit    func(Token) error
 	first   func() // called once, at the first token
 	emitted int
-	prompt  []int // prompt ids, to put on the first token
+	prompt  []int  // prompt ids, to put on the first token
+	model   string // the server's model name, to put on the first token
 	// maxPrompt, if positive, is the prompt limit checked on the server's
 	// prompt ids.
 	maxPrompt int
@@ -301,7 +303,7 @@ func (s *streamReader) token(t Token) (full bool, err error) {
 	}
 	if s.emitted == 0 {
 		s.first()
-		t.PromptIDs = s.prompt
+		t.PromptIDs, t.Model = s.prompt, s.model
 	}
 	if err := s.emit(t); err != nil {
 		return false, emitError{err}
@@ -383,6 +385,9 @@ func (s *streamReader) chunk(c *streamChunk, res *Result) (full bool, err error)
 	}
 	if c.PromptTokenIDs != nil {
 		s.prompt = c.PromptTokenIDs
+	}
+	if s.model == "" {
+		s.model = c.Model
 	}
 	if err := s.checkPrompt(); err != nil {
 		return false, err

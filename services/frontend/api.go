@@ -105,7 +105,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		Tenant:    tenant, BodySHA256: bodySHA,
+		Tenant:    tenant, BodySHA256: bodySHA, ClientModel: fe.cfg.ClientModel,
 	}
 	if p.n > 1 {
 		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {

@@ -18,6 +18,7 @@ func Response(p *projections.Request) map[string]any {
 		acc: p.Accepted, tokens: p.Tokens(0), details: p.Details(0), worker: cur.WorkerID, total: p.Len(), usage: p.CompletionTokens(),
 		status: p.Status, finishReason: p.FinishReason, promptTokens: p.PromptTokens(),
 	}
+	s.acc.Model = p.ResponseModel()
 	return completionBody(p.Accepted, []snapshot{s})
 }
 

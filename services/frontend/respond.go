@@ -47,6 +47,7 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 			promptTokens: p.PromptTokens(), total: p.Len(), usage: p.CompletionTokens(), status: p.Status,
 			finishReason: p.FinishReason, failure: p.Failure, cancel: p.Cancel,
 		}
+		s.acc.Model = p.ResponseModel()
 	})
 	if n := len(s.tokens); n > 0 {
 		s.emits = t.Emits(from, from+n)
@@ -175,6 +176,9 @@ func failureBody(f *events.RequestFailed) (int, map[string]any) {
 // completionBody is the non-streaming response of acc with one choice per
 // snapshot.
 func completionBody(acc events.RequestAccepted, choices []snapshot) map[string]any {
+	if len(choices) > 0 && choices[0].acc.Model != "" {
+		acc.Model = choices[0].acc.Model // the model that answered (projections.Request.ResponseModel)
+	}
 	list := make([]map[string]any, 0, len(choices))
 	completion, prompt := 0, acc.PromptTokens
 	for i, s := range choices {
@@ -221,6 +225,9 @@ func (o *output) stream(from int, start time.Time) bool {
 		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
 			s := snapshotOf(t, sent[i])
+			if i == 0 {
+				sse.setModel(s.acc.Model)
+			}
 			if n := len(s.tokens); n > 0 {
 				sent[i] += n
 				total += n
@@ -354,6 +361,14 @@ type sseWriter struct {
 	buf    []byte // the event being written, reused
 	text   []byte // a text chunk's text, reused
 	suffix []byte // what follows the choices in every chunk (see textEvent)
+}
+
+// setModel makes the chunks name model: the upstream's, known from the first
+// delta on (projections.Request.ResponseModel).
+func (s *sseWriter) setModel(model string) {
+	if s.acc.Model != model {
+		s.acc.Model, s.suffix = model, nil
+	}
 }
 
 func (s *sseWriter) event(id int, data []byte) {
