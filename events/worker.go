@@ -92,6 +92,12 @@ type Capabilities struct {
 	Completions bool `json:"completions"`
 	TokenIDs    bool `json:"token_ids"`
 	Prefill     bool `json:"prefill"`
+	// CompletionsNotContinuable: a completions prompt plus the text so far
+	// does not continue the answer there (the server wraps completions
+	// prompts in a chat template, as Ollama does), so a migrated
+	// completions request can continue only from token ids. Absent (false)
+	// in leases of older builds.
+	CompletionsNotContinuable bool `json:"completions_not_continuable,omitempty"`
 }
 
 // Load is the value of a worker's key in the load bucket.

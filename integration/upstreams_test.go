@@ -459,3 +459,42 @@ func TestUpstreamModelInTheAnswer(t *testing.T) {
 		t.Errorf("resumed elsewhere: models %v, want the recorded org/served-7b", got)
 	}
 }
+
+// TestUpstreamTemplatedCompletionsFailCleanly (failure 4): a server that
+// wraps completions prompts in a chat template (Ollama) is probed as unable
+// to continue completions by prefill; a completions request whose worker
+// dies mid-answer then fails cleanly (an error event, no [DONE]) instead of
+// continuing with an answer to another prompt presented as a success.
+func TestUpstreamTemplatedCompletionsFailCleanly(t *testing.T) {
+	simA := startSim(t, "sim-tmpl-a", "--greedy", "--templated-completions", "--no-token-ids", "--token-delay", "40ms")
+	simB := startSim(t, "sim-tmpl-b", "--greedy", "--templated-completions", "--no-token-ids", "--token-delay", "40ms")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.openaiWorker("t1", simA)
+	s.openaiWorker("t2", simB)
+	fe.waitRoutable(t, "t1", "t2")
+	for _, w := range []string{"t1", "t2"} {
+		var out struct {
+			Data []struct {
+				ID           string          `json:"id"`
+				Capabilities map[string]bool `json:"capabilities"`
+			} `json:"data"`
+		}
+		getJSON(t, fe.url+"/v1/workers", 200, &out)
+		for _, d := range out.Data {
+			if d.ID == w && !d.Capabilities["completions_not_continuable"] {
+				t.Errorf("%s capabilities %v: want completions_not_continuable", w, d.Capabilities)
+			}
+		}
+	}
+	var once sync.Once
+	body := map[string]any{"model": "sim", "prompt": "tell me a long story about rivers", "max_tokens": 30}
+	res := postStream(t, fe.url, "/v1/completions", body, map[string]string{"X-Request-Id": "tmpl"}, func(e sseEvent) {
+		if n, err := strconv.Atoi(e.id); err == nil && n >= 5 {
+			once.Do(func() { s.workers[fe.servingWorker(t, "tmpl")].signal(syscall.SIGKILL) })
+		}
+	})
+	if res.done || !strings.Contains(res.errorBody, "continue") {
+		t.Fatalf("done %v, error %q; want an error event about continuing and no [DONE]", res.done, res.errorBody)
+	}
+}

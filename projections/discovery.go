@@ -64,7 +64,7 @@ func (w Worker) CanContinue(endpoint string, tokenIDs bool) bool {
 	case endpoint == events.EndpointChat:
 		return c.Chat && c.Prefill
 	}
-	return c.Completions
+	return c.Completions && !c.CompletionsNotContinuable
 }
 
 // Routable reports whether the worker may receive new requests: leased, not

@@ -61,6 +61,9 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 		}
 	}
 	if caps.Completions {
+		if caps.CompletionsNotContinuable, err = o.completionsDiverge(ctx); err != nil {
+			return Capabilities{}, err
+		}
 		var tok struct {
 			Tokens []int `json:"tokens"`
 		}
@@ -85,6 +88,44 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	o.caps = caps
 	o.mu.Unlock()
 	return caps, nil
+}
+
+// completionsDiverge measures whether a completions prompt plus the text of
+// a greedy answer so far continues that answer: it asks for a greedy answer
+// to a prompt, cuts it at its last word boundary, and asks again from the
+// prompt plus the text before the cut. A server that wraps completions
+// prompts in a chat template (Ollama) answers a new question instead. An
+// answer too short to cut says nothing: not diverging.
+func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
+	const prompt = "The quick brown fox jumps over the lazy dog. Then the dog"
+	greedy := func(p string, n int) (string, error) {
+		var out struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0}, &out); err != nil {
+			return "", err
+		}
+		if len(out.Choices) == 0 {
+			return "", nil
+		}
+		return out.Choices[0].Text, nil
+	}
+	whole, err := greedy(prompt, 6)
+	if err != nil {
+		return false, err
+	}
+	cut := strings.LastIndex(strings.TrimRight(whole, " "), " ")
+	if cut <= 0 {
+		return false, nil
+	}
+	rest, err := greedy(prompt+whole[:cut], 6)
+	if err != nil {
+		return false, err
+	}
+	want := whole[cut:]
+	return !strings.HasPrefix(rest, want) && !strings.HasPrefix(want, rest), nil
 }
 
 // supports asks path with in: true when the server answered 200, false
