@@ -31,6 +31,22 @@ func healthOf(t testing.TB, fe *frontend) (int, map[string]any) {
 	return resp.StatusCode, body
 }
 
+// listedModels are the ids GET /v1/models lists.
+func listedModels(t testing.TB, fe *frontend) []string {
+	t.Helper()
+	var out struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	getJSON(t, fe.url+"/v1/models", 200, &out)
+	var ids []string
+	for _, m := range out.Data {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
 // TestUpstreamListingIsAdvisory (failure 1): an upstream that lists
 // "tiny:latest" while serving "tiny" (Ollama) serves; one that does not
 // serve the model at all leaves its worker not ready in the server's words,
@@ -51,11 +67,17 @@ func TestUpstreamListingIsAdvisory(t *testing.T) {
 	if code, body := healthOf(t, fe); code != http.StatusServiceUnavailable || body["reason"] != "no_routable_workers" {
 		t.Errorf("/health with every worker not ready: %d %v, want 503 no_routable_workers", code, body)
 	}
+	if got := listedModels(t, fe); len(got) != 0 {
+		t.Errorf("/v1/models with no ready worker lists %v, want nothing (failure 12)", got)
+	}
 
 	s.worker("tiny", "--engine", "openai", "--openai-url", ollama.url, "--openai-model", "tiny", "--model", "tiny")
 	fe.waitRoutable(t, "tiny")
 	if code, body := healthOf(t, fe); code != http.StatusOK {
 		t.Errorf("/health with a ready worker: %d %v, want 200", code, body)
+	}
+	if got := listedModels(t, fe); len(got) != 1 || got[0] != "tiny" {
+		t.Errorf("/v1/models with tiny ready lists %v, want [tiny]", got)
 	}
 	body := chatRequest("hello there", 5, map[string]any{"model": "tiny"})
 	res := postStream(t, fe.url, "/v1/chat/completions", body, nil, nil)
