@@ -110,7 +110,7 @@ func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Heade
 // binaryDelta reports whether ev is written with its text as data: it has
 // tokens, and nothing but their text and their ids.
 func binaryDelta(ev TokensGenerated) bool {
-	return len(ev.Tokens) > 0 && ev.Details == nil && ev.PromptIDs == nil &&
+	return len(ev.Tokens) > 0 && ev.Details == nil && ev.PromptIDs == nil && ev.Model == "" &&
 		(ev.IDs == nil || len(ev.IDs) == len(ev.Tokens))
 }
 

@@ -80,6 +80,11 @@ type RequestAccepted struct {
 	// Background marks a request that runs with no client attached (a
 	// background response): it is not cancelled when no client follows it.
 	Background bool `json:"background,omitempty"`
+	// ClientModel: answers name the model as the client did (Model), not
+	// as the upstream server that produced them did (the frontend's
+	// --response-model client). Recorded here so that every rendering of
+	// the request, on any frontend, says the same.
+	ClientModel bool `json:"client_model,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }
@@ -131,6 +136,9 @@ type TokensGenerated struct {
 	// PromptIDs, on an attempt's first delta, are the prompt's token ids
 	// as the engine reported them.
 	PromptIDs []int `json:"prompt_ids,omitempty"`
+	// Model, on an attempt's first delta, is the model the engine's server
+	// named in its answer (the "model" of its chunks), when it named one.
+	Model string `json:"model,omitempty"`
 }
 
 func (TokensGenerated) EventType() string { return TypeTokensGenerated }

@@ -76,6 +76,12 @@ type Lease struct {
 	// Capabilities are what the worker's engine can do, as probed at start;
 	// absent: everything (the mock, older builds).
 	Capabilities *Capabilities `json:"capabilities,omitempty"`
+	// FirstTokenTimeoutMS, when set, is the deadline the worker keeps for an
+	// attempt's first token (its engine's --first-token-timeout): until the
+	// first token the worker itself fails an attempt that exceeds it, so a
+	// frontend does not apply its stall timeout to an engine's queue time.
+	// Absent: the mock, older builds.
+	FirstTokenTimeoutMS int64 `json:"first_token_timeout_ms,omitempty"`
 }
 
 // Capabilities is what a worker's engine can do: serve chat and
@@ -86,6 +92,12 @@ type Capabilities struct {
 	Completions bool `json:"completions"`
 	TokenIDs    bool `json:"token_ids"`
 	Prefill     bool `json:"prefill"`
+	// CompletionsNotContinuable: a completions prompt plus the text so far
+	// does not continue the answer there (the server wraps completions
+	// prompts in a chat template, as Ollama does), so a migrated
+	// completions request can continue only from token ids. Absent (false)
+	// in leases of older builds.
+	CompletionsNotContinuable bool `json:"completions_not_continuable,omitempty"`
 }
 
 // Load is the value of a worker's key in the load bucket.

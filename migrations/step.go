@@ -100,6 +100,9 @@ const CodeLogFull = "log_full"
 type WorkerSeen struct {
 	Present bool
 	LeaseID string
+	// FirstTokenTimeout is the first-token deadline the worker keeps
+	// itself (its lease's); 0: none.
+	FirstTokenTimeout time.Duration
 }
 
 // DispatchResult is how one dispatch try ended.
@@ -303,6 +306,11 @@ func (p Policy) unroutable(r *projections.Request, m Memory, why string, busy bo
 		rep.Rejected = true
 		return p.fail(r, m, "all_workers_busy", BusyMessage, status, rep)
 	}
+	if a, ok := lastAnswered(r, m.LastFailed); ok && produced == 0 {
+		// No other worker to try: the server's own answer says more than
+		// "no worker".
+		return p.failAnswered(r, m, a, rep)
+	}
 	msg := "no worker available for model " + model + ": " + why
 	if m.LastFailed != "" {
 		msg = fmt.Sprintf("worker %s failed and no other worker is available for model %s: %s", m.LastFailed, model, why)
@@ -325,7 +333,8 @@ func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.
 			m.Watch.LeaseID = ""
 		}
 	}
-	wait := p.StallTimeout
+	limit := p.stallLimit(r, cur, o.Worker)
+	wait := limit
 	if since := o.DetachedSince; !since.IsZero() && !r.Accepted.Background {
 		left := p.DetachTimeout - now.Sub(since)
 		if left <= 0 {
@@ -361,11 +370,26 @@ func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.
 		last = m.Watch.Since
 	}
 	idle := now.Sub(last)
-	if idle >= p.StallTimeout {
+	if idle >= limit {
 		f := Failure{Attempt: cur.Attempt, WorkerID: cur.WorkerID, MigrationType: events.MigrationOngoingRequest, Reason: ReasonStalled, At: now}
 		return p.fence(r, m, f, true, 0)
 	}
-	return Action{Kind: Wait, Next: m, Until: now.Add(min(wait, p.StallTimeout-idle))}
+	return Action{Kind: Wait, Next: m, Until: now.Add(min(wait, limit-idle))}
+}
+
+// stallLimit is how long attempt cur may produce nothing before it is
+// fenced as stalled. After its first token: the stall timeout, between
+// tokens. Before it, time in an engine's queue is not a stall: when the
+// worker keeps a first-token deadline itself (its engine fails an attempt
+// without a first token by then, as the OpenAI engine's
+// --first-token-timeout does), that deadline applies, and the stall timeout
+// only after it, as a backstop for a worker that does not keep its word.
+// A worker without one (the mock) gets the stall timeout from the start.
+func (p Policy) stallLimit(r *projections.Request, cur projections.Attempt, w WorkerSeen) time.Duration {
+	if r.Len() == cur.StartOffset && w.FirstTokenTimeout > 0 {
+		return w.FirstTokenTimeout + p.StallTimeout
+	}
+	return p.StallTimeout
 }
 
 // closed handles an attempt its worker closed, by the failure's class.
@@ -394,6 +418,14 @@ func (p Policy) closed(r *projections.Request, m Memory, cur projections.Attempt
 		return p.fence(r, m, f, true, time.Duration(cur.RetryAfterMS)*time.Millisecond)
 	case events.FailureNotReady:
 		f.MigrationType = events.MigrationNewRequest
+	}
+	if answeredError(cur) {
+		if sameAnswerElsewhere(r, cur) {
+			// Two workers' servers gave the same answer to this request
+			// before any token: it is the request's, not theirs.
+			return p.failAnswered(r, m, cur, Report{})
+		}
+		return p.fence(r, m, f, false, 0)
 	}
 	return p.fence(r, m, f, f.Reason != ReasonShutdown, 0)
 }
@@ -426,6 +458,11 @@ func (p Policy) decide(r *projections.Request, m Memory, f Failure) Action {
 		// The failure stays remembered until the request has ended: if the
 		// decision cannot be recorded, the next step decides again rather
 		// than dispatching past the policy.
+		if a, ok := lastAnswered(r, f.WorkerID); ok && a.Attempt == f.Attempt && r.Len() == 0 {
+			// Nothing produced: the server's own answer, as the client
+			// would have had it from the server directly.
+			return p.failAnswered(r, m, a, Report{MigrationFailed: &f})
+		}
 		msg := fmt.Sprintf("worker %s failed (%s) and the request cannot migrate: %v", f.WorkerID, f.Reason, err)
 		return p.fail(r, m, FailureCode(err), msg, status, Report{MigrationFailed: &f})
 	}

@@ -65,6 +65,13 @@ func present(worker string) migrations.WorkerSeen {
 	return migrations.WorkerSeen{Present: true, LeaseID: "L-" + worker}
 }
 
+// queued is a present worker that keeps a first-token deadline of d.
+func queued(worker string, d time.Duration) migrations.WorkerSeen {
+	w := present(worker)
+	w.FirstTokenTimeout = d
+	return w
+}
+
 func failed(attempt int, worker, typ, reason string) *migrations.Failure {
 	return &migrations.Failure{Attempt: attempt, WorkerID: worker, MigrationType: typ, Reason: reason, At: t0}
 }
@@ -164,6 +171,24 @@ func TestStep(t *testing.T) {
 		{name: "stall: nothing for the stall timeout", policy: policy(3, 0), req: newReq("").routed(0, "w1").tokens(0, 3),
 			mem: watching(0, "w1", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: present("w1"), LastProgress: t0.Add(-stall)},
 			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
+		// Issue 22, failure 3: time in an engine's queue is not a stall.
+		{name: "queued: no first token yet, the worker keeps a first-token deadline: wait for it", policy: policy(3, 0), req: newReq("").routed(0, "w1"),
+			mem: watching(0, "w1", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: queued("w1", 2*time.Minute)},
+			want: want{kind: migrations.Wait, until: 2*time.Minute + stall - time.Minute}},
+		{name: "queued past the worker's deadline and the stall timeout: stalled", policy: policy(3, 0), req: newReq("").routed(0, "w1"),
+			mem: watching(0, "w1", t0.Add(-2*time.Minute-stall)), obs: migrations.Observation{Worker: queued("w1", 2*time.Minute)},
+			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
+		{name: "after the first token the stall timeout applies, deadline or not", policy: policy(3, 0), req: newReq("").routed(0, "w1").tokens(0, 1),
+			mem: watching(0, "w1", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: queued("w1", 2*time.Minute), LastProgress: t0.Add(-stall)},
+			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
+		{name: "a continuation's first token is its own: the deadline applies again", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").tokens(0, 3).closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "worker_lost"}).
+				migrated(0, "w1", ongoing, "fe").routed(1, "w2"),
+			mem: watching(1, "w2", t0.Add(-time.Minute)), obs: migrations.Observation{Worker: queued("w2", 2*time.Minute), LastProgress: t0.Add(-time.Hour)},
+			want: want{kind: migrations.Wait, until: 2*time.Minute + stall - time.Minute}},
+		{name: "no first token from a worker without a deadline (the mock): the stall timeout", policy: policy(3, 0), req: newReq("").routed(0, "w1"),
+			mem: watching(0, "w1", t0.Add(-stall)), obs: migrations.Observation{Worker: present("w1")},
+			want: want{kind: migrations.Fence, reason: "stalled", migType: ongoing, inhibit: true, appendFence: true}},
 		{name: "stall clock starts when watching starts", policy: policy(3, 0), req: newReq("").routed(0, "w1").tokens(0, 3),
 			mem: watching(0, "w1", t0.Add(-time.Second)), obs: migrations.Observation{Worker: present("w1"), LastProgress: t0.Add(-time.Hour)},
 			want: want{kind: migrations.Wait, until: stall - time.Second}},
@@ -201,6 +226,45 @@ func TestStep(t *testing.T) {
 				Class: events.FailureNotReady, Status: 404}),
 			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1")},
 			want: want{kind: migrations.Fence, reason: "engine_error", migType: newReq_, inhibit: true}},
+		// Issue 22, failure 2: a request the upstream answers with 500 before
+		// any token must not take the pool out.
+		{name: "upstream 500 before any token: migrate without inhibiting", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error",
+				Status: 500, Message: "invalid JSON schema"}),
+			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1")},
+			want: want{kind: migrations.Fence, reason: "engine_error", migType: ongoing}},
+		{name: "upstream 500 after tokens: the worker's fault, inhibit", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").tokens(0, 2).closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error",
+				Status: 500, Message: "runner died"}),
+			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1")},
+			want: want{kind: migrations.Fence, reason: "engine_error", migType: ongoing, inhibit: true}},
+		{name: "no answer from the upstream before any token: inhibit", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error",
+				Message: "connection refused"}),
+			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1")},
+			want: want{kind: migrations.Fence, reason: "engine_error", migType: ongoing, inhibit: true}},
+		{name: "the same 500 from a second worker: the request's fault, fail with the upstream's answer", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Status: 500, Message: "invalid JSON schema"}).
+				migrated(0, "w1", ongoing, "fe").routed(1, "w2").
+				closed(events.AttemptFailed{Attempt: 1, WorkerID: "w2", Reason: "engine_error", Status: 500, Message: "invalid JSON schema"}),
+			mem: watching(1, "w2", t0), obs: migrations.Observation{Worker: present("w2")},
+			want: want{kind: migrations.Fail, code: migrations.CodeUpstreamError, status: 500}},
+		{name: "another 500 from a second worker: migrate again", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Status: 500, Message: "out of memory"}).
+				migrated(0, "w1", ongoing, "fe").routed(1, "w2").
+				closed(events.AttemptFailed{Attempt: 1, WorkerID: "w2", Reason: "engine_error", Status: 502, Message: "bad gateway"}),
+			mem: watching(1, "w2", t0), obs: migrations.Observation{Worker: present("w2")},
+			want: want{kind: migrations.Fence, reason: "engine_error", migType: ongoing, attempt: 1}},
+		{name: "limit 0, upstream 500 before any token: the upstream's answer", policy: policy(0, 0),
+			req:  newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Status: 500, Code: "schema", Message: "invalid JSON schema"}),
+			mem:  migrations.Memory{Failure: failed(0, "w1", ongoing, "engine_error"), LastFailed: "w1"},
+			want: want{kind: migrations.Fail, code: "schema", status: 500, migFailed: true}},
+		{name: "no other worker after an upstream 500: the upstream's answer", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Status: 500, Message: "invalid JSON schema"}).
+				migrated(0, "w1", ongoing, "fe"),
+			mem:  migrations.Memory{Migration: failed(0, "w1", ongoing, "engine_error"), LastFailed: "w1"},
+			obs:  migrations.Observation{Dispatch: &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: "no worker"}},
+			want: want{kind: migrations.Fail, code: migrations.CodeUpstreamError, status: 500, migFailed: true}},
 		{name: "failed, migration allowed: record the migration", policy: policy(3, 0),
 			req:  newReq("").routed(0, "w1").tokens(0, 5).closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "stalled"}),
 			mem:  migrations.Memory{Failure: failed(0, "w1", ongoing, "stalled"), LastFailed: "w1"},

@@ -35,7 +35,11 @@ type compactState struct {
 	Details            []json.RawMessage        `json:"details,omitempty"`
 	PromptIDs          []int                    `json:"prompt_ids,omitempty"`
 	EnginePromptTokens int                      `json:"engine_prompt_tokens,omitempty"`
-	Skipped            int                      `json:"skipped,omitempty"`
+	// EngineCompletionTokens: added after version 1; older readers render
+	// the usage of a compacted request from its token count.
+	EngineCompletionTokens int    `json:"engine_completion_tokens,omitempty"`
+	UpstreamModel          string `json:"upstream_model,omitempty"`
+	Skipped                int    `json:"skipped,omitempty"`
 }
 
 // Compact returns the compact record of a finished request: the state its
@@ -57,6 +61,7 @@ func (r *Request) Compact() (events.RequestCompacted, error) {
 		FinishReason: r.FinishReason, Failure: r.Failure, Cancel: r.Cancel, Children: r.Children,
 		CompletedAt: r.CompletedAt, N: r.n, Text: r.Text(), IDs: r.ids, IDsLost: r.idsLost,
 		Details: r.details, PromptIDs: r.PromptIDs, EnginePromptTokens: r.EnginePromptTokens, Skipped: r.Skipped,
+		EngineCompletionTokens: r.EngineCompletionTokens, UpstreamModel: r.UpstreamModel,
 	}
 	if len(r.tokens) > 0 {
 		s.Lens = make([]int, len(r.tokens))
@@ -112,6 +117,7 @@ func (r *Request) applyCompacted(ev events.RequestCompacted) (bool, string) {
 	r.FinishReason, r.Failure, r.Cancel, r.Children = s.FinishReason, s.Failure, s.Cancel, s.Children
 	r.CompletedAt, r.n, r.PromptIDs = s.CompletedAt, s.N, s.PromptIDs
 	r.EnginePromptTokens, r.Skipped = s.EnginePromptTokens, s.Skipped
+	r.EngineCompletionTokens, r.UpstreamModel = s.EngineCompletionTokens, s.UpstreamModel
 	r.compacted = true
 	if r.countOnly {
 		return true, ""

@@ -57,12 +57,13 @@ func same(t *testing.T, got, want *projections.Request) {
 		PromptIDs                  []int
 		TokensFrom3                []string
 		DetailsFrom3               []json.RawMessage
+		CompletionTokens           int
 	}
 	v := func(r *projections.Request) view {
 		ids, known := r.TokenIDs()
 		return view{r.Accepted, r.Status, r.Owner, r.FinishReason, r.Attempts, r.Migrations, r.Failure, r.Cancel,
 			r.Children, r.CompletedAt, r.Len(), r.PromptTokens(), r.Skipped, r.Tokens(0), r.Text(), ids, known,
-			r.Details(0), r.PromptIDs, r.Tokens(3), r.Details(3)}
+			r.Details(0), r.PromptIDs, r.Tokens(3), r.Details(3), r.CompletionTokens()}
 	}
 	if g, w := v(got), v(want); !reflect.DeepEqual(g, w) {
 		t.Errorf("after compaction\n got %+v\nwant %+v", g, w)
@@ -85,6 +86,7 @@ func TestCompactionFoldsToTheSameRequest(t *testing.T) {
 	first.PromptIDs = []int{1, 2, 3}
 	done := completed(1)
 	done.PromptTokens = 3
+	done.CompletionTokens = 11 // the server's count: more than the 8 tokens streamed (issue 22)
 	tests := []struct {
 		name string
 		log  []events.Event

@@ -38,6 +38,9 @@ type Worker struct {
 	LeaseRenewed time.Time `json:"lease_renewed,omitzero"`
 	// Capabilities are what the worker's engine can do; nil: everything.
 	Capabilities *events.Capabilities `json:"capabilities,omitempty"`
+	// FirstTokenTimeout is the first-token deadline the worker keeps itself
+	// (events.Lease.FirstTokenTimeoutMS); 0: none.
+	FirstTokenTimeout time.Duration `json:"first_token_timeout,omitempty"`
 }
 
 // CanServe reports whether the worker's engine serves endpoint
@@ -61,7 +64,7 @@ func (w Worker) CanContinue(endpoint string, tokenIDs bool) bool {
 	case endpoint == events.EndpointChat:
 		return c.Chat && c.Prefill
 	}
-	return c.Completions
+	return c.Completions && !c.CompletionsNotContinuable
 }
 
 // Routable reports whether the worker may receive new requests: leased, not
@@ -125,6 +128,7 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		PID: l.PID, Host: l.Host, LeaseTTL: (time.Duration(l.TTLMS) * time.Millisecond).String(),
 		LeaseRevision: u.Revision, ClientID: l.ClientID, Server: l.Server,
 		Load: d.loads[u.Key], LeaseRenewed: u.Time, Capabilities: l.Capabilities,
+		FirstTokenTimeout: time.Duration(l.FirstTokenTimeoutMS) * time.Millisecond,
 	}
 	switch {
 	case l.Draining || d.ended[u.Key] == l.LeaseID:

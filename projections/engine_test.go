@@ -45,6 +45,7 @@ func TestWorkerCapabilities(t *testing.T) {
 	vllm := &events.Capabilities{Chat: true, Completions: true, TokenIDs: true, Prefill: true}
 	noIDs := &events.Capabilities{Chat: true, Completions: true, Prefill: true}
 	chatOnlyNoPrefill := &events.Capabilities{Chat: true}
+	ollama := &events.Capabilities{Chat: true, Completions: true, Prefill: true, CompletionsNotContinuable: true}
 	for _, tc := range []struct {
 		name             string
 		caps             *events.Capabilities
@@ -58,6 +59,8 @@ func TestWorkerCapabilities(t *testing.T) {
 		{"chat only, no prefill", chatOnlyNoPrefill, events.EndpointChat, true, true, false},
 		{"chat only, completions", chatOnlyNoPrefill, events.EndpointCompletions, false, false, false},
 		{"completions without ids", noIDs, events.EndpointCompletions, false, true, true},
+		{"chat-templated completions: serves, cannot continue", ollama, events.EndpointCompletions, false, true, false},
+		{"chat-templated completions, chat prefill", ollama, events.EndpointChat, false, true, true},
 	} {
 		w := projections.Worker{Capabilities: tc.caps}
 		if got := w.CanServe(tc.endpoint); got != tc.serve {

@@ -92,7 +92,14 @@ type Request struct {
 	// EnginePromptTokens is the prompt's length as the completing worker
 	// reported it (its engine's count when it had one); 0 until completion.
 	EnginePromptTokens int
-	n                  int // tokens accepted: len(tokens), unless countOnly
+	// UpstreamModel is the model the first engine's server that named one
+	// said produced the answer; "" when none did (the mock).
+	UpstreamModel string
+	// EngineCompletionTokens is the answer's length as the completing
+	// worker reported it (its server's usage for its attempt, plus the
+	// tokens before it); 0 until completion.
+	EngineCompletionTokens int
+	n                      int // tokens accepted: len(tokens), unless countOnly
 	// countOnly keeps no token text (NewRequestCounter).
 	countOnly bool
 	// compacted: the state came from a compact record (applyCompacted).
@@ -239,6 +246,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		if ev.PromptTokens > 0 {
 			r.EnginePromptTokens = ev.PromptTokens
 		}
+		r.EngineCompletionTokens = ev.CompletionTokens
 		r.CompletedAt = e.Time.Unix()
 	case events.AttemptFailed:
 		return r.applyFailed(ev)
@@ -419,6 +427,9 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if ev.Offset == 0 && r.PromptIDs == nil && ev.PromptIDs != nil {
 		r.PromptIDs = ev.PromptIDs
 	}
+	if r.UpstreamModel == "" {
+		r.UpstreamModel = ev.Model
+	}
 	switch {
 	case r.idsLost:
 	case ev.IDs == nil:
@@ -456,6 +467,26 @@ func (r *Request) Details(from int) []json.RawMessage {
 		return nil
 	}
 	return slices.Clone(r.details[max(from, 0):])
+}
+
+// ResponseModel is the model an answer names: the upstream's, as its server
+// streamed it, unless the request was accepted to name the client's
+// (Accepted.ClientModel) or no server named one.
+func (r *Request) ResponseModel() string {
+	if r.UpstreamModel != "" && !r.Accepted.ClientModel {
+		return r.UpstreamModel
+	}
+	return r.Accepted.Model
+}
+
+// CompletionTokens is the answer's length in tokens: the count the
+// completing worker reported (its server's, where the server gave usage),
+// else the tokens accepted.
+func (r *Request) CompletionTokens() int {
+	if r.EngineCompletionTokens > 0 {
+		return r.EngineCompletionTokens
+	}
+	return r.n
 }
 
 // PromptTokens is the prompt's length in tokens: the engine's count when an

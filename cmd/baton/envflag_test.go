@@ -487,3 +487,30 @@ func TestConnectNATSGivesUp(t *testing.T) {
 	}
 	_ = stderr
 }
+
+// TestWorkerStatusServerHost (issue 22, item 12): the worker's status
+// server listens on the loopback interface unless told otherwise.
+func TestWorkerStatusServerHost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"loopback by default", []string{"--system-port", "9100"}, nil, "127.0.0.1:9100"},
+		{"every interface when asked", []string{"--system-port", "9100", "--system-host", "0.0.0.0"}, nil, "0.0.0.0:9100"},
+		{"env", nil, map[string]string{"DYN_SYSTEM_PORT": "9101", "DYN_SYSTEM_HOST": "::"}, "[::]:9101"},
+		{"off", nil, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env, _, _ := testEnv(tc.env)
+			o, err := parseWorker(env, tc.args)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			if o.cfg.SystemAddr != tc.want {
+				t.Errorf("status server address %q, want %q", o.cfg.SystemAddr, tc.want)
+			}
+		})
+	}
+}

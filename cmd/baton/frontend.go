@@ -46,6 +46,7 @@ type frontendFlags struct {
 	consoleRequests    int
 	logHighWater       float64
 	logCompaction      bool
+	clientModel        bool
 }
 
 func addFrontendFlags(f *flagSet) *frontendFlags {
@@ -78,6 +79,8 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.bindEnv("log-high-water", "BATON_LOG_HIGH_WATER", nil)
 	f.BoolVar(&ff.logCompaction, "log-compaction", true, "fold a finished request's token deltas into one compact record (false keeps every delta until eviction; baton compact does it by hand)")
 	f.bindEnv("log-compaction", "BATON_LOG_COMPACTION", nil)
+	f.BoolVar(&ff.clientModel, "client-model", false, "answers name the model as the client sent it, not as the upstream server that produced them streamed it")
+	f.bindEnv("client-model", "BATON_CLIENT_MODEL", nil)
 	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
 	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
@@ -112,6 +115,7 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 		ConsoleRequests:              ff.consoleRequests,
 		Log:                          retention.Config{HighWater: ff.logHighWater},
 		NoCompaction:                 !ff.logCompaction,
+		ClientModel:                  ff.clientModel,
 	}
 	cfg.Streams = sc
 	if err := ff.sec.apply(&cfg); err != nil {

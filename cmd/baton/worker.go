@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"time"
 
@@ -148,6 +149,7 @@ type workerOptions struct {
 	openai     engine.OpenAIConfig
 	id         string
 	systemPort int
+	systemHost string
 	pprof      *string
 	benchEmit  bool
 	benchOff   bool
@@ -174,6 +176,8 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.IntVar(&o.systemPort, "system-port", 0, "status server `port` (/health, /live, /metrics); 0 off")
 	f.bindEnv("system-port", "DYN_SYSTEM_PORT", nil)
 	f.showDefault("system-port", "off")
+	f.StringVar(&o.systemHost, "system-host", "127.0.0.1", "status server listen `address`; 0.0.0.0 or :: for every interface (a Prometheus on another host)")
+	f.bindEnv("system-host", "DYN_SYSTEM_HOST", nil)
 	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: stamp each token delta with its emit time, which frontends pass to SSE clients as a comment line")
 	f.BoolVar(&o.benchOff, "bench-log-off", false, "benchmarks only: send token deltas over core NATS instead of the log (nothing is durable: no resume, replay or migration), for the log-off baseline")
 	o.w = addWorkerFlags(f)
@@ -222,7 +226,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		BenchLogOff:           o.benchOff,
 	}
 	if o.systemPort != 0 {
-		o.cfg.SystemAddr = fmt.Sprintf(":%d", o.systemPort)
+		o.cfg.SystemAddr = net.JoinHostPort(o.systemHost, strconv.Itoa(o.systemPort))
 	}
 	o.cfg.Streams = o.streams.config()
 	if err := o.cfg.Validate(); err != nil {

@@ -27,6 +27,12 @@
 // generated so far produces exactly the rest of the uninterrupted answer.
 // Without a seed, temperature > 0 samples from a process-wide random source.
 //
+// Upstreams as they are: Config.ListedModel lists another name than the one
+// served (Ollama lists "tiny:latest" for "tiny"), Config.Slots queues
+// generations beyond N parallel slots and sends nothing while they wait,
+// and Config.TemplatedCompletions wraps a completions prompt in the chat
+// template, as Ollama does.
+//
 // Faults are scripted per process (Config.Fault, for the first
 // Config.FaultRequests requests or all, optionally only those whose body
 // contains Config.FaultMatch), per request by the header X-Vllmsim-Fault, or

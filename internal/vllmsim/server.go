@@ -44,6 +44,20 @@ type Config struct {
 	// (FaultRequests counts only those), so that a client's probes or other
 	// requests are not affected.
 	FaultMatch string
+	// ListedModel, if set, is the name GET /v1/models lists instead of
+	// Model, as servers whose listing differs from the name they serve do
+	// (Ollama lists "tiny:latest" and serves "tiny"). Requests may name
+	// either.
+	ListedModel string
+	// Slots, if positive, is how many generations run at once, as an
+	// engine's parallel slots: the others wait in a queue, in arrival
+	// order, and send nothing (not even response headers) until a slot
+	// frees. A client that goes away leaves the queue.
+	Slots int
+	// TemplatedCompletions wraps a /v1/completions text prompt in the chat
+	// template as one user message, as Ollama does: the prompt plus a
+	// partial answer is then a new question, not a continuation.
+	TemplatedCompletions bool
 }
 
 func (c Config) withDefaults() Config {
@@ -86,13 +100,16 @@ type Server struct {
 	bodyFaults map[string]int
 	rng        *rand.Rand
 	gens       generations
+	slots      chan struct{} // Config.Slots; nil: no queue
 }
 
 // Status is what GET /sim/status says about the generations: how many run,
 // and how many were aborted because their client went away before the
 // answer ended (LastAbort: when the latest of them let go of the server).
 type Status struct {
-	Running   int       `json:"running"`
+	Running int `json:"running"`
+	// Queued counts the generations waiting for a slot (Config.Slots).
+	Queued    int       `json:"queued"`
 	Aborted   int64     `json:"aborted"`
 	LastAbort time.Time `json:"last_abort"`
 }
@@ -142,6 +159,9 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 // New returns a simulator for cfg.
 func New(cfg Config) *Server {
 	s := &Server{cfg: cfg.withDefaults(), mux: http.NewServeMux(), rng: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())), bodyFaults: map[string]int{}}
+	if s.cfg.Slots > 0 {
+		s.slots = make(chan struct{}, s.cfg.Slots)
+	}
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, true) })
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.generate(w, r, false) })
 	s.mux.HandleFunc("GET /v1/models", s.models)
@@ -220,8 +240,12 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusUnauthorized, map[string]any{"error": "Unauthorized"})
 		return
 	}
+	listed := s.cfg.Model
+	if s.cfg.ListedModel != "" {
+		listed = s.cfg.ListedModel
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": []map[string]any{{
-		"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "vllm", "root": s.cfg.Model, "max_model_len": s.cfg.MaxModelLen,
+		"id": listed, "object": "model", "created": 0, "owned_by": "vllm", "root": s.cfg.Model, "max_model_len": s.cfg.MaxModelLen,
 	}}})
 }
 
@@ -239,7 +263,7 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errorf(400, "BadRequestError", "invalid JSON: %v", err))
 		return
 	}
-	if req.Model != "" && req.Model != s.cfg.Model {
+	if req.Model != "" && !s.serves(req.Model) {
 		writeErr(w, errorf(404, "NotFoundError", "The model `%s` does not exist.", req.Model))
 		return
 	}
@@ -389,6 +413,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeErr(w, statusFault(f))
 		return
 	}
+	if !s.acquireSlot(r.Context()) {
+		return // the client left the queue
+	}
+	defer s.releaseSlot()
 	s.gens.begin()
 	defer s.gens.end(r.Context())
 	if g.req.Stream {
@@ -413,6 +441,44 @@ func statusFault(f *Fault) *apiError {
 	return e
 }
 
+// serves reports whether a request may name model.
+func (s *Server) serves(model string) bool {
+	return model == s.cfg.Model || (s.cfg.ListedModel != "" && model == s.cfg.ListedModel)
+}
+
+// acquireSlot waits for a free slot (Config.Slots), sending nothing; it
+// reports false when ctx ended first.
+func (s *Server) acquireSlot(ctx context.Context) bool {
+	if s.slots == nil {
+		return true
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+	}
+	s.gens.mu.Lock()
+	s.gens.st.Queued++
+	s.gens.mu.Unlock()
+	defer func() {
+		s.gens.mu.Lock()
+		s.gens.st.Queued--
+		s.gens.mu.Unlock()
+	}()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (s *Server) releaseSlot() {
+	if s.slots != nil {
+		<-s.slots
+	}
+}
+
 // generation is a validated request, ready to run.
 type generation struct {
 	req       genRequest
@@ -435,7 +501,7 @@ func (s *Server) prepare(body []byte, chat bool, f *Fault) (*generation, error) 
 		return nil, errorf(400, "BadRequestError", "invalid request: %v", err)
 	}
 	req := &g.req
-	if req.Model != s.cfg.Model {
+	if !s.serves(req.Model) {
 		return nil, errorf(404, "NotFoundError", "The model `%s` does not exist.", req.Model)
 	}
 	if req.N != nil && *req.N != 1 {
@@ -492,6 +558,19 @@ func (s *Server) prepare(body []byte, chat bool, f *Fault) (*generation, error) 
 // template, or a completion's prompt.
 func (s *Server) setPrompt(g *generation) error {
 	req := &g.req
+	if !g.chat && s.cfg.TemplatedCompletions {
+		var text string
+		if json.Unmarshal(req.Prompt, &text) != nil {
+			return errorf(400, "BadRequestError", "prompt must be a string")
+		}
+		content, _ := json.Marshal(text)
+		tmpl, err := ApplyChatTemplate([]ChatMessage{{Role: "user", Content: content}}, nil, true, false)
+		if err != nil {
+			return err
+		}
+		g.prompt = Tokenize(tmpl)
+		return nil
+	}
 	if !g.chat {
 		ids, err := s.completionPrompt(req.Prompt)
 		if err != nil {

@@ -57,6 +57,9 @@ type Token struct {
 	// PromptIDs, on the first token of a generation only, are the prompt's
 	// token ids when the engine reports them.
 	PromptIDs []int
+	// Model, on the first token of a generation only, is the model the
+	// engine's server named in its answer, when it named one.
+	Model string
 }
 
 // Result is how a generation ended.

@@ -74,8 +74,9 @@ type OpenAI struct {
 	active atomic.Int64
 	aborts aborts
 
-	mu   sync.Mutex
-	caps Capabilities
+	mu      sync.Mutex
+	caps    Capabilities
+	listing Listing
 }
 
 // NewOpenAI returns an engine for the server cfg names. It does not contact
@@ -107,6 +108,11 @@ func (o *OpenAI) Capabilities() Capabilities {
 	defer o.mu.Unlock()
 	return o.caps
 }
+
+// FirstTokenTimeout is the deadline the engine keeps for a request's first
+// token: a request still without one then fails (an *UpstreamError), so the
+// worker in front of it need not be watched for a stall before it.
+func (o *OpenAI) FirstTokenTimeout() time.Duration { return o.cfg.FirstTokenTimeout }
 
 // errFirstToken cancels a request whose first token did not come in time.
 var errFirstToken = errors.New("engine: openai: first-token timeout")
@@ -201,6 +207,7 @@ func (o *OpenAI) Stats() Stats {
 // streamChunk is one streamed event of /v1/chat/completions or
 // /v1/completions, with vLLM's token-id extensions.
 type streamChunk struct {
+	Model          string         `json:"model"`
 	Choices        []streamChoice `json:"choices"`
 	PromptTokenIDs []int          `json:"prompt_token_ids"`
 	Usage          *struct {
@@ -280,7 +287,8 @@ type streamReader struct {
 	emit    func(Token) error
 	first   func() // called once, at the first token
 	emitted int
-	prompt  []int // prompt ids, to put on the first token
+	prompt  []int  // prompt ids, to put on the first token
+	model   string // the server's model name, to put on the first token
 	// maxPrompt, if positive, is the prompt limit checked on the server's
 	// prompt ids.
 	maxPrompt int
@@ -295,7 +303,7 @@ func (s *streamReader) token(t Token) (full bool, err error) {
 	}
 	if s.emitted == 0 {
 		s.first()
-		t.PromptIDs = s.prompt
+		t.PromptIDs, t.Model = s.prompt, s.model
 	}
 	if err := s.emit(t); err != nil {
 		return false, emitError{err}
@@ -377,6 +385,9 @@ func (s *streamReader) chunk(c *streamChunk, res *Result) (full bool, err error)
 	}
 	if c.PromptTokenIDs != nil {
 		s.prompt = c.PromptTokenIDs
+	}
+	if s.model == "" {
+		s.model = c.Model
 	}
 	if err := s.checkPrompt(); err != nil {
 		return false, err

@@ -7,46 +7,51 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
+	"strings"
 
 	"github.com/baton-dev/baton/events"
 )
 
 // Probe finds out what the server can do, with a few one-token requests:
-// whether it serves the model (GET /v1/models), chat, completions, assistant
-// prefill (continue_final_message), and token ids (a prompt of ids from
-// /tokenize answered with return_token_ids). It records the result for
-// Generate and returns it. An *UpstreamError of class
-// events.FailureNotReady means the server cannot serve this engine at all
-// (bad key, unknown model); other errors mean it could not be reached.
+// chat, completions, assistant prefill (continue_final_message), and token
+// ids (a prompt of ids from /tokenize answered with return_token_ids). It
+// records the result for Generate and returns it. The server's answers to
+// those requests decide whether it serves the model: its GET /v1/models
+// listing is advisory (see Listing), since servers list other names than
+// they serve (Ollama lists "tiny:latest" and serves "tiny"). An
+// *UpstreamError of class events.FailureNotReady means the server cannot
+// serve this engine at all (bad key, unknown model: its own words); other
+// errors mean it could not be reached or answered nothing useful.
 func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
-	var models struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := o.call(ctx, http.MethodGet, "/v1/models", nil, &models); err != nil {
+	listed, err := o.listed(ctx)
+	if err != nil {
 		return Capabilities{}, err
 	}
-	ids := make([]string, 0, len(models.Data))
-	for _, m := range models.Data {
-		ids = append(ids, m.ID)
-	}
-	if len(ids) > 0 && !slices.Contains(ids, o.cfg.Model) {
-		return Capabilities{}, &UpstreamError{Class: events.FailureNotReady, Status: http.StatusNotFound, Code: "model_not_found",
-			Message: fmt.Sprintf("the server does not serve model %q (it serves %v)", o.cfg.Model, ids)}
-	}
+	o.mu.Lock()
+	o.listing = listed
+	o.mu.Unlock()
 	var caps Capabilities
-	var err error
+	var chatNo, complNo *UpstreamError
 	user := []map[string]string{{"role": "user", "content": "Hello"}}
-	if caps.Chat, err = o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 1}, nil); err != nil {
+	if caps.Chat, chatNo, err = o.answers(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 1}, nil); err != nil {
 		return Capabilities{}, err
 	}
-	if caps.Completions, err = o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": "Hello", "max_tokens": 1}, nil); err != nil {
+	if caps.Completions, complNo, err = o.answers(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": "Hello", "max_tokens": 1}, nil); err != nil {
 		return Capabilities{}, err
 	}
 	if !caps.Chat && !caps.Completions {
-		return Capabilities{}, &UpstreamError{Class: events.FailureNotReady, Message: fmt.Sprintf("the server answers neither %s nor %s for model %q", pathChat, pathCompletions, o.cfg.Model)}
+		e := &UpstreamError{Class: events.FailureNotReady, Message: fmt.Sprintf("the server answers neither %s nor %s for model %q", pathChat, pathCompletions, o.cfg.Model)}
+		for _, no := range []*UpstreamError{chatNo, complNo} {
+			if no != nil && no.Status == http.StatusNotFound && no.Message != http.StatusText(http.StatusNotFound) {
+				// The server's own words about the model.
+				e.Status, e.Code, e.Message = no.Status, no.Code, fmt.Sprintf("model %q: %s", o.cfg.Model, no.Message)
+				break
+			}
+		}
+		if listed.Names != nil && listed.Match == "" {
+			e.Message += fmt.Sprintf(" (it lists %v)", listed.Names)
+		}
+		return Capabilities{}, e
 	}
 	if caps.Chat {
 		prefill := append(user, map[string]string{"role": "assistant", "content": "Hi"})
@@ -56,6 +61,9 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 		}
 	}
 	if caps.Completions {
+		if caps.CompletionsNotContinuable, err = o.completionsDiverge(ctx); err != nil {
+			return Capabilities{}, err
+		}
 		var tok struct {
 			Tokens []int `json:"tokens"`
 		}
@@ -82,21 +90,116 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	return caps, nil
 }
 
+// completionsDiverge measures whether a completions prompt plus the text of
+// a greedy answer so far continues that answer: it asks for a greedy answer
+// to a prompt, cuts it at its last word boundary, and asks again from the
+// prompt plus the text before the cut. A server that wraps completions
+// prompts in a chat template (Ollama) answers a new question instead. An
+// answer too short to cut says nothing: not diverging.
+func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
+	const prompt = "The quick brown fox jumps over the lazy dog. Then the dog"
+	greedy := func(p string, n int) (string, error) {
+		var out struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+		}
+		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0}, &out); err != nil {
+			return "", err
+		}
+		if len(out.Choices) == 0 {
+			return "", nil
+		}
+		return out.Choices[0].Text, nil
+	}
+	whole, err := greedy(prompt, 6)
+	if err != nil {
+		return false, err
+	}
+	cut := strings.LastIndex(strings.TrimRight(whole, " "), " ")
+	if cut <= 0 {
+		return false, nil
+	}
+	rest, err := greedy(prompt+whole[:cut], 6)
+	if err != nil {
+		return false, err
+	}
+	want := whole[cut:]
+	return !strings.HasPrefix(rest, want) && !strings.HasPrefix(want, rest), nil
+}
+
 // supports asks path with in: true when the server answered 200, false
 // when it said no for good (4xx other than 401, 403 and 429: the feature is
 // missing or refused), and an error when the answer says nothing about the
 // feature (401, 403, 429, 5xx, no answer): the probe must be tried again.
 func (o *OpenAI) supports(ctx context.Context, path string, in, out any) (bool, error) {
+	ok, _, err := o.answers(ctx, path, in, out)
+	return ok, err
+}
+
+// answers is supports that also returns the server's "no".
+func (o *OpenAI) answers(ctx context.Context, path string, in, out any) (bool, *UpstreamError, error) {
 	err := o.call(ctx, http.MethodPost, path, in, out)
 	var ue *UpstreamError
 	switch {
 	case err == nil:
-		return true, nil
+		return true, nil, nil
 	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500 &&
 		ue.Status != http.StatusUnauthorized && ue.Status != http.StatusForbidden && ue.Status != http.StatusTooManyRequests:
-		return false, nil
+		return false, ue, nil
 	}
-	return false, fmt.Errorf("probe %s: %w", path, err)
+	return false, nil, fmt.Errorf("probe %s: %w", path, err)
+}
+
+// Listing is what the server's GET /v1/models said of the engine's model.
+type Listing struct {
+	// Names are the listed model ids; nil when the server lists nothing
+	// (no such endpoint, or an empty list).
+	Names []string
+	// Match is the listed name that is the engine's model, or an alias of
+	// it (SameModel); "" when none is.
+	Match string
+}
+
+// listed reads GET /v1/models. A server that refuses the engine (401, 403)
+// or cannot be reached is an error; one without a listing is not.
+func (o *OpenAI) listed(ctx context.Context) (Listing, error) {
+	var models struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	err := o.call(ctx, http.MethodGet, "/v1/models", nil, &models)
+	var ue *UpstreamError
+	switch {
+	case errors.As(err, &ue) && (ue.Status == http.StatusUnauthorized || ue.Status == http.StatusForbidden):
+		return Listing{}, err // class events.FailureNotReady
+	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500:
+		return Listing{}, nil // no listing: the requests decide
+	case err != nil:
+		return Listing{}, err
+	}
+	var l Listing
+	for _, m := range models.Data {
+		l.Names = append(l.Names, m.ID)
+		if l.Match == "" && SameModel(m.ID, o.cfg.Model) {
+			l.Match = m.ID
+		}
+	}
+	return l, nil
+}
+
+// Listing is what the last Probe's GET /v1/models said of the model.
+func (o *OpenAI) Listing() Listing {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.listing
+}
+
+// SameModel reports whether two model names name one model: equal, or equal
+// but for an implicit ":latest" tag (Ollama's "tiny" is "tiny:latest").
+func SameModel(a, b string) bool {
+	return strings.TrimSuffix(a, ":latest") == strings.TrimSuffix(b, ":latest")
 }
 
 // call makes one non-streaming request and decodes a 200 answer into out.

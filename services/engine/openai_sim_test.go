@@ -77,6 +77,11 @@ func TestOpenAIProbe(t *testing.T) {
 		{name: "no prefill", cfg: vllmsim.Config{RejectPrefill: true}, want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true}},
 		{name: "bad key", cfg: vllmsim.Config{APIKey: "right"}, key: "wrong", fail: events.FailureNotReady},
 		{name: "unknown model", cfg: vllmsim.Config{Model: "other"}, fail: events.FailureNotReady},
+		// Issue 22: the listing is advisory; the answers decide.
+		{name: "listed with a :latest tag", cfg: vllmsim.Config{ListedModel: "sim:latest"}, want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true, Prefill: true}},
+		{name: "chat-templated completions (Ollama): not continuable by prefill", cfg: vllmsim.Config{TemplatedCompletions: true, NoTokenIDs: true},
+			want: engine.Capabilities{Chat: true, Completions: true, Prefill: true, CompletionsNotContinuable: true}},
+		{name: "listed under another name", cfg: vllmsim.Config{ListedModel: "s"}, want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true, Prefill: true}},
 		{name: "overloaded", cfg: vllmsim.Config{Fault: &vllmsim.Fault{Kind: vllmsim.FaultStatus, Status: 503}}, fail: events.FailureUnavailable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

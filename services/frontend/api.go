@@ -110,7 +110,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		Tenant:    tenant, BodySHA256: bodySHA,
+		Tenant:    tenant, BodySHA256: bodySHA, ClientModel: fe.cfg.ClientModel,
 	}
 	if p.n > 1 {
 		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {
@@ -307,12 +307,22 @@ func stateOf(p *projections.Request) RequestState {
 	return s
 }
 
-// handleModels serves GET /v1/models.
+// handleModels serves GET /v1/models: the models at least one routable
+// worker serves. A model whose workers are all not ready or draining cannot
+// answer now, so it is not listed (a request for it still gets 503, not 404).
 func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
 	models := fe.runtime.Models()
+	ready := map[string]bool{}
+	for _, wk := range fe.runtime.Workers() {
+		if wk.Routable() {
+			ready[wk.Model] = true
+		}
+	}
 	data := make([]map[string]any, 0, len(models))
 	for _, m := range models {
-		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "baton"})
+		if ready[m] {
+			data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "baton"})
+		}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }

@@ -19,6 +19,11 @@ type Config struct {
 	// HTTPAddr is the listen address of the API; default ":8000".
 	HTTPAddr string
 
+	// ClientModel makes answers name the model as the client sent it
+	// (the alias of --model) rather than as the upstream server that
+	// produced them streamed it, the default (--client-model).
+	ClientModel bool
+
 	// MigrationLimit is how many times one request may be re-dispatched; 0
 	// disables migration (DYN_MIGRATION_LIMIT).
 	MigrationLimit int

@@ -31,10 +31,11 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 		s = snapshot{
 			Choice: openai.Choice{
 				Tokens: p.Tokens(from), Details: p.Details(from), FinishReason: p.FinishReason,
-				Total: p.Len(), PromptTokens: p.PromptTokens(),
+				Total: p.Len(), PromptTokens: p.PromptTokens(), Usage: p.CompletionTokens(),
 			},
 			acc: p.Accepted, worker: cur.WorkerID, status: p.Status, failure: p.Failure, cancel: p.Cancel,
 		}
+		s.acc.Model = p.ResponseModel()
 	})
 	if n := len(s.Tokens); n > 0 {
 		s.emits = t.Emits(from, from+n)
@@ -113,7 +114,11 @@ func (o *output) unary() bool {
 			}
 			setWorker(o.w, snaps[len(snaps)-1])
 			setServerTiming(o.w, o.ts[0].Timing()) // the upstream's time is known now
-			writeJSON(o.w, http.StatusOK, openai.Answer(o.acc, choicesOf(snaps)))
+			acc := o.acc
+			if m := snaps[0].acc.Model; m != "" {
+				acc.Model = m // the model that answered (projections.Request.ResponseModel)
+			}
+			writeJSON(o.w, http.StatusOK, openai.Answer(acc, choicesOf(snaps)))
 			return true
 		}
 		if !o.wait(pch) {
@@ -182,6 +187,9 @@ func (o *output) stream(from int, start time.Time) bool {
 		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
 			s := snapshotOf(t, sent[i])
+			if i == 0 {
+				sse.SetModel(s.acc.Model)
+			}
 			if n := len(s.Tokens); n > 0 {
 				sent[i] += n
 				total += n
@@ -204,7 +212,7 @@ func (o *output) stream(from int, start time.Time) bool {
 				}
 			}
 			done = done && s.status.Terminal()
-			completion += s.Total
+			completion += s.UsageTokens()
 			if i == 0 && s.PromptTokens > 0 {
 				prompt = s.PromptTokens // the engine's count
 			}

@@ -53,6 +53,7 @@ type deltas struct {
 	idsLost   bool
 	details   []json.RawMessage // parallel to tokens once any token had details
 	promptIDs []int             // the prompt's ids, from the first token
+	model     string            // the server's model name, from the first token
 	flushed   int               // tokens already handed to an append
 	stored    int               // tokens [0, stored) are known readable in the log
 	sent      []sentDelta       // appends not yet known to be covered, by offset
@@ -80,7 +81,7 @@ type sentDelta struct {
 
 func (d *deltas) add(t engine.Token) {
 	if len(d.tokens) == 0 {
-		d.promptIDs = t.PromptIDs
+		d.promptIDs, d.model = t.PromptIDs, t.Model
 		d.ttft = time.Since(d.started)
 	}
 	switch {
@@ -124,6 +125,9 @@ func (d *deltas) event(from, to int) events.TokensGenerated {
 	}
 	if from == 0 && d.start == 0 {
 		ev.PromptIDs = d.promptIDs // a continuation's are prompt + generated ids: not the request's
+	}
+	if from == 0 {
+		ev.Model = d.model
 	}
 	return ev
 }

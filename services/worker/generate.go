@@ -187,7 +187,7 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 	cause := context.Cause(j.ctx)
 	completed := func(reason string) events.Event {
 		return events.RequestCompleted{RequestID: d.RequestID, Attempt: d.Attempt, FinishReason: reason,
-			PromptTokens: promptTokens(d, res, out), CompletionTokens: out.offset()}
+			PromptTokens: promptTokens(d, res, out), CompletionTokens: completionTokens(d, res, out)}
 	}
 	failed := func(reason string) events.AttemptFailed { return w.attemptFailed(j, out, reason) }
 	var upstream *engine.UpstreamError
@@ -212,8 +212,11 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 		f.Class, f.Status, f.Code, f.Message = upstream.Class, upstream.Status, upstream.Code, upstream.Message
 		f.RetryAfterMS = upstream.RetryAfter.Milliseconds()
 		status, final = statusFailed, f
-		if upstream.Class == events.FailureNotReady {
+		switch {
+		case upstream.Class == events.FailureNotReady:
 			w.upstreamNotReady(upstream)
+		case upstream.Class == "" && out.offset() == d.StartOffset:
+			w.recheckUpstream()
 		}
 		log.Warn("upstream failed", "class", upstream.Class, "status", upstream.Status, "code", upstream.Code, "err", genErr)
 	default:
@@ -316,6 +319,19 @@ func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
 		return len(d.PromptIDs)
 	}
 	return d.PromptTokens
+}
+
+// completionTokens is the answer's length to report at completion: the
+// tokens of the earlier attempts (the continuation's start offset: the
+// server's ids where it gave them, else its streamed events) plus this
+// attempt's as its server counted them (its usage), else as streamed. A
+// server may merge tokens into one streamed event or hide a matched stop
+// sequence, so its count is the truth where it gave one.
+func completionTokens(d events.Dispatch, res engine.Result, out *deltas) int {
+	if res.CompletionTokens > 0 {
+		return d.StartOffset + res.CompletionTokens
+	}
+	return out.offset()
 }
 
 // failureReason is AttemptFailed.Reason for an upstream failure of class.

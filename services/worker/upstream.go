@@ -49,6 +49,11 @@ func (w *Worker) probeUpstream(ctx context.Context) bool {
 	} else {
 		w.log.Info("upstream probed", "chat", caps.Chat, "completions", caps.Completions, "token_ids", caps.TokenIDs, "prefill", caps.Prefill)
 	}
+	if l, ok := w.eng.(interface{ Listing() engine.Listing }); ok {
+		if got := l.Listing(); got.Names != nil && got.Match == "" {
+			w.log.Warn("the upstream's /v1/models does not list the model, but it answers requests for it", "listed", got.Names)
+		}
+	}
 	w.health.setUpstream("")
 	return true
 }
@@ -60,8 +65,21 @@ func (w *Worker) upstreamNotReady(e *engine.UpstreamError) {
 	w.syncReady()
 }
 
+// recheckUpstream asks for a probe of the upstream now: its server failed
+// a request before the first token (an error answer of 500 or more, or no
+// answer). Such a failure may be the request's own (Ollama answers 500 to an
+// invalid JSON schema), so it does not inhibit the worker; a server that
+// also fails the probe takes the worker out of routing until a probe passes.
+// Requests coalesce: one probe answers any number of them.
+func (w *Worker) recheckUpstream() {
+	select {
+	case w.recheck <- struct{}{}:
+	default:
+	}
+}
+
 // reprobeUpstream probes the upstream every Config.UpstreamProbeInterval
-// while it is not ready, until ctx is done.
+// while it is not ready, and when recheckUpstream asks, until ctx is done.
 func (w *Worker) reprobeUpstream(ctx context.Context) {
 	if _, ok := w.eng.(engine.Prober); !ok {
 		return
@@ -72,6 +90,12 @@ func (w *Worker) reprobeUpstream(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-w.recheck:
+			w.log.Info("upstream failed a request before its first token: probing it")
+			if !w.probeUpstream(ctx) {
+				w.syncReady()
+			}
+			continue
 		case <-t.C:
 		}
 		if w.health.upstreamReason() == "" {

@@ -64,6 +64,7 @@ type Worker struct {
 
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
+	recheck    chan struct{}        // capacity 1: probe the upstream now, coalesced
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -95,6 +96,7 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 		log:       log.With("worker_id", cfg.ID),
 		events:    streams.NewLog(js, "baton/worker/"+cfg.ID),
 		loadCh:    make(chan struct{}, 1),
+		recheck:   make(chan struct{}, 1),
 		jobs:      map[jobKey]*job{},
 		frontends: newFrontends(),
 		fatalCh:   make(chan struct{}),
@@ -389,6 +391,9 @@ func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, err
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
 		NotReady: !healthy, Capabilities: w.capabilities(),
+	}
+	if ft, ok := w.eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
+		v.FirstTokenTimeoutMS = ft.FirstTokenTimeout().Milliseconds()
 	}
 	if !healthy {
 		v.NotReadyReason = reason

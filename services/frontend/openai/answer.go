@@ -15,10 +15,23 @@ type Choice struct {
 	FinishReason string
 	Total        int // tokens generated in all
 	PromptTokens int // the engine's count when it reported one
+	// Usage is the answer's length for its usage: the servers' counts when
+	// they reported them (projections.Request.CompletionTokens), 0: Total.
+	Usage int
+}
+
+// UsageTokens is the choice's length for its usage: the engine's count
+// when it reported one, else the tokens produced.
+func (c Choice) UsageTokens() int {
+	if c.Usage > 0 {
+		return c.Usage
+	}
+	return c.Total
 }
 
 // Answer is the non-streaming response of acc with one choice per entry of
-// choices.
+// choices. acc.Model is the model the answer names (the upstream's, see
+// projections.Request.ResponseModel).
 func Answer(acc events.RequestAccepted, choices []Choice) map[string]any {
 	list := make([]map[string]any, 0, len(choices))
 	completion, prompt := 0, acc.PromptTokens
@@ -26,7 +39,7 @@ func Answer(acc events.RequestAccepted, choices []Choice) map[string]any {
 		if i == 0 && s.PromptTokens > 0 {
 			prompt = s.PromptTokens // the engine's count
 		}
-		completion += s.Total
+		completion += s.UsageTokens()
 		list = append(list, merge(s.Tokens, s.Details).answerChoice(acc.Endpoint, i, s.FinishReason))
 	}
 	usage := map[string]any{

@@ -14,8 +14,11 @@ import (
 // same rendering as the frontend's, for tools such as baton replay (for a
 // response, its response object, named by its internal id).
 func Response(p *projections.Request) map[string]any {
-	return Answer(p.Accepted, []Choice{{
+	acc := p.Accepted
+	acc.Model = p.ResponseModel()
+	return Answer(acc, []Choice{{
 		Tokens: p.Tokens(0), Details: p.Details(0), FinishReason: p.FinishReason, Total: p.Len(), PromptTokens: p.PromptTokens(),
+		Usage: p.CompletionTokens(),
 	}})
 }
 

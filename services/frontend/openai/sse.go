@@ -43,6 +43,14 @@ type SSE struct {
 	suffix []byte // what follows the choices in every chunk (see textEvent)
 }
 
+// SetModel makes the chunks name model: the upstream's, known from the
+// first delta on (projections.Request.ResponseModel).
+func (s *SSE) SetModel(model string) {
+	if model != "" && s.acc.Model != model {
+		s.acc.Model, s.suffix = model, nil
+	}
+}
+
 func (s *SSE) event(id int, data []byte) {
 	if s.err != nil {
 		return

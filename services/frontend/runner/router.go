@@ -68,6 +68,10 @@ func (r *router) inhibit(w projections.Worker, d time.Duration) {
 func (r *router) isInhibited(w projections.Worker) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return r.isInhibitedLocked(w)
+}
+
+func (r *router) isInhibitedLocked(w projections.Worker) bool {
 	in, ok := r.inhibited[w.ID]
 	if !ok {
 		return false
@@ -93,22 +97,52 @@ func (r *router) busy(w projections.Worker) bool {
 
 // pick chooses among candidates (the routable workers of a model), skipping
 // excluded and inhibited ones. It returns errNoWorkers when none is left and
-// ErrAllBusy when every one left is busy.
+// ErrAllBusy when every one left is busy. It reserves nothing: see reserve.
 func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pickLocked(candidates, exclude)
+}
+
+// reserve picks a worker as pick does and counts a dispatch to it, in one
+// step under the router's lock, so that a burst of requests spreads over the
+// workers instead of all choosing the one that looked least loaded before
+// any of them was counted. done ends the count (call it once the dispatch is
+// over, or failed); it is nil on error.
+//
+// With lastResort (a migration: the request is under way), a request whose
+// every candidate left is inhibited goes to the one inhibited longest ago
+// (the least recently failed) rather than fail: inhibition is a preference,
+// not a wall, and failing would cut an answer short.
+func (r *router) reserve(candidates []projections.Worker, exclude map[string]bool, lastResort bool) (projections.Worker, func(), error) {
+	r.mu.Lock()
+	w, err := r.pickLocked(candidates, exclude)
+	if errors.Is(err, errNoWorkers) && lastResort {
+		w, err = r.leastRecentlyFailedLocked(candidates, exclude)
+	}
+	if err == nil {
+		r.active[w.ID]++
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return projections.Worker{}, nil, err
+	}
+	return w, r.untrack(w.ID), nil
+}
+
+func (r *router) pickLocked(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
 	var best []projections.Worker
 	bestScore := -1
 	anyFree := false
 	for _, w := range candidates {
-		if exclude[w.ID] || r.isInhibited(w) {
+		if exclude[w.ID] || r.isInhibitedLocked(w) {
 			continue
 		}
 		if r.busy(w) {
 			continue
 		}
 		anyFree = true
-		r.mu.Lock()
 		score := max(w.Load.ActiveRequests, r.active[w.ID])
-		r.mu.Unlock()
 		switch {
 		case bestScore < 0 || score < bestScore:
 			best, bestScore = []projections.Worker{w}, score
@@ -118,7 +152,7 @@ func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) 
 	}
 	if !anyFree {
 		for _, w := range candidates {
-			if !exclude[w.ID] && !r.isInhibited(w) {
+			if !exclude[w.ID] && !r.isInhibitedLocked(w) {
 				return projections.Worker{}, ErrAllBusy
 			}
 		}
@@ -127,11 +161,35 @@ func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) 
 	return best[rand.IntN(len(best))], nil
 }
 
+// leastRecentlyFailedLocked is the inhibited candidate, not excluded and not
+// busy, whose inhibition was set longest ago; errNoWorkers if none.
+func (r *router) leastRecentlyFailedLocked(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
+	var best projections.Worker
+	var until time.Time
+	for _, w := range candidates {
+		if exclude[w.ID] || r.busy(w) || !r.isInhibitedLocked(w) {
+			continue
+		}
+		if in := r.inhibited[w.ID]; until.IsZero() || in.until.Before(until) {
+			best, until = w, in.until
+		}
+	}
+	if until.IsZero() {
+		return projections.Worker{}, errNoWorkers
+	}
+	return best, nil
+}
+
 // track counts a dispatch to worker id until the returned func is called.
 func (r *router) track(id string) (done func()) {
 	r.mu.Lock()
 	r.active[id]++
 	r.mu.Unlock()
+	return r.untrack(id)
+}
+
+// untrack returns the func that ends one counted dispatch to id, once.
+func (r *router) untrack(id string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {

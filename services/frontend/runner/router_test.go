@@ -2,6 +2,7 @@ package runner
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -227,4 +228,74 @@ func TestRouterLeastLoaded(t *testing.T) {
 	if got := picks(t, r, []projections.Worker{w1, w3}, nil, 50); got["w1"] != 0 {
 		t.Fatalf("picked %v, want w3 (load 2) over w1 (load 3)", got)
 	}
+}
+
+// TestRouterReserveBalancesBursts (issue 22, failure 11): a burst of
+// concurrent dispatches, none of which has been counted by a load report
+// yet, spreads evenly, because reserve counts each choice as it makes it.
+func TestRouterReserveBalancesBursts(t *testing.T) {
+	r := newRouter(Config{}, time.Now)
+	both := []projections.Worker{worker("w1", "l1"), worker("w2", "l2")}
+	got := make(chan string, 20)
+	var dones []func()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range 20 {
+		wg.Go(func() {
+			w, done, err := r.reserve(both, nil, false)
+			if err != nil {
+				t.Errorf("reserve: %v", err)
+				return
+			}
+			mu.Lock()
+			dones = append(dones, done)
+			mu.Unlock()
+			got <- w.ID
+		})
+	}
+	wg.Wait()
+	close(got)
+	count := map[string]int{}
+	for id := range got {
+		count[id]++
+	}
+	if count["w1"] != 10 || count["w2"] != 10 {
+		t.Errorf("a burst of 20 went %v, want 10 and 10", count)
+	}
+	for _, done := range dones {
+		done()
+		done() // idempotent
+	}
+	r.mu.Lock()
+	left := len(r.active)
+	r.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d workers still counted after every dispatch ended", left)
+	}
+}
+
+// TestRouterLastResort (issue 22, failure 8): when every worker left is
+// inhibited, a migration goes to the least recently failed one instead of
+// failing; a new request still finds none.
+func TestRouterLastResort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRouter(Config{InhibitedDuration: 5 * time.Second}, time.Now)
+		w1, w2, w3 := worker("w1", "l1"), worker("w2", "l2"), worker("w3", "l3")
+		all := []projections.Worker{w1, w2, w3}
+		r.inhibit(w2, 0)
+		time.Sleep(time.Second)
+		r.inhibit(w1, 0)
+		exclude := map[string]bool{"w3": true} // the worker that just failed
+		if _, _, err := r.reserve(all, exclude, false); !errors.Is(err, errNoWorkers) {
+			t.Fatalf("a new request with every worker inhibited: %v, want errNoWorkers", err)
+		}
+		w, done, err := r.reserve(all, exclude, true)
+		if err != nil || w.ID != "w2" {
+			t.Fatalf("a migration with every worker inhibited got %q, %v; want w2, the least recently failed", w.ID, err)
+		}
+		done()
+		if _, _, err := r.reserve(all, map[string]bool{"w1": true, "w2": true, "w3": true}, true); !errors.Is(err, errNoWorkers) {
+			t.Fatalf("every worker excluded: %v, want errNoWorkers", err)
+		}
+	})
 }

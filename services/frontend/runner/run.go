@@ -32,9 +32,9 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		// every token: a stall has its own timer), and discovery's members
 		// while an attempt runs (not its load reports, which only choosing
 		// a worker needs).
-		fch, dch := t.f.decided.C(), rn.disc.changed.C()
+		fch, dch, tch := t.f.decided.C(), rn.disc.changed.C(), t.f.changed.C()
 		if rn.cfg.MigrationMaxSeqLen > 0 {
-			fch = t.f.changed.C() // every token counts towards the limit
+			fch = tch // every token counts towards the limit
 		}
 		if mem.Watch.Active {
 			dch = rn.disc.members.C()
@@ -43,18 +43,25 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		lch := rn.room.Changed()
 		var a migrations.Action
 		var model, endpoint string
+		var firstPending bool // the running attempt has no token yet
 		t.f.read(func(p *projections.Request, progress time.Time) {
 			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
 			relayed.note(p)
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
 				w, present := rn.disc.get(cur.WorkerID)
-				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID}
+				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
+				firstPending = !cur.Closed && p.Len() == cur.StartOffset
 			}
 			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
 		})
 		rn.send(&relayed)
 		mem, outcome = a.Next, nil
+		if firstPending && mem.Watch.Active {
+			// Wake at the attempt's first token: the stall timeout starts
+			// there (migrations.Policy's rule for queued engines).
+			fch = tch
+		}
 		if !mem.Watch.Active || mem.Watch.Attempt != watched {
 			untrack()
 			watched, untrack = -1, func() {}
@@ -145,7 +152,7 @@ func (rn *Runner) report(model, endpoint string, r migrations.Report) {
 // accepted.
 func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Action) (*migrations.DispatchOutcome, func()) {
 	d := a.Dispatch
-	w, err := rn.pickWorker(d, a.Pinned, a.Exclude)
+	w, done, err := rn.pickWorker(d, a.Pinned, a.Exclude)
 	if err != nil {
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
 	}
@@ -156,12 +163,13 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	}
 	switch {
 	case err != nil:
+		done()
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
 	case !ok:
+		done()
 		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
-	done := rn.router.track(w.ID)
 	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
 	reply, err := rn.sendDispatch(ctx, w.ID, d)
 	if err == nil && reply.Accepted {
@@ -192,26 +200,29 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	})
 }
 
-func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, error) {
+// pickWorker chooses the worker of dispatch d and reserves it in the
+// router (done ends the reservation; nil on error), so that concurrent
+// dispatches see each other's choices.
+func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, func(), error) {
 	model := d.Model
 	if pinned != "" {
 		w, ok := rn.disc.get(pinned)
 		if !ok || !w.Routable() || w.Model != model {
-			return projections.Worker{}, fmt.Errorf("%w: %s", errNotPinned, pinned)
+			return projections.Worker{}, nil, fmt.Errorf("%w: %s", errNotPinned, pinned)
 		}
-		return w, nil
+		return w, rn.router.track(w.ID), nil
 	}
 	var cands []projections.Worker
 	rn.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
 	cands, err := capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
 	if err != nil {
-		return projections.Worker{}, err
+		return projections.Worker{}, nil, err
 	}
 	skip := make(map[string]bool, len(exclude))
 	for _, id := range exclude {
 		skip[id] = true
 	}
-	return rn.router.pick(cands, skip)
+	return rn.router.reserve(cands, skip, d.Attempt > 0)
 }
 
 func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
