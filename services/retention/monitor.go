@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -276,28 +277,32 @@ func (m *Monitor) Health() string {
 func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 	seq, skip := u.FirstSeq, map[string]bool{}
 	n := 0
+	stream, err := m.js.Stream(ctx, u.Stream)
+	if err != nil {
+		return
+	}
 	for scanned := 0; scanned < maxScan && ctx.Err() == nil; scanned++ {
-		st, ok, err := streams.NextStored(ctx, m.js, u.Stream, seq)
+		next, ok, err := streams.NextStored(ctx, m.js, u.Stream, seq)
 		if err != nil || !ok {
 			break
 		}
-		seq = st.Seq + 1
+		seq = next.Seq + 1
 		switch {
-		case st.RequestID == "":
-			_, err = streams.PurgeSubject(ctx, m.js, u.Stream, st.Subject)
-		case skip[st.RequestID]:
+		case next.RequestID == "":
+			_, err = streams.PurgeSubject(ctx, m.js, u.Stream, next.Subject)
+		case skip[next.RequestID]:
 			continue
 		default:
 			var gone bool
-			gone, err = m.evictRequest(ctx, st.RequestID)
+			gone, err = m.evictRequest(ctx, stream, next.RequestID)
 			if !gone {
-				skip[st.RequestID] = true
+				skip[next.RequestID] = true
 				continue
 			}
 			n++
 		}
 		if err != nil {
-			m.log.Warn("evict from the request log", "stream", u.Stream, "subject", st.Subject, "err", err)
+			m.log.Warn("evict from the request log", "stream", u.Stream, "subject", next.Subject, "err", err)
 			break
 		}
 		if n%32 == 0 {
@@ -314,9 +319,19 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 }
 
 // evictRequest purges request id if it is finished (or has no accepted
-// event, so that nobody can read it), and reports whether it did.
-func (m *Monitor) evictRequest(ctx context.Context, id string) (bool, error) {
-	r, p := projections.NewRequestCounter(), m.partitions()
+// event, so that nobody can read it), and reports whether it did. A
+// compacted or failed request says so in the last message of its events
+// subject, one direct get; any other is folded from the log.
+func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id string) (bool, error) {
+	p := m.partitions()
+	if last, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(id)); err == nil {
+		switch last.Header.Get(events.HeaderType) {
+		case events.TypeRequestCompacted, events.TypeRequestFailed:
+			_, err := streams.Evict(ctx, m.js, p, id)
+			return err == nil, err
+		}
+	}
+	r := projections.NewRequestCounter()
 	for e, err := range streams.ReadRequest(ctx, m.js, p, id, 1) {
 		if errors.Is(err, streams.ErrNotFound) {
 			return true, nil // purged meanwhile
