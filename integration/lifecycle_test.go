@@ -363,6 +363,7 @@ func TestLogLifecycleSoak(t *testing.T) {
 	wg.Wait()
 
 	want := map[int]string{}
+	codes := map[string]int{}
 	var ok, ok15, last15, fiveHundreds, hung, unavailable int
 	tokens := 0
 	for _, o := range outs {
@@ -379,6 +380,7 @@ func TestLogLifecycleSoak(t *testing.T) {
 			t.Errorf("status %d: %s", o.status, o.errorMsg)
 		case o.status == 503:
 			unavailable++
+			codes[jsonCode(o.errorMsg)]++
 			if o.retry == "" {
 				t.Errorf("503 without Retry-After: %s", o.errorMsg)
 			}
@@ -398,8 +400,8 @@ func TestLogLifecycleSoak(t *testing.T) {
 		}
 	}
 	written := float64(tokens) * 480 // what the deltas cost uncompacted, about
-	t.Logf("%d requests in %v (%d ok, %d 503, %d 5xx, %d hung), %d worker kills; %d tokens, about %.0f MiB uncompacted = %.1fx the %d MiB cap; highest log use %.2f",
-		len(outs), dur, ok, unavailable, fiveHundreds, hung, kills, tokens, written/(1<<20), written/capBytes, capBytes>>20, maxRatio)
+	t.Logf("%d requests in %v (%d ok, %d 503 %v, %d 5xx, %d hung), %d worker kills; %d tokens, about %.0f MiB uncompacted = %.1fx the %d MiB cap; highest log use %.2f",
+		len(outs), dur, ok, unavailable, codes, fiveHundreds, hung, kills, tokens, written/(1<<20), written/capBytes, capBytes>>20, maxRatio)
 	if len(outs) == 0 || float64(ok) < 0.99*float64(len(outs)) {
 		t.Errorf("%d of %d requests answered 200, want at least 99%%", ok, len(outs))
 	}
@@ -414,6 +416,17 @@ func TestLogLifecycleSoak(t *testing.T) {
 	if maxRatio > 1 {
 		t.Errorf("the log went past its cap: %.2f", maxRatio)
 	}
+}
+
+// jsonCode is the error code of an OpenAI error body.
+func jsonCode(body string) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal([]byte(body), &e)
+	return e.Error.Code
 }
 
 // waitUntil blocks until t (the soak's fault clock).
