@@ -191,8 +191,8 @@ func (fe *Frontend) responseAccepted(r *http.Request, q responseRequest, body []
 	return events.RequestAccepted{
 		Model: q.model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
 		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.stream, Frontend: fe.id,
-		Resumable:      q.background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		Background:     q.background,
+		Resumable:  q.background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
+		Background: q.background, ClientModel: fe.cfg.ClientModel,
 		EngineEndpoint: events.EndpointChat, EngineBody: mustMarshal(chat),
 	}, nil
 }

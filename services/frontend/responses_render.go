@@ -260,11 +260,12 @@ type outcome struct {
 	err        map[string]any
 	usage      map[string]any
 	completed  int64
+	model      string // the model the answer names (projections.Request.ResponseModel)
 }
 
 // outcomeOf is p's status as a response (b reads max_output_tokens).
 func (b *respRender) outcomeOf(p *projections.Request) outcome {
-	var o outcome
+	o := outcome{model: p.ResponseModel()}
 	switch p.Status {
 	case projections.StatusPending:
 		o.status = "queued"
@@ -291,7 +292,7 @@ func (b *respRender) outcomeOf(p *projections.Request) outcome {
 		o.status = "queued"
 	}
 	if o.terminal {
-		in, out := p.PromptTokens(), p.Len()
+		in, out := p.PromptTokens(), p.CompletionTokens()
 		o.usage = map[string]any{
 			"input_tokens": in, "input_tokens_details": map[string]any{"cached_tokens": 0},
 			"output_tokens": out, "output_tokens_details": map[string]any{"reasoning_tokens": 0},
@@ -350,6 +351,10 @@ func (b *respRender) object(status string, o *outcome) map[string]any {
 		"user":                 raw("user", nil),
 	}
 	if o != nil {
+		// The events before the end name the model asked for, which no
+		// later state changes; the end and the object, the model the
+		// answer names (the upstream server's, as for chat).
+		obj["model"] = o.model
 		if o.err != nil {
 			obj["error"] = o.err
 		}

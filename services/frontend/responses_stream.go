@@ -46,6 +46,8 @@ func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *ru
 	t.Enter()
 	defer t.Leave()
 	defer t.Listen(wake)()
+	w = withWriteDeadline(w, fe.cfg.WriteTimeout) // a client that stops reading is let go
+	defer endWrites(w)
 	flush := startSSE(w)
 	sse := &respSSE{w: w, after: after}
 	var acc events.RequestAccepted
