@@ -39,6 +39,7 @@ const prompt = "watch me survive"
 type options struct {
 	bin          string
 	httpPort     int
+	natsPort     int
 	tokensPerSec float64
 	maxTokens    int
 	killAt       int
@@ -48,6 +49,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.bin, "baton", "", "a built baton binary (default: go build ./cmd/baton into a temporary directory)")
 	flag.IntVar(&o.httpPort, "http-port", 0, "the frontend's port (default: a free one)")
+	flag.IntVar(&o.natsPort, "nats-port", 0, "the embedded NATS server's port (default: a free one)")
 	flag.Float64Var(&o.tokensPerSec, "tokens-per-sec", 20, "the mock workers' decode rate")
 	flag.IntVar(&o.maxTokens, "max-tokens", 200, "max_tokens of the demo request")
 	flag.IntVar(&o.killAt, "kill-at", 60, "kill the serving worker after this many tokens")
@@ -86,9 +88,11 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		}
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(o.httpPort)
-	natsPort, err := freeport.Get()
-	if err != nil {
-		return err
+	natsPort := o.natsPort
+	if natsPort == 0 {
+		if natsPort, err = freeport.Get(); err != nil {
+			return err
+		}
 	}
 	natsURL := "nats://127.0.0.1:" + strconv.Itoa(natsPort)
 

@@ -7,11 +7,17 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
-// echoRequestID sets the X-Request-Id response header to id when id can
-// name a request. An invalid one is not echoed: formerly a 100,000-byte
-// X-Request-Id came back verbatim in the response's headers.
+// maxEchoedID is the longest invalid X-Request-Id echoed back: a valid one
+// is at most 257 bytes (tenant, ':', id).
+const maxEchoedID = 257
+
+// echoRequestID sets the X-Request-Id response header to id, as every
+// response carries it, unless id is longer than any valid id could be:
+// formerly a 100,000-byte X-Request-Id came back verbatim in the response's
+// headers. (An invalid id of a normal length is echoed, so that a client
+// can match the 400 to its request.)
 func echoRequestID(w http.ResponseWriter, id string) {
-	if streams.ValidRequestID(id) {
+	if streams.ValidRequestID(id) || len(id) <= maxEchoedID {
 		w.Header().Set(headerRequestID, id)
 	}
 }

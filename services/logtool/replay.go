@@ -108,11 +108,31 @@ func coalesce(entries []replayEntry) []timelineLine {
 	return out
 }
 
-func (l timelineLine) String() string {
+func (l timelineLine) String() string { return l.format(11, 9) }
+
+// seq is the line's stream sequence column: "#5", or "#5-9" for a run.
+func (l timelineLine) seq() string {
 	seq := fmt.Sprintf("#%d", l.first.Seq)
 	if l.last.Seq != l.first.Seq {
 		seq += fmt.Sprintf("-%d", l.last.Seq)
 	}
+	return seq
+}
+
+// columnWidths are the widths of the sequence and subject columns that
+// hold every line's values (at least the defaults, 11 and 9).
+func columnWidths(lines []timelineLine) (seqWidth, subjectWidth int) {
+	seqWidth, subjectWidth = 11, 9
+	for _, l := range lines {
+		seqWidth, subjectWidth = max(seqWidth, len(l.seq())), max(subjectWidth, len(l.first.Subject))
+	}
+	return seqWidth, subjectWidth
+}
+
+// format is the line with the sequence and subject columns padded to
+// seqWidth and subjectWidth.
+func (l timelineLine) format(seqWidth, subjectWidth int) string {
+	seq := l.seq()
 	what := l.first.Summary
 	if tg, ok := l.first.Event.(events.TokensGenerated); ok {
 		what = fmt.Sprintf("attempt %d: %s", tg.Attempt, tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas))
@@ -120,7 +140,7 @@ func (l timelineLine) String() string {
 	if l.first.Note != "" {
 		what += "  [" + l.first.Note + "]"
 	}
-	return fmt.Sprintf("%+7.3fs  %-11s %-9s %-15s %s", l.first.Since, seq, l.first.Subject, kindOf(l.first.Type), what)
+	return fmt.Sprintf("%+7.3fs  %-*s %-*s %-15s %s", l.first.Since, seqWidth, seq, subjectWidth, l.first.Subject, kindOf(l.first.Type), what)
 }
 
 // tokenRangeDeltas describes a run of deltas covering offsets [from, to)
@@ -138,8 +158,12 @@ func WriteReplay(w io.Writer, doc Doc) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "request %s: %s\n\n", st.ID, statusLine(st))
 	fmt.Fprintf(&b, "timeline (time since accepted, %s sequence, subject under %s):\n", cmp.Or(doc.Stream, streams.RequestsStream), strings.TrimSuffix(streams.RequestAll(st.ID), ">"))
-	for _, l := range coalesce(doc.Timeline) {
-		fmt.Fprintf(&b, "  %s\n", l)
+	// The columns as wide as their widest value ("tokens.0.up-w1" formerly
+	// pushed the columns after it out of line).
+	lines := coalesce(doc.Timeline)
+	seqWidth, subjectWidth := columnWidths(lines)
+	for _, l := range lines {
+		fmt.Fprintf(&b, "  %s\n", l.format(seqWidth, subjectWidth))
 	}
 	fmt.Fprintf(&b, "\nsummary:\n")
 	row := func(k, v string) { fmt.Fprintf(&b, "  %-11s %s\n", k, v) }

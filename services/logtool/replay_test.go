@@ -140,3 +140,19 @@ func TestDescribe(t *testing.T) {
 		})
 	}
 }
+
+// TestWriteReplayColumnsAlign: a subject longer than the default column
+// ("tokens.0.up-w1", as baton up names its workers) widens the column for
+// every line, so the type column starts at the same place on each
+// (formerly the lines of a long subject were pushed out of line).
+func TestWriteReplayColumnsAlign(t *testing.T) {
+	lines := []timelineLine{
+		{first: replayEntry{Seq: 1, Subject: "events", Type: events.TypeRequestAccepted, Summary: "accepted"}},
+		{first: replayEntry{Seq: 2, Subject: "tokens.0.up-w1", Type: events.TypeRequestCompleted, Summary: "completed"}},
+	}
+	seqWidth, subjectWidth := columnWidths(lines)
+	a, b := lines[0].format(seqWidth, subjectWidth), lines[1].format(seqWidth, subjectWidth)
+	if i, j := strings.Index(a, "accepted"), strings.Index(b, "completed"); i != j {
+		t.Errorf("the type columns start at %d and %d:\n%s\n%s", i, j, a, b)
+	}
+}

@@ -47,7 +47,16 @@ type checkBudget struct {
 	left     time.Duration
 	at       time.Time
 	inFlight int
+	// refusals answered in the second that began at second: past
+	// checkRefusals a refusal is not even answered (the asker waits for
+	// its own timeout), so that a flood that ignores retry_after_ms is
+	// throttled by its timeouts rather than by this frontend's replies.
+	refusals int
+	second   time.Time
 }
+
+// checkRefusals is how many refusals a second a worker is answered.
+const checkRefusals = 20
 
 func newCheckLimiter(share float64, burst time.Duration, now func() time.Time) *checkLimiter {
 	return &checkLimiter{share: share, burst: burst, now: now, budgets: map[string]*checkBudget{}}
@@ -85,6 +94,19 @@ func (l *checkLimiter) allow(worker string) (time.Duration, bool) {
 	return 0, true
 }
 
+// answerRefusal reports whether a refusal of worker's check is to be
+// answered (at most checkRefusals a second), or dropped.
+func (l *checkLimiter) answerRefusal(worker string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.refill(worker)
+	if now := l.now(); now.Sub(b.second) >= time.Second {
+		b.second, b.refusals = now, 0
+	}
+	b.refusals++
+	return b.refusals <= checkRefusals
+}
+
 // done ends a check that allow admitted, charging its cost.
 func (l *checkLimiter) done(worker string, cost time.Duration) {
 	l.mu.Lock()
@@ -114,6 +136,9 @@ func admitCheck(l *checkLimiter, queue chan<- *nats.Msg, m *nats.Msg) {
 			l.done(worker, 0)
 			wait = 100 * time.Millisecond
 		}
+	}
+	if !l.answerRefusal(worker) {
+		return // a flood that ignores retry_after_ms: let it time out
 	}
 	data, _ := json.Marshal(streams.CheckReply{Error: "too many checks", RetryAfterMS: max(1, wait.Milliseconds())})
 	_ = m.Respond(data)

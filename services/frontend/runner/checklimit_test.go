@@ -44,3 +44,22 @@ func TestCheckLimiter(t *testing.T) {
 		t.Error("a check after one ended: refused")
 	}
 }
+
+// TestCheckRefusalsAnswered: at most checkRefusals refusals a second are
+// answered; the rest of a flood gets no reply.
+func TestCheckRefusalsAnswered(t *testing.T) {
+	now := time.Unix(0, 0)
+	l := newCheckLimiter(0.1, time.Second, func() time.Time { return now })
+	for i := range checkRefusals + 5 {
+		if got := l.answerRefusal("w1"); got != (i < checkRefusals) {
+			t.Errorf("refusal %d: answered %v, want %v", i, got, i < checkRefusals)
+		}
+	}
+	if !l.answerRefusal("w2") {
+		t.Error("w2's refusal dropped for w1's flood")
+	}
+	now = now.Add(time.Second)
+	if !l.answerRefusal("w1") {
+		t.Error("a second later: dropped, want answered")
+	}
+}
