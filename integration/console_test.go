@@ -205,7 +205,7 @@ func TestConsoleBrowser(t *testing.T) {
 	// and the whole text, coloured by attempt, with the cut.
 	waitFor(t, 20*time.Second, "long to be compacted", func() bool {
 		out, _, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, "long")
-		return code == 0 && strings.Contains(out, `"baton.request.compacted.v1"`) && !strings.Contains(out, `"baton.request.tokens.v1"`)
+		return code == 0 && strings.Contains(out, `"baton.request.compacted.v1"`) && workerDeltas(t, out) == 0
 	})
 	browse(t, ctx, 20*time.Second, "open the compacted timeline",
 		chromedp.Click(css(`#feed li[data-kind="migrated"][data-request="long"] a[data-open]`)),

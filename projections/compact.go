@@ -3,6 +3,7 @@ package projections
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/baton-dev/baton/events"
 )
@@ -79,6 +80,36 @@ func (r *Request) Compact() (events.RequestCompacted, error) {
 // Compacted reports whether the state came from a compact record.
 func (r *Request) Compacted() bool { return r.compacted }
 
+// CompactedThrough is the last stream sequence the compact record covers
+// (events.RequestCompacted.Through), 0 unless Compacted.
+func (r *Request) CompactedThrough() uint64 { return r.compactedThrough }
+
+// Carry is what a completed request's compaction leaves for readers that
+// predate compact records (and skip them, as an unknown type): the whole
+// answer as one delta of its last attempt, from offset 0 (its tokens,
+// details and prompt ids; no token ids, which only a continuation needs),
+// and its completion. Such a reader folds the lifecycle events, which stay,
+// and these to the same text, status and usage; every other reader takes
+// them as duplicates of what it folded, and then takes the record. Nothing
+// is carried for a request that failed or was killed (its end is on its
+// events subject, before where a carry would go: such a reader shows the
+// failure without its partial text), nor for one killed after it completed
+// (the kill would end it first). attempt is -1 when nothing is carried.
+func (r *Request) Carry() (attempt int, worker string, evs []events.Event) {
+	cur, ok := r.Current()
+	if !ok || r.countOnly || r.Status != StatusCompleted || (r.Cancel != nil && r.Cancel.Mode == events.CancelKill) {
+		return -1, "", nil
+	}
+	id := r.Accepted.RequestID
+	if r.n > 0 {
+		evs = append(evs, events.TokensGenerated{RequestID: id, Attempt: cur.Attempt, Offset: 0, Tokens: slices.Clone(r.tokens),
+			PromptIDs: r.PromptIDs, Details: r.details})
+	}
+	evs = append(evs, events.RequestCompleted{RequestID: id, Attempt: cur.Attempt, FinishReason: r.FinishReason,
+		PromptTokens: r.EnginePromptTokens, CompletionTokens: r.EngineCompletionTokens})
+	return cur.Attempt, cur.WorkerID, evs
+}
+
 // Why a compact record changed nothing.
 const (
 	IgnoredCompactUnreadable = "ignored (unreadable compact record)"
@@ -118,7 +149,7 @@ func (r *Request) applyCompacted(ev events.RequestCompacted) (bool, string) {
 	r.CompletedAt, r.n, r.PromptIDs = s.CompletedAt, s.N, s.PromptIDs
 	r.EnginePromptTokens, r.Skipped = s.EnginePromptTokens, s.Skipped
 	r.EngineCompletionTokens, r.UpstreamModel = s.EngineCompletionTokens, s.UpstreamModel
-	r.compacted = true
+	r.compacted, r.compactedThrough = true, ev.Through
 	if r.countOnly {
 		return true, ""
 	}

@@ -102,8 +102,10 @@ type Request struct {
 	n                      int // tokens accepted: len(tokens), unless countOnly
 	// countOnly keeps no token text (NewRequestCounter).
 	countOnly bool
-	// compacted: the state came from a compact record (applyCompacted).
-	compacted bool
+	// compacted: the state came from a compact record (applyCompacted),
+	// which covers the stream up to compactedThrough.
+	compacted        bool
+	compactedThrough uint64
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the tokens from the missing delta's

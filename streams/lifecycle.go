@@ -25,6 +25,13 @@ func PurgeTokens(ctx context.Context, js jetstream.JetStream, p Partitions, id s
 	return purge(ctx, js, p.StreamOf(id), RequestTokensAll(id))
 }
 
+// PurgeTokensThrough is PurgeTokens of the messages up to stream sequence
+// through only (compaction: what the compact record covers), so that what
+// was stored after them stays.
+func PurgeTokensThrough(ctx context.Context, js jetstream.JetStream, p Partitions, id string, through uint64) (uint64, error) {
+	return purgeBefore(ctx, js, p.StreamOf(id), RequestTokensAll(id), through+1)
+}
+
 // Evict removes every event of request id from the log. It is idempotent,
 // and retried through a leader election.
 func Evict(ctx context.Context, js jetstream.JetStream, p Partitions, id string) (uint64, error) {
@@ -44,7 +51,17 @@ type purgeResponse struct {
 // purge removes subject's messages from stream with the stream purge API
 // and a subject filter: one request, no stream info looked up first.
 func purge(ctx context.Context, js jetstream.JetStream, stream, subject string) (uint64, error) {
-	body, err := json.Marshal(map[string]string{"filter": subject})
+	return purgeBefore(ctx, js, stream, subject, 0)
+}
+
+// purgeBefore is purge of the messages below stream sequence before only
+// (0: all of them).
+func purgeBefore(ctx context.Context, js jetstream.JetStream, stream, subject string, before uint64) (uint64, error) {
+	req := map[string]any{"filter": subject}
+	if before > 0 {
+		req["seq"] = before
+	}
+	body, err := json.Marshal(req)
 	if err != nil {
 		return 0, err
 	}

@@ -4,50 +4,101 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 )
 
 // ErrNotFinished means a request cannot be compacted yet: it still runs.
 var ErrNotFinished = errors.New("retention: request not finished")
 
-// Compact stores rec, the compact record of request id, and then purges the
-// request's tokens subjects. eventsSeq is the last sequence the record's
-// fold saw on the events subject: the record is appended expecting it, so a
-// decision stored meanwhile (or another frontend's record) makes this a
-// streams.ErrConflict, and the caller reads again. A nil rec (the record is
-// stored already) only purges: that finishes a compaction that stopped
-// between its two steps (a crash). Purging is idempotent, so repeating
-// Compact is harmless.
-func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, rec *events.RequestCompacted, eventsSeq uint64) error {
-	if rec != nil {
-		env := log.Envelope(events.ID(id, "compacted"), id, *rec)
+// Plan is what compacting one finished request writes (Record builds it):
+// its compact record, and the carry for readers that predate compact
+// records (projections.Request.Carry) on the tokens subject of its last
+// attempt.
+type Plan struct {
+	ID      string
+	Record  events.RequestCompacted
+	Subject string         // the carry's subject ("" when nothing is carried)
+	Carry   []events.Event // the answer as one delta, and its completion
+}
+
+// Compact carries out plan: (1) the carry is appended on the last
+// attempt's tokens subject, (2) the record on the events subject,
+// expecting eventsSeq (the last sequence the record's fold saw there), so
+// a decision stored meanwhile (or another frontend's record) makes it a
+// streams.ErrConflict and the caller reads again, (3) the tokens subjects
+// are purged of everything the record covers (stream sequences up to
+// Record.Through), which leaves the carry. Every reader folds the same
+// request after each step, so a frontend that dies between two leaves a
+// request that reads the same; a nil plan (the record is stored already)
+// only purges, up to through, which finishes such a compaction. Repeating
+// Compact is harmless: a second carry is a duplicate to every reader, a
+// second record a conflict, a purge idempotent.
+func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, eventsSeq, through uint64) error {
+	if plan != nil {
+		for i, ev := range plan.Carry {
+			if err := carry(ctx, log, plan.Subject, events.ID(id, "carried", i), id, ev); err != nil {
+				return fmt.Errorf("compact %s: carry: %w", id, err)
+			}
+		}
+		env := log.Envelope(events.ID(id, "compacted"), id, plan.Record)
 		if _, err := log.Append(ctx, streams.RequestEvents(id), env, int64(eventsSeq)); err != nil {
 			return fmt.Errorf("compact %s: %w", id, err)
 		}
+		through = plan.Record.Through
 	}
-	if _, err := streams.PurgeTokens(ctx, log.JetStream(), p, id); err != nil {
+	if _, err := streams.PurgeTokensThrough(ctx, log.JetStream(), p, id, through); err != nil {
 		return fmt.Errorf("compact %s: %w", id, err)
 	}
 	return nil
 }
 
-// Record returns r's compact record, nil when r is compacted already, and
-// ErrNotFinished while r runs.
-func Record(r *projections.Request) (*events.RequestCompacted, error) {
+// carry appends one event of a plan's carry under event id evid: a delta in
+// a delta's own encoding (its text as the data, when it carries no more),
+// anything else as every event is.
+func carry(ctx context.Context, log *streams.Log, subject, evid, id string, ev events.Event) error {
+	d, ok := ev.(events.TokensGenerated)
+	if !ok {
+		_, err := log.Append(ctx, subject, log.Envelope(evid, id, ev), -1)
+		return err
+	}
+	enc, err := events.NewDeltaEncoder(log.Source(), id, d.Attempt)
+	if err != nil {
+		return err
+	}
+	h, data, err := enc.Encode(evid, time.Now(), d)
+	if err != nil {
+		return err
+	}
+	_, err = log.AppendMsg(ctx, &nats.Msg{Subject: subject, Header: nats.Header(h), Data: data}, -1)
+	return err
+}
+
+// Record returns r's compaction plan: nil when r is compacted already (then
+// r.CompactedThrough is what Compact still purges up to), ErrNotFinished
+// while r runs.
+func Record(r *projections.Request) (*Plan, error) {
 	if r.Compacted() {
 		return nil, nil
 	}
 	if !r.Status.Terminal() {
 		return nil, fmt.Errorf("%w: %s", ErrNotFinished, r.Accepted.RequestID)
 	}
+	plan := &Plan{ID: r.Accepted.RequestID}
+	k, worker, evs := r.Carry()
+	if k >= 0 && len(evs) > 0 {
+		plan.Subject, plan.Carry = streams.RequestTokens(plan.ID, k, worker), evs
+	}
 	rec, err := r.Compact()
 	if err != nil {
 		return nil, err
 	}
-	return &rec, nil
+	plan.Record = rec
+	return plan, nil
 }
 
 // Read folds request id from the log, and returns the last sequence of its
@@ -87,11 +138,11 @@ func CompactFromLog(ctx context.Context, log *streams.Log, p streams.Partitions,
 		if !r.Known() {
 			return fmt.Errorf("%w: %s", streams.ErrNotFound, id)
 		}
-		rec, err := Record(r)
+		plan, err := Record(r)
 		if err != nil {
 			return err
 		}
-		err = Compact(ctx, log, p, id, rec, seq)
+		err = Compact(ctx, log, p, id, plan, seq, r.CompactedThrough())
 		if !errors.Is(err, streams.ErrConflict) || try == 2 {
 			return err
 		}

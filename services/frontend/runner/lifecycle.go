@@ -87,21 +87,23 @@ func (rn *Runner) compact(ctx context.Context, t *Request) {
 		return
 	}
 	for range 3 {
-		var rec *events.RequestCompacted
+		var plan *retention.Plan
 		var err error
+		var through uint64
 		owned := false
 		seq := t.f.eventsSeq()
 		t.f.view(func(p *projections.Request) {
 			owned = p.Owner == rn.id && p.Accepted.Choices <= 1
 			if owned {
-				rec, err = retention.Record(p)
+				plan, err = retention.Record(p)
+				through = p.CompactedThrough()
 			}
 		})
 		if !owned || errors.Is(err, retention.ErrNotFinished) {
 			return
 		}
 		if err == nil {
-			err = retention.Compact(ctx, rn.events, rn.parts, t.id, rec, seq)
+			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, seq, through)
 		}
 		if err == nil {
 			return
