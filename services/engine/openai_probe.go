@@ -91,22 +91,28 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 }
 
 // completionsDiverge measures whether a completions prompt plus the text of
-// a greedy answer so far continues that answer: it asks for a greedy answer
-// to a prompt, cuts it at its last word boundary, and asks again from the
-// prompt plus the text before the cut. A server that wraps completions
-// prompts in a chat template (Ollama) answers a new question instead. An
-// answer too short to cut says nothing: not diverging.
+// a greedy answer so far continues that answer. A server that wraps
+// completions prompts in a chat template (Ollama) answers a new question
+// instead: its greedy completion of a prompt is its chat answer to the
+// prompt as a user turn, and its usage counts the same prompt tokens; or, cut at its last word boundary and asked again
+// from the prompt plus the text before the cut, it does not go on with the
+// rest. An answer too short to cut says nothing: not diverging.
 func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
 	const prompt = "The quick brown fox jumps over the lazy dog. Then the dog"
+	var promptTokens int
 	greedy := func(p string, n int) (string, error) {
 		var out struct {
 			Choices []struct {
 				Text string `json:"text"`
 			} `json:"choices"`
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
 		}
 		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0}, &out); err != nil {
 			return "", err
 		}
+		promptTokens = out.Usage.PromptTokens
 		if len(out.Choices) == 0 {
 			return "", nil
 		}
@@ -115,6 +121,29 @@ func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
 	whole, err := greedy(prompt, 6)
 	if err != nil {
 		return false, err
+	}
+	if whole != "" || promptTokens > 0 {
+		// A completions answer that is the chat answer to the prompt as a
+		// user turn: the prompt went through the chat template.
+		var chat struct {
+			Choices []struct {
+				Message struct {
+					Content string `json:"content"`
+				} `json:"message"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		user := []map[string]string{{"role": "user", "content": prompt}}
+		if ok, err := o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 6, "temperature": 0, "seed": 0}, &chat); err != nil {
+			return false, err
+		} else if ok && len(chat.Choices) > 0 && (whole != "" && chat.Choices[0].Message.Content == whole ||
+			promptTokens > 0 && chat.Usage.PromptTokens == promptTokens) {
+			// The same answer, or the same prompt length (the template's
+			// tokens included): the prompt was templated.
+			return true, nil
+		}
 	}
 	cut := strings.LastIndex(strings.TrimRight(whole, " "), " ")
 	if cut <= 0 {
