@@ -90,6 +90,10 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	return caps, nil
 }
 
+// ProbeUser is the OpenAI "user" of the probe's requests longer than one
+// token, so that a server's logs (and tests) can tell them from clients'.
+const ProbeUser = "baton-probe"
+
 // completionsDiverge measures whether a completions prompt plus the text of
 // a greedy answer so far continues that answer. A server that wraps
 // completions prompts in a chat template (Ollama) answers a new question
@@ -109,7 +113,7 @@ func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
 				PromptTokens int `json:"prompt_tokens"`
 			} `json:"usage"`
 		}
-		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0}, &out); err != nil {
+		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0, "user": ProbeUser}, &out); err != nil {
 			return "", err
 		}
 		promptTokens = out.Usage.PromptTokens
@@ -136,7 +140,7 @@ func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
 			} `json:"usage"`
 		}
 		user := []map[string]string{{"role": "user", "content": prompt}}
-		if ok, err := o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 6, "temperature": 0, "seed": 0}, &chat); err != nil {
+		if ok, err := o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 6, "temperature": 0, "seed": 0, "user": ProbeUser}, &chat); err != nil {
 			return false, err
 		} else if ok && len(chat.Choices) > 0 && (whole != "" && chat.Choices[0].Message.Content == whole ||
 			promptTokens > 0 && chat.Usage.PromptTokens == promptTokens) {
