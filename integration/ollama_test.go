@@ -180,3 +180,32 @@ func TestOllama(t *testing.T) {
 		t.Errorf("no llama.cpp runner in Ollama's log:\n%s", ol.output())
 	}
 }
+
+// TestOllamaPoisonedRequest (issue 22, failure 2, on the real thing): Ollama
+// ends its stream before any token for an invalid JSON schema in
+// response_format. The request fails once two workers' Ollamas gave that
+// same empty answer, without inhibiting either: every other client keeps
+// getting 200.
+func TestOllamaPoisonedRequest(t *testing.T) {
+	olA, olB := startOllama(t, "ollama-a"), startOllama(t, "ollama-b")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.worker("a", "--engine", "openai", "--openai-url", olA.url, "--openai-model", "tiny", "--model", "tiny")
+	s.worker("b", "--engine", "openai", "--openai-url", olB.url, "--openai-model", "tiny", "--model", "tiny")
+	fe.waitRoutable(t, "a", "b")
+	poisoned := map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "hi"}}, "max_tokens": 4,
+		"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "nonsense-type"}}}}
+	res := postStream(t, fe.url, "/v1/chat/completions", poisoned, map[string]string{"X-Request-Id": "poisoned"}, nil)
+	if res.status != http.StatusBadGateway || !strings.Contains(res.errorBody, "before the first token") {
+		t.Errorf("poisoned request: %d %s; want 502 and the empty answer", res.status, res.errorBody)
+	}
+	if st := fe.engineState(t, "poisoned"); st.Status != "failed" || len(st.Attempts) != 2 {
+		t.Errorf("state %+v: want failed after one attempt on each worker", st)
+	}
+	for i := range 6 {
+		body := map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "fine " + strconv.Itoa(i)}}, "max_tokens": 4, "temperature": 0}
+		if r := postStream(t, fe.url, "/v1/chat/completions", body, nil, nil); r.status != http.StatusOK || !r.done {
+			t.Errorf("request %d after the poisoned one: %d %s; want 200", i, r.status, r.errorBody)
+		}
+	}
+}
