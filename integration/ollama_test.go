@@ -142,8 +142,8 @@ func TestOllama(t *testing.T) {
 		} `json:"data"`
 	}
 	getJSON(t, fe.url+"/v1/workers", 200, &workers)
-	if len(workers.Data) != 1 || !workers.Data[0].Capabilities["chat"] || !workers.Data[0].Capabilities["completions_not_continuable"] {
-		t.Errorf("capabilities %+v: want chat, and completions not continuable (Ollama templates completions)", workers.Data)
+	if c := workers.Data[0].Capabilities; len(workers.Data) != 1 || !c["chat"] || !c["completions_not_continuable"] || c["prefill"] || c["token_ids"] {
+		t.Errorf("capabilities %+v: want chat; completions not continuable (Ollama templates completions); no prefill (this template opens a new turn); no token ids", workers.Data)
 	}
 	t.Logf("Ollama's capabilities as probed: %v", workers.Data[0].Capabilities)
 

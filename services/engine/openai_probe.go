@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -59,6 +60,13 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 			"continue_final_message": true, "add_generation_prompt": false}, nil); err != nil {
 			return Capabilities{}, err
 		}
+		if caps.Prefill {
+			diverges, err := o.prefillDiverges(ctx)
+			if err != nil {
+				return Capabilities{}, err
+			}
+			caps.Prefill = !diverges
+		}
 	}
 	if caps.Completions {
 		if caps.CompletionsNotContinuable, err = o.completionsDiverge(ctx); err != nil {
@@ -88,6 +96,47 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	o.caps = caps
 	o.mu.Unlock()
 	return caps, nil
+}
+
+// prefillDiverges measures whether assistant prefill continues an answer: a
+// greedy chat answer, cut at its last word boundary, then asked again with
+// the text before the cut as a final assistant message to continue, must go
+// on with the rest. A server that accepts continue_final_message but
+// ignores it (its template opens a new assistant turn) answers anew. An
+// answer too short to cut says nothing: not diverging.
+func (o *OpenAI) prefillDiverges(ctx context.Context) (bool, error) {
+	const question = "Tell me about the quick brown fox and the lazy dog."
+	user := map[string]string{"role": "user", "content": question}
+	greedy := func(msgs []map[string]string, extra map[string]any) (string, error) {
+		var out struct {
+			Choices []struct {
+				Message struct {
+					Content string `json:"content"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		body := map[string]any{"model": o.cfg.Model, "messages": msgs, "max_tokens": 6, "temperature": 0, "seed": 0, "user": ProbeUser}
+		maps.Copy(body, extra)
+		if _, err := o.supports(ctx, pathChat, body, &out); err != nil || len(out.Choices) == 0 {
+			return "", err
+		}
+		return out.Choices[0].Message.Content, nil
+	}
+	whole, err := greedy([]map[string]string{user}, nil)
+	if err != nil {
+		return false, err
+	}
+	cut := strings.LastIndex(strings.TrimRight(whole, " "), " ")
+	if cut <= 0 {
+		return false, nil
+	}
+	rest, err := greedy([]map[string]string{user, {"role": "assistant", "content": whole[:cut]}},
+		map[string]any{"continue_final_message": true, "add_generation_prompt": false})
+	if err != nil {
+		return false, err
+	}
+	want := whole[cut:]
+	return !strings.HasPrefix(rest, want) && !strings.HasPrefix(want, rest), nil
 }
 
 // ProbeUser is the OpenAI "user" of the probe's requests longer than one
