@@ -214,6 +214,12 @@ const (
 	FailureNotReady = "worker_not_ready"
 )
 
+// CodeEmptyAnswer is the AttemptFailed.Code of an upstream server that
+// answered 200 and then ended its stream before any token, with neither a
+// finish reason nor [DONE] (Ollama's answer, streamed, to an invalid JSON
+// schema): an answer, like an error status, so possibly the request's own.
+const CodeEmptyAnswer = "upstream_empty_answer"
+
 // Migration types, as in Dynamo's dynamo_frontend_model_migration_total.
 const (
 	MigrationNewRequest     = "new_request"

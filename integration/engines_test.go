@@ -55,12 +55,12 @@ func (s *simProc) records(t testing.TB) []simRecord {
 }
 
 // generations are the records of real requests: not the workers' probes
-// (max_tokens 1).
+// (max_tokens 1, or the user "baton-probe").
 func (s *simProc) generations(t testing.TB) []simRecord {
 	t.Helper()
 	var out []simRecord
 	for _, r := range s.records(t) {
-		if r.Body["max_tokens"] != 1.0 {
+		if r.Body["max_tokens"] != 1.0 && r.Body["user"] != "baton-probe" {
 			out = append(out, r)
 		}
 	}

@@ -520,3 +520,36 @@ func TestUpstreamTemplatedCompletionsFailCleanly(t *testing.T) {
 		t.Fatalf("done %v, error %q; want an error event about continuing and no [DONE]", res.done, res.errorBody)
 	}
 }
+
+// TestUpstreamSlowFirstTokenNamesNoWorker (item 12): when a stream's headers
+// go out before its first token (after the 10 s wait: here it queues behind
+// a long answer in a one-slot engine), X-Worker-Id is absent rather than
+// naming a worker that may never produce a token.
+func TestUpstreamSlowFirstTokenNamesNoWorker(t *testing.T) {
+	sim := startSim(t, "sim-slow", "--greedy", "--slots", "1", "--token-delay", "50ms")
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.openaiWorker("slow", sim)
+	fe.waitRoutable(t, "slow")
+	long := make(chan sseResult, 1)
+	go func() {
+		long <- postStream(t, fe.url, "/v1/chat/completions", chatRequest("hold the slot", 240, nil), map[string]string{"X-Request-Id": "holder"}, nil)
+	}()
+	waitFor(t, 10*time.Second, "the slot taken", func() bool {
+		var st struct {
+			Running int `json:"running"`
+		}
+		getJSON(t, sim.url+"/sim/status", 200, &st)
+		return st.Running == 1
+	})
+	res := postStream(t, fe.url, "/v1/chat/completions", chatRequest("take your time", 2, nil), nil, nil)
+	if res.status != http.StatusOK || !res.done {
+		t.Fatalf("status %d done %v %s", res.status, res.done, res.errorBody)
+	}
+	if got := res.header.Get("X-Worker-Id"); got != "" {
+		t.Errorf("X-Worker-Id %q on headers sent before the first token, want none", got)
+	}
+	if r := <-long; !r.done || r.header.Get("X-Worker-Id") != "slow" {
+		t.Errorf("the holder: done %v, X-Worker-Id %q; want done and named", r.done, r.header.Get("X-Worker-Id"))
+	}
+}

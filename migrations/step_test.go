@@ -249,6 +249,16 @@ func TestStep(t *testing.T) {
 				closed(events.AttemptFailed{Attempt: 1, WorkerID: "w2", Reason: "engine_error", Status: 500, Message: "invalid JSON schema"}),
 			mem: watching(1, "w2", t0), obs: migrations.Observation{Worker: present("w2")},
 			want: want{kind: migrations.Fail, code: migrations.CodeUpstreamError, status: 500}},
+		{name: "the same empty answer from a second worker: the request's fault, 502", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Code: events.CodeEmptyAnswer, Message: "ended"}).
+				migrated(0, "w1", ongoing, "fe").routed(1, "w2").
+				closed(events.AttemptFailed{Attempt: 1, WorkerID: "w2", Reason: "engine_error", Code: events.CodeEmptyAnswer, Message: "ended"}),
+			mem: watching(1, "w2", t0), obs: migrations.Observation{Worker: present("w2")},
+			want: want{kind: migrations.Fail, code: events.CodeEmptyAnswer, status: http.StatusBadGateway}},
+		{name: "an empty answer before any token: migrate without inhibiting", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Code: events.CodeEmptyAnswer, Message: "ended"}),
+			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1")},
+			want: want{kind: migrations.Fence, reason: "engine_error", migType: ongoing}},
 		{name: "another 500 from a second worker: migrate again", policy: policy(3, 0),
 			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error", Status: 500, Message: "out of memory"}).
 				migrated(0, "w1", ongoing, "fe").routed(1, "w2").

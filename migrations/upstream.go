@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 )
 
@@ -13,13 +14,15 @@ const CodeUpstreamError = "upstream_error"
 
 // answeredError reports whether attempt a was closed by its worker with an
 // upstream server's error answer (an HTTP status of 500 or more, class
-// unset) before it produced a token. Such an answer may be caused by the
+// unset) before it produced a token, or with an empty answer
+// (events.CodeEmptyAnswer: a stream that ended before its first token). Such an answer may be caused by the
 // request itself (Ollama answers 500 to an invalid JSON schema), so it is no
 // evidence against the worker by itself: its worker is not inhibited (the
 // worker re-probes its server, and a server that fails its probe takes the
 // worker out of routing), and the request moves on.
 func answeredError(a projections.Attempt) bool {
-	return a.Closed && a.CloseClass == "" && a.CloseStatus >= http.StatusInternalServerError && a.Cut == a.StartOffset
+	return a.Closed && a.CloseClass == "" && a.Cut == a.StartOffset &&
+		(a.CloseStatus >= http.StatusInternalServerError || a.CloseCode == events.CodeEmptyAnswer)
 }
 
 // sameAnswerElsewhere reports whether an earlier attempt of r than cur, on
@@ -54,8 +57,12 @@ func (p Policy) failAnswered(r *projections.Request, m Memory, a projections.Att
 	if code == "" {
 		code = CodeUpstreamError
 	}
-	if msg == "" {
-		msg = fmt.Sprintf("the model server answered %d (%s)", a.CloseStatus, http.StatusText(a.CloseStatus))
+	status := a.CloseStatus
+	if status < http.StatusInternalServerError {
+		status = http.StatusBadGateway // an empty answer: the server said nothing usable
 	}
-	return p.fail(r, m, code, msg, a.CloseStatus, rep)
+	if msg == "" {
+		msg = fmt.Sprintf("the model server answered %d (%s)", status, http.StatusText(status))
+	}
+	return p.fail(r, m, code, msg, status, rep)
 }

@@ -58,6 +58,10 @@ type Config struct {
 	// template as one user message, as Ollama does: the prompt plus a
 	// partial answer is then a new question, not a continuation.
 	TemplatedCompletions bool
+	// IgnorePrefill accepts continue_final_message but ignores it: the
+	// template opens a new assistant turn after the final assistant
+	// message, as a server whose chat template knows no prefill does.
+	IgnorePrefill bool
 }
 
 func (c Config) withDefaults() Config {
@@ -582,7 +586,11 @@ func (s *Server) setPrompt(g *generation) error {
 	if req.Messages == nil {
 		return errorf(400, "BadRequestError", "messages: field required")
 	}
-	text, err := ApplyChatTemplate(req.Messages, req.Tools, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, req.ContinueFinalMessage)
+	gen, cont := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt, req.ContinueFinalMessage
+	if s.cfg.IgnorePrefill {
+		gen, cont = true, false
+	}
+	text, err := ApplyChatTemplate(req.Messages, req.Tools, gen, cont)
 	if err != nil {
 		return err
 	}

@@ -366,6 +366,8 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 		return res, err
 	}
 	switch {
+	case res.FinishReason == "" && !done && s.emitted == 0:
+		return res, &UpstreamError{Code: events.CodeEmptyAnswer, Message: "the stream ended before the first token, without a finish reason or [DONE]"}
 	case res.FinishReason == "" && !done:
 		return res, &UpstreamError{Message: "stream ended without a finish reason or [DONE]"}
 	case res.FinishReason == "" && s.emitted == s.budget:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -59,6 +60,13 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 			"continue_final_message": true, "add_generation_prompt": false}, nil); err != nil {
 			return Capabilities{}, err
 		}
+		if caps.Prefill {
+			diverges, err := o.prefillDiverges(ctx)
+			if err != nil {
+				return Capabilities{}, err
+			}
+			caps.Prefill = !diverges
+		}
 	}
 	if caps.Completions {
 		if caps.CompletionsNotContinuable, err = o.completionsDiverge(ctx); err != nil {
@@ -90,23 +98,74 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	return caps, nil
 }
 
-// completionsDiverge measures whether a completions prompt plus the text of
-// a greedy answer so far continues that answer: it asks for a greedy answer
-// to a prompt, cuts it at its last word boundary, and asks again from the
-// prompt plus the text before the cut. A server that wraps completions
-// prompts in a chat template (Ollama) answers a new question instead. An
+// prefillDiverges measures whether assistant prefill continues an answer: a
+// greedy chat answer, cut at its last word boundary, then asked again with
+// the text before the cut as a final assistant message to continue, must go
+// on with the rest. A server that accepts continue_final_message but
+// ignores it (its template opens a new assistant turn) answers anew. An
 // answer too short to cut says nothing: not diverging.
+func (o *OpenAI) prefillDiverges(ctx context.Context) (bool, error) {
+	const question = "Tell me about the quick brown fox and the lazy dog."
+	user := map[string]string{"role": "user", "content": question}
+	greedy := func(msgs []map[string]string, extra map[string]any) (string, error) {
+		var out struct {
+			Choices []struct {
+				Message struct {
+					Content string `json:"content"`
+				} `json:"message"`
+			} `json:"choices"`
+		}
+		body := map[string]any{"model": o.cfg.Model, "messages": msgs, "max_tokens": 6, "temperature": 0, "seed": 0, "user": ProbeUser}
+		maps.Copy(body, extra)
+		if _, err := o.supports(ctx, pathChat, body, &out); err != nil || len(out.Choices) == 0 {
+			return "", err
+		}
+		return out.Choices[0].Message.Content, nil
+	}
+	whole, err := greedy([]map[string]string{user}, nil)
+	if err != nil {
+		return false, err
+	}
+	cut := strings.LastIndex(strings.TrimRight(whole, " "), " ")
+	if cut <= 0 {
+		return false, nil
+	}
+	rest, err := greedy([]map[string]string{user, {"role": "assistant", "content": whole[:cut]}},
+		map[string]any{"continue_final_message": true, "add_generation_prompt": false})
+	if err != nil {
+		return false, err
+	}
+	want := whole[cut:]
+	return !strings.HasPrefix(rest, want) && !strings.HasPrefix(want, rest), nil
+}
+
+// ProbeUser is the OpenAI "user" of the probe's requests longer than one
+// token, so that a server's logs (and tests) can tell them from clients'.
+const ProbeUser = "baton-probe"
+
+// completionsDiverge measures whether a completions prompt plus the text of
+// a greedy answer so far continues that answer. A server that wraps
+// completions prompts in a chat template (Ollama) answers a new question
+// instead: its greedy completion of a prompt is its chat answer to the
+// prompt as a user turn, and its usage counts the same prompt tokens; or, cut at its last word boundary and asked again
+// from the prompt plus the text before the cut, it does not go on with the
+// rest. An answer too short to cut says nothing: not diverging.
 func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
 	const prompt = "The quick brown fox jumps over the lazy dog. Then the dog"
+	var promptTokens int
 	greedy := func(p string, n int) (string, error) {
 		var out struct {
 			Choices []struct {
 				Text string `json:"text"`
 			} `json:"choices"`
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
 		}
-		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0}, &out); err != nil {
+		if _, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": p, "max_tokens": n, "temperature": 0, "seed": 0, "user": ProbeUser}, &out); err != nil {
 			return "", err
 		}
+		promptTokens = out.Usage.PromptTokens
 		if len(out.Choices) == 0 {
 			return "", nil
 		}
@@ -115,6 +174,29 @@ func (o *OpenAI) completionsDiverge(ctx context.Context) (bool, error) {
 	whole, err := greedy(prompt, 6)
 	if err != nil {
 		return false, err
+	}
+	if whole != "" || promptTokens > 0 {
+		// A completions answer that is the chat answer to the prompt as a
+		// user turn: the prompt went through the chat template.
+		var chat struct {
+			Choices []struct {
+				Message struct {
+					Content string `json:"content"`
+				} `json:"message"`
+			} `json:"choices"`
+			Usage struct {
+				PromptTokens int `json:"prompt_tokens"`
+			} `json:"usage"`
+		}
+		user := []map[string]string{{"role": "user", "content": prompt}}
+		if ok, err := o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 6, "temperature": 0, "seed": 0, "user": ProbeUser}, &chat); err != nil {
+			return false, err
+		} else if ok && len(chat.Choices) > 0 && (whole != "" && chat.Choices[0].Message.Content == whole ||
+			promptTokens > 0 && chat.Usage.PromptTokens == promptTokens) {
+			// The same answer, or the same prompt length (the template's
+			// tokens included): the prompt was templated.
+			return true, nil
+		}
 	}
 	cut := strings.LastIndex(strings.TrimRight(whole, " "), " ")
 	if cut <= 0 {

@@ -81,6 +81,8 @@ func TestOpenAIProbe(t *testing.T) {
 		{name: "listed with a :latest tag", cfg: vllmsim.Config{ListedModel: "sim:latest"}, want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true, Prefill: true}},
 		{name: "chat-templated completions (Ollama): not continuable by prefill", cfg: vllmsim.Config{TemplatedCompletions: true, NoTokenIDs: true},
 			want: engine.Capabilities{Chat: true, Completions: true, Prefill: true, CompletionsNotContinuable: true}},
+		{name: "prefill accepted but ignored: no prefill", cfg: vllmsim.Config{IgnorePrefill: true, Greedy: true},
+			want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true}},
 		{name: "listed under another name", cfg: vllmsim.Config{ListedModel: "s"}, want: engine.Capabilities{Chat: true, Completions: true, TokenIDs: true, Prefill: true}},
 		{name: "overloaded", cfg: vllmsim.Config{Fault: &vllmsim.Fault{Kind: vllmsim.FaultStatus, Status: 503}}, fail: events.FailureUnavailable},
 	} {

@@ -54,6 +54,7 @@ type deltas struct {
 	details   []json.RawMessage // parallel to tokens once any token had details
 	promptIDs []int             // the prompt's ids, from the first token
 	model     string            // the server's model name, from the first token
+	sawToken  bool              // a token arrived (the health monitor's first token)
 	flushed   int               // tokens already handed to an append
 	stored    int               // tokens [0, stored) are known readable in the log
 	sent      []sentDelta       // appends not yet known to be covered, by offset

@@ -127,19 +127,20 @@ func (w *Worker) reply(m *nats.Msg, d events.Dispatch, refused string) {
 func (w *Worker) generate(j *job) {
 	d := j.d
 	log := w.log.With("request_id", d.RequestID, "attempt", d.Attempt)
+	var out *deltas
 	defer func() {
 		j.cancel(nil)
 		w.mu.Lock()
 		delete(w.jobs, jobKey{d.RequestID, d.Attempt})
 		w.mu.Unlock()
 		w.metrics.inflight.WithLabelValues(w.cfg.Model).Dec()
-		w.health.ended()
+		w.health.ended(out.sawToken)
 		w.notifyLoad()
 		w.gens.Done()
 	}()
 	w.notifyLoad()
 
-	out := newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
+	out = newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
 	out.stampEmit = w.cfg.BenchEmitTime
 	res, genErr := w.produce(j.ctx, j.cancel, d, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
@@ -291,7 +292,12 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 				flush()
 				return res, genErr
 			}
-			w.health.token()
+			if out.sawToken {
+				w.health.token()
+			} else {
+				out.sawToken = true
+				w.health.firstToken()
+			}
 			out.add(t)
 			switch n := out.pending(); {
 			case n >= w.cfg.DeltaMaxTokens, n == 1 && out.idle():

@@ -32,6 +32,10 @@ const canaryPrompt = "health check"
 //     request's) at least every timeout; if it does not, it is stalled
 //     until a token arrives. Stalled requests that end without a token
 //     leave the engine suspect: a canary runs at once and decides.
+//     With queued set (an engine that keeps a first-token deadline itself,
+//     as the OpenAI engine does), a request counts for progress only from
+//     its first token: time in the server's queue is not a stall (the
+//     engine fails a request whose first token does not come in time).
 //
 // It does nothing when disabled. Its methods are safe for concurrent use;
 // onChange is called from Run's goroutine only, with the new health, each
@@ -46,7 +50,11 @@ type monitor struct {
 
 	kick chan struct{} // capacity 1: an input changed, coalesced
 
+	// queued: requests count for progress only from their first token.
+	queued bool
+
 	mu        sync.Mutex
+	waiting   int       // requests without a first token yet (queued mode)
 	active    int       // requests running
 	idleSince time.Time // last start, end or canary while nothing ran
 	progress  time.Time // last token, or when active went from 0 to 1
@@ -83,17 +91,51 @@ func newMonitor(enabled bool, wait, timeout time.Duration, probe func(context.Co
 // started records a request that began running.
 func (m *monitor) started() {
 	m.mu.Lock()
-	m.active++
-	if m.active == 1 {
-		m.progress = time.Now()
+	if m.queued {
+		m.waiting++
+		m.idleSince = time.Now()
+	} else {
+		m.begin()
 	}
 	m.mu.Unlock()
 	m.notify()
 }
 
-// ended records a request that stopped running.
-func (m *monitor) ended() {
+// begin counts a request for progress; m.mu is held.
+func (m *monitor) begin() {
+	m.active++
+	if m.active == 1 {
+		m.progress = time.Now()
+	}
+}
+
+// firstToken records a request's first token: in queued mode, from now on
+// it counts for progress.
+func (m *monitor) firstToken() {
 	m.mu.Lock()
+	queued := m.queued
+	if queued {
+		m.waiting--
+		m.begin()
+	}
+	m.mu.Unlock()
+	m.token()
+	if queued {
+		m.notify() // the progress clock starts now
+	}
+}
+
+// ended records a request that stopped running; hadToken says whether it
+// produced one (firstToken was called).
+func (m *monitor) ended(hadToken bool) {
+	m.mu.Lock()
+	if m.queued && !hadToken {
+		m.waiting--
+		m.idleSince = time.Now()
+		m.mu.Unlock()
+		m.notify()
+		return
+	}
 	m.active--
 	now := time.Now()
 	m.idleSince = now
@@ -179,7 +221,7 @@ func (m *monitor) step() (next time.Duration, canary bool) {
 		if !m.stalled {
 			next = left
 		}
-	} else {
+	} else if m.waiting == 0 {
 		left := m.idleSince.Add(m.wait).Sub(now)
 		if m.suspect || left <= 0 {
 			canary = true

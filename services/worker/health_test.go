@@ -79,7 +79,7 @@ func TestMonitorCanaryAfterIdleness(t *testing.T) {
 		m.started()
 		time.Sleep(2 * time.Second)
 		m.token()
-		m.ended() // at 11s
+		m.ended(false) // at 11s
 		time.Sleep(9 * time.Second)
 		synctest.Wait()
 		if got := p.n(); got != 0 {
@@ -167,7 +167,7 @@ func TestMonitorStall(t *testing.T) {
 		time.Sleep(3*time.Second + time.Millisecond)
 		synctest.Wait()
 		p.set(nil, true)
-		m.ended()
+		m.ended(false)
 		synctest.Wait()
 		if got := p.n(); got != 1 {
 			t.Fatalf("got %d canaries after a stalled request ended, want 1 at once", got)
@@ -196,6 +196,46 @@ func TestMonitorDisabled(t *testing.T) {
 		time.Sleep(time.Minute)
 		if h, _ := m.state(); !h || p.n() != 0 {
 			t.Errorf("disabled monitor: healthy %v, %d canaries", h, p.n())
+		}
+	})
+}
+
+// TestMonitorQueueIsNotAStall (issue 22, failure 3): with an engine that
+// keeps a first-token deadline, a request waiting for its first token (in
+// the server's queue) is not a stall and runs no canary, however long it
+// waits; from its first token on, the progress timeout applies.
+func TestMonitorQueueIsNotAStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &monitorProbe{}
+		var mu sync.Mutex
+		var got []bool
+		m := newMonitor(true, 10*time.Second, 3*time.Second, p.probe, func(h bool) { mu.Lock(); got = append(got, h); mu.Unlock() })
+		m.queued = true
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); m.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+
+		m.started()
+		time.Sleep(time.Minute) // queued for a minute: past the timeout and the canary wait
+		synctest.Wait()
+		if h, why := m.state(); !h || p.n() != 0 {
+			t.Fatalf("queued a minute: healthy %v (%s), %d canaries; want healthy, none", h, why, p.n())
+		}
+		m.firstToken()
+		time.Sleep(3*time.Second + time.Millisecond)
+		synctest.Wait()
+		if h, why := m.state(); h || why != engineStalled {
+			t.Fatalf("3s after its first token without another: %v %q, want %q", h, why, engineStalled)
+		}
+		m.ended(true)
+		m.started()
+		m.ended(false) // a queued request that leaves without a token
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) == 0 || got[0] {
+			t.Errorf("health changes %v, want the stall reported", got)
 		}
 	})
 }

@@ -107,6 +107,9 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	w.health = newMonitor(cfg.HealthCheck, cfg.CanaryWait, cfg.HealthCheckTimeout,
 		canaryProbe(eng, cfg.ID, w.fail), w.healthChanged)
 	w.health.onCanary = w.canaryDone
+	if _, ok := eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
+		w.health.queued = true // time in the server's queue is not a stall
+	}
 	w.metrics, err = newMetrics(reg, cfg.ID, w.Ready, func() bool {
 		_, why := w.health.state()
 		return why == engineStalled

@@ -1,0 +1,211 @@
+package integration
+
+import (
+	"encoding/json"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/internal/tinygguf"
+)
+
+// ollamaProc is a real `ollama serve` with the tiny random-weight model
+// "tiny" created in it.
+type ollamaProc struct {
+	*proc
+	url string
+}
+
+// ollamaModelfile runs the tiny model on one thread (two spinning llama.cpp
+// threads on a 2-core machine make a batch take seconds instead of
+// milliseconds), with ChatML.
+const ollamaModelfile = `FROM ./tiny.gguf
+TEMPLATE """{{- range .Messages }}<|im_start|>{{ .Role }}
+{{ .Content }}<|im_end|>
+{{ end }}<|im_start|>assistant
+"""
+PARAMETER num_thread 1
+PARAMETER num_ctx 512
+PARAMETER stop "<|im_end|>"
+`
+
+// startOllama starts the Ollama binary named by BATON_OLLAMA_BIN (.ci/run
+// builds it with go install; see docs/engines.md) on a free port with a
+// model store of its own, and creates the model "tiny" from a GGUF written
+// on the spot. Without BATON_OLLAMA_BIN the test is skipped.
+func startOllama(t *testing.T, name string) *ollamaProc {
+	t.Helper()
+	bin := os.Getenv("BATON_OLLAMA_BIN")
+	if bin == "" {
+		t.Skip("BATON_OLLAMA_BIN is not set: no Ollama to test against (.ci/run builds one)")
+	}
+	dir := t.TempDir()
+	f, err := os.Create(filepath.Join(dir, "tiny.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tinygguf.Write(f, tinygguf.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := os.WriteFile(filepath.Join(dir, "Modelfile"), []byte(ollamaModelfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	host := "127.0.0.1:" + strconv.Itoa(port)
+	env := []string{"OLLAMA_HOST=" + host, "OLLAMA_MODELS=" + filepath.Join(dir, "models"), "HOME=" + dir,
+		"OLLAMA_NUM_PARALLEL=1", "OLLAMA_MAX_LOADED_MODELS=1", "OLLAMA_KEEP_ALIVE=10m"}
+	o := &ollamaProc{proc: startBin(t, bin, name, env, "serve"), url: "http://" + host}
+	t.Cleanup(func() {
+		// SIGTERM first: ollama serve then stops its runner child.
+		if o.running() {
+			_ = o.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-o.done:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	})
+	waitFor(t, 30*time.Second, name+" to serve", func() bool {
+		resp, err := http.Get(o.url + "/api/version")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil && resp.StatusCode == 200
+	})
+	create := exec.Command(bin, "create", "tiny", "-f", "Modelfile")
+	create.Dir, create.Env = dir, append(os.Environ(), env...)
+	if out, err := create.CombinedOutput(); err != nil {
+		t.Fatalf("ollama create: %v\n%s", err, out)
+	}
+	return o
+}
+
+// ollamaAnswer is a non-streaming answer's text, finish reason, model and
+// completion tokens.
+type ollamaAnswer struct {
+	text, finish, model string
+	completion          int
+}
+
+func answerOf(t *testing.T, resp *http.Response) ollamaAnswer {
+	t.Helper()
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, raw)
+	}
+	var out struct {
+		Model   string `json:"model"`
+		Choices []struct {
+			Text    string `json:"text"`
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) == 0 {
+		t.Fatalf("answer %s: %v", raw, err)
+	}
+	c := out.Choices[0]
+	return ollamaAnswer{text: c.Text + c.Message.Content, finish: c.FinishReason, model: out.Model, completion: out.Usage.CompletionTokens}
+}
+
+// TestOllama runs a real Ollama (llama.cpp inside, on the CPU) behind baton
+// workers, serving a tiny random-weight model: the worker is ready although
+// Ollama lists "tiny:latest" for "tiny" (issue 22, failure 1); the probe
+// finds its completions chat-templated (failure 4); and baton's answers,
+// streamed or not, chat and completions, greedy, are Ollama's own: text,
+// finish reason, model and usage (failures 6 and 10).
+func TestOllama(t *testing.T) {
+	ol := startOllama(t, "ollama")
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.worker("ol", "--engine", "openai", "--openai-url", ol.url, "--openai-model", "tiny", "--model", "tiny")
+	fe.waitRoutable(t, "ol")
+	var workers struct {
+		Data []struct {
+			ID           string          `json:"id"`
+			Capabilities map[string]bool `json:"capabilities"`
+		} `json:"data"`
+	}
+	getJSON(t, fe.url+"/v1/workers", 200, &workers)
+	if c := workers.Data[0].Capabilities; len(workers.Data) != 1 || !c["chat"] || !c["completions_not_continuable"] || c["prefill"] || c["token_ids"] {
+		t.Errorf("capabilities %+v: want chat; completions not continuable (Ollama templates completions); no prefill (this template opens a new turn); no token ids", workers.Data)
+	}
+	t.Logf("Ollama's capabilities as probed: %v", workers.Data[0].Capabilities)
+
+	for _, tc := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/v1/chat/completions", map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "hello there"}}, "max_tokens": 12, "temperature": 0}},
+		{"/v1/completions", map[string]any{"model": "tiny", "prompt": "once upon a time", "max_tokens": 12, "temperature": 0}},
+		{"/v1/chat/completions", map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "seeded"}}, "max_tokens": 10, "temperature": 0.8, "seed": 7}},
+	} {
+		want := answerOf(t, post(t, ol.url+tc.path, tc.body, nil))
+		if strings.TrimSpace(want.text) == "" {
+			t.Fatalf("%s: Ollama answered %+v: an empty answer would make the comparison say nothing", tc.path, want)
+		}
+		t.Logf("%s: Ollama says %q (%s, %d tokens)", tc.path, want.text, want.finish, want.completion)
+		got := answerOf(t, post(t, fe.url+tc.path, tc.body, nil))
+		if got != want {
+			t.Errorf("%s %v: through baton %+v, direct %+v", tc.path, tc.body["temperature"], got, want)
+		}
+		sb := maps.Clone(tc.body)
+		sb["stream_options"] = map[string]any{"include_usage": true}
+		res := postStream(t, fe.url, tc.path, sb, nil, nil)
+		var data []string
+		for _, e := range res.events {
+			data = append(data, e.data)
+		}
+		if !res.done || res.text != want.text || res.finish != want.finish || usageOf(t, data) != want.completion || !modelsOf(data)[want.model] {
+			t.Errorf("%s streamed through baton: done %v text %q finish %q usage %d models %v; direct %+v",
+				tc.path, res.done, res.text, res.finish, usageOf(t, data), modelsOf(data), want)
+		}
+	}
+	if !strings.Contains(ol.output(), "llama runner started") {
+		t.Errorf("no llama.cpp runner in Ollama's log:\n%s", ol.output())
+	}
+}
+
+// TestOllamaPoisonedRequest (issue 22, failure 2, on the real thing): Ollama
+// ends its stream before any token for an invalid JSON schema in
+// response_format. The request fails once two workers' Ollamas gave that
+// same empty answer, without inhibiting either: every other client keeps
+// getting 200.
+func TestOllamaPoisonedRequest(t *testing.T) {
+	olA, olB := startOllama(t, "ollama-a"), startOllama(t, "ollama-b")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.worker("a", "--engine", "openai", "--openai-url", olA.url, "--openai-model", "tiny", "--model", "tiny")
+	s.worker("b", "--engine", "openai", "--openai-url", olB.url, "--openai-model", "tiny", "--model", "tiny")
+	fe.waitRoutable(t, "a", "b")
+	poisoned := map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "hi"}}, "max_tokens": 4,
+		"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "x", "schema": map[string]any{"type": "nonsense-type"}}}}
+	res := postStream(t, fe.url, "/v1/chat/completions", poisoned, map[string]string{"X-Request-Id": "poisoned"}, nil)
+	if res.status != http.StatusBadGateway || !strings.Contains(res.errorBody, "before the first token") {
+		t.Errorf("poisoned request: %d %s; want 502 and the empty answer", res.status, res.errorBody)
+	}
+	if st := fe.engineState(t, "poisoned"); st.Status != "failed" || len(st.Attempts) != 2 {
+		t.Errorf("state %+v: want failed after one attempt on each worker", st)
+	}
+	for i := range 6 {
+		body := map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "fine " + strconv.Itoa(i)}}, "max_tokens": 4, "temperature": 0}
+		if r := postStream(t, fe.url, "/v1/chat/completions", body, nil, nil); r.status != http.StatusOK || !r.done {
+			t.Errorf("request %d after the poisoned one: %d %s; want 200", i, r.status, r.errorBody)
+		}
+	}
+}
