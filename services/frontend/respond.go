@@ -263,7 +263,7 @@ func (o *output) beforeHeaders(from int) (answered, ok bool) {
 		// worker, or the model server's 400).
 		return true, writeUnary(o.w, s)
 	}
-	if from > 0 || s.total > 0 {
+	if from > 0 || s.Total > 0 {
 		// Headers that go out before the first token (after headerWait)
 		// cannot name its worker: the one running now may never produce
 		// it (a queue, a failure). GET /v1/requests/{id} names it later.
