@@ -92,6 +92,11 @@ func runScale(b *testing.B, sc scaleCase) {
 	// another worker, as a deployment would configure it.
 	// The connection cap (--max-connections) is raised above the workload.
 	feArgs := []string{"--migration-limit", "3", "--max-connections", strconv.Itoa(sc.streams + 1000)}
+	if sc.logOff {
+		// Nothing of a log-off request is stored, so there is nothing to
+		// compact: the baseline writes nothing to the log.
+		feArgs = append(feArgs, "--log-compaction=false")
+	}
 	if profDir != "" {
 		pprofAddr["frontend"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
 		feArgs = append(feArgs, "--pprof-addr", pprofAddr["frontend"])

@@ -67,7 +67,8 @@ func TestBenchEmitTime(t *testing.T) {
 // and the log stores none of its tokens.
 func TestBenchLogOff(t *testing.T) {
 	s := newStack(t)
-	fe := s.frontend(nil)
+	// Nothing of a log-off request is stored: nothing to compact either.
+	fe := s.frontend(nil, "--log-compaction=false")
 	s.worker("w1", "--bench-log-off", "--mock-tokens-per-sec", "500")
 	fe.waitRoutable(t, "w1")
 	const prompt, n = "log off", 50

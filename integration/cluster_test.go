@@ -281,6 +281,9 @@ func storedTokens(t *testing.T, js jetstream.JetStream, id string) (tokens, delt
 		}
 		switch ev := e.Event.(type) {
 		case events.TokensGenerated:
+			if strings.HasPrefix(e.Source, "baton/frontend/") {
+				continue // a compaction's carry of the answer, not a worker's delta
+			}
 			tokens += len(ev.Tokens)
 			deltas++
 		case events.RequestRouted:
