@@ -103,10 +103,10 @@ func TestResponseEventsArePrefixStable(t *testing.T) {
 
 func TestResponseToolCallEvents(t *testing.T) {
 	tokens := []string{"ok", "", "", ""}
-	details := rawDetails("",
-		`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"a\""}}]}`,
-		`{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}`,
-		`{"tool_calls":[{"index":1,"id":"call_2","type":"function","function":{"name":"put","arguments":"{}"}}]}`)
+	details := []json.RawMessage{nil,
+		json.RawMessage(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":"{\"a\""}}]}`),
+		json.RawMessage(`{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}`),
+		json.RawMessage(`{"tool_calls":[{"index":1,"id":"call_2","type":"function","function":{"name":"put","arguments":"{}"}}]}`)}
 	p, _ := foldResponse(t, `{"model":"m","input":"hi","max_output_tokens":4}`, tokens, details, []int{4}, "tool_calls")
 	var types []string
 	for _, e := range allEvents(p) {
@@ -123,7 +123,7 @@ func TestResponseToolCallEvents(t *testing.T) {
 	obj, _ := renderResponse("resp_1", p, nil)
 	out := obj["output"].([]map[string]any)
 	if len(out) != 3 || out[1]["arguments"] != `{"a":1}` || out[1]["call_id"] != "call_1" || out[2]["name"] != "put" {
-		t.Errorf("output %s", jsonOf(t, out))
+		t.Errorf("output %+v", out)
 	}
 }
 
