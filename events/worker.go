@@ -41,11 +41,16 @@ type WorkerDeregistered struct {
 func (WorkerDeregistered) EventType() string { return TypeWorkerDeregistered }
 
 // WorkerLost records a worker that vanished without deregistering: its lease
-// expired or the server saw its connection drop.
+// expired or the server saw its connection drop. A frontend also records it
+// for a worker it takes out of service for writing to the request log
+// outside its attempts (junk): then QuarantineMS says for how long, from the
+// event's time, the worker id stays out of routing whatever lease it
+// registers next. A reader that does not know the field sees a lost worker.
 type WorkerLost struct {
-	WorkerID string `json:"worker_id"`
-	LeaseID  string `json:"lease_id"`
-	Reason   string `json:"reason"`
+	WorkerID     string `json:"worker_id"`
+	LeaseID      string `json:"lease_id"`
+	Reason       string `json:"reason"`
+	QuarantineMS int64  `json:"quarantine_ms,omitempty"`
 }
 
 func (WorkerLost) EventType() string { return TypeWorkerLost }

@@ -1,6 +1,7 @@
 package projections
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -16,6 +17,11 @@ const (
 	// WorkerNotReady is a live worker whose health checks fail
 	// (events.Lease.NotReady): listed, but not routable until it is ready.
 	WorkerNotReady = "not_ready"
+	// WorkerQuarantined is a worker a frontend took out of service for
+	// writing to the request log outside its attempts (a WorkerLost with
+	// QuarantineMS): listed, not routable, until the quarantine ends,
+	// whatever lease it registers meanwhile.
+	WorkerQuarantined = "quarantined"
 )
 
 // Worker is one live worker as discovery sees it.
@@ -100,11 +106,19 @@ type Discovery struct {
 	workers      map[string]*Worker
 	loads        map[string]events.Load
 	ended        map[string]string // lease ids ended by an event, until their key goes
+	quarantined  map[string]quarantine
+}
+
+// quarantine is a worker id's time out of routing (events.WorkerLost.QuarantineMS).
+type quarantine struct {
+	until  time.Time
+	reason string
 }
 
 // NewDiscovery returns an empty view.
 func NewDiscovery() *Discovery {
-	return &Discovery{workers: map[string]*Worker{}, loads: map[string]events.Load{}, ended: map[string]string{}}
+	return &Discovery{workers: map[string]*Worker{}, loads: map[string]events.Load{}, ended: map[string]string{},
+		quarantined: map[string]quarantine{}}
 }
 
 // ApplyLease folds a lease change. Revisions not newer than the last applied
@@ -136,8 +150,37 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 	case l.NotReady:
 		w.State, w.Reason = WorkerNotReady, l.NotReadyReason
 	}
+	d.applyQuarantine(w, u.Time)
 	d.workers[u.Key] = w
 	return true
+}
+
+// applyQuarantine marks w quarantined if its id is, at time at (a lease
+// write's: the view keeps no clock of its own, and a renewal after the end
+// lifts the quarantine). A zero at is taken to be within it.
+func (d *Discovery) applyQuarantine(w *Worker, at time.Time) {
+	q, ok := d.quarantined[w.ID]
+	if !ok {
+		return
+	}
+	if !at.IsZero() && !at.Before(q.until) {
+		delete(d.quarantined, w.ID)
+		return
+	}
+	w.State, w.Reason = WorkerQuarantined, q.reason
+}
+
+// Quarantined returns the ids of the workers quarantined at now (listed or
+// not), sorted.
+func (d *Discovery) Quarantined(now time.Time) []string {
+	var ids []string
+	for id, q := range d.quarantined {
+		if now.Before(q.until) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // ApplyLoad folds a load report.
@@ -232,6 +275,9 @@ func (d *Discovery) Fold(e events.Envelope) (changed bool, why string) {
 	if why := MisplacedWorkerEvent(e); why != "" {
 		return false, why
 	}
+	if lost, ok := e.Event.(events.WorkerLost); ok && lost.QuarantineMS > 0 {
+		return d.quarantine(id, e.Time, lost), ""
+	}
 	w, known := d.workers[id]
 	switch {
 	case !known:
@@ -280,6 +326,21 @@ func (l *WorkerLog) Check(e events.Envelope) string {
 		return IgnoredNotCurrentLease
 	}
 	return ""
+}
+
+// quarantine folds a WorkerLost that quarantines worker id from at: the id,
+// whatever its lease, is out of routing until the quarantine ends.
+func (d *Discovery) quarantine(id string, at time.Time, lost events.WorkerLost) bool {
+	until := at.Add(time.Duration(lost.QuarantineMS) * time.Millisecond)
+	q := quarantine{until: until, reason: fmt.Sprintf("quarantined until %s: %s", until.UTC().Format(time.RFC3339), lost.Reason)}
+	if old, ok := d.quarantined[id]; ok && !old.until.Before(until) {
+		return false
+	}
+	d.quarantined[id] = q
+	if w, ok := d.workers[id]; ok {
+		w.State, w.Reason = WorkerQuarantined, q.reason
+	}
+	return true
 }
 
 // Get returns a copy of worker id.

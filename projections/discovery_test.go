@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -217,5 +218,50 @@ func TestDiscoveryApplyIdempotent(t *testing.T) {
 	}
 	if d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 3, Lease: lease("w1", "l3", "m")}) {
 		t.Error("replayed lease revision: got changed, want unchanged")
+	}
+}
+
+// TestDiscoveryQuarantine: a WorkerLost with QuarantineMS keeps the worker
+// id out of routing, whatever lease it registers, until a lease write
+// after the quarantine's end; it must be on the worker's own subject.
+func TestDiscoveryQuarantine(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	at := func(rev uint64, l *events.Lease, when time.Time) projections.LeaseUpdate {
+		return projections.LeaseUpdate{Key: l.WorkerID, Revision: rev, Lease: l, Time: when}
+	}
+	quarantine := func(d *projections.Discovery, seq uint64, subject, worker string) (bool, string) {
+		return d.Fold(events.Envelope{ID: events.ID("q", seq), Source: "test", Time: t0, Seq: seq, Stored: subject,
+			Event: events.WorkerLost{WorkerID: worker, LeaseID: "l1", Reason: "junk", QuarantineMS: 60_000}})
+	}
+	d := projections.NewDiscovery()
+	d.ApplyLease(at(1, lease("w1", "l1", "m"), t0))
+	d.ApplyLease(at(2, lease("w2", "l2", "m"), t0))
+
+	if changed, why := quarantine(d, 1, "baton.workers.w2.events", "w1"); changed || why != projections.IgnoredNotWorkersSubject {
+		t.Fatalf("w2 quarantining w1: changed %v, why %q; want ignored", changed, why)
+	}
+	if changed, why := quarantine(d, 2, "baton.workers.w1.events", "w1"); !changed || why != "" {
+		t.Fatalf("a frontend quarantining w1: changed %v, why %q", changed, why)
+	}
+	w, _ := d.Get("w1")
+	if w.State != projections.WorkerQuarantined || w.Reason == "" || w.Routable() {
+		t.Errorf("w1 after its quarantine: %+v, want quarantined with a reason", w)
+	}
+	// Its lease revoked, a new one registered within the quarantine.
+	d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 3})
+	d.ApplyLease(at(4, lease("w1", "l9", "m"), t0.Add(30*time.Second)))
+	if got := ids(d.Routable("m")); !slices.Equal(got, []string{"w2"}) {
+		t.Errorf("routable within the quarantine: %v, want [w2]", got)
+	}
+	if got := d.Quarantined(t0.Add(59 * time.Second)); !slices.Equal(got, []string{"w1"}) {
+		t.Errorf("Quarantined within it: %v", got)
+	}
+	if got := d.Quarantined(t0.Add(61 * time.Second)); len(got) != 0 {
+		t.Errorf("Quarantined after it: %v", got)
+	}
+	// A renewal after the end lifts it.
+	d.ApplyLease(at(5, lease("w1", "l9", "m"), t0.Add(61*time.Second)))
+	if got := ids(d.Routable("m")); !slices.Equal(got, []string{"w1", "w2"}) {
+		t.Errorf("routable after the quarantine: %v, want [w1 w2]", got)
 	}
 }

@@ -155,3 +155,35 @@ func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFun
 	}
 	return context.WithTimeout(ctx, DefaultTimeout)
 }
+
+// LastOfWorker returns the newest message stream holds on worker's tokens
+// subjects (WorkerTokens), of any request: what the worker wrote last. ok
+// is false when it holds none. It asks the stream's leader.
+func LastOfWorker(ctx context.Context, js jetstream.JetStream, stream, worker string) (m *jetstream.RawStreamMsg, ok bool, err error) {
+	m, err = leaderGet(ctx, js, stream, WorkerTokens(worker), 0, true)
+	return m, m != nil, err
+}
+
+// WorkerSubjects lists worker's tokens subjects in stream with the number
+// of messages each holds (one stream info request, paged by the client).
+func WorkerSubjects(ctx context.Context, js jetstream.JetStream, stream, worker string) (map[string]uint64, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("subjects of %s in %s: %w", worker, stream, err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(WorkerTokens(worker)))
+	if err != nil {
+		return nil, fmt.Errorf("subjects of %s in %s: %w", worker, stream, err)
+	}
+	return info.State.Subjects, nil
+}
+
+// PurgeWorker removes everything stream holds on worker's tokens subjects,
+// of every request, with one purge request. Only for a worker none of whose
+// output any reader still needs (a quarantined one, once its requests are
+// over).
+func PurgeWorker(ctx context.Context, js jetstream.JetStream, stream, worker string) (uint64, error) {
+	return purge(ctx, js, stream, WorkerTokens(worker))
+}

@@ -97,12 +97,15 @@ const RetryAfter = time.Second
 // Full, Health) are safe for concurrent use and do no I/O: they answer from
 // the last reading, which Run refreshes every Interval.
 type Monitor struct {
-	js      jetstream.JetStream
-	parts   streams.Partitions
-	cfg     Config
-	log     *slog.Logger
-	used    *prometheus.GaugeVec
-	evicted *prometheus.CounterVec
+	js          jetstream.JetStream
+	parts       streams.Partitions
+	cfg         Config
+	log         *slog.Logger
+	used        *prometheus.GaugeVec
+	evicted     *prometheus.CounterVec
+	junkPurged  *prometheus.CounterVec
+	quarantined *prometheus.CounterVec
+	turn        int // the next live worker guard checks (Run's goroutine only)
 
 	mu       sync.Mutex
 	usage    map[string]streams.Usage // by stream
@@ -110,6 +113,8 @@ type Monitor struct {
 	refused  map[string]time.Time     // by stream: when an append was last refused at the limit
 	changed  chan struct{}            // closed and replaced when a partition crosses a mark
 	fullSeen map[string]bool          // by stream: above the high-water mark at the last reading
+	fleet    Fleet
+	swept    map[string]bool // "stream worker": a quarantined worker none of whose output is needed there
 }
 
 // NewMonitor returns a Monitor of the request log, with its metrics
@@ -126,10 +131,16 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_log_evicted_requests_total", Help: "Finished requests whose history this frontend evicted to make room.",
 		}, []string{"stream"}),
+		junkPurged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_log_junk_purged_messages_total", Help: "Messages this frontend purged from a request stream as junk: written by a worker outside its attempts.",
+		}, []string{"stream"}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
+		}, []string{"stream"}),
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
-		changed: make(chan struct{}),
+		changed: make(chan struct{}), swept: map[string]bool{},
 	}
-	for _, c := range []prometheus.Collector{m.used, m.evicted} {
+	for _, c := range []prometheus.Collector{m.used, m.evicted, m.junkPurged, m.quarantined} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("retention: register metrics: %w", err)
 		}
@@ -161,10 +172,14 @@ func (m *Monitor) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		for _, stream := range m.partitions().Streams() {
+			m.mu.Lock()
+			before := m.usage[stream]
+			m.mu.Unlock()
 			u, err := m.refresh(ctx, stream)
 			if err != nil {
 				continue // the next reading tries again; the last one stands
 			}
+			m.guard(ctx, before, u)
 			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
 				m.evict(ctx, u)
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
@@ -119,3 +120,49 @@ func (rn *Runner) declareLost(ctx context.Context, w projections.Worker, reason 
 	}
 	rn.log.Info("worker lost", "worker_id", w.ID, "lease_id", w.LeaseID, "reason", reason)
 }
+
+// quarantine takes worker id out of service for writing junk to the
+// request log (retention.Fleet): a WorkerLost with QuarantineMS, which
+// every frontend's discovery folds (the id stays out of routing whatever
+// lease it registers next), then its lease revoked so that its attempts
+// move at once. Every frontend that finds the junk may do this: the
+// event's id is deterministic, so one lands.
+func (rn *Runner) quarantine(ctx context.Context, id, why string) {
+	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
+	defer cancel()
+	w, known := rn.disc.get(id)
+	ev := events.WorkerLost{WorkerID: id, LeaseID: w.LeaseID, Reason: why, QuarantineMS: retention.QuarantineFor.Milliseconds()}
+	env := rn.events.Envelope(events.ID(id, w.LeaseID, "quarantined"), id, ev)
+	if _, err := rn.events.Append(ctx, streams.WorkerEvents(id), env, -1); err != nil {
+		rn.log.Warn("record worker quarantined", "worker_id", id, "err", err)
+	}
+	if known {
+		if _, err := rn.disc.revoke(ctx, w); err != nil {
+			rn.log.Warn("revoke lease", "worker_id", id, "err", err)
+		}
+	}
+	rn.log.Warn("worker quarantined", "worker_id", id, "lease_id", w.LeaseID, "for", retention.QuarantineFor, "why", why)
+}
+
+// fleet is the runner's discovery view as the retention monitor sees it.
+type fleet struct{ rn *Runner }
+
+func (f fleet) Workers() []string {
+	var ids []string
+	f.rn.disc.read(func(v *projections.Discovery) {
+		for _, w := range v.Workers() {
+			if w.State != projections.WorkerQuarantined {
+				ids = append(ids, w.ID)
+			}
+		}
+	})
+	return ids
+}
+
+func (f fleet) Quarantined() []string {
+	var ids []string
+	f.rn.disc.read(func(v *projections.Discovery) { ids = v.Quarantined(time.Now()) })
+	return ids
+}
+
+func (f fleet) Junk(ctx context.Context, id, why string) { f.rn.quarantine(ctx, id, why) }

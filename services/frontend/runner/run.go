@@ -50,6 +50,8 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
 				w, present := rn.disc.get(cur.WorkerID)
+				// A quarantined worker's output is not to be waited for.
+				present = present && w.State != projections.WorkerQuarantined
 				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
 				firstPending = !cur.Closed && p.Len() == cur.StartOffset
 			}

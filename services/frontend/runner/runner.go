@@ -170,6 +170,7 @@ func (rn *Runner) provision(ctx context.Context) error {
 	rn.parts = parts
 	rn.events.SetPartitions(parts)
 	rn.room.SetPartitions(parts)
+	rn.room.SetFleet(fleet{rn})
 	rn.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }

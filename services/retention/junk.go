@@ -1,0 +1,290 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+)
+
+// A worker's credential lets it write its own tokens subjects of any
+// request (streams.WorkerTokens): NATS cannot tell a routed attempt's
+// output from junk written to a request the worker was never given, or to
+// one long over. Junk is ignored by every fold, but it is stored, and the
+// request log is shared: one worker could fill it and so refuse every
+// other worker's requests. The monitor guards against that (docs/security.md,
+// "A worker that floods the log"):
+//
+//   - on sight: at every reading it looks at what a live worker (every one,
+//     when the partition grew fast) wrote last, one get each;
+//   - junk found is purged at once, and a worker found writing junk of any
+//     size (a large message, or many) is quarantined: Fleet.Junk takes it out
+//     of routing for QuarantineFor, its requests move to other workers;
+//   - while it is quarantined, its tokens subjects are swept at every
+//     reading: junk per request while some request still needs the worker's
+//     earlier output, everything it wrote in one purge once none does.
+
+// Fleet is what the monitor knows of the workers, from the frontend's
+// discovery view.
+type Fleet interface {
+	// Workers are the live workers (not quarantined) whose writes are checked.
+	Workers() []string
+	// Quarantined are the workers out of service for junk, whose tokens
+	// subjects are swept.
+	Quarantined() []string
+	// Junk takes worker out of service for QuarantineFor: it wrote to the
+	// request log outside its attempts, as why says.
+	Junk(ctx context.Context, worker, why string)
+}
+
+// Guard's marks.
+const (
+	// QuarantineFor is how long a worker found writing junk stays out of
+	// routing (events.WorkerLost.QuarantineMS).
+	QuarantineFor = 10 * time.Minute
+	// checksPerReading is how many live workers' last writes each reading
+	// of a partition looks at, in turn, while it grows slowly: junk that
+	// fills the log slower than eviction empties it is found in turn, or
+	// evicted oldest first with the finished requests. (The server answers
+	// a worker's last write by matching every request's subjects.)
+	checksPerReading = 1
+	// fastGrowth: a partition that grew by this fraction of its max bytes
+	// since the last reading (filling the eviction band in ten readings)
+	// has up to fastChecks live workers' last writes looked at.
+	fastGrowth = 0.01
+	fastChecks = 64
+	// junkLarge: one junk message this large quarantines its worker at once.
+	junkLarge = 64 << 10
+	// junkMany: this many junk messages of one worker quarantine it. An
+	// honest worker writes junk only by accident: the few deltas it had in
+	// flight when its request ended and was evicted under it.
+	junkMany = 64
+	// sweepMax bounds the subjects one sweep of a worker looks at.
+	sweepMax = 512
+	// parallel is how many questions about junk are asked at once.
+	parallel = 16
+)
+
+// SetFleet tells the monitor the workers to guard the log against, before
+// Run. Without one nothing is checked.
+func (m *Monitor) SetFleet(f Fleet) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.fleet = f
+}
+
+// guard checks and sweeps the workers' writes to stream, whose reading
+// went from before to u.
+func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
+	m.mu.Lock()
+	f := m.fleet
+	m.mu.Unlock()
+	if f == nil {
+		return
+	}
+	st, err := m.js.Stream(ctx, u.Stream)
+	if err != nil {
+		return
+	}
+	q := f.Quarantined()
+	m.mu.Lock()
+	for key := range m.swept {
+		if stream, w, _ := strings.Cut(key, " "); stream == u.Stream && !slices.Contains(q, w) {
+			delete(m.swept, key) // out of quarantine: its output counts again
+		}
+	}
+	m.mu.Unlock()
+	for _, w := range q {
+		m.sweep(ctx, st, u.Stream, w)
+	}
+	ws := f.Workers()
+	if len(ws) == 0 {
+		return
+	}
+	n := min(checksPerReading, len(ws))
+	if u.MaxBytes > 0 && u.Bytes > before.Bytes && float64(u.Bytes-before.Bytes) > fastGrowth*float64(u.MaxBytes) {
+		n = min(len(ws), fastChecks)
+	}
+	start := m.turn % len(ws)
+	m.turn += n
+	for i := range n {
+		if ctx.Err() != nil {
+			return
+		}
+		m.check(ctx, st, u.Stream, ws[(start+i)%len(ws)], f)
+	}
+}
+
+// check looks at what worker wrote last to stream; if it is junk, purges it
+// and, when the worker's junk is large or many, quarantines the worker.
+func (m *Monitor) check(ctx context.Context, st jetstream.Stream, stream, worker string, f Fleet) {
+	msg, ok, err := streams.LastOfWorker(ctx, m.js, stream, worker)
+	if err != nil || !ok {
+		return
+	}
+	why := m.junkWhy(ctx, st, msg.Subject, msg.Sequence)
+	if why == "" {
+		return
+	}
+	size := len(msg.Data)
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			size += len(k) + len(v)
+		}
+	}
+	if size >= junkLarge {
+		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
+		return
+	}
+	// A small one: junk at all, or an honest worker's late delta?
+	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
+	if err != nil {
+		return
+	}
+	keys := sortedKeys(subjects, sweepMax)
+	junk, _ := m.classify(ctx, st, keys)
+	many := 0
+	for _, subj := range junk {
+		many += int(subjects[subj])
+	}
+	if many >= junkMany {
+		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many, why))
+		return
+	}
+	m.purgeAll(ctx, stream, junk)
+}
+
+func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {
+	why = "wrote to the request log outside its attempts: " + why
+	m.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
+	m.quarantined.WithLabelValues(stream).Inc()
+	f.Junk(ctx, worker, why)
+	st, err := m.js.Stream(ctx, stream)
+	if err == nil {
+		m.sweep(ctx, st, stream, worker)
+	}
+}
+
+// junkWhy says why a message of a worker's tokens subject (at seq; 0: any
+// of the subject's) is junk, or "" if some reader may need it: a subject no
+// reader folds, one of a request that does not exist, or one written after
+// its request's end was recorded (its compact record or its failure: what
+// a compaction carries for older readers is written before its record).
+func (m *Monitor) junkWhy(ctx context.Context, st jetstream.Stream, subject string, seq uint64) string {
+	rs, err := streams.ParseRequestSubject(subject)
+	if err != nil {
+		return "on " + subject + ", a subject no reader folds"
+	}
+	last, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(rs.ID))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "on " + subject + ", of request " + rs.ID + ", which does not exist"
+	}
+	if err != nil {
+		return ""
+	}
+	switch last.Header.Get(events.HeaderType) {
+	case events.TypeRequestCompacted, events.TypeRequestFailed:
+		if seq == 0 || seq > last.Sequence {
+			return "on " + subject + ", after request " + rs.ID + " ended"
+		}
+	}
+	return ""
+}
+
+// classify sorts subjects, tokens subjects of a worker's, into junk
+// (junkWhy) and held: a reader may still need them (their request is in
+// flight, or finished and not compacted, and its text may be the
+// worker's). It asks about several at once: under a flood each answer
+// waits its turn behind the junk being stored.
+func (m *Monitor) classify(ctx context.Context, st jetstream.Stream, subjects []string) (junk, held []string) {
+	why := make([]string, len(subjects))
+	var g errgroup.Group
+	g.SetLimit(parallel)
+	for i, subj := range subjects {
+		g.Go(func() error {
+			why[i] = m.junkWhy(ctx, st, subj, 0)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	for i, subj := range subjects {
+		if why[i] != "" {
+			junk = append(junk, subj)
+		} else {
+			held = append(held, subj)
+		}
+	}
+	return junk, held
+}
+
+// purgeAll purges each of subjects from stream, several at once. One
+// literal subject a purge: a purge with a wildcard filter reads the whole
+// stream.
+func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string) {
+	var g errgroup.Group
+	g.SetLimit(parallel)
+	for _, subj := range subjects {
+		g.Go(func() error {
+			n, err := streams.PurgeSubject(ctx, m.js, stream, subj)
+			if err != nil {
+				m.log.Debug("purge junk", "stream", stream, "subject", subj, "err", err)
+				return nil
+			}
+			m.junkPurged.WithLabelValues(stream).Add(float64(n))
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
+// sweep purges quarantined worker's junk from stream: per request while
+// some request may still need what it wrote before, then everything it
+// writes, one purge a reading.
+func (m *Monitor) sweep(ctx context.Context, st jetstream.Stream, stream, worker string) {
+	key := stream + " " + worker
+	m.mu.Lock()
+	clear := m.swept[key]
+	m.mu.Unlock()
+	if clear {
+		if n, err := streams.PurgeWorker(ctx, m.js, stream, worker); err == nil {
+			m.junkPurged.WithLabelValues(stream).Add(float64(n))
+		}
+		return
+	}
+	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
+	if err != nil {
+		return
+	}
+	keys := sortedKeys(subjects, sweepMax)
+	junk, held := m.classify(ctx, st, keys)
+	if len(held) > 0 || len(keys) < len(subjects) {
+		m.purgeAll(ctx, stream, junk)
+		return
+	}
+	// None of its output is needed: everything it wrote, and writes from
+	// now on, goes in one purge a reading.
+	if n, err := streams.PurgeWorker(ctx, m.js, stream, worker); err == nil {
+		m.junkPurged.WithLabelValues(stream).Add(float64(n))
+	}
+	m.mu.Lock()
+	m.swept[key] = true
+	m.mu.Unlock()
+	m.log.Info("quarantined worker's output no longer needed: purging all it writes", "worker_id", worker, "stream", stream)
+}
+
+// sortedKeys returns up to n keys of subjects, sorted.
+func sortedKeys(subjects map[string]uint64, n int) []string {
+	keys := make([]string, 0, len(subjects))
+	for k := range subjects {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys[:min(n, len(keys))]
+}
