@@ -149,7 +149,7 @@ func (m *Monitor) check(ctx context.Context, st jetstream.Stream, stream, worker
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, _ := m.classify(ctx, st, keys)
+	junk, _ := m.classify(ctx, st, keys, lastOfSubject)
 	many := 0
 	for _, subj := range junk {
 		many += int(subjects[subj])
@@ -172,11 +172,14 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 	}
 }
 
-// junkWhy says why a message of a worker's tokens subject (at seq; 0: any
-// of the subject's) is junk, or "" if some reader may need it: a subject no
-// reader folds, one of a request that does not exist, or one written after
-// its request's end was recorded (its compact record or its failure: what
-// a compaction carries for older readers is written before its record).
+// junkWhy says why the message at seq of a worker's tokens subject is junk,
+// or "" if some reader may need it: a subject no reader folds, one of a
+// request that does not exist, or one written after its request's end was
+// recorded (its compact record or its failure: what a compaction carries
+// for older readers is written before its record). Seq lastOfSubject judges
+// the subject's last message; seq anyOfEnded also counts as junk what a
+// worker wrote to a request that ended before (a quarantined worker's
+// sweep: nothing of it is needed any more but the carry).
 func (m *Monitor) junkWhy(ctx context.Context, st jetstream.Stream, subject string, seq uint64) string {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil {
@@ -191,25 +194,38 @@ func (m *Monitor) junkWhy(ctx context.Context, st jetstream.Stream, subject stri
 	}
 	switch last.Header.Get(events.HeaderType) {
 	case events.TypeRequestCompacted, events.TypeRequestFailed:
-		if seq == 0 || seq > last.Sequence {
+		if seq == lastOfSubject {
+			lm, err := st.GetLastMsgForSubject(ctx, subject)
+			if err != nil {
+				return ""
+			}
+			seq = lm.Sequence
+		}
+		if seq == anyOfEnded || seq > last.Sequence {
 			return "on " + subject + ", after request " + rs.ID + " ended"
 		}
 	}
 	return ""
 }
 
+// junkWhy's seq for a subject as a whole.
+const (
+	anyOfEnded    uint64 = 0
+	lastOfSubject uint64 = ^uint64(0)
+)
+
 // classify sorts subjects, tokens subjects of a worker's, into junk
-// (junkWhy) and held: a reader may still need them (their request is in
-// flight, or finished and not compacted, and its text may be the
+// (junkWhy at seq) and held: a reader may still need them (their request is
+// in flight, or finished and not compacted, and its text may be the
 // worker's). It asks about several at once: under a flood each answer
 // waits its turn behind the junk being stored.
-func (m *Monitor) classify(ctx context.Context, st jetstream.Stream, subjects []string) (junk, held []string) {
+func (m *Monitor) classify(ctx context.Context, st jetstream.Stream, subjects []string, seq uint64) (junk, held []string) {
 	why := make([]string, len(subjects))
 	var g errgroup.Group
 	g.SetLimit(parallel)
 	for i, subj := range subjects {
 		g.Go(func() error {
-			why[i] = m.junkWhy(ctx, st, subj, 0)
+			why[i] = m.junkWhy(ctx, st, subj, seq)
 			return nil
 		})
 	}
@@ -263,7 +279,7 @@ func (m *Monitor) sweep(ctx context.Context, st jetstream.Stream, stream, worker
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, held := m.classify(ctx, st, keys)
+	junk, held := m.classify(ctx, st, keys, anyOfEnded)
 	if len(held) > 0 || len(keys) < len(subjects) {
 		m.purgeAll(ctx, stream, junk)
 		return

@@ -307,3 +307,136 @@ func TestEvictionOldestFinishedFirst(t *testing.T) {
 		t.Errorf("usage %.2f after eviction, want below 0.7", u.Ratio())
 	}
 }
+
+// fleet is a retention.Fleet of fixed workers that records quarantines.
+type fleet struct {
+	mu          sync.Mutex
+	live        []string
+	quarantined map[string]string // worker: why
+}
+
+func (f *fleet) Workers() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for _, id := range f.live {
+		if _, q := f.quarantined[id]; !q {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+func (f *fleet) Quarantined() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id := range f.quarantined {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func (f *fleet) Junk(_ context.Context, id, why string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.quarantined[id] = why
+}
+
+func (f *fleet) why(id string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	why, ok := f.quarantined[id]
+	return why, ok
+}
+
+// TestGuardQuarantinesJunkWriters: what a worker wrote last is judged at
+// each reading. Compacted requests' carries on w1's subjects (80 messages)
+// are not junk, and a late delta of w1's after a request's record is
+// purged without quarantining w1; w2's 100 KiB message on a request that
+// does not exist quarantines w2 and is purged; a request in flight and
+// the compact records stay.
+func TestGuardQuarantinesJunkWriters(t *testing.T) {
+	srv := natstest.Start(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	fe, wk := logs(t, js)
+	for i := range 40 {
+		id := fmt.Sprintf("done-%02d", i)
+		store(t, fe, wk, id, 5, false)
+		if err := retention.CompactFromLog(ctx, fe, 1, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(t, fe, wk, "inflight", 10, true)
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{live: []string{"w1", "w2"}, quarantined: map[string]string{}}
+	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPartitions(1)
+	m.SetFleet(f)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	gone := func(subject string) bool {
+		_, err := st.GetLastMsgForSubject(ctx, subject)
+		return err != nil
+	}
+	waitGone := func(what, subject string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !gone(subject) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s (%s) still stored", what, subject)
+			}
+			time.Sleep(5 * time.Millisecond) // polling a stream another goroutine purges
+		}
+	}
+
+	late := streams.RequestTokens("done-07", 0, "w1")
+	if _, err := wk.Append(ctx, late, wk.Envelope("late", "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5, Tokens: []string{"late "}}), -1); err != nil {
+		t.Fatal(err)
+	}
+	waitGone("w1's late delta", late)
+	if why, q := f.why("w1"); q {
+		t.Fatalf("w1 quarantined for its carries and one late delta: %s", why)
+	}
+
+	junk := streams.RequestTokens("no-such-request", 0, "w2")
+	big := wk.Envelope("junk", "no-such-request", events.TokensGenerated{RequestID: "no-such-request", Tokens: []string{strings.Repeat("x", 100<<10)}})
+	if _, err := streams.NewLog(js, "baton/worker/w2").Append(ctx, junk, big, -1); err != nil {
+		t.Fatal(err)
+	}
+	waitGone("w2's junk", junk)
+	why, q := f.why("w2")
+	if !q || !strings.Contains(why, "no-such-request") || !strings.Contains(why, "does not exist") {
+		t.Fatalf("w2 after its junk: quarantined %v (%q), want quarantined naming the request", q, why)
+	}
+	if _, q := f.why("w1"); q {
+		t.Error("w1 quarantined with w2")
+	}
+	r, _, err := retention.Read(ctx, fe, 1, "inflight")
+	if err != nil || r.Len() != 10 {
+		t.Errorf("the request in flight after the sweeps: %v, %d tokens, want 10", err, r.Len())
+	}
+	for i := range 40 {
+		id := fmt.Sprintf("done-%02d", i)
+		if r, _, err := retention.Read(ctx, fe, 1, id); err != nil || r.Text() != "t0 t1 t2 t3 t4 " {
+			t.Errorf("%s after the sweeps: %v, %q", id, err, r.Text())
+		}
+	}
+}
