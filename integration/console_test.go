@@ -91,10 +91,12 @@ func screenshot(t *testing.T, ctx context.Context, paths ...string) {
 
 // TestConsoleBrowser drives the console in real headless chromium against
 // real processes: it sees both workers, watches a kill -9 turn into a
-// migration in the live feed without a reload, opens the request's timeline
-// (two attempt lanes, the cut at the offset the log recorded), kills another
-// request with the page's button, and follows the page as it fails over to
-// the second frontend when its own is killed. The request log has three
+// migration in the live feed without a reload and the killed worker's row
+// marked lost with the reason, opens the request's timeline (two attempt
+// lanes, the cut at the offset the log recorded), kills another request
+// with the page's button, and follows the page as it fails over to the
+// second frontend when its own is killed (where the lost worker has
+// dropped off: that frontend lists lost workers for a second). The request log has three
 // partitions, so the feed cursor the page resumes with has a sequence per
 // partition. Set UPDATE_CONSOLE_PNG=1 to rewrite docs/console.png from the run.
 func TestConsoleBrowser(t *testing.T) {
@@ -102,7 +104,7 @@ func TestConsoleBrowser(t *testing.T) {
 	s.partitions = testPartitions
 	args := []string{"--migration-limit", "3", "--nats-system-url", s.sysURL()}
 	fe1 := s.frontend(nil, args...)
-	fe2 := s.frontend(nil, args...)
+	fe2 := s.frontend(nil, append(args, "--console-lost-workers", "1s")...)
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1"}
 	for _, id := range []string{"w1", "w2"} {
 		s.worker(id, "--mock-tokens-per-sec", "40", "--mock-ttft", "10ms")
@@ -150,9 +152,15 @@ func TestConsoleBrowser(t *testing.T) {
 	})
 	s.workers[worker].signal(syscall.SIGKILL)
 
-	browse(t, ctx, 20*time.Second, "see the migration in the live feed",
+	lostRow := `#workers tr[data-worker="` + worker + `"]`
+	browse(t, ctx, 20*time.Second, "see the migration in the live feed, and the worker lost",
 		chromedp.WaitVisible(css(`#feed li[data-kind="migrated"][data-request="long"]`)),
 		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="running"]`)),
+		chromedp.WaitVisible(css(lostRow+`[data-state="lost"]`)),
+		// The lease goes first (revoked on the disconnect advisory), then
+		// the lost event says why.
+		chromedp.Poll[chromedp.Void](`(document.querySelector('`+lostRow+`[data-state="lost"] .reason') || {}).textContent?.startsWith('disconnected')`,
+			chromedp.WithPollingInterval(50*time.Millisecond)),
 	)
 	now := value(t, ctx, "check the page was not reloaded", chromedp.Evaluate[float64](`window.__loaded`))
 	if now != loadedAt {
@@ -244,6 +252,8 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(css(`#conn[data-frontend="frontend-2"]`)),
 		chromedp.WaitVisible(css(`#requests tr[data-request="after"][data-status="cancelled"]`)),
 		chromedp.WaitVisible(css(`#feed li[data-kind="cancelled"][data-request="after"]`)),
+		// The second frontend lists lost workers for a second only.
+		chromedp.WaitNotPresent(css(lostRow)),
 	)
 	migrated := value(t, ctx, "count the feed's migrations",
 		chromedp.Evaluate[int](`document.querySelectorAll('#feed li[data-kind="migrated"][data-request="long"]').length`))

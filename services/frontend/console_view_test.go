@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -210,5 +211,26 @@ func TestConsoleViewPartitions(t *testing.T) {
 	}
 	if got := len(c.requests("", "", 0)); got != 2 {
 		t.Errorf("%d requests in the view, want 2", got)
+	}
+}
+
+// TestRecentlyLost: the console lists a lost worker for
+// Config.ConsoleLostWorkers after its lease ended, unless it is live again.
+func TestRecentlyLost(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	lost := func(id string, ago time.Duration) projections.Worker {
+		return projections.Worker{ID: id, State: projections.WorkerLost, Departed: now.Add(-ago)}
+	}
+	all := []projections.Worker{lost("w1", time.Second), lost("w2", 5*time.Minute), lost("w3", 5*time.Minute+time.Millisecond), lost("w4", 0)}
+	live := []projections.Worker{{ID: "w4", State: projections.WorkerReady}}
+	var got []string
+	for _, w := range recentlyLost(all, live, now.Add(-DefaultConsoleLostWorkers)) {
+		got = append(got, w.ID)
+	}
+	if want := []string{"w1", "w2"}; !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v (w3 departed too long ago, w4 is back)", got, want)
+	}
+	if got := recentlyLost(nil, nil, now); got == nil {
+		t.Error("got nil, want an empty list (JSON [])")
 	}
 }

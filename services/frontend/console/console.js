@@ -18,7 +18,7 @@ const st = {
   seen: new Set(),           // feed entries shown: "stream/seq"
   frontends: [],             // from state events
   extra: (new URLSearchParams(location.search).get('frontends') || '').split(',').filter(Boolean),
-  workers: [], requests: [], now: Date.now(), skew: 0, self: '',
+  workers: [], lost: [], requests: [], now: Date.now(), skew: 0, self: '',
   selected: '', timeline: null, tlTimer: 0, tlLoading: false, tlAt: 0,
   stream: null, rekey: false, // the event stream's AbortController; set when a new key restarts it
 };
@@ -135,6 +135,7 @@ function onBlock(block) {
     st.skew = Date.now() - st.now;
     st.self = v.frontend;
     st.workers = v.workers || [];
+    st.lost = v.lost_workers || [];
     st.requests = v.requests || [];
     st.frontends = v.frontends || [];
     setConn(true, 'live on ' + v.frontend + ' · ' + st.base.replace(/^https?:\/\//, ''));
@@ -186,13 +187,21 @@ function syncRows(tbody, rows) {
   for (const tr of old.values()) tr.remove();
 }
 
+// renderWorkers lists the live workers and, marked lost, those whose lease
+// ended without their deregistering (for --console-lost-workers), by id.
 function renderWorkers() {
-  $('#workers-count').textContent = st.workers.length + ' live';
-  syncRows($('#workers tbody'), st.workers.map((w) => {
+  $('#workers-count').textContent = st.workers.length + ' live' + (st.lost.length ? ` · ${st.lost.length} lost` : '');
+  const all = [...st.workers, ...st.lost].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  syncRows($('#workers tbody'), all.map((w) => {
+    if (w.state === 'lost') {
+      return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state, class: 'gone' }, cells: [
+        `<b>${esc(w.id)}</b>`, badge(w.state) + (w.reason ? ` <small class="reason">${esc(w.reason)}</small>` : ''),
+        esc(w.model), '–', '–', '–', `lost ${age(w.departed)} ago`, String(w.pid), esc(w.host)] };
+    }
     const l = w.load || {};
     const kv = l.kv_blocks_total ? Math.round(100 * l.kv_blocks_used / l.kv_blocks_total) : 0;
     const state = w.state === 'not_ready' ? badge(w.state) + ` <small>${esc((w.reason || 'health checks failing').replace('_', ' '))}</small>` : badge(w.state);
-    return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state }, cells: [
+    return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state, class: '' }, cells: [
       `<b>${esc(w.id)}</b>`, state, esc(w.model), String(l.active_requests || 0),
       `<span class="bar"><i style="width:${kv}%"></i></span>${l.kv_blocks_used || 0}/${l.kv_blocks_total || 0}`,
       String(l.queued_prefill_tokens || 0), `renewed ${age(w.lease_renewed)} ago · ttl ${esc(w.lease_ttl)}`,
