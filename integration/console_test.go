@@ -94,9 +94,11 @@ func screenshot(t *testing.T, ctx context.Context, paths ...string) {
 // migration in the live feed without a reload and the killed worker's row
 // marked lost with the reason, opens the request's timeline (two attempt
 // lanes, the cut at the offset the log recorded), kills another request
-// with the page's button, and follows the page as it fails over to the
-// second frontend when its own is killed (where the lost worker has
-// dropped off: that frontend lists lost workers for a second). The request log has three
+// with the page's button while its timeline is open (whose stop and kill
+// buttons go away then, and are not offered for a finished request), and
+// follows the page as it fails over to the second frontend when its own is
+// killed (where the lost worker has dropped off: that frontend lists lost
+// workers for a second). The request log has three
 // partitions, so the feed cursor the page resumes with has a sequence per
 // partition. Set UPDATE_CONSOLE_PNG=1 to rewrite docs/console.png from the run.
 func TestConsoleBrowser(t *testing.T) {
@@ -190,10 +192,19 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("the text as it grew shows no cut mark: %q", text)
 	}
 
-	browse(t, ctx, 20*time.Second, "kill the other request with the page's button",
+	browse(t, ctx, 20*time.Second, "open the other request's timeline while it runs: stop and kill are offered",
 		chromedp.WaitVisible(css(`#requests tr[data-request="victim"][data-status="running"]`)),
+		chromedp.Click(css(`#requests tr[data-request="victim"] a[data-open]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="victim"][data-status="running"]`)),
+		chromedp.WaitVisible(css(`#timeline-panel button[data-tl-action="stop"]`)),
+		chromedp.WaitVisible(css(`#timeline-panel button[data-tl-action="kill"]`)),
+	)
+	browse(t, ctx, 20*time.Second, "kill it with the page's button: its timeline's buttons go",
 		chromedp.Click(css(`#requests button[data-action="kill"][data-request="victim"]`)),
 		chromedp.WaitVisible(css(`#requests tr[data-request="victim"][data-status="cancelled"]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="victim"][data-status="cancelled"]`)),
+		chromedp.WaitNotVisible(css(`#timeline-panel button[data-tl-action="stop"]`)),
+		chromedp.WaitNotVisible(css(`#timeline-panel button[data-tl-action="kill"]`)),
 	)
 	select {
 	case res := <-victimDone:
@@ -207,8 +218,10 @@ func TestConsoleBrowser(t *testing.T) {
 	checkComplete(t, res, prompt, 400)
 	browse(t, ctx, 20*time.Second, "see the long request complete",
 		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="completed"]`)),
+		chromedp.Click(css(`#requests tr[data-request="long"] a[data-open]`)),
 		chromedp.WaitVisible(css(`#timeline[data-request="long"][data-status="completed"]`)),
 	)
+	noActions(t, ctx, "the completed request's timeline")
 	// Once its owner has compacted it, the timeline still shows both lanes
 	// and the whole text, coloured by attempt, with the cut.
 	waitFor(t, 20*time.Second, "long to be compacted", func() bool {
@@ -226,6 +239,7 @@ func TestConsoleBrowser(t *testing.T) {
 	if n := value(t, ctx, "count the lanes", chromedp.Evaluate[int](`document.querySelectorAll('#timeline .lane[data-attempt]').length`)); n != 2 {
 		t.Errorf("the compacted timeline has %d attempt lanes, want 2", n)
 	}
+	noActions(t, ctx, "the compacted request's timeline")
 	paths := []string{filepath.Join(t.TempDir(), "console.png")}
 	if os.Getenv("UPDATE_CONSOLE_PNG") != "" {
 		paths = append(paths, filepath.Join("..", "docs", "console.png"))
@@ -288,6 +302,16 @@ func TestConsoleBrowser(t *testing.T) {
 	}
 	if calls["events"] < 2 || calls["timeline"] < 1 || calls["cancel"] != 1 {
 		t.Errorf("calls with the key: %v, want the event stream twice or more, the timeline, one cancel", calls)
+	}
+}
+
+// noActions fails the test unless the open timeline offers no stop or kill.
+func noActions(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	n := value(t, ctx, "count the timeline's buttons", chromedp.Evaluate[int](
+		`[...document.querySelectorAll('#timeline-panel [data-tl-action]')].filter((b) => b.offsetParent !== null && !b.disabled).length`))
+	if n != 0 {
+		t.Errorf("%s offers %d stop or kill buttons, want none", what, n)
 	}
 }
 

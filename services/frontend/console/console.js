@@ -222,8 +222,7 @@ function renderRequests() {
   const rows = st.requests.filter((r) => (!fm || r.model === fm) && (!fs || r.status === fs));
   $('#requests-count').textContent = rows.length + ' of ' + st.requests.length;
   syncRows($('#requests tbody'), rows.map((r) => {
-    const live = r.status === 'pending' || r.status === 'running';
-    const btns = live ? `<button data-action="stop" data-request="${esc(r.id)}">stop</button>
+    const btns = inFlight(r.status) ? `<button data-action="stop" data-request="${esc(r.id)}">stop</button>
       <button class="danger" data-action="kill" data-request="${esc(r.id)}">kill</button>` : '';
     return { key: r.id, attrs: { 'data-request': r.id, 'data-status': r.status, class: r.id === st.selected ? 'sel' : '' }, cells: [
       `<a href="#${esc(r.id)}" data-open="${esc(r.id)}">${esc(r.id)}</a>`, esc(r.model),
@@ -235,6 +234,19 @@ function renderRequests() {
     const r = st.requests.find((x) => x.id === st.selected);
     if (r && st.timeline && r.seq !== st.timeline.seq && !st.tlLoading && Date.now() - st.tlAt > 1000) loadTimeline(st.selected);
   }
+  renderTimelineActions();
+}
+
+function inFlight(status) { return status === 'pending' || status === 'running'; }
+
+// renderTimelineActions offers stop and kill for the open timeline only
+// while its request is in flight: by the timeline as last loaded and by its
+// row, whichever learns first that it finished.
+function renderTimelineActions() {
+  const row = st.requests.find((x) => x.id === st.selected);
+  const live = !!st.timeline && st.timeline.request.id === st.selected &&
+    inFlight(st.timeline.request.status) && (!row || inFlight(row.status));
+  for (const b of document.querySelectorAll('[data-tl-action]')) b.hidden = !live;
 }
 
 function addFeed(e) {
@@ -264,6 +276,7 @@ function addFeed(e) {
 async function openTimeline(id) {
   st.selected = id;
   st.timeline = null;
+  renderTimelineActions();
   $('#timeline-panel').hidden = false;
   renderRequests();
   await loadTimeline(id);
@@ -282,6 +295,7 @@ async function loadTimeline(id) {
     if (row) doc.seq = row.seq;
     st.timeline = doc;
     drawTimeline(doc);
+    renderTimelineActions();
   } catch (e) {
     notice('could not load the timeline of ' + id + ': ' + e.message);
   } finally {
@@ -363,7 +377,7 @@ function drawTimeline(doc) {
   $('#tl-events').innerHTML = tl.filter((e) => e.type !== 'baton.request.tokens.v1' || !e.applied).map((e) =>
     `<li class="${e.applied ? 'applied' : ''}">+${e.since_accepted_seconds.toFixed(3)}s #${e.seq} ${esc(e.subject)} ${esc(e.summary)}${e.note ? ' [' + esc(e.note) + ']' : ''}</li>`).join('');
   clearTimeout(st.tlTimer);
-  if (rq.status === 'pending' || rq.status === 'running') st.tlTimer = setTimeout(() => st.selected === rq.id && loadTimeline(rq.id), 1000);
+  if (inFlight(rq.status)) st.tlTimer = setTimeout(() => st.selected === rq.id && loadTimeline(rq.id), 1000);
 }
 
 async function cancel(id, mode) {
