@@ -99,9 +99,7 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	stateDue := true
 	for {
 		feedCh, discCh, presCh := fe.console.changed.C(), fe.runtime.WorkersChanged(), fe.runtime.FrontendsChanged()
-		for _, e := range fe.console.since(cur) {
-			*cur.seq(e) = e.Seq
-			e.ID = cur.String()
+		for _, e := range fe.console.since(&cur) {
 			if writeEvent(w, e.ID, "feed", e) != nil {
 				return
 			}

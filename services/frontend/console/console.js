@@ -257,18 +257,39 @@ function addFeed(e) {
   li.dataset.kind = e.kind;
   li.dataset.seq = e.seq;
   li.dataset.stream = e.stream;
+  li.dataset.time = e.time;
+  [li.ms, li.ns] = timeKey(e.time);
   if (e.request_id) li.dataset.request = e.request_id;
   if (e.worker_id) li.dataset.worker = e.worker_id;
   const t = new Date(e.time).toISOString().slice(11, 23);
   const who = e.request_id ? `<a data-open="${esc(e.request_id)}">${esc(e.request_id)}</a>` : `<b>${esc(e.worker_id)}</b>`;
   li.innerHTML = `<time>${t}</time><span class="k k-${esc(e.kind)}">${esc(e.kind)}</span><span>${who} ${esc(e.summary)}</span>`;
   const feed = $('#feed');
-  feed.prepend(li);
+  // Newest first, in time order whatever order entries come in (backlogs
+  // of several streams, a resume on another frontend): before the first
+  // entry that is not later than this one.
+  let at = feed.firstElementChild;
+  while (at && later(at, li)) at = at.nextElementSibling;
+  feed.insertBefore(li, at);
   while (feed.children.length > FEED_MAX) {
     const last = feed.lastElementChild;
     st.seen.delete(last.dataset.stream + '/' + last.dataset.seq);
     last.remove();
   }
+}
+
+// timeKey is an event time (RFC 3339, to the nanosecond) as [ms, ns within the ms].
+function timeKey(t) {
+  const f = /\.(\d+)/.exec(t);
+  return [Date.parse(t), f ? Number((f[1] + '000000000').slice(3, 9)) : 0];
+}
+
+// later reports whether feed entry a comes after b: a later event time, or
+// the same time and a later sequence of the same stream.
+function later(a, b) {
+  if (a.ms !== b.ms) return a.ms > b.ms;
+  if (a.ns !== b.ns) return a.ns > b.ns;
+  return a.dataset.stream === b.dataset.stream && Number(a.dataset.seq) > Number(b.dataset.seq);
 }
 
 // ---- timeline -----------------------------------------------------------
