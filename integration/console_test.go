@@ -91,18 +91,24 @@ func screenshot(t *testing.T, ctx context.Context, paths ...string) {
 
 // TestConsoleBrowser drives the console in real headless chromium against
 // real processes: it sees both workers, watches a kill -9 turn into a
-// migration in the live feed without a reload, opens the request's timeline
-// (two attempt lanes, the cut at the offset the log recorded), kills another
-// request with the page's button, and follows the page as it fails over to
-// the second frontend when its own is killed. The request log has three
-// partitions, so the feed cursor the page resumes with has a sequence per
-// partition. Set UPDATE_CONSOLE_PNG=1 to rewrite docs/console.png from the run.
+// migration in the live feed without a reload and the killed worker's row
+// marked lost with the reason, opens the request's timeline (two attempt
+// lanes, the cut at the offset the log recorded), kills another request
+// with the page's button while its timeline is open (whose stop and kill
+// buttons go away then, and are not offered for a finished request), and
+// follows the page as it fails over to the second frontend when its own is
+// killed (where the lost worker has dropped off: that frontend lists lost
+// workers for a second). A page opened afresh there shows the feed in time
+// order, although the frontend read the two streams' backlogs at once. The
+// request log has three partitions, so the feed cursor the page resumes
+// with has a sequence per partition. Set UPDATE_CONSOLE_PNG=1 to rewrite
+// docs/console.png from the run.
 func TestConsoleBrowser(t *testing.T) {
 	s := newStack(t)
 	s.partitions = testPartitions
 	args := []string{"--migration-limit", "3", "--nats-system-url", s.sysURL()}
 	fe1 := s.frontend(nil, args...)
-	fe2 := s.frontend(nil, args...)
+	fe2 := s.frontend(nil, append(args, "--console-lost-workers", "1s")...)
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1"}
 	for _, id := range []string{"w1", "w2"} {
 		s.worker(id, "--mock-tokens-per-sec", "40", "--mock-ttft", "10ms")
@@ -150,9 +156,23 @@ func TestConsoleBrowser(t *testing.T) {
 	})
 	s.workers[worker].signal(syscall.SIGKILL)
 
-	browse(t, ctx, 20*time.Second, "see the migration in the live feed",
+	lostRow := `#workers tr[data-worker="` + worker + `"]`
+	browse(t, ctx, 20*time.Second, "see the migration in the live feed, and the worker lost",
 		chromedp.WaitVisible(css(`#feed li[data-kind="migrated"][data-request="long"]`)),
 		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="running"]`)),
+		chromedp.WaitVisible(css(lostRow+`[data-state="lost"]`)),
+		// The lease goes first (revoked on the disconnect advisory), then
+		// the lost event says why.
+		chromedp.Poll[chromedp.Void](`(document.querySelector('`+lostRow+`[data-state="lost"] .reason') || {}).textContent?.startsWith('disconnected')`,
+			chromedp.WithPollingInterval(50*time.Millisecond)),
+	)
+	// A worker registered between the migration and the kill below: the
+	// two streams' events interleave in time.
+	s.worker("w3", "--mock-tokens-per-sec", "40", "--mock-ttft", "10ms")
+	fe1.waitRoutable(t, "w3")
+	browse(t, ctx, 20*time.Second, "see the new worker",
+		chromedp.WaitVisible(css(`#feed li[data-kind="registered"][data-worker="w3"]`)),
+		chromedp.WaitVisible(css(`#workers tr[data-worker="w3"][data-state="ready"]`)),
 	)
 	now := value(t, ctx, "check the page was not reloaded", chromedp.Evaluate[float64](`window.__loaded`))
 	if now != loadedAt {
@@ -182,10 +202,19 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("the text as it grew shows no cut mark: %q", text)
 	}
 
-	browse(t, ctx, 20*time.Second, "kill the other request with the page's button",
+	browse(t, ctx, 20*time.Second, "open the other request's timeline while it runs: stop and kill are offered",
 		chromedp.WaitVisible(css(`#requests tr[data-request="victim"][data-status="running"]`)),
+		chromedp.Click(css(`#requests tr[data-request="victim"] a[data-open]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="victim"][data-status="running"]`)),
+		chromedp.WaitVisible(css(`#timeline-panel button[data-tl-action="stop"]`)),
+		chromedp.WaitVisible(css(`#timeline-panel button[data-tl-action="kill"]`)),
+	)
+	browse(t, ctx, 20*time.Second, "kill it with the page's button: its timeline's buttons go",
 		chromedp.Click(css(`#requests button[data-action="kill"][data-request="victim"]`)),
 		chromedp.WaitVisible(css(`#requests tr[data-request="victim"][data-status="cancelled"]`)),
+		chromedp.WaitVisible(css(`#timeline[data-request="victim"][data-status="cancelled"]`)),
+		chromedp.WaitNotVisible(css(`#timeline-panel button[data-tl-action="stop"]`)),
+		chromedp.WaitNotVisible(css(`#timeline-panel button[data-tl-action="kill"]`)),
 	)
 	select {
 	case res := <-victimDone:
@@ -199,8 +228,10 @@ func TestConsoleBrowser(t *testing.T) {
 	checkComplete(t, res, prompt, 400)
 	browse(t, ctx, 20*time.Second, "see the long request complete",
 		chromedp.WaitVisible(css(`#requests tr[data-request="long"][data-status="completed"]`)),
+		chromedp.Click(css(`#requests tr[data-request="long"] a[data-open]`)),
 		chromedp.WaitVisible(css(`#timeline[data-request="long"][data-status="completed"]`)),
 	)
+	noActions(t, ctx, "the completed request's timeline")
 	// Once its owner has compacted it, the timeline still shows both lanes
 	// and the whole text, coloured by attempt, with the cut.
 	waitFor(t, 20*time.Second, "long to be compacted", func() bool {
@@ -218,6 +249,7 @@ func TestConsoleBrowser(t *testing.T) {
 	if n := value(t, ctx, "count the lanes", chromedp.Evaluate[int](`document.querySelectorAll('#timeline .lane[data-attempt]').length`)); n != 2 {
 		t.Errorf("the compacted timeline has %d attempt lanes, want 2", n)
 	}
+	noActions(t, ctx, "the compacted request's timeline")
 	paths := []string{filepath.Join(t.TempDir(), "console.png")}
 	if os.Getenv("UPDATE_CONSOLE_PNG") != "" {
 		paths = append(paths, filepath.Join("..", "docs", "console.png"))
@@ -244,7 +276,10 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitVisible(css(`#conn[data-frontend="frontend-2"]`)),
 		chromedp.WaitVisible(css(`#requests tr[data-request="after"][data-status="cancelled"]`)),
 		chromedp.WaitVisible(css(`#feed li[data-kind="cancelled"][data-request="after"]`)),
+		// The second frontend lists lost workers for a second only.
+		chromedp.WaitNotPresent(css(lostRow)),
 	)
+	feedInTimeOrder(t, ctx, "the page that failed over")
 	migrated := value(t, ctx, "count the feed's migrations",
 		chromedp.Evaluate[int](`document.querySelectorAll('#feed li[data-kind="migrated"][data-request="long"]').length`))
 	now = value(t, ctx, "read the load time", chromedp.Evaluate[float64](`window.__loaded`))
@@ -279,6 +314,71 @@ func TestConsoleBrowser(t *testing.T) {
 	if calls["events"] < 2 || calls["timeline"] < 1 || calls["cancel"] != 1 {
 		t.Errorf("calls with the key: %v, want the event stream twice or more, the timeline, one cancel", calls)
 	}
+
+	// A first load on the second frontend (the page loaded afresh there),
+	// whose console read the backlogs of every partition and of the
+	// workers at once when the page failed over to it: the feed is in time
+	// order all the same.
+	browse(t, ctx, 20*time.Second, "open the console afresh on the second frontend",
+		chromedp.Navigate(fe2.url+"/console"),
+		chromedp.WaitVisible(css(`#feed li[data-kind="cancelled"][data-request="after"]`)),
+		chromedp.WaitVisible(css(`#feed li[data-kind="registered"][data-worker="w1"]`)),
+	)
+	feed := feedInTimeOrder(t, ctx, "a first load")
+	// Workers' and requests' events alternate in time, so a feed that put
+	// one stream's backlog after the other's would fail the check above.
+	var order []string
+	for _, e := range feed {
+		switch {
+		case e.Kind == "registered" && (e.Who == "w1" || e.Who == "w3"), e.Kind == "migrated" && e.Who == "long", e.Kind == "cancelled" && e.Who == "victim":
+			order = append(order, e.Kind+" "+e.Who)
+		}
+	}
+	if want := []string{"cancelled victim", "registered w3", "migrated long", "registered w1"}; strings.Join(order, ", ") != strings.Join(want, ", ") {
+		t.Errorf("a first load's feed shows %v, want %v (newest first)", order, want)
+	}
+}
+
+// noActions fails the test unless the open timeline offers no stop or kill.
+func noActions(t *testing.T, ctx context.Context, what string) {
+	t.Helper()
+	n := value(t, ctx, "count the timeline's buttons", chromedp.Evaluate[int](
+		`[...document.querySelectorAll('#timeline-panel [data-tl-action]')].filter((b) => b.offsetParent !== null && !b.disabled).length`))
+	if n != 0 {
+		t.Errorf("%s offers %d stop or kill buttons, want none", what, n)
+	}
+}
+
+// feedLine is an entry of the page's live feed.
+type feedLine struct {
+	Time, Stream, Kind, Who string
+	Seq                     int
+}
+
+// feedInTimeOrder reads the page's feed and fails the test unless it is
+// newest first by event time, and by sequence within a stream.
+func feedInTimeOrder(t *testing.T, ctx context.Context, what string) []feedLine {
+	t.Helper()
+	lines := value(t, ctx, "read the feed", chromedp.Evaluate[[]feedLine](`[...document.querySelectorAll('#feed li')].map((li) => ({
+		Time: li.dataset.time, Stream: li.dataset.stream, Kind: li.dataset.kind,
+		Who: li.dataset.request || li.dataset.worker, Seq: Number(li.dataset.seq)}))`))
+	if len(lines) == 0 {
+		t.Fatalf("%s: the feed is empty", what)
+	}
+	var prev time.Time
+	for i, l := range lines {
+		at, err := time.Parse(time.RFC3339Nano, l.Time)
+		if err != nil {
+			t.Fatalf("%s: feed entry %d %+v: %v", what, i, l, err)
+		}
+		if i > 0 && (at.After(prev) || (l.Stream == lines[i-1].Stream && at.Equal(prev) && l.Seq > lines[i-1].Seq)) {
+			t.Errorf("%s: feed entry %d (%s %s at %s, %s #%d) is below entry %d (%s %s at %s, %s #%d), want newest first",
+				what, i, l.Kind, l.Who, l.Time, l.Stream, l.Seq,
+				i-1, lines[i-1].Kind, lines[i-1].Who, lines[i-1].Time, lines[i-1].Stream, lines[i-1].Seq)
+		}
+		prev = at
+	}
+	return lines
 }
 
 // sentRequest is a request the page sent, as the browser reported it.

@@ -22,6 +22,14 @@ const (
 	// QuarantineMS): listed, not routable, until the quarantine ends,
 	// whatever lease it registers meanwhile.
 	WorkerQuarantined = "quarantined"
+	// WorkerLost is a worker whose lease ended without it leaving in order:
+	// its key expired, or a frontend revoked it (and recorded it lost).
+	// Lost lists it for a while; Workers never does.
+	WorkerLost = "lost"
+	// workerLeft is a worker whose lease ended in order (it drained, then
+	// revoked its own key): remembered in case a lost event follows, never
+	// listed.
+	workerLeft = "left"
 )
 
 // Worker is one live worker as discovery sees it.
@@ -38,7 +46,9 @@ type Worker struct {
 	Server        string      `json:"server,omitempty"`
 	Load          events.Load `json:"load"`
 	// Reason says why a not_ready worker is not ready: the upstream's words
-	// when it refused the worker, else stalled or canary_failed.
+	// when it refused the worker, else stalled or canary_failed. For a lost
+	// worker it says why it was lost: the lost event's reason, else lease
+	// expired or lease revoked.
 	Reason string `json:"reason,omitempty"`
 	// LeaseRenewed is when the lease key was last written; zero if unknown.
 	LeaseRenewed time.Time `json:"lease_renewed,omitzero"`
@@ -47,6 +57,9 @@ type Worker struct {
 	// FirstTokenTimeout is the first-token deadline the worker keeps itself
 	// (events.Lease.FirstTokenTimeoutMS); 0: none.
 	FirstTokenTimeout time.Duration `json:"first_token_timeout,omitempty"`
+	// Departed is when a lost worker's lease ended (the time of the key's
+	// deletion or expiry); zero for a live worker.
+	Departed time.Time `json:"departed,omitzero"`
 }
 
 // CanServe reports whether the worker's engine serves endpoint
@@ -84,7 +97,10 @@ type LeaseUpdate struct {
 	Key      string
 	Revision uint64
 	Lease    *events.Lease
-	Time     time.Time // when the key was written (a registration or renewal)
+	Time     time.Time // when the key was written (a registration or renewal) or deleted
+	// Expired marks a deletion by the key's TTL (the server's expiry
+	// marker), not by a client.
+	Expired bool
 }
 
 // LoadUpdate is a change of a key in the load bucket (Load nil: deleted).
@@ -97,7 +113,8 @@ type LoadUpdate struct {
 // Discovery is the view of live workers, folded from the leases bucket (the
 // authority on liveness: a worker exists while its key does), the load
 // bucket, and worker lifecycle events (draining, lost, deregistered for the
-// same lease end it early).
+// same lease end it early). It also remembers the workers whose lease ended
+// without their leaving in order (Lost), the most recent workersGoneLimit.
 //
 // A Discovery is not safe for concurrent use; the frontend guards it.
 type Discovery struct {
@@ -105,7 +122,8 @@ type Discovery struct {
 	lastLeaseRev uint64
 	workers      map[string]*Worker
 	loads        map[string]events.Load
-	ended        map[string]string // lease ids ended by an event, until their key goes
+	ended        map[string]ending     // leases ended by an event, by worker id, until their key goes
+	gone         map[string]*departure // departed workers, by id, until a new lease
 	quarantined  map[string]quarantine
 }
 
@@ -115,9 +133,29 @@ type quarantine struct {
 	reason string
 }
 
+// departure is a worker whose key went: w.State is WorkerLost or
+// workerLeft. settled: a lost event or the key's expiry said so, and no
+// deregistered event changes it.
+type departure struct {
+	w       Worker
+	settled bool
+}
+
+// ending is the lease a lifecycle event ended, and whether a lost event
+// (with its reason) was among those events.
+type ending struct {
+	lease  string
+	lost   bool
+	reason string
+}
+
+// workersGoneLimit bounds how many departed workers a Discovery remembers;
+// past it, the one that departed first is forgotten.
+const workersGoneLimit = 64
+
 // NewDiscovery returns an empty view.
 func NewDiscovery() *Discovery {
-	return &Discovery{workers: map[string]*Worker{}, loads: map[string]events.Load{}, ended: map[string]string{},
+	return &Discovery{workers: map[string]*Worker{}, loads: map[string]events.Load{}, ended: map[string]ending{}, gone: map[string]*departure{},
 		quarantined: map[string]quarantine{}}
 }
 
@@ -131,11 +169,15 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		d.lastLeaseRev = u.Revision
 	}
 	if u.Lease == nil {
-		_, had := d.workers[u.Key]
+		w, had := d.workers[u.Key]
+		if had {
+			d.depart(w, u)
+		}
 		delete(d.workers, u.Key)
 		delete(d.ended, u.Key)
 		return had
 	}
+	delete(d.gone, u.Key) // back, under a new lease or the same one
 	l := u.Lease
 	w := &Worker{
 		ID: u.Key, LeaseID: l.LeaseID, Model: l.Model, State: WorkerReady,
@@ -145,7 +187,7 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		FirstTokenTimeout: time.Duration(l.FirstTokenTimeoutMS) * time.Millisecond,
 	}
 	switch {
-	case l.Draining || d.ended[u.Key] == l.LeaseID:
+	case l.Draining || d.ended[u.Key].lease == l.LeaseID:
 		w.State = WorkerDraining
 	case l.NotReady:
 		w.State, w.Reason = WorkerNotReady, l.NotReadyReason
@@ -181,6 +223,34 @@ func (d *Discovery) Quarantined(now time.Time) []string {
 	}
 	slices.Sort(ids)
 	return ids
+}
+
+// depart remembers w, whose key u deleted: lost, unless it was draining
+// and a client deleted the key (its own revocation after a drain, most
+// likely; a lost event recorded afterwards still makes it lost).
+func (d *Discovery) depart(w *Worker, u LeaseUpdate) {
+	g := &departure{w: *w, settled: true}
+	g.w.Departed, g.w.State, g.w.Reason = u.Time, WorkerLost, ""
+	switch e := d.ended[w.ID]; {
+	case e.lease == w.LeaseID && e.lost:
+		g.w.Reason = e.reason
+	case u.Expired:
+		g.w.Reason = "lease expired"
+	case w.State == WorkerDraining:
+		g.w.State, g.settled = workerLeft, false
+	default:
+		g.w.Reason, g.settled = "lease revoked", false
+	}
+	if _, ok := d.gone[w.ID]; !ok && len(d.gone) >= workersGoneLimit {
+		first := ""
+		for id, o := range d.gone {
+			if first == "" || o.w.Departed.Before(d.gone[first].w.Departed) {
+				first = id
+			}
+		}
+		delete(d.gone, first)
+	}
+	d.gone[w.ID] = g
 }
 
 // ApplyLoad folds a load report.
@@ -260,7 +330,8 @@ func (d *Discovery) Apply(e events.Envelope) (changed bool) {
 // (MisplacedWorkerEvent) or for a lease other than the worker's current one
 // changes nothing. An event for a lease not seen yet is kept, so that the
 // lease is out of routing when its key arrives (the stream and the bucket
-// are read independently).
+// are read independently). An event for the lease of a worker whose key
+// went settles what Lost says of it.
 func (d *Discovery) Fold(e events.Envelope) (changed bool, why string) {
 	if e.Seq != 0 {
 		if e.Seq <= d.lastSeq {
@@ -275,26 +346,64 @@ func (d *Discovery) Fold(e events.Envelope) (changed bool, why string) {
 	if why := MisplacedWorkerEvent(e); why != "" {
 		return false, why
 	}
-	if lost, ok := e.Event.(events.WorkerLost); ok && lost.QuarantineMS > 0 {
-		return d.quarantine(id, e.Time, lost), ""
+	changed, why = d.foldEnd(e.Event, id, lease)
+	if lost, ok := e.Event.(events.WorkerLost); ok && lost.QuarantineMS > 0 && d.quarantine(id, e.Time, lost) {
+		return true, ""
+	}
+	return changed, why
+}
+
+// foldEnd folds a lifecycle event that ends worker id's lease lease.
+func (d *Discovery) foldEnd(ev events.Event, id, lease string) (changed bool, why string) {
+	lost, isLost := ev.(events.WorkerLost)
+	end := ending{lease: lease, lost: isLost, reason: lost.Reason}
+	if prev := d.ended[id]; prev.lease == lease && prev.lost && !isLost {
+		end = prev // a lost event's mark stays
 	}
 	w, known := d.workers[id]
 	switch {
 	case !known:
-		d.ended[id] = lease
+		d.ended[id] = end
+		if g := d.gone[id]; g != nil && g.w.LeaseID == lease {
+			if settle(g, ev) {
+				return true, "" // the departed worker's state or reason
+			}
+			return false, NoEffect
+		}
 		return false, NoEffectNoLease
 	case w.LeaseID != lease:
-		if d.ended[id] != w.LeaseID {
-			d.ended[id] = lease // perhaps the next registration's, its key not seen yet
+		if d.ended[id].lease != w.LeaseID {
+			d.ended[id] = end // perhaps the next registration's, its key not seen yet
 		}
 		return false, IgnoredNotCurrentLease
 	}
-	d.ended[id] = lease
+	d.ended[id] = end
 	if w.State == WorkerDraining {
 		return false, NoEffectDraining
 	}
 	w.State = WorkerDraining
 	return true, ""
+}
+
+// settle folds a lifecycle event of departed g's lease: a lost event makes
+// it lost with the event's reason; a deregistered event makes one that a
+// client's deletion made lost (lease revoked) one that left in order.
+func settle(g *departure, ev events.Event) (changed bool) {
+	switch ev := ev.(type) {
+	case events.WorkerLost:
+		if g.settled && g.w.State == WorkerLost && g.w.Reason == ev.Reason {
+			return false
+		}
+		g.w.State, g.w.Reason, g.settled = WorkerLost, ev.Reason, true
+		return true
+	case events.WorkerDeregistered:
+		if g.settled || g.w.State != WorkerLost {
+			return false
+		}
+		g.w.State, g.w.Reason = workerLeft, ""
+		return true
+	}
+	return false
 }
 
 // WorkerLog checks the events of the workers stream, read in order, as a
@@ -357,6 +466,21 @@ func (d *Discovery) Workers() []Worker {
 	out := make([]Worker, 0, len(d.workers))
 	for _, w := range d.workers {
 		out = append(out, *w)
+	}
+	slices.SortFunc(out, func(a, b Worker) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Lost returns copies of the departed workers that did not leave in order
+// (State WorkerLost, Departed set, Reason saying why when known), sorted by
+// id: the most recent workersGoneLimit, each until it registers again. How
+// long to show them is the reader's choice.
+func (d *Discovery) Lost() []Worker {
+	var out []Worker
+	for _, g := range d.gone {
+		if g.w.State == WorkerLost {
+			out = append(out, g.w)
+		}
 	}
 	slices.SortFunc(out, func(a, b Worker) int { return strings.Compare(a.ID, b.ID) })
 	return out

@@ -1,6 +1,7 @@
 package projections_test
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -263,5 +264,94 @@ func TestDiscoveryQuarantine(t *testing.T) {
 	d.ApplyLease(at(5, lease("w1", "l9", "m"), t0.Add(61*time.Second)))
 	if got := ids(d.Routable("m")); !slices.Equal(got, []string{"w1", "w2"}) {
 		t.Errorf("routable after the quarantine: %v, want [w1 w2]", got)
+	}
+}
+
+// TestDiscoveryLost: a worker whose key goes without its leaving in order
+// is listed by Lost (never by Workers), with when and why; one that drained
+// and deregistered is not.
+func TestDiscoveryLost(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	gone := func(rev uint64, key string, expired bool) step {
+		return step{lease: &projections.LeaseUpdate{Key: key, Revision: rev, Time: at, Expired: expired}}
+	}
+	draining := func() *events.Lease { l := lease("w1", "l1", "m"); l.Draining = true; return l }
+	lost := func(reason string) step { return ev(events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: reason}) }
+	deregistered := ev(events.WorkerDeregistered{WorkerID: "w1", LeaseID: "l1"})
+	tests := []struct {
+		name       string
+		steps      []step
+		wantReason string // "": not lost
+		wantListed []string
+	}{
+		{"revoked, then recorded lost", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", false), lost("disconnected: Client Closed")}, "disconnected: Client Closed", nil},
+		{"revoked, no event yet", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", false)}, "lease revoked", nil},
+		{"expired", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", true)}, "lease expired", nil},
+		{"recorded lost before its key went", []step{put(1, lease("w1", "l1", "m")), lost("disconnected: x"), gone(2, "w1", false)}, "disconnected: x", nil},
+		{"drained, revoked its key, deregistered", []step{put(1, lease("w1", "l1", "m")), put(2, draining()), gone(3, "w1", false), deregistered}, "", nil},
+		{"drained, revoked its key, no event yet", []step{put(1, lease("w1", "l1", "m")), put(2, draining()), gone(3, "w1", false)}, "", nil},
+		{"deregistered before its key went", []step{put(1, lease("w1", "l1", "m")), deregistered, gone(2, "w1", false)}, "", nil},
+		{"killed while draining, recorded lost", []step{put(1, draining()), gone(2, "w1", false), lost("disconnected: EOF")}, "disconnected: EOF", nil},
+		{"expired while draining", []step{put(1, draining()), gone(2, "w1", true)}, "lease expired", nil},
+		{"revoked without draining, then deregistered", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", false), deregistered}, "", nil},
+		{"expired, then deregistered: still lost", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", true), deregistered}, "lease expired", nil},
+		{"recorded lost, then deregistered: still lost", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", false), lost("r"), deregistered}, "r", nil},
+		{"a lost event of an older lease changes nothing", []step{put(1, lease("w1", "l2", "m")), gone(2, "w1", false), lost("old")}, "lease revoked", nil},
+		{"registered again", []step{put(1, lease("w1", "l1", "m")), gone(2, "w1", true), put(3, lease("w1", "l2", "m"))}, "", []string{"w1"}},
+		{"an unknown key's deletion", []step{gone(1, "w1", true)}, "", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := discover(tt.steps...)
+			if got := ids(d.Workers()); !slices.Equal(got, tt.wantListed) {
+				t.Errorf("got workers %v, want %v", got, tt.wantListed)
+			}
+			got := d.Lost()
+			if tt.wantReason == "" {
+				if len(got) != 0 {
+					t.Fatalf("got lost %+v, want none", got)
+				}
+				return
+			}
+			if len(got) != 1 {
+				t.Fatalf("got lost %+v, want w1", got)
+			}
+			if w := got[0]; w.ID != "w1" || w.State != projections.WorkerLost || w.Reason != tt.wantReason || !w.Departed.Equal(at) || w.Model != "m" || w.Routable() {
+				t.Errorf("got %+v, want w1 of model m lost at %v: %s", w, at, tt.wantReason)
+			}
+		})
+	}
+}
+
+// TestDiscoveryLostChanges: the lost event that follows a key's revocation
+// is a change (the console shows the reason); its replay is not.
+func TestDiscoveryLostChanges(t *testing.T) {
+	d := discover(put(1, lease("w1", "l1", "m")))
+	d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 2})
+	e := events.Envelope{ID: "x", Source: "test", Seq: 1, Event: events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: "disconnected"}}
+	if changed, why := d.Fold(e); !changed {
+		t.Errorf("lost after the revocation: got unchanged (%s), want changed", why)
+	}
+	e.ID, e.Seq = "y", 2
+	if changed, why := d.Fold(e); changed || why != projections.NoEffect {
+		t.Errorf("the same loss again: got changed %v (%q), want %q", changed, why, projections.NoEffect)
+	}
+}
+
+// TestDiscoveryLostBound: a view remembers the 64 most recent departures.
+func TestDiscoveryLostBound(t *testing.T) {
+	d := projections.NewDiscovery()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	var rev uint64
+	for i := range 70 {
+		id := fmt.Sprintf("w%02d", i)
+		rev++
+		d.ApplyLease(projections.LeaseUpdate{Key: id, Revision: rev, Lease: lease(id, "l", "m")})
+		rev++
+		d.ApplyLease(projections.LeaseUpdate{Key: id, Revision: rev, Time: at.Add(time.Duration(i) * time.Second), Expired: true})
+	}
+	got := ids(d.Lost())
+	if len(got) != 64 || got[0] != "w06" || got[63] != "w69" {
+		t.Errorf("got %d lost, %v…%v; want the 64 most recent, w06…w69", len(got), got[0], got[len(got)-1])
 	}
 }

@@ -57,6 +57,7 @@ func flagDefaults(c *frontend.Config) {
 	}
 	c.ConsoleWindow = frontend.DefaultConsoleWindow
 	c.ConsoleRequests = frontend.DefaultConsoleRequests
+	c.ConsoleLostWorkers = frontend.DefaultConsoleLostWorkers
 	if c.Streams.Replicas == 0 {
 		c.Streams.Replicas = 1
 	}

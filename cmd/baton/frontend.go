@@ -44,6 +44,7 @@ type frontendFlags struct {
 	sec                securityFlags
 	consoleWindow      time.Duration
 	consoleRequests    int
+	consoleLostWorkers time.Duration
 	logHighWater       float64
 	logCompaction      bool
 	clientModel        bool
@@ -75,6 +76,7 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.DurationVar(&ff.dispatchTimeout, "dispatch-timeout", frontend.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
 	f.DurationVar(&ff.consoleWindow, "console-window", frontend.DefaultConsoleWindow, "how far back the console starts reading the log; a `duration`")
 	f.IntVar(&ff.consoleRequests, "console-requests", frontend.DefaultConsoleRequests, "recent requests the console keeps (and 4x as many feed events)")
+	f.DurationVar(&ff.consoleLostWorkers, "console-lost-workers", frontend.DefaultConsoleLostWorkers, "how long the console lists a worker that was lost (its lease ended without its deregistering); a `duration`")
 	f.Float64Var(&ff.logHighWater, "log-high-water", retention.DefaultHighWater, "`fraction` of --stream-max-bytes above which new requests get 503 log_full (the rest is the reserve of requests in flight); eviction of finished requests starts 0.1 below it")
 	f.bindEnv("log-high-water", "BATON_LOG_HIGH_WATER", nil)
 	f.BoolVar(&ff.logCompaction, "log-compaction", true, "fold a finished request's token deltas into one compact record (false keeps every delta until eviction; baton compact does it by hand)")
@@ -113,6 +115,7 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 		DispatchTimeout:              ff.dispatchTimeout,
 		ConsoleWindow:                ff.consoleWindow,
 		ConsoleRequests:              ff.consoleRequests,
+		ConsoleLostWorkers:           ff.consoleLostWorkers,
 		Log:                          retention.Config{HighWater: ff.logHighWater},
 		NoCompaction:                 !ff.logCompaction,
 		ClientModel:                  ff.clientModel,
@@ -157,6 +160,9 @@ func (ff *frontendFlags) check() []error {
 	}
 	if ff.consoleWindow <= 0 {
 		errs = append(errs, fmt.Errorf("--console-window %v: must be positive", ff.consoleWindow))
+	}
+	if ff.consoleLostWorkers <= 0 {
+		errs = append(errs, fmt.Errorf("--console-lost-workers %v: must be positive", ff.consoleLostWorkers))
 	}
 	if ff.logHighWater <= 0 || ff.logHighWater > 1 {
 		errs = append(errs, fmt.Errorf("--log-high-water %v: want a fraction above 0, at most 1", ff.logHighWater))

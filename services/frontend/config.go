@@ -77,6 +77,9 @@ type Config struct {
 	// ConsoleRequests is how many recent requests the console keeps; it
 	// keeps four times as many feed events. Default 500.
 	ConsoleRequests int
+	// ConsoleLostWorkers is how long the console lists a worker after its
+	// lease ended without its deregistering, marked lost; default 5m.
+	ConsoleLostWorkers time.Duration
 
 	// Streams sets provisioning and retention of the log.
 	Streams streams.Config
@@ -124,24 +127,25 @@ type Config struct {
 
 // Defaults of Config; those of the runtime's fields are the runtime's.
 const (
-	DefaultHTTPAddr          = ":8000"
-	DefaultInhibitedDuration = runner.DefaultInhibitedDuration
-	DefaultStallTimeout      = runner.DefaultStallTimeout
-	DefaultDetachTimeout     = runner.DefaultDetachTimeout
-	DefaultShutdownTimeout   = 5 * time.Second
-	DefaultDispatchTimeout   = runner.DefaultDispatchTimeout
-	DefaultMaxTokens         = 64
-	DefaultMaxTokensLimit    = 32768
-	DefaultMaxPromptTokens   = runner.DefaultMaxPromptTokens
-	DefaultMaxBodyBytes      = 1 << 20
-	DefaultMaxChildren       = runner.DefaultMaxChildren
-	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultBodyTimeout       = 30 * time.Second
-	DefaultIdleTimeout       = 120 * time.Second
-	DefaultMaxConnections    = 4096
-	DefaultWriteTimeout      = 30 * time.Second
-	DefaultConsoleWindow     = 15 * time.Minute
-	DefaultConsoleRequests   = 500
+	DefaultHTTPAddr           = ":8000"
+	DefaultInhibitedDuration  = runner.DefaultInhibitedDuration
+	DefaultStallTimeout       = runner.DefaultStallTimeout
+	DefaultDetachTimeout      = runner.DefaultDetachTimeout
+	DefaultShutdownTimeout    = 5 * time.Second
+	DefaultDispatchTimeout    = runner.DefaultDispatchTimeout
+	DefaultMaxTokens          = 64
+	DefaultMaxTokensLimit     = 32768
+	DefaultMaxPromptTokens    = runner.DefaultMaxPromptTokens
+	DefaultMaxBodyBytes       = 1 << 20
+	DefaultMaxChildren        = runner.DefaultMaxChildren
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultBodyTimeout        = 30 * time.Second
+	DefaultIdleTimeout        = 120 * time.Second
+	DefaultMaxConnections     = 4096
+	DefaultWriteTimeout       = 30 * time.Second
+	DefaultConsoleWindow      = 15 * time.Minute
+	DefaultConsoleRequests    = 500
+	DefaultConsoleLostWorkers = 5 * time.Minute
 )
 
 func (c Config) withDefaults() Config {
@@ -202,6 +206,9 @@ func (c Config) withDefaults() Config {
 	if c.ConsoleRequests == 0 {
 		c.ConsoleRequests = DefaultConsoleRequests
 	}
+	if c.ConsoleLostWorkers == 0 {
+		c.ConsoleLostWorkers = DefaultConsoleLostWorkers
+	}
 	return c
 }
 
@@ -225,7 +232,7 @@ func (c Config) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"shutdown timeout":    c.ShutdownTimeout,
 		"read header timeout": c.ReadHeaderTimeout, "body timeout": c.BodyTimeout, "idle timeout": c.IdleTimeout,
-		"console window": c.ConsoleWindow,
+		"console window": c.ConsoleWindow, "console lost workers": c.ConsoleLostWorkers,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s %v: must not be negative", name, d))

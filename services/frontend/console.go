@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,7 +50,7 @@ type consoleView struct {
 
 	mu     sync.Mutex
 	recent *projections.Recent
-	feed   []feedEntry // oldest first, at most limit
+	feed   []feedEntry // in time order, oldest first (feedInsert); at most limit
 	limit  int         // feed entries kept for resumes
 	cursor feedCursor  // of the newest feed entry of each stream
 }
@@ -106,7 +107,7 @@ func (c feedCursor) after(e feedEntry) bool { return e.Seq > *c.seq(e) }
 
 // feedEntry is one event of the live feed.
 type feedEntry struct {
-	ID        string    `json:"id"` // the SSE id: the feed cursor after this entry
+	ID        string    `json:"id"` // the SSE id: the reader's feed cursor after this entry (consoleView.since)
 	Stream    string    `json:"stream"`
 	Seq       uint64    `json:"seq"`
 	Time      time.Time `json:"time"`
@@ -252,7 +253,7 @@ func (c *consoleView) apply(stream string, e events.Envelope) {
 		f := feedEntry{Stream: stream, Seq: e.Seq, partition: k}
 		if c.cursor.after(f) {
 			*c.cursor.seq(f) = e.Seq
-			c.feed = append(c.feed, feedOf(f, e, c.cursor))
+			c.feed = feedInsert(c.feed, feedOf(f, e))
 			if len(c.feed) > c.limit {
 				c.feed = append(c.feed[:0], c.feed[len(c.feed)-c.limit:]...)
 			}
@@ -265,9 +266,23 @@ func (c *consoleView) apply(stream string, e events.Envelope) {
 	}
 }
 
-// feedOf completes f, the feed entry of e, with the cursor after it.
-func feedOf(f feedEntry, e events.Envelope, cur feedCursor) feedEntry {
-	f.ID, f.Time, f.Type = cur.String(), e.Time, e.Type()
+// feedInsert inserts f into feed, which is in time order, and returns it:
+// after the entries of f's stream (it comes after them in the log), and
+// after every entry not later than it. The streams' readers deliver their
+// backlogs concurrently, each in its own order, so appending would put one
+// backlog after the other; this merges them by event time, and keeps each
+// stream in its log's order even when the clocks of its writers disagree.
+func feedInsert(feed []feedEntry, f feedEntry) []feedEntry {
+	i := len(feed)
+	for i > 0 && feed[i-1].Stream != f.Stream && feed[i-1].Time.After(f.Time) {
+		i--
+	}
+	return slices.Insert(feed, i, f)
+}
+
+// feedOf completes f, the feed entry of e.
+func feedOf(f feedEntry, e events.Envelope) feedEntry {
+	f.Time, f.Type = e.Time, e.Type()
 	f.Kind, f.Source, f.Summary = projections.Kind(e.Type()), e.Source, projections.Describe(e)
 	if f.partition < 0 {
 		f.WorkerID = e.Subject
@@ -277,13 +292,17 @@ func feedOf(f feedEntry, e events.Envelope, cur feedCursor) feedEntry {
 	return f
 }
 
-// since returns the feed entries after cursor, oldest first.
-func (c *consoleView) since(cur feedCursor) []feedEntry {
+// since returns the feed entries after cur, in time order, oldest first,
+// and moves cur past them: each entry's ID is cur as it stands after it,
+// so a reader that resumes after any ID it saw misses nothing of any stream.
+func (c *consoleView) since(cur *feedCursor) []feedEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []feedEntry
 	for _, e := range c.feed {
 		if cur.after(e) {
+			*cur.seq(e) = e.Seq
+			e.ID = cur.String()
 			out = append(out, e)
 		}
 	}

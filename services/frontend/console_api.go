@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -38,16 +39,35 @@ func consoleFrontends(fs []projections.Frontend) []consoleFrontend {
 // consoleState is the data of a "state" event of GET /v1/console/events: the
 // whole picture apart from the feed.
 type consoleState struct {
-	Now       time.Time                    `json:"now"`
-	Frontend  string                       `json:"frontend"`
-	Workers   []projections.Worker         `json:"workers"`
-	Requests  []projections.RequestSummary `json:"requests"`
-	Frontends []consoleFrontend            `json:"frontends"`
+	Now      time.Time            `json:"now"`
+	Frontend string               `json:"frontend"`
+	Workers  []projections.Worker `json:"workers"`
+	// LostWorkers are the workers lost in the last Config.ConsoleLostWorkers
+	// (state lost, with departed and reason), as this frontend saw them go.
+	LostWorkers []projections.Worker         `json:"lost_workers"`
+	Requests    []projections.RequestSummary `json:"requests"`
+	Frontends   []consoleFrontend            `json:"frontends"`
 }
 
 func (fe *Frontend) consoleState() consoleState {
-	return consoleState{Now: time.Now(), Frontend: fe.id, Requests: fe.console.requests("", "", consoleRows),
-		Frontends: consoleFrontends(fe.runtime.Frontends()), Workers: fe.runtime.Workers()}
+	now := time.Now()
+	live := fe.runtime.Workers()
+	return consoleState{Now: now, Frontend: fe.id, Requests: fe.console.requests("", "", consoleRows),
+		Frontends: consoleFrontends(fe.runtime.Frontends()), Workers: live,
+		LostWorkers: recentlyLost(fe.runtime.LostWorkers(), live, now.Add(-fe.cfg.ConsoleLostWorkers))}
+}
+
+// recentlyLost returns the lost workers that departed at or after since and
+// are not live again (lost and live are read one after the other).
+func recentlyLost(lost, live []projections.Worker, since time.Time) []projections.Worker {
+	out := []projections.Worker{}
+	for _, w := range lost {
+		if w.Departed.Before(since) || slices.ContainsFunc(live, func(l projections.Worker) bool { return l.ID == w.ID }) {
+			continue
+		}
+		out = append(out, w)
+	}
+	return out
 }
 
 // handleConsoleEvents serves GET /v1/console/events: server-sent events with
@@ -79,9 +99,7 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	stateDue := true
 	for {
 		feedCh, discCh, presCh := fe.console.changed.C(), fe.runtime.WorkersChanged(), fe.runtime.FrontendsChanged()
-		for _, e := range fe.console.since(cur) {
-			*cur.seq(e) = e.Seq
-			e.ID = cur.String()
+		for _, e := range fe.console.since(&cur) {
 			if writeEvent(w, e.ID, "feed", e) != nil {
 				return
 			}

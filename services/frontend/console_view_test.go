@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -119,18 +120,19 @@ func TestConsoleViewApply(t *testing.T) {
 		}
 	}
 
-	feed := c.since(newCursor(1))
+	feed := since(c, newCursor(1))
 	var kinds []string
 	for _, f := range feed {
 		kinds = append(kinds, f.Kind+"@"+f.ID)
 	}
-	if want := []string{"registered@0.1", "failed@4.1", "lost@4.2"}; !slices.Equal(kinds, want) {
+	// In time order (each envelope's time is 1000 s + its sequence).
+	if want := []string{"registered@0.1", "lost@0.2", "failed@4.2"}; !slices.Equal(kinds, want) {
 		t.Errorf("got feed %v, want %v (accepted and routed are no incidents)", kinds, want)
 	}
-	if feed[1].RequestID != "r2" || feed[1].WorkerID != "" || feed[2].WorkerID != "w1" || feed[2].RequestID != "" {
-		t.Errorf("got feed subjects %+v, %+v; want r2's request id, w1's worker id", feed[1], feed[2])
+	if feed[2].RequestID != "r2" || feed[2].WorkerID != "" || feed[1].WorkerID != "w1" || feed[1].RequestID != "" {
+		t.Errorf("got feed subjects %+v, %+v; want r2's request id, w1's worker id", feed[2], feed[1])
 	}
-	if got := c.since(feedCursor{Requests: []uint64{4}, Workers: 1}); len(got) != 1 || got[0].Kind != "lost" {
+	if got := since(c, feedCursor{Requests: []uint64{4}, Workers: 1}); len(got) != 1 || got[0].Kind != "lost" {
 		t.Errorf("got %v after 4.1, want only lost", got)
 	}
 
@@ -166,7 +168,7 @@ func TestConsoleViewFeedBound(t *testing.T) {
 	for i := range uint64(10) {
 		c.apply(streams.WorkersStream, envelope(i+1, "w1", events.WorkerDraining{WorkerID: "w1", LeaseID: "l", Reason: "r"}))
 	}
-	feed := c.since(newCursor(1))
+	feed := since(c, newCursor(1))
 	var seqs []uint64
 	for _, f := range feed {
 		seqs = append(seqs, f.Seq)
@@ -195,20 +197,101 @@ func TestConsoleViewPartitions(t *testing.T) {
 	c.apply("BATON_REQUESTS_0", envelope(2, "a", failed("a"))) // redelivered
 	c.apply(streams.WorkersStream, envelope(1, "w1", events.WorkerLost{WorkerID: "w1", LeaseID: "l1", Reason: "lease expired"}))
 	var ids []string
-	for _, f := range c.since(newCursor(3)) {
+	for _, f := range since(c, newCursor(3)) {
 		ids = append(ids, f.RequestID+f.WorkerID+"@"+f.ID)
 	}
-	if want := []string{"b@0.0.2.0", "a@2.0.2.0", "w1@2.0.2.1"}; !slices.Equal(ids, want) {
+	// In time order: w1's loss at 1001 s, then b's and a's failures at
+	// 1002 s, in the order they came.
+	if want := []string{"w1@0.0.0.1", "b@0.0.2.1", "a@2.0.2.1"}; !slices.Equal(ids, want) {
 		t.Errorf("got feed %v, want %v", ids, want)
 	}
 	cur, err := parseCursor("0.0.2.0", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.since(cur); len(got) != 2 || got[0].RequestID != "a" {
-		t.Errorf("after 0.0.2.0 got %+v, want a's failure and w1's loss", got)
+	if got := since(c, cur); len(got) != 2 || got[0].WorkerID != "w1" || got[1].RequestID != "a" {
+		t.Errorf("after 0.0.2.0 got %+v, want w1's loss and a's failure", got)
 	}
 	if got := len(c.requests("", "", 0)); got != 2 {
 		t.Errorf("%d requests in the view, want 2", got)
+	}
+}
+
+// since is consoleView.since from a copy of cur.
+func since(c *consoleView, cur feedCursor) []feedEntry {
+	cur.Requests = slices.Clone(cur.Requests)
+	return c.since(&cur)
+}
+
+// TestConsoleViewTimeOrder: the readers of the streams deliver their
+// backlogs concurrently, one stream's after the other's; the feed is in
+// time order all the same, each stream in its log's order (a writer whose
+// clock is behind does not move its event before its stream's earlier
+// ones), and a reader resuming after any id it was sent gets exactly the
+// entries after it, on every partition.
+func TestConsoleViewTimeOrder(t *testing.T) {
+	fe := &Frontend{cfg: Config{ConsoleRequests: 10}.withDefaults(), parts: 2}
+	c := newConsoleView(fe)
+	at := func(e events.Envelope, s float64) events.Envelope {
+		e.Time = time.Unix(1000, 0).Add(time.Duration(s * float64(time.Second)))
+		return e
+	}
+	failed := func(id string) events.RequestFailed {
+		return events.RequestFailed{RequestID: id, Code: "no_workers", Message: "none", Status: 503}
+	}
+	drained := func(id string) events.WorkerDraining {
+		return events.WorkerDraining{WorkerID: id, LeaseID: "l", Reason: "r"}
+	}
+	// The request backlogs, then the workers'.
+	c.apply("BATON_REQUESTS_0", at(envelope(1, "r1", failed("r1")), 2))
+	c.apply("BATON_REQUESTS_1", at(envelope(1, "r2", failed("r2")), 4))
+	c.apply("BATON_REQUESTS_0", at(envelope(2, "r3", failed("r3")), 6))
+	c.apply(streams.WorkersStream, at(envelope(1, "w1", drained("w1")), 1))
+	c.apply(streams.WorkersStream, at(envelope(2, "w2", drained("w2")), 3))
+	c.apply(streams.WorkersStream, at(envelope(3, "w3", drained("w3")), 5))
+	c.apply(streams.WorkersStream, at(envelope(4, "w4", drained("w4")), 7))
+	c.apply(streams.WorkersStream, at(envelope(5, "w5", drained("w5")), 4.5)) // its clock is behind
+	feed := since(c, newCursor(2))
+	var got []string
+	for _, f := range feed {
+		got = append(got, f.RequestID+f.WorkerID+"@"+f.ID)
+	}
+	want := []string{"w1@0.0.1", "r1@1.0.1", "w2@1.0.2", "r2@1.1.2", "w3@1.1.3", "r3@2.1.3", "w4@2.1.4", "w5@2.1.5"}
+	if !slices.Equal(got, want) {
+		t.Errorf("got feed %v, want %v", got, want)
+	}
+	for i, f := range feed {
+		cur, err := parseCursor(f.ID, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rest []string
+		for _, g := range since(c, cur) {
+			rest = append(rest, g.RequestID+g.WorkerID+"@"+g.ID)
+		}
+		if !slices.Equal(rest, got[i+1:]) {
+			t.Errorf("resumed after %s: got %v, want %v", f.ID, rest, got[i+1:])
+		}
+	}
+}
+
+// TestRecentlyLost: the console lists a lost worker for
+// Config.ConsoleLostWorkers after its lease ended, unless it is live again.
+func TestRecentlyLost(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	lost := func(id string, ago time.Duration) projections.Worker {
+		return projections.Worker{ID: id, State: projections.WorkerLost, Departed: now.Add(-ago)}
+	}
+	all := []projections.Worker{lost("w1", time.Second), lost("w2", 5*time.Minute), lost("w3", 5*time.Minute+time.Millisecond), lost("w4", 0)}
+	live := []projections.Worker{{ID: "w4", State: projections.WorkerReady}}
+	var got []string
+	for _, w := range recentlyLost(all, live, now.Add(-DefaultConsoleLostWorkers)) {
+		got = append(got, w.ID)
+	}
+	if want := []string{"w1", "w2"}; !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v (w3 departed too long ago, w4 is back)", got, want)
+	}
+	if got := recentlyLost(nil, nil, now); got == nil {
+		t.Error("got nil, want an empty list (JSON [])")
 	}
 }

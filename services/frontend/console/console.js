@@ -18,7 +18,7 @@ const st = {
   seen: new Set(),           // feed entries shown: "stream/seq"
   frontends: [],             // from state events
   extra: (new URLSearchParams(location.search).get('frontends') || '').split(',').filter(Boolean),
-  workers: [], requests: [], now: Date.now(), skew: 0, self: '',
+  workers: [], lost: [], requests: [], now: Date.now(), skew: 0, self: '',
   selected: '', timeline: null, tlTimer: 0, tlLoading: false, tlAt: 0,
   stream: null, rekey: false, // the event stream's AbortController; set when a new key restarts it
 };
@@ -135,6 +135,7 @@ function onBlock(block) {
     st.skew = Date.now() - st.now;
     st.self = v.frontend;
     st.workers = v.workers || [];
+    st.lost = v.lost_workers || [];
     st.requests = v.requests || [];
     st.frontends = v.frontends || [];
     setConn(true, 'live on ' + v.frontend + ' · ' + st.base.replace(/^https?:\/\//, ''));
@@ -186,13 +187,21 @@ function syncRows(tbody, rows) {
   for (const tr of old.values()) tr.remove();
 }
 
+// renderWorkers lists the live workers and, marked lost, those whose lease
+// ended without their deregistering (for --console-lost-workers), by id.
 function renderWorkers() {
-  $('#workers-count').textContent = st.workers.length + ' live';
-  syncRows($('#workers tbody'), st.workers.map((w) => {
+  $('#workers-count').textContent = st.workers.length + ' live' + (st.lost.length ? ` · ${st.lost.length} lost` : '');
+  const all = [...st.workers, ...st.lost].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  syncRows($('#workers tbody'), all.map((w) => {
+    if (w.state === 'lost') {
+      return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state, class: 'gone' }, cells: [
+        `<b>${esc(w.id)}</b>`, badge(w.state) + (w.reason ? ` <small class="reason">${esc(w.reason)}</small>` : ''),
+        esc(w.model), '–', '–', '–', `lost ${age(w.departed)} ago`, String(w.pid), esc(w.host)] };
+    }
     const l = w.load || {};
     const kv = l.kv_blocks_total ? Math.round(100 * l.kv_blocks_used / l.kv_blocks_total) : 0;
     const state = w.state === 'not_ready' ? badge(w.state) + ` <small>${esc((w.reason || 'health checks failing').replace('_', ' '))}</small>` : badge(w.state);
-    return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state }, cells: [
+    return { key: w.id, attrs: { 'data-worker': w.id, 'data-state': w.state, class: '' }, cells: [
       `<b>${esc(w.id)}</b>`, state, esc(w.model), String(l.active_requests || 0),
       `<span class="bar"><i style="width:${kv}%"></i></span>${l.kv_blocks_used || 0}/${l.kv_blocks_total || 0}`,
       String(l.queued_prefill_tokens || 0), `renewed ${age(w.lease_renewed)} ago · ttl ${esc(w.lease_ttl)}`,
@@ -213,8 +222,7 @@ function renderRequests() {
   const rows = st.requests.filter((r) => (!fm || r.model === fm) && (!fs || r.status === fs));
   $('#requests-count').textContent = rows.length + ' of ' + st.requests.length;
   syncRows($('#requests tbody'), rows.map((r) => {
-    const live = r.status === 'pending' || r.status === 'running';
-    const btns = live ? `<button data-action="stop" data-request="${esc(r.id)}">stop</button>
+    const btns = inFlight(r.status) ? `<button data-action="stop" data-request="${esc(r.id)}">stop</button>
       <button class="danger" data-action="kill" data-request="${esc(r.id)}">kill</button>` : '';
     return { key: r.id, attrs: { 'data-request': r.id, 'data-status': r.status, class: r.id === st.selected ? 'sel' : '' }, cells: [
       `<a href="#${esc(r.id)}" data-open="${esc(r.id)}">${esc(r.id)}</a>`, esc(r.model),
@@ -226,6 +234,19 @@ function renderRequests() {
     const r = st.requests.find((x) => x.id === st.selected);
     if (r && st.timeline && r.seq !== st.timeline.seq && !st.tlLoading && Date.now() - st.tlAt > 1000) loadTimeline(st.selected);
   }
+  renderTimelineActions();
+}
+
+function inFlight(status) { return status === 'pending' || status === 'running'; }
+
+// renderTimelineActions offers stop and kill for the open timeline only
+// while its request is in flight: by the timeline as last loaded and by its
+// row, whichever learns first that it finished.
+function renderTimelineActions() {
+  const row = st.requests.find((x) => x.id === st.selected);
+  const live = !!st.timeline && st.timeline.request.id === st.selected &&
+    inFlight(st.timeline.request.status) && (!row || inFlight(row.status));
+  for (const b of document.querySelectorAll('[data-tl-action]')) b.hidden = !live;
 }
 
 function addFeed(e) {
@@ -236,13 +257,20 @@ function addFeed(e) {
   li.dataset.kind = e.kind;
   li.dataset.seq = e.seq;
   li.dataset.stream = e.stream;
+  li.dataset.time = e.time;
+  [li.ms, li.ns] = timeKey(e.time);
   if (e.request_id) li.dataset.request = e.request_id;
   if (e.worker_id) li.dataset.worker = e.worker_id;
   const t = new Date(e.time).toISOString().slice(11, 23);
   const who = e.request_id ? `<a data-open="${esc(e.request_id)}">${esc(e.request_id)}</a>` : `<b>${esc(e.worker_id)}</b>`;
   li.innerHTML = `<time>${t}</time><span class="k k-${esc(e.kind)}">${esc(e.kind)}</span><span>${who} ${esc(e.summary)}</span>`;
   const feed = $('#feed');
-  feed.prepend(li);
+  // Newest first, in time order whatever order entries come in (backlogs
+  // of several streams, a resume on another frontend): before the first
+  // entry that is not later than this one.
+  let at = feed.firstElementChild;
+  while (at && later(at, li)) at = at.nextElementSibling;
+  feed.insertBefore(li, at);
   while (feed.children.length > FEED_MAX) {
     const last = feed.lastElementChild;
     st.seen.delete(last.dataset.stream + '/' + last.dataset.seq);
@@ -250,11 +278,26 @@ function addFeed(e) {
   }
 }
 
+// timeKey is an event time (RFC 3339, to the nanosecond) as [ms, ns within the ms].
+function timeKey(t) {
+  const f = /\.(\d+)/.exec(t);
+  return [Date.parse(t), f ? Number((f[1] + '000000000').slice(3, 9)) : 0];
+}
+
+// later reports whether feed entry a comes after b: a later event time, or
+// the same time and a later sequence of the same stream.
+function later(a, b) {
+  if (a.ms !== b.ms) return a.ms > b.ms;
+  if (a.ns !== b.ns) return a.ns > b.ns;
+  return a.dataset.stream === b.dataset.stream && Number(a.dataset.seq) > Number(b.dataset.seq);
+}
+
 // ---- timeline -----------------------------------------------------------
 
 async function openTimeline(id) {
   st.selected = id;
   st.timeline = null;
+  renderTimelineActions();
   $('#timeline-panel').hidden = false;
   renderRequests();
   await loadTimeline(id);
@@ -273,6 +316,7 @@ async function loadTimeline(id) {
     if (row) doc.seq = row.seq;
     st.timeline = doc;
     drawTimeline(doc);
+    renderTimelineActions();
   } catch (e) {
     notice('could not load the timeline of ' + id + ': ' + e.message);
   } finally {
@@ -354,7 +398,7 @@ function drawTimeline(doc) {
   $('#tl-events').innerHTML = tl.filter((e) => e.type !== 'baton.request.tokens.v1' || !e.applied).map((e) =>
     `<li class="${e.applied ? 'applied' : ''}">+${e.since_accepted_seconds.toFixed(3)}s #${e.seq} ${esc(e.subject)} ${esc(e.summary)}${e.note ? ' [' + esc(e.note) + ']' : ''}</li>`).join('');
   clearTimeout(st.tlTimer);
-  if (rq.status === 'pending' || rq.status === 'running') st.tlTimer = setTimeout(() => st.selected === rq.id && loadTimeline(rq.id), 1000);
+  if (inFlight(rq.status)) st.tlTimer = setTimeout(() => st.selected === rq.id && loadTimeline(rq.id), 1000);
 }
 
 async function cancel(id, mode) {

@@ -134,7 +134,8 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 
 // applyLease applies an entry of the leases bucket.
 func (d *discovery) applyLease(entry jetstream.KeyValueEntry) {
-	u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision(), Time: entry.Created()}
+	u := projections.LeaseUpdate{Key: entry.Key(), Revision: entry.Revision(), Time: entry.Created(),
+		Expired: entry.Operation() == jetstream.KeyValuePurge} // the client's name for the server's expiry marker
 	if entry.Operation() == jetstream.KeyValuePut {
 		var l events.Lease
 		if err := json.Unmarshal(entry.Value(), &l); err != nil {

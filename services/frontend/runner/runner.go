@@ -244,6 +244,14 @@ func (rn *Runner) Workers() []projections.Worker {
 	return ws
 }
 
+// LostWorkers returns the workers the discovery view saw leave without
+// deregistering (projections.Discovery.Lost), since this frontend started.
+func (rn *Runner) LostWorkers() []projections.Worker {
+	var ws []projections.Worker
+	rn.disc.read(func(v *projections.Discovery) { ws = v.Lost() })
+	return ws
+}
+
 // Models returns the models the discovery view's workers serve.
 func (rn *Runner) Models() []string {
 	var models []string
