@@ -291,12 +291,21 @@ func (m *Monitor) Health() string {
 // history); a subject no reader folds (a malformed one) is purged.
 func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 	seq, skip := u.FirstSeq, map[string]bool{}
-	n := 0
+	n, read := 0, time.Now()
 	stream, err := m.js.Stream(ctx, u.Stream)
 	if err != nil {
 		return
 	}
 	for scanned := 0; scanned < maxScan && ctx.Err() == nil; scanned++ {
+		if time.Since(read) >= m.cfg.Interval {
+			// Read as often as Run would: admission and /health answer
+			// from the last reading, and a round that steps over the
+			// requests in flight can take seconds.
+			read = time.Now()
+			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+				break
+			}
+		}
 		next, ok, err := streams.NextStored(ctx, m.js, u.Stream, seq)
 		if err != nil || !ok {
 			break
@@ -321,6 +330,7 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 			break
 		}
 		if n%32 == 0 {
+			read = time.Now()
 			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
 				break
 			}
