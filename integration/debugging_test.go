@@ -104,7 +104,8 @@ func missing(got string, want []string, host string, ordered bool) string {
 // stack, with free ports and a private store; the request, the worker's and
 // then the frontend's kill -9, the resume on the other frontend) and then
 // every example command: each must print the lines its example shows, in
-// order (numbers, times and ids may differ, and `…` stands for anything).
+// order for baton's commands and in any order for the nats CLI's (numbers,
+// times and ids may differ, and `…` stands for anything).
 func TestDocsDebugging(t *testing.T) {
 	doc := readDoc(t, "docs/debugging.md")
 	setup := shBlocks(doc)
