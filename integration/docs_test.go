@@ -97,12 +97,14 @@ func shell(t *testing.T, line string, env []string) (string, int) {
 }
 
 // TestReadmeQuickStart runs the quick start's `baton up` (plus free ports and
-// a private store) and "Ask it something" as written.
+// a private store) and "Ask it something" as written: the curl, then the Go
+// program in a module of its own with the commands the README gives.
 func TestReadmeQuickStart(t *testing.T) {
 	readme := readDoc(t, "README.md")
 	quick := shBlocks(section(t, readme, "## Quick start (a fresh machine with Go 1.26)"))
-	ask := shBlocks(section(t, readme, "### Ask it something"))
-	if len(quick) == 0 || len(quick[0]) != 1 || len(ask) != 1 || len(ask[0]) != 1 {
+	askText := section(t, readme, "### Ask it something")
+	ask := shBlocks(askText)
+	if len(quick) == 0 || len(quick[0]) != 1 || len(ask) != 2 || len(ask[0]) != 1 || len(ask[1]) != 2 {
 		t.Fatalf("the quick start's blocks changed shape, update this test: %q %q", quick, ask)
 	}
 	upLine, ok := strings.CutPrefix(quick[0][0], "go run ./cmd/baton ")
@@ -130,6 +132,49 @@ func TestReadmeQuickStart(t *testing.T) {
 	}
 	if code != 0 || last != "[DONE]" || !strings.Contains(out, "id: 20\n") {
 		t.Errorf("%s: exit %d, want 0, 20 tokens and [DONE]:\n%s", ask[0][0], code, out)
+	}
+	readmeGoProgram(t, askText, ask[1], port)
+}
+
+// readmeGoProgram writes the Go program of "Ask it something" to a directory
+// of its own (aimed at port) and runs the README's commands there: the
+// module's `go get` must name the openai-go version of baton's go.mod, and
+// the program must print the mock's answer. The modules come from the local
+// module cache when it has them all (GOPROXY=off, and GOSUMDB=off: the cache
+// verified them when they came in), else as they do for a reader, through
+// the module proxy.
+func readmeGoProgram(t *testing.T, askText string, cmds []string, port int) {
+	m := regexp.MustCompile("(?s)```go\n(package main\n.*?)```").FindStringSubmatch(askText)
+	if m == nil {
+		t.Fatal("README.md: no Go program (a ```go block starting with package main) in Ask it something")
+	}
+	want := regexp.MustCompile(`(?m)^\s*github\.com/openai/openai-go/v3 (v\S+)$`).FindStringSubmatch(readDoc(t, "go.mod"))
+	if want == nil {
+		t.Fatal("go.mod does not require github.com/openai/openai-go/v3")
+	}
+	if get := "go get github.com/openai/openai-go/v3@" + want[1]; !strings.Contains(cmds[0], get) {
+		t.Errorf("README.md: %q does not %s, the version in go.mod", cmds[0], get)
+	}
+	dir := t.TempDir()
+	program := strings.ReplaceAll(m[1], "127.0.0.1:8000", "127.0.0.1:"+strconv.Itoa(port))
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(program), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"GOFLAGS=", "GOWORK=off", "GOTOOLCHAIN=local"}
+	if out, code := shell(t, "cd "+dir+" && "+cmds[0], append(env, "GOPROXY=off", "GOSUMDB=off")); code != 0 {
+		t.Logf("%s: not from the module cache alone (exit %d), now through the module proxy:\n%s", cmds[0], code, out)
+		for _, f := range []string{"go.mod", "go.sum"} {
+			if err := os.Remove(filepath.Join(dir, f)); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+		}
+		if out, code := shell(t, "cd "+dir+" && "+cmds[0], env); code != 0 {
+			t.Fatalf("%s: exit %d:\n%s", cmds[0], code, out)
+		}
+	}
+	out, code := shell(t, "cd "+dir+" && "+cmds[1], env)
+	if want := engine.MockText("user: hello", 0, 50) + "\n"; code != 0 || out != want {
+		t.Errorf("%s: exit %d, want 0 and the mock's answer:\n got %q\nwant %q", cmds[1], code, out, want)
 	}
 }
 
