@@ -132,7 +132,19 @@ type Stored struct {
 // false when there is none. It asks the stream's leader, which holds what
 // every replica will.
 func NextStored(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (Stored, bool, error) {
-	m, err := leaderGet(ctx, js, stream, requestsPrefix+">", seq, false)
+	return nextStored(ctx, js, stream, requestsPrefix+">", seq)
+}
+
+// NextStoredEvents is NextStored of the requests' events subjects only: a
+// request's first message there is its accepted decision, and a finished
+// one keeps its record there, so the oldest requests are found without
+// stepping over every delta of the requests in flight.
+func NextStoredEvents(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (Stored, bool, error) {
+	return nextStored(ctx, js, stream, requestsPrefix+"*.*.events", seq)
+}
+
+func nextStored(ctx context.Context, js jetstream.JetStream, stream, filter string, seq uint64) (Stored, bool, error) {
+	m, err := leaderGet(ctx, js, stream, filter, seq, false)
 	if err != nil || m == nil {
 		return Stored{}, false, err
 	}

@@ -285,62 +285,75 @@ func (m *Monitor) Health() string {
 	return fmt.Sprintf("request log above its high-water mark (%.0f%%): %s", 100*m.cfg.HighWater, strings.Join(full, ", "))
 }
 
-// evict purges the oldest finished requests of u's stream, from its first
-// message on, until the stream is below the eviction band or maxScan
-// messages were looked at. A request in flight is skipped (it keeps its
-// history); a subject no reader folds (a malformed one) is purged.
+// evict purges the oldest finished requests of u's stream until the stream
+// is below the eviction band: first found by their events subjects (a
+// request in flight is a few messages there, its deltas not looked at),
+// then, if that was not enough, from the stream's first message on, where
+// a subject no reader folds (a malformed one, or a worker's junk) is
+// purged too. Each pass looks at most at maxScan messages. A request in
+// flight is skipped: it keeps its history.
 func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
-	seq, skip := u.FirstSeq, map[string]bool{}
-	n, read := 0, time.Now()
 	stream, err := m.js.Stream(ctx, u.Stream)
 	if err != nil {
 		return
 	}
-	for scanned := 0; scanned < maxScan && ctx.Err() == nil; scanned++ {
-		if time.Since(read) >= m.cfg.Interval {
-			// Read as often as Run would: admission and /health answer
-			// from the last reading, and a round that steps over the
-			// requests in flight can take seconds.
-			read = time.Now()
-			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
-				break
-			}
-		}
-		next, ok, err := streams.NextStored(ctx, m.js, u.Stream, seq)
-		if err != nil || !ok {
-			break
-		}
-		seq = next.Seq + 1
-		switch {
-		case next.RequestID == "":
-			_, err = streams.PurgeSubject(ctx, m.js, u.Stream, next.Subject)
-		case skip[next.RequestID]:
-			continue
-		default:
-			var gone bool
-			gone, err = m.evictRequest(ctx, stream, next.RequestID)
-			if !gone {
-				skip[next.RequestID] = true
-				continue
-			}
-			n++
-		}
-		if err != nil {
-			m.log.Warn("evict from the request log", "stream", u.Stream, "subject", next.Subject, "err", err)
-			break
-		}
-		if n%32 == 0 {
-			read = time.Now()
-			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
-				break
-			}
-		}
+	n, below := m.evictPass(ctx, stream, u, streams.NextStoredEvents)
+	if !below && ctx.Err() == nil {
+		more, _ := m.evictPass(ctx, stream, u, streams.NextStored)
+		n += more
 	}
 	if n > 0 {
 		m.evicted.WithLabelValues(u.Stream).Add(float64(n))
 		m.log.Debug("evicted finished requests", "stream", u.Stream, "requests", n)
 		_, _ = m.refresh(ctx, u.Stream)
 	}
+}
+
+// evictPass is one pass of evict over the messages next finds; it returns
+// the requests it evicted and whether the stream got below the band.
+func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u streams.Usage,
+	next func(context.Context, jetstream.JetStream, string, uint64) (streams.Stored, bool, error)) (n int, below bool) {
+	seq, skip, read := u.FirstSeq, map[string]bool{}, time.Now()
+	for scanned := 0; scanned < maxScan && ctx.Err() == nil; scanned++ {
+		if time.Since(read) >= m.cfg.Interval {
+			// Read as often as Run would: admission and /health answer
+			// from the last reading, and a pass can take seconds.
+			read = time.Now()
+			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+				return n, true
+			}
+		}
+		st, ok, err := next(ctx, m.js, u.Stream, seq)
+		if err != nil || !ok {
+			return n, false
+		}
+		seq = st.Seq + 1
+		switch {
+		case st.RequestID == "":
+			_, err = streams.PurgeSubject(ctx, m.js, u.Stream, st.Subject)
+		case skip[st.RequestID]:
+			continue
+		default:
+			var gone bool
+			gone, err = m.evictRequest(ctx, stream, st.RequestID)
+			if !gone {
+				skip[st.RequestID] = true
+				continue
+			}
+			n++
+		}
+		if err != nil {
+			m.log.Warn("evict from the request log", "stream", u.Stream, "subject", st.Subject, "err", err)
+			return n, false
+		}
+		if n%32 == 0 {
+			read = time.Now()
+			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+				return n, true
+			}
+		}
+	}
+	return n, false
 }
 
 // evictRequest purges request id if it is finished (or has no accepted
