@@ -257,8 +257,17 @@ func tokenAt(promptHash uint64, i int) string {
 		h *= fnvPrime64
 		v >>= 8
 	}
-	return mockWords[h%uint64(len(mockWords))] + " "
+	return mockTokens[h%uint64(len(mockTokens))]
 }
+
+// mockTokens are mockWords, each followed by a space: the token texts, built
+// once rather than at every token.
+var mockTokens = func() (t [len(mockWords)]string) {
+	for i, w := range mockWords {
+		t[i] = w + " "
+	}
+	return t
+}()
 
 // MockToken is token i of the mock's output for prompt: a word chosen by the
 // FNV-1a 64 hash of (prompt, i), followed by a space. It depends on nothing
