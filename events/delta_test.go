@@ -265,3 +265,22 @@ func BenchmarkDeltaEncode(b *testing.B) {
 		h["x-upstream-ttft"] = []string{"1"} // as a worker adds to its first delta
 	}
 }
+
+// BenchmarkDeltaDecode is a reader's cost of one single-token delta, its
+// headers already parsed (as nats.go hands them over).
+func BenchmarkDeltaDecode(b *testing.B) {
+	enc, err := events.NewDeltaEncoder("baton/worker/w1", "r1", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, data, err := enc.Encode("r1.0.1", time.Now(), events.TokensGenerated{RequestID: "r1", Offset: 7, Tokens: []string{"word "}, IDs: []int{7}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := events.Unmarshal(h, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
