@@ -37,7 +37,9 @@ type scaleCase struct {
 // per open stream (the processes' /metrics), then delivered against offered
 // tokens/s while every stream is open, the emit-to-client latency of every
 // token (the worker stamps deltas with --bench-emit-time and the frontend
-// passes the stamp as an SSE comment), and the machine's CPU headroom.
+// passes the stamp as an SSE comment), the machine's CPU headroom, and how
+// the frontend spread the streams: the streams each worker carried, and the
+// migrations, inhibitions and unanswered dispatches of the run.
 //
 // The -logoff workloads are the baseline: the same processes with the log off
 // for token deltas (workers run with --bench-log-off and publish them over
