@@ -247,3 +247,46 @@ func FuzzValidate(f *testing.F) {
 type typed string
 
 func (t typed) EventType() string { return string(t) }
+
+// BenchmarkDeltaEncode is the worker's cost of one single-token delta at
+// decode rates, headers and all.
+func BenchmarkDeltaEncode(b *testing.B) {
+	enc, err := events.NewDeltaEncoder("baton/worker/w1", "r1", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		h, _, err := enc.Encode("r1.0.1", now, events.TokensGenerated{RequestID: "r1", Offset: i, Tokens: []string{"word "}, IDs: []int{i}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		h["x-upstream-ttft"] = []string{"1"} // as a worker adds to its first delta
+	}
+}
+
+// BenchmarkDeltaDecode is a reader's cost of one single-token delta, its
+// headers already parsed (as nats.go hands them over).
+func BenchmarkDeltaDecode(b *testing.B) {
+	enc, err := events.NewDeltaEncoder("baton/worker/w1", "r1", 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, data, err := enc.Encode("r1.0.1", time.Now(), events.TokensGenerated{RequestID: "r1", Offset: 7, Tokens: []string{"word "}, IDs: []int{7}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for k, v := range map[string]string{ // what RePublish adds
+		"Nats-Stream": "BATON_REQUESTS", "Nats-Subject": "baton.requests.1.r1.tokens.0.w1", "Nats-Sequence": "123456",
+		"Nats-Time-Stamp": "2026-12-01T11:00:00.123456789Z", "Nats-Last-Sequence": "123400",
+	} {
+		h[k] = []string{v}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := events.Unmarshal(h, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

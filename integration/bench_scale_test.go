@@ -37,7 +37,9 @@ type scaleCase struct {
 // per open stream (the processes' /metrics), then delivered against offered
 // tokens/s while every stream is open, the emit-to-client latency of every
 // token (the worker stamps deltas with --bench-emit-time and the frontend
-// passes the stamp as an SSE comment), and the machine's CPU headroom.
+// passes the stamp as an SSE comment), the machine's CPU headroom, and how
+// the frontend spread the streams: the streams each worker carried, and the
+// migrations, inhibitions and unanswered dispatches of the run.
 //
 // The -logoff workloads are the baseline: the same processes with the log off
 // for token deltas (workers run with --bench-log-off and publish them over
@@ -82,6 +84,13 @@ type procSample struct {
 	rss        float64       // bytes
 	heap       float64       // go_memstats_heap_inuse_bytes
 	goroutines float64
+	// Routing, from the Dynamo-named series (and baton's own beside them):
+	// a worker's requests finished (dynamo_component_requests_total, every
+	// status) and in flight; the frontend's migrations
+	// (dynamo_frontend_model_migration_total), inhibitions and unanswered
+	// dispatches.
+	requests, inflight                  float64
+	migrations, inhibitions, unanswered float64
 }
 
 func runScale(b *testing.B, sc scaleCase) {
@@ -318,8 +327,15 @@ func sampleProcs(b *testing.B, procs []scaleProc) []procSample {
 	for i, p := range procs {
 		out[i].cpu, out[i].rss = procCPU(b, p.pid)
 		if p.metrics != "" {
-			m := scrape(p.metrics, "go_memstats_heap_inuse_bytes", "go_goroutines")
+			m := scrape(p.metrics, "go_memstats_heap_inuse_bytes", "go_goroutines",
+				"dynamo_component_requests_total", "dynamo_component_inflight_requests",
+				"dynamo_frontend_model_migration_total", "baton_frontend_worker_inhibitions_total",
+				"baton_frontend_dispatch_unanswered_total")
 			out[i].heap, out[i].goroutines = m["go_memstats_heap_inuse_bytes"], m["go_goroutines"]
+			out[i].requests, out[i].inflight = m["dynamo_component_requests_total"], m["dynamo_component_inflight_requests"]
+			out[i].migrations = m["dynamo_frontend_model_migration_total"]
+			out[i].inhibitions = m["baton_frontend_worker_inhibitions_total"]
+			out[i].unanswered = m["baton_frontend_dispatch_unanswered_total"]
 		}
 	}
 	return out
@@ -342,7 +358,8 @@ func procCPU(b *testing.B, pid int) (time.Duration, float64) {
 	return time.Duration(utime+stime) * clockTick, float64(rssPages * int64(os.Getpagesize()))
 }
 
-// scrape returns the values of the named unlabelled metrics at url.
+// scrape returns the values of the named metrics at url, each the sum over
+// its series (all its label values).
 func scrape(url string, names ...string) map[string]float64 {
 	out := map[string]float64{}
 	resp, err := http.Get(url)
@@ -353,9 +370,18 @@ func scrape(url string, names ...string) map[string]float64 {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		name, v, ok := strings.Cut(sc.Text(), " ")
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		series, v, ok := strings.Cut(line, " ")
+		if i := strings.IndexByte(line, '}'); i >= 0 { // label values may hold spaces
+			series, v, ok = line[:i+1], strings.TrimSpace(line[i+1:]), true
+		}
+		name, _, _ := strings.Cut(series, "{")
 		if ok && slices.Contains(names, name) {
-			out[name], _ = strconv.ParseFloat(v, 64)
+			f, _ := strconv.ParseFloat(v, 64)
+			out[name] += f
 		}
 	}
 	return out
@@ -440,6 +466,37 @@ func (r *scaleResult) logOffRatio(b *testing.B, sc scaleCase) string {
 	return fmt.Sprintf("; durable/log-off %.2f on average, %.2f at the peak (log off: %.0f, %.0f)", avg/base[0], r.peakRate/base[1], base[0], base[1])
 }
 
+// routing reports how the frontend spread the run's streams over the
+// workers: the streams each finished (max/min), the frontend's migrations,
+// inhibitions and unanswered dispatches over the run, and returns them as
+// text.
+func (r *scaleResult) routing(b *testing.B, procs []scaleProc) string {
+	var carried []float64
+	fe := -1
+	for i, p := range procs {
+		switch {
+		case strings.HasPrefix(p.name, "worker-"):
+			carried = append(carried, r.end[i].requests-r.base[i].requests)
+		case p.name == "frontend":
+			fe = i
+		}
+	}
+	if len(carried) == 0 || fe < 0 {
+		return ""
+	}
+	hi, lo := slices.Max(carried), slices.Min(carried)
+	delta := func(v func(procSample) float64) float64 { return v(r.end[fe]) - v(r.base[fe]) }
+	mig := delta(func(s procSample) float64 { return s.migrations })
+	inh := delta(func(s procSample) float64 { return s.inhibitions })
+	una := delta(func(s procSample) float64 { return s.unanswered })
+	b.ReportMetric(hi, "worker_streams_max")
+	b.ReportMetric(lo, "worker_streams_min")
+	b.ReportMetric(mig, "migrations")
+	b.ReportMetric(inh, "inhibitions")
+	b.ReportMetric(una, "dispatch_timeouts")
+	return fmt.Sprintf("streams per worker max %.0f min %.0f; migrations %.0f, inhibitions %.0f, dispatches unanswered %.0f", hi, lo, mig, inh, una)
+}
+
 // report logs a table of the run and reports its headline figures.
 func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	if r.delivered == 0 || r.open == nil {
@@ -462,11 +519,15 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	if r.firstErr != "" {
 		fmt.Fprintf(&lines, " (first: %.200s; by kind: %v)", strings.ReplaceAll(r.firstErr, "\n", " "), r.errorKinds)
 	}
-	lines.WriteString("\n")
-	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %16s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "goroutines/strm")
+	lines.WriteString("; " + r.routing(b, procs) + "\n")
+	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %16s %9s %9s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "goroutines/strm", "streams", "in_flight")
 	workers := map[string]float64{}
 	for i, p := range procs {
-		fmt.Fprintf(&lines, "%-10s %12.1f %14.1f %14.1f %16.2f\n", p.name, perTok(i), perStream(rss, i), perStream(heap, i), perStream(gor, i))
+		fmt.Fprintf(&lines, "%-10s %12.1f %14.1f %14.1f %16.2f", p.name, perTok(i), perStream(rss, i), perStream(heap, i), perStream(gor, i))
+		if strings.HasPrefix(p.name, "worker-") {
+			fmt.Fprintf(&lines, " %9.0f %9.0f", r.end[i].requests-r.base[i].requests, r.open[i].inflight)
+		}
+		lines.WriteString("\n")
 		if p.name != "client" {
 			cpuServers += perTok(i)
 		}

@@ -34,18 +34,24 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	batonBin = filepath.Join(dir, "baton")
-	args := []string{"build", "-o", batonBin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	build := exec.Command("go", append(args, "../cmd/baton")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build baton:", err)
-		os.Exit(1)
+	if bin := os.Getenv("BATON_BENCH_BIN"); bin != "" {
+		// A baton built elsewhere (another commit of this tree), so that
+		// benchmarks of two builds can alternate in one session.
+		batonBin = bin
+	} else {
+		args := []string{"build", "-o", batonBin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		build := exec.Command("go", append(args, "../cmd/baton")...)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build baton:", err)
+			os.Exit(1)
+		}
 	}
 	vllmsimBin = filepath.Join(dir, "vllmsim")
-	build = exec.Command("go", "build", "-o", vllmsimBin, "../cmd/vllmsim")
+	build := exec.Command("go", "build", "-o", vllmsimBin, "../cmd/vllmsim")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build vllmsim:", err)

@@ -2,7 +2,6 @@ package streams
 
 import (
 	"fmt"
-	"hash/fnv"
 	"regexp"
 	"strconv"
 	"strings"
@@ -81,10 +80,43 @@ func ValidRequestID(id string) bool {
 const Slots = 64
 
 // Slot is the hash slot of request id: FNV-1a (32 bits) of the id, mod Slots.
+// (hash/fnv's, written out: it is computed for every live message, and
+// the hash.Hash32 would be an allocation each time.)
 func Slot(id string) int {
-	h := fnv.New32a()
-	h.Write([]byte(id))
-	return int(h.Sum32() % Slots)
+	const offset32, prime32 = 2166136261, 16777619
+	h := uint32(offset32)
+	for i := 0; i < len(id); i++ {
+		h ^= uint32(id[i])
+		h *= prime32
+	}
+	return int(h % Slots)
+}
+
+// RequestIDOf is the request id of a stored or republished request subject
+// (what ParseRequestSubject names ID), without the rest of its parsing or
+// any allocation: the live subscription's callback needs only the id to
+// find the request's followers. ok is false if subj is not "<prefix><slot>.<id>.<more>"
+// with the id's own slot.
+func RequestIDOf(subj string) (id string, ok bool) {
+	rest, ok := strings.CutPrefix(subj, requestsPrefix)
+	if !ok {
+		if rest, ok = strings.CutPrefix(subj, livePrefix); !ok {
+			return "", false
+		}
+	}
+	slot, rest, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", false
+	}
+	id, _, ok = strings.Cut(rest, ".")
+	if !ok || id == "" {
+		return "", false
+	}
+	k, err := strconv.Atoi(slot)
+	if err != nil || k != Slot(id) || slot != strconv.Itoa(k) {
+		return "", false
+	}
+	return id, true
 }
 
 // requestBase is "<slot>.<id>.", the part of every subject of request id

@@ -1,6 +1,7 @@
 package streams_test
 
 import (
+	"hash/fnv"
 	"strconv"
 	"testing"
 
@@ -115,6 +116,44 @@ func TestWorkerOfSubject(t *testing.T) {
 	} {
 		if got, ok := streams.WorkerOfSubject(tc.subj); got != tc.want || ok != tc.ok {
 			t.Errorf("WorkerOfSubject(%q): got %q %v, want %q %v", tc.subj, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// TestSlotIsFNV1a: the slot of an id is FNV-1a (32 bits) mod Slots, as
+// stored subjects since the partitioned log have it.
+func TestSlotIsFNV1a(t *testing.T) {
+	for _, id := range []string{"", "r1", "alice:r1", "scale-1000x50-0-999", "ü-ñ"} {
+		h := fnv.New32a()
+		h.Write([]byte(id))
+		if got, want := streams.Slot(id), int(h.Sum32()%streams.Slots); got != want {
+			t.Errorf("Slot(%q) = %d, want %d", id, got, want)
+		}
+	}
+}
+
+// TestRequestIDOf: the id of every subject ParseRequestSubject reads, and
+// no id where it finds none.
+func TestRequestIDOf(t *testing.T) {
+	const id = "alice:r1"
+	s := strconv.Itoa(streams.Slot(id))
+	other := strconv.Itoa((streams.Slot(id) + 1) % streams.Slots)
+	tokens := streams.RequestTokens(id, 3, "w-7")
+	for _, subj := range []string{tokens, streams.LiveSubject(tokens), streams.RequestEvents(id), streams.LiveSubject(streams.RequestEvents(id))} {
+		if got, ok := streams.RequestIDOf(subj); !ok || got != id {
+			t.Errorf("RequestIDOf(%q) = %q, %v; want %q", subj, got, ok, id)
+		}
+	}
+	for _, bad := range []string{
+		"baton.requests." + other + ".alice:r1.events", // wrong slot
+		"baton.requests.0" + s + ".alice:r1.events",    // the slot written otherwise
+		"baton.requests.alice:r1.events",               // no slot (the old layout)
+		"baton.requests." + s + ".alice:r1",            // nothing after the id
+		"baton.requests." + s + "..events",
+		"baton.workers.w1.events",
+	} {
+		if got, ok := streams.RequestIDOf(bad); ok {
+			t.Errorf("RequestIDOf(%q) = %q, want none", bad, got)
 		}
 	}
 }

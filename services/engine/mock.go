@@ -99,12 +99,18 @@ type Mock struct {
 
 	mu     sync.Mutex
 	active map[*mockRequest]struct{}
+	// The sums Stats reports over active, kept as tokens come rather than
+	// summed at every call: a worker reads Stats after every delta it
+	// flushes, with hundreds of generations active.
+	kvUsed atomic.Int64 // sum of ceil((prefill + generated) / BlockSize)
+	queued atomic.Int64 // sum of prefill over those with no token yet
 }
 
-// mockRequest is the KV state of one running generation.
+// mockRequest is the KV state of one running generation. Only its
+// Generate call writes it.
 type mockRequest struct {
-	prefill   int          // tokens in the KV cache before decoding (prompt + continued text)
-	generated atomic.Int64 // tokens emitted so far
+	prefill   int // tokens in the KV cache before decoding (prompt + continued text)
+	generated int // tokens emitted so far
 }
 
 // NewMock returns a mock engine; cfg's zero values mean the defaults.
@@ -149,12 +155,19 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		prompt = CountTokens(req.Prompt)
 	}
 	r := &mockRequest{prefill: prompt + req.StartOffset}
+	bs := m.cfg.BlockSize
 	m.mu.Lock()
 	m.active[r] = struct{}{}
+	m.kvUsed.Add(int64((r.prefill + bs - 1) / bs))
+	m.queued.Add(int64(r.prefill))
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
 		delete(m.active, r)
+		m.kvUsed.Add(-int64((r.prefill + r.generated + bs - 1) / bs))
+		if r.generated == 0 {
+			m.queued.Add(-int64(r.prefill))
+		}
 		m.mu.Unlock()
 	}()
 
@@ -198,7 +211,15 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		if err := emit(Token{Text: tokenAt(h, i)}); err != nil {
 			return Result{}, err
 		}
-		r.generated.Add(1)
+		// One more token takes a new block when the cache ended on a
+		// block's boundary: ceil((x+1)/bs) - ceil(x/bs) is 1 iff bs divides x.
+		if (r.prefill+r.generated)%bs == 0 {
+			m.kvUsed.Add(1)
+		}
+		if r.generated == 0 {
+			m.queued.Add(-int64(r.prefill))
+		}
+		r.generated++
 		if lim := m.cfg.CrashAfterTokens; lim > 0 && total == int64(lim) {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
 				return Result{}, fmt.Errorf("%w: mock crash: %w", ErrFatal, err)
@@ -218,15 +239,8 @@ func (m *Mock) Stats() Stats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s.ActiveRequests = len(m.active)
-	bs := m.cfg.BlockSize
-	for r := range m.active {
-		g := int(r.generated.Load())
-		s.KVBlocksUsed += (r.prefill + g + bs - 1) / bs
-		if g == 0 {
-			s.QueuedPrefillTokens += r.prefill
-		}
-	}
-	s.KVBlocksUsed = min(s.KVBlocksUsed, s.KVBlocksTotal)
+	s.KVBlocksUsed = min(int(m.kvUsed.Load()), s.KVBlocksTotal)
+	s.QueuedPrefillTokens = int(m.queued.Load())
 	return s
 }
 
@@ -257,8 +271,17 @@ func tokenAt(promptHash uint64, i int) string {
 		h *= fnvPrime64
 		v >>= 8
 	}
-	return mockWords[h%uint64(len(mockWords))] + " "
+	return mockTokens[h%uint64(len(mockTokens))]
 }
+
+// mockTokens are mockWords, each followed by a space: the token texts, built
+// once rather than at every token.
+var mockTokens = func() (t [len(mockWords)]string) {
+	for i, w := range mockWords {
+		t[i] = w + " "
+	}
+	return t
+}()
 
 // MockToken is token i of the mock's output for prompt: a word chosen by the
 // FNV-1a 64 hash of (prompt, i), followed by a space. It depends on nothing

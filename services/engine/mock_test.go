@@ -352,3 +352,30 @@ func TestMockCrashAfterTokens(t *testing.T) {
 		t.Errorf("child emitted %d tokens, want 7", n)
 	}
 }
+
+// TestMockKVBlocksOnBoundaries: the blocks held step up at the token after
+// each block boundary, from an empty prompt and from one that fills its
+// block exactly, and are all given back at the end.
+func TestMockKVBlocksOnBoundaries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{TokensPerSec: 1, TTFT: time.Second, BlockSize: 2, KVBlocks: 100})
+		var wg sync.WaitGroup
+		for _, prompt := range []string{"", "a b"} { // 0 and 2 prompt tokens
+			wg.Go(func() {
+				_, _ = m.Generate(t.Context(), engine.Request{Prompt: prompt, MaxTokens: 4}, func(engine.Token) error { return nil })
+			})
+		}
+		// After k tokens: ceil(k/2) + ceil((2+k)/2) blocks.
+		for k, want := range []int{1, 3, 3, 5} {
+			synctest.Wait()
+			if got := m.Stats(); got.KVBlocksUsed != want || (k == 0) != (got.QueuedPrefillTokens == 2) {
+				t.Errorf("after %d tokens: %+v, want %d blocks (and the prompt queued before the first)", k, got, want)
+			}
+			time.Sleep(time.Second)
+		}
+		wg.Wait()
+		if got := m.Stats(); got.KVBlocksUsed != 0 || got.QueuedPrefillTokens != 0 || got.ActiveRequests != 0 {
+			t.Errorf("after the end: %+v, want nothing held", got)
+		}
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // snapshot is what a client stream needs from the projection at one moment.
@@ -281,6 +282,10 @@ type tokenMetrics struct {
 	// worker reported it (0: unknown): the first token then also observes
 	// what baton added to it.
 	upstream func() time.Duration
+	// The series of the model, looked up at the first token rather than at
+	// every one (a lookup hashes the labels under the vector's lock).
+	itl prometheus.Observer
+	out prometheus.Counter
 }
 
 func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
@@ -291,6 +296,9 @@ func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
 // output tokens.
 func (m *tokenMetrics) sent(n int) {
 	now := time.Now()
+	if m.out == nil {
+		m.itl, m.out = m.fe.metrics.itl.WithLabelValues(m.model), m.fe.metrics.outputTokens.WithLabelValues(m.model)
+	}
 	if m.last.IsZero() {
 		ttft := now.Sub(m.start)
 		m.fe.metrics.ttft.WithLabelValues(m.model).Observe(ttft.Seconds())
@@ -302,10 +310,10 @@ func (m *tokenMetrics) sent(n int) {
 	} else {
 		per := now.Sub(m.last).Seconds() / float64(n)
 		for range n {
-			m.fe.metrics.itl.WithLabelValues(m.model).Observe(per)
+			m.itl.Observe(per)
 		}
 	}
-	m.fe.metrics.outputTokens.WithLabelValues(m.model).Add(float64(n))
+	m.out.Add(float64(n))
 	m.last = now
 }
 

@@ -129,7 +129,7 @@ type liveMsg struct {
 
 func decodeLive(m *nats.Msg) liveMsg {
 	e, err := streams.Decode(m)
-	return liveMsg{e: e, decodeErr: err, stored: streams.StoredSubject(m.Subject)}
+	return liveMsg{e: e, decodeErr: err, stored: e.Stored}
 }
 
 // freshLocked reports whether l is newer than what was applied, and whether a gap

@@ -27,7 +27,7 @@ const liveLinger = 30 * time.Second
 // server interest each, thousands of times over) or one to every request
 // (which makes every frontend read every request's tokens, so that N
 // frontends cost N times the fan-out). Its callback parses the request id
-// from the subject (streams.ParseRequestSubject) and hands the message to
+// from the subject (streams.RequestIDOf) and hands the message to
 // that request's followers, in the order NATS delivered it (every message
 // of a request is in its slot's subscription); messages of requests nobody
 // here follows are dropped. The callback does no I/O: a follower's onLive
@@ -59,12 +59,12 @@ func newLive(nc *nats.Conn) (*live, error) {
 }
 
 func (l *live) deliver(m *nats.Msg) {
-	subj, err := streams.ParseRequestSubject(m.Subject)
-	if err != nil {
+	id, ok := streams.RequestIDOf(m.Subject)
+	if !ok {
 		return
 	}
 	l.mu.RLock()
-	fs := l.followers[subj.ID]
+	fs := l.followers[id]
 	l.mu.RUnlock()
 	for _, f := range fs {
 		f.onLive(m)

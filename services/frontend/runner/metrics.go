@@ -14,6 +14,10 @@ type metrics struct {
 	migrationDuration *prometheus.HistogramVec // model, migration_type, outcome
 	rejections        *prometheus.CounterVec   // model, endpoint
 	cancellations     *prometheus.CounterVec   // model, endpoint, request_type
+
+	// baton's own: why a worker left this frontend's routing.
+	inhibitions        *prometheus.CounterVec // worker_id
+	dispatchUnanswered *prometheus.CounterVec // worker_id
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -34,9 +38,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		cancellations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynamo_frontend_model_cancellation_total", Help: "Requests cancelled.",
 		}, []string{"model", "endpoint", "request_type"}),
+		inhibitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_frontend_worker_inhibitions_total", Help: "Times this frontend took a worker out of its routing after a request-path failure.",
+		}, []string{"worker_id"}),
+		dispatchUnanswered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_frontend_dispatch_unanswered_total", Help: "Dispatches a worker did not answer within --dispatch-timeout (or could not be sent).",
+		}, []string{"worker_id"}),
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.migrations, m.maxSeqLenExceeded, m.migrationDuration, m.rejections, m.cancellations} {
+	for _, c := range []prometheus.Collector{m.migrations, m.maxSeqLenExceeded, m.migrationDuration, m.rejections, m.cancellations, m.inhibitions, m.dispatchUnanswered} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

@@ -50,10 +50,11 @@ func newRouter(cfg Config, now func() time.Time) *router {
 }
 
 // inhibit drops w from routing for d, or for the inhibition window when
-// d is zero. Nothing is inhibited while inhibition is disabled.
-func (r *router) inhibit(w projections.Worker, d time.Duration) {
+// d is zero, and reports whether it did: nothing is inhibited while
+// inhibition is disabled.
+func (r *router) inhibit(w projections.Worker, d time.Duration) bool {
 	if r.inhibitFor <= 0 {
-		return
+		return false
 	}
 	if d <= 0 {
 		d = r.inhibitFor
@@ -61,6 +62,7 @@ func (r *router) inhibit(w projections.Worker, d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inhibited[w.ID] = inhibition{leaseID: w.LeaseID, until: r.now().Add(d)}
+	return true
 }
 
 // isInhibited reports whether w is inhibited now. A worker that re-registered

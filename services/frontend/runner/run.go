@@ -184,6 +184,7 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	if err == nil {
 		reason, out.Result, out.Reason = "refused_"+reply.Reason, migrations.DispatchRefused, reply.Reason
 	} else {
+		rn.metrics.dispatchUnanswered.WithLabelValues(w.ID).Inc()
 		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
 	rn.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
@@ -252,8 +253,8 @@ func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Actio
 	if a.AppendFence {
 		rn.appendFence(ctx, a.Fence)
 	}
-	if w, ok := rn.disc.get(a.Fence.WorkerID); ok && a.Inhibit {
-		rn.router.inhibit(w, a.InhibitFor)
+	if w, ok := rn.disc.get(a.Fence.WorkerID); ok && a.Inhibit && rn.router.inhibit(w, a.InhibitFor) {
+		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()
 	}
 	rn.waitClosed(ctx, t, a.Fence.Attempt)
 }

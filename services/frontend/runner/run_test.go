@@ -26,6 +26,7 @@ type fakeWorker struct {
 	// this mode (the event only) while the dispatch is in flight; the fake
 	// then writes nothing but what a command makes it write.
 	cancelFirst string
+	silent      bool // never answers a dispatch
 }
 
 // runnerFixture is a runtime whose runner is driven directly (no HTTP, no
@@ -77,6 +78,9 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	defer x.wg.Done()
 	var d events.Dispatch
 	_ = json.Unmarshal(m.Data, &d)
+	if w.silent {
+		return
+	}
 	if w.cancelFirst != "" {
 		c := events.RequestCancelled{RequestID: d.RequestID, Mode: w.cancelFirst, Reason: "elsewhere"}
 		if _, err := x.log.Append(x.ctx, streams.RequestEvents(d.RequestID), x.log.Envelope(events.ID(d.RequestID, "cancelled"), d.RequestID, c), -1); err != nil {
@@ -154,18 +158,23 @@ func (x *runnerFixture) run(id string) projections.State {
 
 // migrations reads dynamo_frontend_model_migration_total{model="m",migration_type=typ}.
 func (x *runnerFixture) migrations(typ string) float64 {
+	return x.counter("dynamo_frontend_model_migration_total", "migration_type", typ)
+}
+
+// counter reads the counter name of the series whose label is value.
+func (x *runnerFixture) counter(name, label, value string) float64 {
 	x.t.Helper()
 	mfs, err := x.reg.Gather()
 	if err != nil {
 		x.t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "dynamo_frontend_model_migration_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "migration_type" && l.GetValue() == typ {
+				if l.GetName() == label && l.GetValue() == value {
 					return m.GetCounter().GetValue()
 				}
 			}
@@ -190,6 +199,39 @@ func TestRunnerRefusalIsNoMigration(t *testing.T) {
 	if got := x.migrations(events.MigrationNewRequest) + x.migrations(events.MigrationOngoingRequest); got != 0 {
 		t.Errorf("migrations counted %v, want 0", got)
 	}
+	if got := x.counter("baton_frontend_worker_inhibitions_total", "worker_id", "w1"); got != 0 {
+		t.Errorf("inhibitions of w1 counted %v, want 0", got)
+	}
+}
+
+// TestRunnerDispatchUnanswered: a dispatch the worker does not answer in
+// time is counted as unanswered, inhibits the worker (both counted), and
+// the request migrates as new_request to the other worker.
+func TestRunnerDispatchUnanswered(t *testing.T) {
+	x := newRunnerFixture(t, fakeWorker{id: "w1", silent: true}, fakeWorker{id: "w2"})
+	x.rn.cfg.DispatchTimeout = 100 * time.Millisecond
+	x.rn.router.active["w2"] = 1 // w1 is the less loaded: tried first
+	st := x.run("r")
+	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest || st.Worker != "w2" {
+		t.Fatalf("state %+v: want one new_request migration, completed on w2", st)
+	}
+	for _, c := range []struct {
+		name string
+		want float64
+	}{
+		{"baton_frontend_dispatch_unanswered_total", 1},
+		{"baton_frontend_worker_inhibitions_total", 1},
+	} {
+		if got := x.counter(c.name, "worker_id", "w1"); got != c.want {
+			t.Errorf("%s{worker_id=w1} = %v, want %v", c.name, got, c.want)
+		}
+		if got := x.counter(c.name, "worker_id", "w2"); got != 0 {
+			t.Errorf("%s{worker_id=w2} = %v, want 0", c.name, got)
+		}
+	}
+	if got := x.migrations(events.MigrationNewRequest); got != 1 {
+		t.Errorf("new_request migrations counted %v, want 1", got)
+	}
 }
 
 // TestRunnerUpstreamUnavailable: an overloaded upstream migrates the request
@@ -209,6 +251,9 @@ func TestRunnerUpstreamUnavailable(t *testing.T) {
 	}
 	if w, _ := x.rn.disc.get("w1"); !x.rn.router.isInhibited(w) {
 		t.Error("w1 not inhibited after its upstream was unavailable")
+	}
+	if got := x.counter("baton_frontend_worker_inhibitions_total", "worker_id", "w1"); got != 1 {
+		t.Errorf("inhibitions of w1 counted %v, want 1", got)
 	}
 }
 

@@ -9,6 +9,7 @@ import "sync"
 type Signal struct {
 	mu        sync.Mutex
 	ch        chan struct{}
+	taken     bool // C handed out ch: Notify must close it
 	listeners map[chan struct{}]struct{}
 }
 
@@ -21,6 +22,7 @@ func NewSignal() *Signal {
 func (s *Signal) C() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.taken = true
 	return s.ch
 }
 
@@ -39,12 +41,16 @@ func (s *Signal) Listen(ch chan struct{}) (stop func()) {
 	}
 }
 
-// Notify wakes every waiter and pokes every listener.
+// Notify wakes every waiter and pokes every listener. A channel nobody took
+// is left open for the next Notify (closing it would wake nobody): a
+// follower notifies at every token, and most are waited on by listeners.
 func (s *Signal) Notify() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	close(s.ch)
-	s.ch = make(chan struct{})
+	if s.taken {
+		close(s.ch)
+		s.ch, s.taken = make(chan struct{}), false
+	}
 	for ch := range s.listeners {
 		select {
 		case ch <- struct{}{}:

@@ -38,3 +38,30 @@ func TestSignalListen(t *testing.T) {
 		t.Error("C's channel not closed by Notify")
 	}
 }
+
+// TestSignalUntakenChannel: a Notify that nobody waited for keeps the
+// channel, and the next waiter is still woken by the next Notify, not by
+// the earlier one.
+func TestSignalUntakenChannel(t *testing.T) {
+	s := NewSignal()
+	w := s.C()
+	s.Notify()
+	s.Notify() // nobody took the new channel
+	select {
+	case <-w:
+	default:
+		t.Fatal("the waiter's channel not closed by Notify")
+	}
+	next := s.C()
+	select {
+	case <-next:
+		t.Fatal("a channel taken after the last Notify is already closed")
+	default:
+	}
+	s.Notify()
+	select {
+	case <-next:
+	default:
+		t.Fatal("the channel taken after an untaken Notify not closed by the next")
+	}
+}
