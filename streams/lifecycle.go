@@ -199,3 +199,17 @@ func WorkerSubjects(ctx context.Context, js jetstream.JetStream, stream, worker 
 func PurgeWorker(ctx context.Context, js jetstream.JetStream, stream, worker string) (uint64, error) {
 	return purge(ctx, js, stream, WorkerTokens(worker))
 }
+
+// NextOnSubject returns the first message of stream on subject at or after
+// seq (nil when there is none), from the stream's leader.
+func NextOnSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return leaderGet(ctx, js, stream, subject, seq, false)
+}
+
+// LastOnSubject returns the last message of stream on subject (nil when
+// there is none), from the stream's leader: a replica's direct get may not
+// hold yet what was just stored, and a decision to purge must not rest on
+// that.
+func LastOnSubject(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
+	return leaderGet(ctx, js, stream, subject, 0, true)
+}

@@ -2,7 +2,6 @@ package retention
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -59,7 +58,7 @@ const (
 	// since the last reading (filling the eviction band in ten readings)
 	// has up to fastChecks live workers' last writes looked at.
 	fastGrowth = 0.01
-	fastChecks = 64
+	fastChecks = 16
 	// junkLarge: one junk message this large quarantines its worker at once.
 	junkLarge = 64 << 10
 	// junkMany: this many junk messages of one worker quarantine it. An
@@ -70,6 +69,8 @@ const (
 	sweepMax = 512
 	// parallel is how many questions about junk are asked at once.
 	parallel = 16
+	// routedCache bounds the routed decisions the guard remembers.
+	routedCache = 4096
 )
 
 // SetFleet tells the monitor the workers to guard the log against, before
@@ -174,8 +175,8 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 
 // junkWhy says why the message at seq of a worker's tokens subject is junk,
 // or "" if some reader may need it: a subject no reader folds, one of a
-// request that does not exist, or one written after its request's end was
-// recorded (its compact record or its failure: what a compaction carries
+// request that does not exist, one of an attempt not routed to the
+// subject's worker, or one written after its request's end was recorded (its compact record or its failure: what a compaction carries
 // for older readers is written before its record). Seq lastOfSubject judges
 // the subject's last message; seq anyOfEnded also counts as junk what a
 // worker wrote to a request that ended before (a quarantined worker's
@@ -185,18 +186,19 @@ func (m *Monitor) junkWhy(ctx context.Context, st jetstream.Stream, subject stri
 	if err != nil {
 		return "on " + subject + ", a subject no reader folds"
 	}
-	last, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(rs.ID))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "on " + subject + ", of request " + rs.ID + ", which does not exist"
-	}
+	stream := st.CachedInfo().Config.Name
+	last, err := streams.LastOnSubject(ctx, m.js, stream, streams.RequestEvents(rs.ID))
 	if err != nil {
 		return ""
+	}
+	if last == nil {
+		return "on " + subject + ", of request " + rs.ID + ", which does not exist"
 	}
 	switch last.Header.Get(events.HeaderType) {
 	case events.TypeRequestCompacted, events.TypeRequestFailed:
 		if seq == lastOfSubject {
-			lm, err := st.GetLastMsgForSubject(ctx, subject)
-			if err != nil {
+			lm, err := streams.LastOnSubject(ctx, m.js, stream, subject)
+			if err != nil || lm == nil {
 				return ""
 			}
 			seq = lm.Sequence
@@ -204,8 +206,53 @@ func (m *Monitor) junkWhy(ctx context.Context, st jetstream.Stream, subject stri
 		if seq == anyOfEnded || seq > last.Sequence {
 			return "on " + subject + ", after request " + rs.ID + " ended"
 		}
+		return ""
 	}
-	return ""
+	// In flight (or finished, not compacted): only the attempt's routed
+	// worker writes its tokens subject, and only once it was routed.
+	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
+	if err != nil || routed == rs.Worker {
+		return ""
+	}
+	return fmt.Sprintf("on %s, attempt %d of request %s, which was not routed to it", subject, rs.Attempt, rs.ID)
+}
+
+// routedWorker returns the worker attempt of request id was routed to ("":
+// none yet), from the routed decisions on its events subject, which only a
+// frontend writes. A decision does not change once stored, so what was
+// found is kept (a bounded cache: the guard asks about the same running
+// request at reading after reading).
+func (m *Monitor) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
+	key := fmt.Sprintf("%s %d", id, attempt)
+	m.mu.Lock()
+	w, ok := m.routed[key]
+	m.mu.Unlock()
+	if ok {
+		return w, nil
+	}
+	subject := streams.RequestEvents(id)
+	for seq := uint64(1); ; {
+		msg, err := streams.NextOnSubject(ctx, m.js, stream, subject, seq)
+		if err != nil || msg == nil {
+			return "", err
+		}
+		seq = msg.Sequence + 1
+		if msg.Header.Get(events.HeaderType) != events.TypeRequestRouted {
+			continue
+		}
+		e, err := events.Unmarshal(events.Header(msg.Header), msg.Data)
+		r, ok := e.Event.(events.RequestRouted)
+		if err != nil || !ok || r.Attempt != attempt {
+			continue
+		}
+		m.mu.Lock()
+		if len(m.routed) >= routedCache {
+			clear(m.routed)
+		}
+		m.routed[key] = r.WorkerID
+		m.mu.Unlock()
+		return r.WorkerID, nil
+	}
 }
 
 // junkWhy's seq for a subject as a whole.

@@ -114,7 +114,8 @@ type Monitor struct {
 	changed  chan struct{}            // closed and replaced when a partition crosses a mark
 	fullSeen map[string]bool          // by stream: above the high-water mark at the last reading
 	fleet    Fleet
-	swept    map[string]bool // "stream worker": a quarantined worker none of whose output is needed there
+	swept    map[string]bool   // "stream worker": a quarantined worker none of whose output is needed there
+	routed   map[string]string // "request attempt": the worker it was routed to (routedWorker)
 }
 
 // NewMonitor returns a Monitor of the request log, with its metrics
@@ -138,7 +139,7 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
 		}, []string{"stream"}),
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
-		changed: make(chan struct{}), swept: map[string]bool{},
+		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{},
 	}
 	for _, c := range []prometheus.Collector{m.used, m.evicted, m.junkPurged, m.quarantined} {
 		if err := reg.Register(c); err != nil {

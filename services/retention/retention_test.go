@@ -342,9 +342,10 @@ func (f *fleet) why(id string) (string, bool) {
 // TestGuardQuarantinesJunkWriters: what a worker wrote last is judged at
 // each reading. Compacted requests' carries on w1's subjects (80 messages)
 // are not junk, and a late delta of w1's after a request's record, and a
-// message on a subject no reader folds, are purged without quarantining w1; w2's 100 KiB message on a request that
-// does not exist quarantines w2 and is purged; a request in flight and
-// the compact records stay.
+// message on a subject no reader folds, are purged without quarantining
+// w1; a 100 KiB message quarantines its worker and is purged: w2's on a
+// request that does not exist, w3's on the request in flight (an attempt
+// routed to w1); the request in flight and the compact records stay.
 func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	srv := natstest.Start(t)
 	js := srv.JetStream(t)
@@ -365,7 +366,7 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{live: []string{"w1", "w2"}, quarantined: map[string]string{}}
+	f := &fleet{live: []string{"w1", "w2", "w3"}, quarantined: map[string]string{}}
 	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -422,6 +423,17 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	}
 	if _, q := f.why("w1"); q {
 		t.Error("w1 quarantined with w2")
+	}
+	// w3 writes to the request in flight, on its own subject of an attempt
+	// routed to w1.
+	stray := streams.RequestTokens("inflight", 0, "w3")
+	onLive := streams.NewLog(js, "baton/worker/w3").Envelope("stray", "inflight", events.TokensGenerated{RequestID: "inflight", Offset: 10, Tokens: []string{strings.Repeat("y", 100<<10)}})
+	if _, err := streams.NewLog(js, "baton/worker/w3").Append(ctx, stray, onLive, -1); err != nil {
+		t.Fatal(err)
+	}
+	waitGone("w3's junk on a request in flight", stray)
+	if why, q := f.why("w3"); !q || !strings.Contains(why, "not routed to it") {
+		t.Fatalf("w3 after its junk on a request in flight: quarantined %v (%q), want quarantined", q, why)
 	}
 	r, _, err := retention.Read(ctx, fe, 1, "inflight")
 	if err != nil || r.Len() != 10 {
