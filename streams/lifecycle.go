@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -212,4 +213,53 @@ func NextOnSubject(ctx context.Context, js jetstream.JetStream, stream, subject 
 // that.
 func LastOnSubject(ctx context.Context, js jetstream.JetStream, stream, subject string) (*jetstream.RawStreamMsg, error) {
 	return leaderGet(ctx, js, stream, subject, 0, true)
+}
+
+// NextStoredEventsBatch is NextStoredEvents of up to n messages at once,
+// in stream order (one direct get of a batch: nats-server 2.11 and later;
+// a replica answers, so it may lag the leader by what was just stored). It
+// returns fewer when the stream holds fewer, or when maxBytes of theirs
+// were sent.
+func NextStoredEventsBatch(ctx context.Context, js jetstream.JetStream, stream string, seq uint64, n, maxBytes int) ([]Stored, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	nc := js.Conn()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	body, err := json.Marshal(map[string]any{"seq": seq, "next_by_subj": requestsPrefix + "*.*.events", "batch": n,
+		"max_bytes": maxBytes})
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
+		return nil, err
+	}
+	var out []Stored
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return out, fmt.Errorf("batch of %s from %d: %w", stream, seq, err)
+		}
+		switch status := m.Header.Get("Status"); status {
+		case "":
+		case "204", "404": // the end of the batch; nothing (more) there
+			return out, nil
+		default:
+			return out, fmt.Errorf("batch of %s from %d: status %s %s", stream, seq, status, m.Header.Get("Description"))
+		}
+		subject := m.Header.Get("Nats-Subject")
+		s, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+		if err != nil || subject == "" {
+			return out, fmt.Errorf("batch of %s from %d: a message without its subject or sequence", stream, seq)
+		}
+		st := Stored{Subject: subject, Seq: s}
+		if rs, perr := ParseRequestSubject(subject); perr == nil {
+			st.RequestID = rs.ID
+		}
+		out = append(out, st)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 )
 
 // Config sets the marks of a Monitor. Zero values mean the defaults.
@@ -44,8 +45,13 @@ const (
 	// refusedFor is how long an append refused at the limit (Refused)
 	// counts as the partition being full, whatever the last reading said.
 	refusedFor = 2 * time.Second
-	// maxScan bounds the messages one eviction round looks at per partition.
+	// maxScan bounds the messages one eviction round looks at per partition
+	// one at a time (eight times as many in batches).
 	maxScan = 2000
+	// evictBatch is how many events messages one batched get brings, and
+	// evictParallel how many requests are evicted at once.
+	evictBatch    = 256
+	evictParallel = 16
 )
 
 func (c Config) withDefaults() Config {
@@ -169,18 +175,17 @@ func (m *Monitor) HighWater() float64 { return m.cfg.HighWater }
 // Run reads the partitions' usage every Interval and evicts while one is
 // above its eviction mark, until ctx is done. It returns nil then.
 func (m *Monitor) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { m.guardLoop(ctx) })
 	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
 	for {
 		for _, stream := range m.partitions().Streams() {
-			m.mu.Lock()
-			before := m.usage[stream]
-			m.mu.Unlock()
 			u, err := m.refresh(ctx, stream)
 			if err != nil {
 				continue // the next reading tries again; the last one stands
 			}
-			m.guard(ctx, before, u)
 			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
 				m.evict(ctx, u)
 			}
@@ -189,6 +194,33 @@ func (m *Monitor) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+	}
+}
+
+// guardLoop runs guard on every partition each Interval, from Run's
+// readings, until ctx is done: on a goroutine of its own, so that its
+// questions (slow under a flood) never hold up eviction or the readings
+// admission answers from.
+func (m *Monitor) guardLoop(ctx context.Context) {
+	t := time.NewTicker(m.cfg.Interval)
+	defer t.Stop()
+	seen := map[string]streams.Usage{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, stream := range m.partitions().Streams() {
+			m.mu.Lock()
+			u, ok := m.usage[stream]
+			m.mu.Unlock()
+			if !ok {
+				continue
+			}
+			m.guard(ctx, seen[stream], u)
+			seen[stream] = u
 		}
 	}
 }
@@ -287,9 +319,10 @@ func (m *Monitor) Health() string {
 }
 
 // evict purges the oldest finished requests of u's stream until the stream
-// is below the eviction band: first found by their events subjects (a
-// request in flight is a few messages there, its deltas not looked at),
-// then, if that was not enough, from the stream's first message on, where
+// is below the eviction band: first the compacted and failed ones, found by
+// their events subjects (a request in flight is a few messages there, its
+// deltas not looked at, and it is not folded), then, if that was not
+// enough, from the stream's first message on, every request folded, where
 // a subject no reader folds (a malformed one, or a worker's junk) is
 // purged too. Each pass looks at most at maxScan messages. A request in
 // flight is skipped: it keeps its history.
@@ -298,9 +331,14 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 	if err != nil {
 		return
 	}
-	n, below := m.evictPass(ctx, stream, u, streams.NextStoredEvents)
+	n, below, err := m.evictEnded(ctx, stream, u)
+	if err != nil { // a server without batched gets (before 2.11): one at a time
+		var more int
+		more, below = m.evictPass(ctx, stream, u, streams.NextStoredEvents, false)
+		n += more
+	}
 	if !below && ctx.Err() == nil {
-		more, _ := m.evictPass(ctx, stream, u, streams.NextStored)
+		more, _ := m.evictPass(ctx, stream, u, streams.NextStored, true)
 		n += more
 	}
 	if n > 0 {
@@ -310,10 +348,61 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 	}
 }
 
+// evictEnded is evict's first pass: the compacted and failed requests,
+// oldest first, found by their events subjects a batch at a time (one
+// direct get of up to evictBatch messages) and evicted evictParallel at a
+// time: on a busy server each question waits milliseconds, and requests
+// may finish faster than one eviction after another can keep up with. It
+// reads the usage after each batch. An error means batched gets are not
+// served (nats-server before 2.11), before anything was evicted.
+func (m *Monitor) evictEnded(ctx context.Context, stream jetstream.Stream, u streams.Usage) (n int, below bool, err error) {
+	seq, seen := u.FirstSeq, map[string]bool{}
+	for scanned := 0; scanned < maxScan*8 && ctx.Err() == nil; {
+		batch, err := streams.NextStoredEventsBatch(ctx, m.js, u.Stream, seq, evictBatch, 1<<20)
+		if err != nil && n == 0 && scanned == 0 {
+			return 0, false, err
+		}
+		if len(batch) == 0 {
+			return n, false, nil
+		}
+		scanned += len(batch)
+		seq = batch[len(batch)-1].Seq + 1
+		var ids []string
+		for _, st := range batch {
+			if st.RequestID != "" && !seen[st.RequestID] {
+				seen[st.RequestID] = true
+				ids = append(ids, st.RequestID)
+			}
+		}
+		var mu sync.Mutex
+		var g errgroup.Group
+		g.SetLimit(evictParallel)
+		for _, id := range ids {
+			g.Go(func() error {
+				gone, err := m.evictRequest(ctx, stream, id, false)
+				if err != nil {
+					m.log.Debug("evict from the request log", "stream", u.Stream, "request_id", id, "err", err)
+				}
+				if gone {
+					mu.Lock()
+					n++
+					mu.Unlock()
+				}
+				return nil
+			})
+		}
+		_ = g.Wait()
+		if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+			return n, true, nil
+		}
+	}
+	return n, false, nil
+}
+
 // evictPass is one pass of evict over the messages next finds; it returns
 // the requests it evicted and whether the stream got below the band.
 func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u streams.Usage,
-	next func(context.Context, jetstream.JetStream, string, uint64) (streams.Stored, bool, error)) (n int, below bool) {
+	next func(context.Context, jetstream.JetStream, string, uint64) (streams.Stored, bool, error), fold bool) (n int, below bool) {
 	seq, skip, read := u.FirstSeq, map[string]bool{}, time.Now()
 	for scanned := 0; scanned < maxScan && ctx.Err() == nil; scanned++ {
 		if time.Since(read) >= m.cfg.Interval {
@@ -336,7 +425,7 @@ func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u stre
 			continue
 		default:
 			var gone bool
-			gone, err = m.evictRequest(ctx, stream, st.RequestID)
+			gone, err = m.evictRequest(ctx, stream, st.RequestID, fold)
 			if !gone {
 				skip[st.RequestID] = true
 				continue
@@ -360,8 +449,10 @@ func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u stre
 // evictRequest purges request id if it is finished (or has no accepted
 // event, so that nobody can read it), and reports whether it did. A
 // compacted or failed request says so in the last message of its events
-// subject, one direct get; any other is folded from the log.
-func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id string) (bool, error) {
+// subject, one direct get; with fold, any other is folded from the log
+// (without, it is taken to be in flight: with compaction on, a request
+// that finished is compacted at once, and a fold reads all it holds).
+func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id string, fold bool) (bool, error) {
 	p := m.partitions()
 	if last, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(id)); err == nil {
 		switch last.Header.Get(events.HeaderType) {
@@ -369,6 +460,9 @@ func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id stri
 			_, err := streams.Evict(ctx, m.js, p, id)
 			return err == nil, err
 		}
+	}
+	if !fold {
+		return false, nil
 	}
 	r := projections.NewRequestCounter()
 	for e, err := range streams.ReadRequest(ctx, m.js, p, id, 1) {
