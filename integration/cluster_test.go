@@ -124,23 +124,17 @@ func (c *cluster) waitJetStream() {
 func (c *cluster) newLeader(js jetstream.JetStream, name, old string) string {
 	c.t.Helper()
 	var leader string
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	waitFor(c.t, 60*time.Second, fmt.Sprintf("%s to elect a leader other than %s, killed (the kill did not take effect if none)", name, old), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
 		if s, err := js.Stream(ctx, name); err == nil {
 			if info, err := s.Info(ctx); err == nil && info.Cluster != nil {
 				leader = info.Cluster.Leader
 			}
 		}
-		cancel()
-		if leader != "" && leader != old {
-			return leader
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%s: leader %q 60s after killing its leader %s: the leader kill did not produce a new leader", name, leader, old)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return leader != "" && leader != old
+	})
+	return leader
 }
 
 // streamInfo returns the cluster view of a stream once it has a leader and

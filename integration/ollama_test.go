@@ -45,6 +45,9 @@ func startOllama(t *testing.T, name string) *ollamaProc {
 	t.Helper()
 	bin := os.Getenv("BATON_OLLAMA_BIN")
 	if bin == "" {
+		if os.Getenv("BATON_REQUIRE_OLLAMA") != "" { // .ci/run: a CI run without it is not a pass
+			t.Fatal("BATON_REQUIRE_OLLAMA is set but BATON_OLLAMA_BIN is not: the Ollama build did not land")
+		}
 		t.Skip("BATON_OLLAMA_BIN is not set: no Ollama to test against (.ci/run builds one)")
 	}
 	dir := t.TempDir()

@@ -9,7 +9,6 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
-	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -90,10 +89,6 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 	if f == nil {
 		return
 	}
-	st, err := m.js.Stream(ctx, u.Stream)
-	if err != nil {
-		return
-	}
 	q := f.Quarantined()
 	m.mu.Lock()
 	for key := range m.swept {
@@ -103,7 +98,7 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 	}
 	m.mu.Unlock()
 	for _, w := range q {
-		m.sweep(ctx, st, u.Stream, w)
+		m.sweep(ctx, u.Stream, w)
 	}
 	ws := f.Workers()
 	if len(ws) == 0 {
@@ -119,18 +114,18 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		if ctx.Err() != nil {
 			return
 		}
-		m.check(ctx, st, u.Stream, ws[(start+i)%len(ws)], f)
+		m.check(ctx, u.Stream, ws[(start+i)%len(ws)], f)
 	}
 }
 
 // check looks at what worker wrote last to stream; if it is junk, purges it
 // and, when the worker's junk is large or many, quarantines the worker.
-func (m *Monitor) check(ctx context.Context, st jetstream.Stream, stream, worker string, f Fleet) {
+func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet) {
 	msg, ok, err := streams.LastOfWorker(ctx, m.js, stream, worker)
 	if err != nil || !ok {
 		return
 	}
-	why := m.junkWhy(ctx, st, msg.Subject, msg.Sequence)
+	why := m.junkWhy(ctx, stream, msg.Subject, msg.Sequence)
 	if why == "" {
 		return
 	}
@@ -150,7 +145,7 @@ func (m *Monitor) check(ctx context.Context, st jetstream.Stream, stream, worker
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, _ := m.classify(ctx, st, keys, lastOfSubject)
+	junk, _ := m.classify(ctx, stream, keys, lastOfSubject)
 	many := 0
 	for _, subj := range junk {
 		many += int(subjects[subj])
@@ -167,10 +162,7 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 	m.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
 	m.quarantined.WithLabelValues(stream).Inc()
 	f.Junk(ctx, worker, why)
-	st, err := m.js.Stream(ctx, stream)
-	if err == nil {
-		m.sweep(ctx, st, stream, worker)
-	}
+	m.sweep(ctx, stream, worker)
 }
 
 // junkWhy says why the message at seq of a worker's tokens subject is junk,
@@ -181,12 +173,11 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 // the subject's last message; seq anyOfEnded also counts as junk what a
 // worker wrote to a request that ended before (a quarantined worker's
 // sweep: nothing of it is needed any more but the carry).
-func (m *Monitor) junkWhy(ctx context.Context, st jetstream.Stream, subject string, seq uint64) string {
+func (m *Monitor) junkWhy(ctx context.Context, stream, subject string, seq uint64) string {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil {
 		return "on " + subject + ", a subject no reader folds"
 	}
-	stream := st.CachedInfo().Config.Name
 	last, err := streams.LastOnSubject(ctx, m.js, stream, streams.RequestEvents(rs.ID))
 	if err != nil {
 		return ""
@@ -266,13 +257,13 @@ const (
 // in flight, or finished and not compacted, and its text may be the
 // worker's). It asks about several at once: under a flood each answer
 // waits its turn behind the junk being stored.
-func (m *Monitor) classify(ctx context.Context, st jetstream.Stream, subjects []string, seq uint64) (junk, held []string) {
+func (m *Monitor) classify(ctx context.Context, stream string, subjects []string, seq uint64) (junk, held []string) {
 	why := make([]string, len(subjects))
 	var g errgroup.Group
 	g.SetLimit(parallel)
 	for i, subj := range subjects {
 		g.Go(func() error {
-			why[i] = m.junkWhy(ctx, st, subj, seq)
+			why[i] = m.junkWhy(ctx, stream, subj, seq)
 			return nil
 		})
 	}
@@ -310,7 +301,7 @@ func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string
 // sweep purges quarantined worker's junk from stream: per request while
 // some request may still need what it wrote before, then everything it
 // writes, one purge a reading.
-func (m *Monitor) sweep(ctx context.Context, st jetstream.Stream, stream, worker string) {
+func (m *Monitor) sweep(ctx context.Context, stream, worker string) {
 	key := stream + " " + worker
 	m.mu.Lock()
 	clear := m.swept[key]
@@ -326,7 +317,7 @@ func (m *Monitor) sweep(ctx context.Context, st jetstream.Stream, stream, worker
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, held := m.classify(ctx, st, keys, anyOfEnded)
+	junk, held := m.classify(ctx, stream, keys, anyOfEnded)
 	if len(held) > 0 || len(keys) < len(subjects) {
 		m.purgeAll(ctx, stream, junk)
 		return

@@ -248,20 +248,13 @@ func TestEvictionOldestFinishedFirst(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- m.Run(rctx) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	eventually(t, "the stream below 0.7 of its size", func() bool {
 		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if u.Ratio() < 0.7 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the stream is still %.2f full", u.Ratio())
-		}
-		time.Sleep(10 * time.Millisecond) // polling a stream another goroutine empties
-	}
+		return u.Ratio() < 0.7
+	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -294,6 +287,23 @@ func TestEvictionOldestFinishedFirst(t *testing.T) {
 	}
 	if u, _ := streams.ReadUsage(ctx, js, "BATON_REQUESTS"); u.Ratio() >= 0.7 {
 		t.Errorf("usage %.2f after eviction, want below 0.7", u.Ratio())
+	}
+}
+
+// eventually waits up to 10 s for cond, which another goroutine (the
+// monitor) makes true: a stream has no event for what a purge removed, so
+// it is asked every few milliseconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	for !cond() {
+		select {
+		case <-tick.C:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
 	}
 }
 
@@ -382,19 +392,12 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	gone := func(subject string) bool {
-		_, err := st.GetLastMsgForSubject(ctx, subject)
-		return err != nil
-	}
 	waitGone := func(what, subject string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !gone(subject) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s (%s) still stored", what, subject)
-			}
-			time.Sleep(5 * time.Millisecond) // polling a stream another goroutine purges
-		}
+		eventually(t, what+" ("+subject+") purged", func() bool {
+			_, err := st.GetLastMsgForSubject(ctx, subject)
+			return err != nil
+		})
 	}
 
 	late := streams.RequestTokens("done-07", 0, "w1")
