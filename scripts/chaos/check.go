@@ -11,6 +11,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/vllmsim"
+	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
@@ -110,7 +111,9 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 			r.requestsWithSkips++
 		}
 		for _, m := range migs {
-			migByFE[m.Frontend]++
+			if counted(m, migs) {
+				migByFE[m.Frontend]++
+			}
 			r.logMigrations++
 			r.logMigrationsByType[m.MigrationType]++
 		}
@@ -178,6 +181,19 @@ func readLog(ctx context.Context, h *harness, id string) (*projections.Request, 
 		}
 	}
 	return p, migs, nil
+}
+
+// counted reports whether the migration_total metric counts migration m of
+// a request whose migrations are migs: it counts a migration once a worker
+// accepts its continuation (docs/fault-tolerance.md), so not one whose
+// continuation attempt went unanswered and was migrated again from.
+func counted(m events.RequestMigrated, migs []events.RequestMigrated) bool {
+	for _, n := range migs {
+		if n.FromAttempt == m.FromAttempt+1 && n.Reason == migrations.ReasonDispatchFailed {
+			return false
+		}
+	}
+	return true
 }
 
 // checkChurn holds the churn profile's bars: every request ended within its
