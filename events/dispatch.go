@@ -43,4 +43,13 @@ type Dispatch struct {
 	// once the owning frontend is gone (its presence key expired) and no
 	// other frontend attached, before it cancels the request.
 	DetachTimeoutMS int64 `json:"detach_timeout_ms,omitempty"`
+	// HoldUntilRouted means the frontend sent the dispatch before the log
+	// acknowledged its routed decision (to start the engine one
+	// acknowledgement sooner): the worker runs the engine but stores
+	// nothing of the attempt, no token and no end, until it knows the
+	// decision is stored: a streams.CommandRouted, a cancel, or a check
+	// that names it the attempt's worker. A fence ends it with nothing
+	// stored. Frontends set it only for workers whose lease says they hold
+	// (Lease.HoldsUntilRouted).
+	HoldUntilRouted bool `json:"hold_until_routed,omitempty"`
 }

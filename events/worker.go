@@ -87,6 +87,11 @@ type Lease struct {
 	// frontend does not apply its stall timeout to an engine's queue time.
 	// Absent: the mock, older builds.
 	FirstTokenTimeoutMS int64 `json:"first_token_timeout_ms,omitempty"`
+	// HoldsUntilRouted says the worker honours Dispatch.HoldUntilRouted.
+	// Absent: older builds, which store an attempt's output as soon as it
+	// comes, so a frontend sends them a dispatch only once its routed
+	// decision is stored.
+	HoldsUntilRouted bool `json:"holds_until_routed,omitempty"`
 }
 
 // Capabilities is what a worker's engine can do: serve chat and

@@ -57,6 +57,9 @@ type Worker struct {
 	// FirstTokenTimeout is the first-token deadline the worker keeps itself
 	// (events.Lease.FirstTokenTimeoutMS); 0: none.
 	FirstTokenTimeout time.Duration `json:"first_token_timeout,omitempty"`
+	// HoldsUntilRouted: the worker holds an attempt's output until its
+	// routed decision is stored (events.Lease.HoldsUntilRouted).
+	HoldsUntilRouted bool `json:"-"`
 	// Departed is when a lost worker's lease ended (the time of the key's
 	// deletion or expiry); zero for a live worker.
 	Departed time.Time `json:"departed,omitzero"`
@@ -185,6 +188,7 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		LeaseRevision: u.Revision, ClientID: l.ClientID, Server: l.Server,
 		Load: d.loads[u.Key], LeaseRenewed: u.Time, Capabilities: l.Capabilities,
 		FirstTokenTimeout: time.Duration(l.FirstTokenTimeoutMS) * time.Millisecond,
+		HoldsUntilRouted:  l.HoldsUntilRouted,
 	}
 	switch {
 	case l.Draining || d.ended[u.Key].lease == l.LeaseID:

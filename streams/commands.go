@@ -56,6 +56,10 @@ const (
 	// CommandFence stops the attempt without writing anything more: the
 	// request moved on (a migration away from it, or its end).
 	CommandFence = "fence"
+	// CommandRouted says the attempt's routed decision is stored: a worker
+	// that holds the attempt's output (events.Dispatch.HoldUntilRouted)
+	// stores it from now on. Older workers never get one.
+	CommandRouted = "routed"
 )
 
 // Command is what a frontend tells a worker about an attempt routed to it,
@@ -65,7 +69,7 @@ const (
 type Command struct {
 	RequestID string `json:"request_id"`
 	Attempt   int    `json:"attempt"`
-	Kind      string `json:"kind"`           // CommandCancel or CommandFence
+	Kind      string `json:"kind"`           // CommandCancel, CommandFence or CommandRouted
 	Mode      string `json:"mode,omitempty"` // CommandCancel: events.CancelStop or events.CancelKill
 	Reason    string `json:"reason,omitempty"`
 }

@@ -28,8 +28,12 @@ func (w *Worker) onCommand(m *nats.Msg) {
 		w.log.Warn("malformed command", "err", err)
 		return
 	}
+	key := jobKey{c.RequestID, c.Attempt}
 	w.mu.Lock()
-	j := w.jobs[jobKey{c.RequestID, c.Attempt}]
+	j := w.jobs[key]
+	if j == nil && c.Kind == streams.CommandRouted {
+		w.noteEarly(key, time.Now()) // its dispatch is still on the way (hold.go)
+	}
 	w.mu.Unlock()
 	if j != nil {
 		obey(j, c)
@@ -37,12 +41,17 @@ func (w *Worker) onCommand(m *nats.Msg) {
 }
 
 // obey applies command c to job j. The first cause of a job's cancellation
-// wins, so a command seen twice is obeyed once.
+// wins, so a command seen twice is obeyed once. A cancel is sent only for
+// an attempt the log routes here, so a stop releases a held job first: it
+// stores what was made and the end (hold.go).
 func obey(j *job, c streams.Command) {
 	switch {
+	case c.Kind == streams.CommandRouted:
+		j.release()
 	case c.Kind == streams.CommandCancel && c.Mode == events.CancelKill:
-		j.cancel(errCancelKill)
+		j.cancel(errCancelKill) // stores nothing more, held or not
 	case c.Kind == streams.CommandCancel:
+		j.release()
 		j.cancel(errCancelStop)
 	case c.Kind == streams.CommandFence:
 		j.cancel(errFenced)

@@ -27,6 +27,9 @@ var (
 	// errLogFull: the request log refused the attempt's tokens at its
 	// limits; the frontend ends the request with log_full.
 	errLogFull = errors.New("worker: the request log is full")
+	// errNotRouted: a held attempt's routed decision was never stored
+	// (hold.go): nothing of it is.
+	errNotRouted = errors.New("worker: the attempt was never routed here")
 )
 
 type jobKey struct {
@@ -39,6 +42,12 @@ type job struct {
 	d      events.Dispatch
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+
+	// routed is closed once the attempt's routed decision is known to be
+	// stored; until then nothing of the attempt is (hold.go). Closed from
+	// the start for a dispatch sent after its decision was stored.
+	routed      chan struct{}
+	releaseOnce sync.Once
 
 	mu        sync.Mutex
 	ownerID   string        // the frontend that owns the request, as the last check answered
@@ -93,16 +102,23 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{})}
+	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{})}
 	w.jobs[key] = j
 	w.gens.Add(1)
+	early := w.takeEarly(key)
 	w.mu.Unlock()
+	if !d.HoldUntilRouted || early {
+		j.release()
+	}
 
 	w.metrics.inflight.WithLabelValues(w.cfg.Model).Inc()
 	w.health.started()
 	w.reply(m, d, "")
 	go w.generate(j)
 	go w.guardDetach(j)
+	if d.HoldUntilRouted && !early {
+		go w.guardRouted(j)
+	}
 }
 
 func validDispatch(d events.Dispatch) bool {
@@ -142,7 +158,7 @@ func (w *Worker) generate(j *job) {
 
 	out = newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
 	out.stampEmit = w.cfg.BenchEmitTime
-	res, genErr := w.produce(j.ctx, j.cancel, d, out)
+	res, genErr := w.produce(j.ctx, j.cancel, d, j.routed, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
 		// Nothing more of this attempt can be stored, its end included:
 		// say so once, and leave the request's end to its frontend.
@@ -156,6 +172,9 @@ func (w *Worker) generate(j *job) {
 	ctx, cancel := context.WithTimeout(context.Background(), streams.AppendBudget+2*streams.DefaultTimeout)
 	defer cancel()
 	status, final, fatal := w.outcome(j, res, genErr, out, log)
+	if !j.released() {
+		final = nil // held to its end: nothing of it is stored (hold.go)
+	}
 	if fatal {
 		defer w.fail(genErr) // after the attempt_failed is stored
 	}
@@ -201,8 +220,8 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 	case errors.Is(cause, errCancelKill):
 		w.metrics.cancellation.WithLabelValues(w.cfg.Model, events.CancelKill).Inc()
 		status = statusCancelled // the cancelled event already ended the request
-	case errors.Is(cause, errFenced):
-		status = statusHandedOff // the frontend fenced this attempt already
+	case errors.Is(cause, errFenced), errors.Is(cause, errNotRouted):
+		status = statusHandedOff // the frontend fenced this attempt already, or never routed it here
 	case errors.Is(cause, errHandOff):
 		status, final = statusHandedOff, failed("shutdown")
 	case errors.Is(cause, errNoFrontend):
@@ -245,9 +264,12 @@ func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.Attemp
 // is flushed at the end, unless a kill cancelled the job: then nothing more
 // is appended once the kill is seen.
 //
+// Nothing is appended before routed is closed (a held dispatch, hold.go):
+// tokens wait for it, and if the job ends first, they are dropped.
+//
 // When the log refuses the attempt's tokens at its limits, produce stops
 // the engine (stop with errLogFull) and drops what is not stored.
-func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req engine.Request, out *deltas) (engine.Result, error) {
+func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req engine.Request, routed <-chan struct{}, out *deltas) (engine.Result, error) {
 	toks := make(chan engine.Token, w.cfg.DeltaMaxTokens)
 	var res engine.Result
 	var genErr error
@@ -266,7 +288,16 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 	timer.Stop()
 	defer timer.Stop()
 	var timerC <-chan time.Time
+	held := routed
+	select {
+	case <-held:
+		held = nil
+	default:
+	}
 	flush := func() {
+		if held != nil {
+			return // nothing is stored before the routed decision
+		}
 		timer.Stop()
 		timerC = nil
 		if c := context.Cause(ctx); errors.Is(c, errCancelKill) || errors.Is(c, errLogFull) {
@@ -289,6 +320,21 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 		select {
 		case t, ok := <-toks:
 			if !ok {
+				if held != nil {
+					// Ended while held: what it made is stored once the
+					// decision is, and never if the job ends first.
+					select {
+					case <-held:
+					case <-ctx.Done():
+					}
+					select {
+					case <-held: // a cancel releases before it cancels
+						held = nil
+					default:
+						out.drop()
+						return res, genErr
+					}
+				}
 				flush()
 				return res, genErr
 			}
@@ -307,6 +353,9 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 				timerC = timer.C
 			}
 		case <-timerC:
+			flush()
+		case <-held:
+			held = nil
 			flush()
 		}
 	}

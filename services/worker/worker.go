@@ -55,6 +55,7 @@ type Worker struct {
 	running   bool
 	draining  bool
 	jobs      map[jobKey]*job
+	early     map[jobKey]time.Time // routed notices that came before their dispatch (hold.go)
 	frontends *frontends // live frontend replicas, for detached requests
 	lease     *lease     // current lease; nil while re-registering
 	gens      sync.WaitGroup
@@ -98,6 +99,7 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 		loadCh:    make(chan struct{}, 1),
 		recheck:   make(chan struct{}, 1),
 		jobs:      map[jobKey]*job{},
+		early:     map[jobKey]time.Time{},
 		frontends: newFrontends(),
 		fatalCh:   make(chan struct{}),
 	}
@@ -393,7 +395,7 @@ func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, err
 	v := events.Lease{
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
-		NotReady: !healthy, Capabilities: w.capabilities(),
+		NotReady: !healthy, Capabilities: w.capabilities(), HoldsUntilRouted: true,
 	}
 	if ft, ok := w.eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
 		v.FirstTokenTimeoutMS = ft.FirstTokenTimeout().Milliseconds()

@@ -159,7 +159,15 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
 	}
 	routed := events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
-	ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
+	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
+	var reply streams.DispatchReply
+	var ok bool
+	var dispatchErr error
+	if w.HoldsUntilRouted {
+		reply, dispatchErr, ok, err = rn.routeHeld(ctx, t, w.ID, d, routed)
+	} else {
+		ok, err = rn.appendDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
+	}
 	if errors.Is(err, streams.ErrStreamFull) {
 		rn.room.Refused(t.id)
 	}
@@ -172,8 +180,10 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
 	}
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
-	reply, err := rn.sendDispatch(ctx, w.ID, d)
+	if !w.HoldsUntilRouted {
+		reply, dispatchErr = rn.sendDispatch(ctx, w.ID, d)
+	}
+	err = dispatchErr
 	if err == nil && reply.Accepted {
 		out.Result = migrations.DispatchAccepted
 		return out, done
@@ -190,6 +200,49 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	rn.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
 	rn.waitClosed(ctx, t, d.Attempt)
 	return out, nil
+}
+
+// routeHeld records the routed decision of dispatch d and sends d to
+// worker at the same time, for a worker that holds the attempt's output
+// until the decision is stored (services/worker/hold.go): the engine starts
+// without waiting for the log's acknowledgement. As soon as the decision is
+// stored the worker is told (streams.CommandRouted); when it is not (another
+// writer came first, the log refused it), the worker is fenced, unless the
+// decision the log holds routes the same attempt to it. It returns the
+// dispatch's answer and the decision's outcome as appendDecision does.
+func (rn *Runner) routeHeld(ctx context.Context, t *Request, worker string, d events.Dispatch, routed events.RequestRouted) (reply streams.DispatchReply, dispatchErr error, ok bool, err error) {
+	type decided struct {
+		seq uint64
+		ok  bool
+		err error
+	}
+	stored := make(chan decided, 1)
+	go func() {
+		seq, ok, err := rn.storeDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
+		c := streams.Command{RequestID: t.id, Attempt: d.Attempt, Kind: streams.CommandRouted}
+		if !ok && !rn.routedTo(t, d.Attempt, worker) {
+			c.Kind, c.Reason = streams.CommandFence, "its routed decision was not stored"
+		}
+		rn.command(worker, c)
+		stored <- decided{seq, ok, err}
+	}()
+	d.HoldUntilRouted = true
+	reply, dispatchErr = rn.sendDispatch(ctx, worker, d)
+	s := <-stored
+	if s.ok {
+		rn.awaitFolded(ctx, t, s.seq)
+	}
+	return reply, dispatchErr, s.ok, s.err
+}
+
+// routedTo reports whether this frontend's fold routes attempt k of t to
+// worker.
+func (rn *Runner) routedTo(t *Request, k int, worker string) bool {
+	var yes bool
+	t.f.view(func(p *projections.Request) {
+		yes = k < len(p.Attempts) && p.Attempts[k].WorkerID == worker
+	})
+	return yes
 }
 
 // waitClosed waits until this frontend has folded the closure of attempt k
@@ -272,21 +325,36 @@ func (rn *Runner) appendFence(ctx context.Context, ev events.AttemptFailed) {
 // has folded it. It reports false with a nil error when someone else wrote
 // first (the follower has caught up by then: look again).
 func (rn *Runner) appendDecision(ctx context.Context, t *Request, id string, ev events.Event) (bool, error) {
+	seq, ok, err := rn.storeDecision(ctx, t, id, ev)
+	if ok {
+		rn.awaitFolded(ctx, t, seq)
+	}
+	return ok, err
+}
+
+// storeDecision is appendDecision's append, without the wait for the fold:
+// it returns the decision's sequence when stored.
+func (rn *Runner) storeDecision(ctx context.Context, t *Request, id string, ev events.Event) (uint64, bool, error) {
 	expect := int64(t.f.eventsSeq())
 	seq, err := rn.events.Append(ctx, streams.RequestEvents(t.id), rn.events.Envelope(id, t.id, ev), expect)
 	if errors.Is(err, streams.ErrConflict) {
 		rn.catchUp(ctx, t)
-		return false, nil
+		return 0, false, nil
 	}
 	if err != nil {
-		return false, err
+		return 0, false, err
 	}
+	return seq, true, nil
+}
+
+// awaitFolded waits until this frontend has folded the event at seq (a
+// bounded wait; a catch-up when it times out).
+func (rn *Runner) awaitFolded(ctx context.Context, t *Request, seq uint64) {
 	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
 	if err := t.f.waitFor(wctx, func(p *projections.Request) bool { return p.LastSeq() >= seq }); err != nil {
 		rn.catchUp(ctx, t)
 	}
-	return true, nil
 }
 
 // catchUp reads whatever the follower missed.
