@@ -43,13 +43,16 @@ type Dispatch struct {
 	// once the owning frontend is gone (its presence key expired) and no
 	// other frontend attached, before it cancels the request.
 	DetachTimeoutMS int64 `json:"detach_timeout_ms,omitempty"`
-	// HoldUntilRouted means the frontend sent the dispatch before the log
-	// acknowledged its routed decision (to start the engine one
+	// Hold, when set, means the frontend sent the dispatch before the log
+	// acknowledged its routed decision (so that the engine starts one
 	// acknowledgement sooner): the worker runs the engine but stores
 	// nothing of the attempt, no token and no end, until it knows the
 	// decision is stored: a streams.CommandRouted, a cancel, or a check
-	// that names it the attempt's worker. A fence ends it with nothing
-	// stored. Frontends set it only for workers whose lease says they hold
+	// that names it the attempt's worker. Hold is unique to the dispatch:
+	// a fence that names it (streams.Command.Hold) ends the job this
+	// dispatch started with nothing stored, and no other job of the same
+	// attempt (a duplicate dispatch is accepted without a new job).
+	// Frontends set it only for workers whose lease says they hold
 	// (Lease.HoldsUntilRouted).
-	HoldUntilRouted bool `json:"hold_until_routed,omitempty"`
+	Hold string `json:"hold,omitempty"`
 }

@@ -87,7 +87,7 @@ type Lease struct {
 	// frontend does not apply its stall timeout to an engine's queue time.
 	// Absent: the mock, older builds.
 	FirstTokenTimeoutMS int64 `json:"first_token_timeout_ms,omitempty"`
-	// HoldsUntilRouted says the worker honours Dispatch.HoldUntilRouted.
+	// HoldsUntilRouted says the worker honours Dispatch.Hold.
 	// Absent: older builds, which store an attempt's output as soon as it
 	// comes, so a frontend sends them a dispatch only once its routed
 	// decision is stored.

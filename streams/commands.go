@@ -57,7 +57,7 @@ const (
 	// request moved on (a migration away from it, or its end).
 	CommandFence = "fence"
 	// CommandRouted says the attempt's routed decision is stored: a worker
-	// that holds the attempt's output (events.Dispatch.HoldUntilRouted)
+	// that holds the attempt's output (events.Dispatch.Hold)
 	// stores it from now on. Older workers never get one.
 	CommandRouted = "routed"
 )
@@ -72,6 +72,10 @@ type Command struct {
 	Kind      string `json:"kind"`           // CommandCancel, CommandFence or CommandRouted
 	Mode      string `json:"mode,omitempty"` // CommandCancel: events.CancelStop or events.CancelKill
 	Reason    string `json:"reason,omitempty"`
+	// Hold, on a fence, confines it to the job started by the held
+	// dispatch of that id (events.Dispatch.Hold): a frontend whose routed
+	// decision was not stored fences only what its own dispatch started.
+	Hold string `json:"hold,omitempty"`
 }
 
 // Check is a worker's question about an attempt it runs, sent to any live

@@ -53,7 +53,7 @@ func obey(j *job, c streams.Command) {
 	case c.Kind == streams.CommandCancel:
 		j.release()
 		j.cancel(errCancelStop)
-	case c.Kind == streams.CommandFence:
+	case c.Kind == streams.CommandFence && (c.Hold == "" || c.Hold == j.d.Hold):
 		j.cancel(errFenced)
 	}
 }

@@ -107,7 +107,7 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	w.gens.Add(1)
 	early := w.takeEarly(key)
 	w.mu.Unlock()
-	if !d.HoldUntilRouted || early {
+	if d.Hold == "" || early {
 		j.release()
 	}
 
@@ -116,7 +116,7 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	w.reply(m, d, "")
 	go w.generate(j)
 	go w.guardDetach(j)
-	if d.HoldUntilRouted && !early {
+	if d.Hold != "" && !early {
 		go w.guardRouted(j)
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // A frontend may send a dispatch before the log acknowledged its routed
-// decision (events.Dispatch.HoldUntilRouted), so that the engine starts one
+// decision (events.Dispatch.Hold), so that the engine starts one
 // acknowledgement sooner. The attempt's output must not be stored before
 // that decision is: a delta of an attempt the log never routed here would
 // be junk, and a reader folding in log order would skip it. So the job runs

@@ -56,8 +56,8 @@ type Worker struct {
 	draining  bool
 	jobs      map[jobKey]*job
 	early     map[jobKey]time.Time // routed notices that came before their dispatch (hold.go)
-	frontends *frontends // live frontend replicas, for detached requests
-	lease     *lease     // current lease; nil while re-registering
+	frontends *frontends           // live frontend replicas, for detached requests
+	lease     *lease               // current lease; nil while re-registering
 	gens      sync.WaitGroup
 	listener  net.Listener // status server; nil when off or not yet bound
 

@@ -24,6 +24,9 @@ type Request struct {
 	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
 	settleOnce sync.Once
 	acceptedAt time.Time // when its accepted event was stored, if here
+	// early is the first dispatch, sent with the accepted event's append
+	// (Runner.dispatchEarly); the runner's first dispatch takes it.
+	early *heldDispatch
 
 	// Guarded by Runner.mu.
 	refs          int       // holders: clients, the runner, lookups
@@ -54,6 +57,14 @@ func (t *Request) Dispatched() <-chan struct{} { return t.dispatched }
 
 // settle marks the first dispatch settled.
 func (t *Request) settle() { t.settleOnce.Do(func() { close(t.dispatched) }) }
+
+// takeEarly returns the dispatch sent with t's accepted event, once.
+// Only t's runner calls it.
+func (t *Request) takeEarly() *heldDispatch {
+	h := t.early
+	t.early = nil
+	return h
+}
 
 // ErrExists means a request with that id is already in the log.
 var ErrExists = errors.New("frontend: request exists")
@@ -107,9 +118,13 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	}
 	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
 	appending := time.Now()
+	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
 	seq, err := rn.events.Append(ctx, streams.RequestEvents(acc.RequestID), env, 0)
 	appended := time.Now()
 	if err != nil {
+		if early != nil {
+			rn.abandon(early)
+		}
 		f.stop()
 		if errors.Is(err, streams.ErrConflict) {
 			return nil, ErrExists
@@ -117,7 +132,7 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 		return nil, rn.admitLog(acc.RequestID, err)
 	}
 	t := rn.newRequest(acc.RequestID, f)
-	t.acceptedAt = appended
+	t.acceptedAt, t.early = appended, early
 	t.noteAccepted(appended.Sub(appending))
 	// Fold the accepted event now: the runner must not wait for the
 	// republished copy to know what to dispatch.
@@ -174,6 +189,9 @@ func (rn *Runner) startRunner(t *Request) {
 	case rn.launch <- t:
 	case <-rn.stopped:
 		t.settle() // nobody will dispatch it here
+		if h := t.takeEarly(); h != nil {
+			rn.abandon(h)
+		}
 		rn.runnerEnded(t)
 	}
 }

@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/google/uuid"
 )
 
 // run is the runner of request t: until t ends, another frontend owns it,
@@ -19,6 +21,11 @@ import (
 // events subject, so two frontends never both decide for one request.
 func (rn *Runner) run(ctx context.Context, t *Request) {
 	defer t.settle()
+	defer func() {
+		if h := t.takeEarly(); h != nil { // the policy never dispatched
+			rn.abandon(h)
+		}
+	}()
 	var (
 		mem     migrations.Memory
 		outcome *migrations.DispatchOutcome
@@ -152,38 +159,61 @@ func (rn *Runner) report(model, endpoint string, r migrations.Report) {
 // answered) is closed at once, so its subject stays empty for good. done
 // ends the router's count of the dispatch; the caller owns it if the worker
 // accepted.
+//
+// To a worker that holds an attempt's output until its decision is stored
+// (projections.Worker.HoldsUntilRouted) the dispatch goes at once, with the
+// append rather than after it (routeHeld); the first dispatch of a request
+// accepted here may even have left with the accepted event's append
+// (dispatchEarly), and is used if the policy still asks for it.
 func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Action) (*migrations.DispatchOutcome, func()) {
 	d := a.Dispatch
+	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
+	if h := t.takeEarly(); h != nil {
+		if h.d.Attempt == d.Attempt && h.d.StartOffset == d.StartOffset && (a.Pinned == "" || a.Pinned == h.w.ID) && !slices.Contains(a.Exclude, h.w.ID) {
+			return rn.routeHeld(ctx, t, h)
+		}
+		rn.abandon(h)
+	}
 	w, done, err := rn.pickWorker(d, a.Pinned, a.Exclude)
 	if err != nil {
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
 	}
-	routed := events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
-	var reply streams.DispatchReply
-	var ok bool
-	var dispatchErr error
 	if w.HoldsUntilRouted {
-		reply, dispatchErr, ok, err = rn.routeHeld(ctx, t, w.ID, d, routed)
-	} else {
-		ok, err = rn.appendDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
+		return rn.routeHeld(ctx, t, rn.sendHeld(ctx, w, done, d))
 	}
+	ok, err := rn.appendDecision(ctx, t, routedID(t, d), routedOf(t, w, d))
+	if !ok {
+		return rn.notRouted(t, done, err), nil
+	}
+	reply, err := rn.sendDispatch(ctx, w.ID, d)
+	return rn.dispatched(ctx, t, w, done, d, reply, err)
+}
+
+func routedOf(t *Request, w projections.Worker, d events.Dispatch) events.RequestRouted {
+	return events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
+}
+
+func routedID(t *Request, d events.Dispatch) string {
+	return events.ID(t.id, "routed", d.Attempt, t.rn.id)
+}
+
+// notRouted is the outcome of a dispatch whose routed decision was not
+// stored: err, or another writer came first (a nil err).
+func (rn *Runner) notRouted(t *Request, done func(), err error) *migrations.DispatchOutcome {
+	done()
 	if errors.Is(err, streams.ErrStreamFull) {
 		rn.room.Refused(t.id)
 	}
-	switch {
-	case err != nil:
-		done()
-		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}, nil
-	case !ok:
-		done()
-		return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}, nil
+	if err != nil {
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Err: err.Error()}
 	}
+	return &migrations.DispatchOutcome{Result: migrations.DispatchSuperseded}
+}
+
+// dispatched is the outcome of dispatch d to w, its routed decision stored,
+// from the worker's answer.
+func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Worker, done func(), d events.Dispatch, reply streams.DispatchReply, err error) (*migrations.DispatchOutcome, func()) {
 	out := &migrations.DispatchOutcome{Attempt: d.Attempt, WorkerID: w.ID, LeaseID: w.LeaseID}
-	if !w.HoldsUntilRouted {
-		reply, dispatchErr = rn.sendDispatch(ctx, w.ID, d)
-	}
-	err = dispatchErr
 	if err == nil && reply.Accepted {
 		out.Result = migrations.DispatchAccepted
 		return out, done
@@ -202,37 +232,94 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	return out, nil
 }
 
-// routeHeld records the routed decision of dispatch d and sends d to
-// worker at the same time, for a worker that holds the attempt's output
-// until the decision is stored (services/worker/hold.go): the engine starts
-// without waiting for the log's acknowledgement. As soon as the decision is
-// stored the worker is told (streams.CommandRouted); when it is not (another
-// writer came first, the log refused it), the worker is fenced, unless the
-// decision the log holds routes the same attempt to it. It returns the
-// dispatch's answer and the decision's outcome as appendDecision does.
-func (rn *Runner) routeHeld(ctx context.Context, t *Request, worker string, d events.Dispatch, routed events.RequestRouted) (reply streams.DispatchReply, dispatchErr error, ok bool, err error) {
-	type decided struct {
-		seq uint64
-		ok  bool
-		err error
-	}
-	stored := make(chan decided, 1)
+// heldDispatch is a dispatch on its way to a worker that holds the
+// attempt's output until told its routed decision is stored
+// (services/worker/hold.go), sent before that decision was appended.
+type heldDispatch struct {
+	w      projections.Worker
+	done   func() // ends the router's reservation of w
+	d      events.Dispatch
+	answer chan dispatchAnswer // the worker's answer, once
+}
+
+type dispatchAnswer struct {
+	reply streams.DispatchReply
+	err   error
+}
+
+// sendHeld sends d to w, held, and returns at once.
+func (rn *Runner) sendHeld(ctx context.Context, w projections.Worker, done func(), d events.Dispatch) *heldDispatch {
+	d.Hold = uuid.NewString()
+	h := &heldDispatch{w: w, done: done, d: d, answer: make(chan dispatchAnswer, 1)}
 	go func() {
-		seq, ok, err := rn.storeDecision(ctx, t, events.ID(t.id, "routed", d.Attempt, rn.id), routed)
-		c := streams.Command{RequestID: t.id, Attempt: d.Attempt, Kind: streams.CommandRouted}
-		if !ok && !rn.routedTo(t, d.Attempt, worker) {
-			c.Kind, c.Reason = streams.CommandFence, "its routed decision was not stored"
-		}
-		rn.command(worker, c)
-		stored <- decided{seq, ok, err}
+		reply, err := rn.sendDispatch(ctx, w.ID, d)
+		h.answer <- dispatchAnswer{reply, err}
 	}()
-	d.HoldUntilRouted = true
-	reply, dispatchErr = rn.sendDispatch(ctx, worker, d)
-	s := <-stored
-	if s.ok {
-		rn.awaitFolded(ctx, t, s.seq)
+	return h
+}
+
+// routeHeld records the routed decision of h, sent already. As soon as the
+// decision is stored the worker is told (streams.CommandRouted); when it is
+// not (another writer came first, the log refused it) and the decision the
+// log holds does not route the same attempt to the same worker, the worker
+// is fenced once it answered (a fence sent earlier could overtake the
+// dispatch and find no job to end).
+func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*migrations.DispatchOutcome, func()) {
+	seq, ok, err := rn.storeDecision(ctx, t, routedID(t, h.d), routedOf(t, h.w, h.d))
+	routedHere := ok || rn.routedTo(t, h.d.Attempt, h.w.ID)
+	if routedHere {
+		rn.command(h.w.ID, streams.Command{RequestID: t.id, Attempt: h.d.Attempt, Kind: streams.CommandRouted})
 	}
-	return reply, dispatchErr, s.ok, s.err
+	ans := <-h.answer
+	if !ok {
+		if !routedHere && (ans.err != nil || ans.reply.Accepted) {
+			rn.fenceHeld(t.id, h)
+		}
+		return rn.notRouted(t, h.done, err), nil
+	}
+	rn.awaitFolded(ctx, t, seq)
+	return rn.dispatched(ctx, t, h.w, h.done, h.d, ans.reply, ans.err)
+}
+
+// abandon gives up h, which the request no longer needs: the worker is
+// fenced once it answered, and the reservation ends.
+func (rn *Runner) abandon(h *heldDispatch) {
+	go func() {
+		if ans := <-h.answer; ans.err != nil || ans.reply.Accepted {
+			rn.fenceHeld(h.d.RequestID, h)
+		}
+		h.done()
+	}()
+}
+
+func (rn *Runner) fenceHeld(id string, h *heldDispatch) {
+	rn.command(h.w.ID, streams.Command{RequestID: id, Attempt: h.d.Attempt, Kind: streams.CommandFence,
+		Reason: "its routed decision was not stored", Hold: h.d.Hold})
+}
+
+// dispatchEarly sends the first dispatch of a new request while its
+// accepted event env is appended, when the policy would dispatch it and
+// the worker it picks holds its output (nil otherwise): the engine starts
+// one more acknowledgement sooner. The runner's first dispatch takes it
+// (carryDispatch).
+func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldDispatch {
+	p := projections.NewRequest()
+	p.Apply(env)
+	a := rn.policy.Step(migrations.State{Request: p}, migrations.Observation{}, time.Now())
+	if a.Kind != migrations.DispatchNext {
+		return nil
+	}
+	w, done, err := rn.pickWorker(a.Dispatch, a.Pinned, a.Exclude)
+	if err != nil {
+		return nil
+	}
+	if !w.HoldsUntilRouted {
+		done()
+		return nil
+	}
+	d := a.Dispatch
+	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
+	return rn.sendHeld(ctx, w, done, d)
 }
 
 // routedTo reports whether this frontend's fold routes attempt k of t to
