@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 )
 
 // fakeWorker answers dispatches on core NATS the way a worker would, and
@@ -27,6 +30,10 @@ type fakeWorker struct {
 	// then writes nothing but what a command makes it write.
 	cancelFirst string
 	silent      bool // never answers a dispatch
+	// holds says so in its lease (HoldsUntilRouted) and, as a worker
+	// does, writes a held dispatch's output only once told its routed
+	// decision is stored.
+	holds bool
 }
 
 // runnerFixture is a runtime whose runner is driven directly (no HTTP, no
@@ -39,8 +46,11 @@ type runnerFixture struct {
 	log *streams.Log
 	wg  sync.WaitGroup // fake workers' writes in flight
 
-	mu       sync.Mutex
-	commands []streams.Command // what the fake workers received
+	mu         sync.Mutex
+	commands   []streams.Command        // what the fake workers received
+	dispatches []events.Dispatch        // what they were sent
+	routed     map[string]chan struct{} // per request: closed at its routed command
+	changed    *Signal                  // a command or dispatch came
 }
 
 func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
@@ -53,12 +63,12 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &runnerFixture{t: t, ctx: ctx, rn: rn, reg: reg, log: streams.NewLog(js, "fake-worker")}
+	x := &runnerFixture{t: t, ctx: ctx, rn: rn, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: NewSignal()}
 	nc := s.Connect(t)
 	for i, w := range workers {
 		rn.disc.update(func(v *projections.Discovery) bool {
 			return v.ApplyLease(projections.LeaseUpdate{Key: w.id, Revision: uint64(i + 1),
-				Lease: &events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m"}})
+				Lease: &events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m", HoldsUntilRouted: w.holds}})
 		})
 		if _, err := nc.Subscribe(streams.DispatchSubject(w.id), func(m *nats.Msg) { x.serve(w, m) }); err != nil {
 			t.Fatal(err)
@@ -78,7 +88,17 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	defer x.wg.Done()
 	var d events.Dispatch
 	_ = json.Unmarshal(m.Data, &d)
+	x.mu.Lock()
+	dup := slices.ContainsFunc(x.dispatches, func(e events.Dispatch) bool { return e.RequestID == d.RequestID && e.Attempt == d.Attempt })
+	x.dispatches = append(x.dispatches, d)
+	x.mu.Unlock()
+	x.changed.Notify()
 	if w.silent {
+		return
+	}
+	if dup && w.holds { // accepted again, as a worker does, with no new job
+		reply, _ := json.Marshal(streams.DispatchReply{Accepted: true})
+		_ = m.Respond(reply)
 		return
 	}
 	if w.cancelFirst != "" {
@@ -91,6 +111,13 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	_ = m.Respond(reply)
 	if w.refuse != "" || w.cancelFirst != "" {
 		return
+	}
+	if w.holds && d.Hold != "" {
+		select {
+		case <-x.routedOf(d.RequestID):
+		case <-x.ctx.Done():
+			return
+		}
 	}
 	id, k := d.RequestID, d.Attempt
 	var ev events.Event = events.TokensGenerated{RequestID: id, Attempt: k, Offset: d.StartOffset, Tokens: []string{"a ", "b "}}
@@ -118,6 +145,10 @@ func (x *runnerFixture) obey(m *nats.Msg) {
 	x.mu.Lock()
 	x.commands = append(x.commands, c)
 	x.mu.Unlock()
+	x.changed.Notify()
+	if c.Kind == streams.CommandRouted {
+		close(x.routedOf(c.RequestID))
+	}
 	if c.Kind == streams.CommandCancel && c.Mode == events.CancelStop {
 		x.wg.Add(1) // the runner may see the completion before its append returns
 		defer x.wg.Done()
@@ -127,6 +158,25 @@ func (x *runnerFixture) obey(m *nats.Msg) {
 			x.t.Error(err)
 		}
 	}
+}
+
+// routedOf is closed when request id's routed command came.
+func (x *runnerFixture) routedOf(id string) chan struct{} {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	ch, ok := x.routed[id]
+	if !ok {
+		ch = make(chan struct{})
+		x.routed[id] = ch
+	}
+	return ch
+}
+
+// sent returns the dispatches the fake workers were sent.
+func (x *runnerFixture) sent() []events.Dispatch {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return append([]events.Dispatch(nil), x.dispatches...)
 }
 
 // received returns the commands the fake workers received.
@@ -270,5 +320,87 @@ func TestRunnerClientError(t *testing.T) {
 	}
 	if w, _ := x.rn.disc.get("w1"); x.rn.router.isInhibited(w) {
 		t.Error("w1 inhibited after the upstream rejected the request itself")
+	}
+}
+
+// TestRunnerHeldDispatch: to a worker that holds its output until told its
+// routed decision is stored, the dispatch goes with the routed append (it
+// carries a hold id) and the worker is told once the decision is stored;
+// to one that does not, the dispatch goes after the append, without one.
+func TestRunnerHeldDispatch(t *testing.T) {
+	for _, holds := range []bool{true, false} {
+		x := newRunnerFixture(t, fakeWorker{id: "w1", holds: holds})
+		st := x.run("r")
+		if st.Status != "completed" || st.Worker != "w1" || len(st.Attempts) != 1 {
+			t.Fatalf("holds=%v: state %+v, want completed on w1 in one attempt", holds, st)
+		}
+		ds := x.sent()
+		if len(ds) != 1 || (ds[0].Hold != "") != holds {
+			t.Errorf("holds=%v: dispatches %+v, want one, held=%v", holds, ds, holds)
+		}
+		var notices int
+		for _, c := range x.received() {
+			if c.Kind == streams.CommandRouted && c.RequestID == "r" && c.Attempt == 0 {
+				notices++
+			}
+		}
+		if want := map[bool]int{true: 1, false: 0}[holds]; notices != want {
+			t.Errorf("holds=%v: %d routed notices, want %d", holds, notices, want)
+		}
+	}
+}
+
+// TestAcceptDispatchesEarly: a request accepted here is dispatched to a
+// worker that holds while its accepted event is appended; the runner's
+// first dispatch takes that dispatch rather than sending another. When the
+// append finds the id taken, the early dispatch is fenced, by its hold id
+// only, once the worker answered: the running job of the request that has
+// the id is not touched.
+func TestAcceptDispatchesEarly(t *testing.T) {
+	x := newRunnerFixture(t, fakeWorker{id: "w1", holds: true})
+	var g errgroup.Group
+	ctx, stop := context.WithCancel(x.ctx)
+	g.Go(func() error { x.rn.runRunners(ctx, &g); return nil })
+	t.Cleanup(func() { stop(); _ = g.Wait() })
+
+	acc := events.RequestAccepted{RequestID: "r-early", Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"}
+	req, err := x.rn.Accept(x.ctx, acc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer req.Release()
+	if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
+		t.Fatal(err)
+	}
+	var st projections.State
+	req.View(func(p *projections.Request) { st = p.State() })
+	if st.Status != "completed" || st.Worker != "w1" || len(st.Attempts) != 1 {
+		t.Fatalf("state %+v, want completed on w1 in one attempt", st)
+	}
+	if ds := x.sent(); len(ds) != 1 || ds[0].Hold == "" {
+		t.Fatalf("dispatches %+v, want one held dispatch", ds)
+	}
+
+	if _, err := x.rn.Accept(x.ctx, acc); !errors.Is(err, ErrExists) {
+		t.Fatalf("Accept of a taken id: %v, want ErrExists", err)
+	}
+	var second events.Dispatch
+	waitUntil(t, x.changed, "the second dispatch's fence", func() bool {
+		ds := x.sent()
+		if len(ds) < 2 {
+			return false
+		}
+		second = ds[1]
+		for _, c := range x.received() {
+			if c.Kind == streams.CommandFence && c.RequestID == "r-early" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, c := range x.received() {
+		if c.Kind == streams.CommandFence && (c.Hold == "" || c.Hold != second.Hold || c.Hold == x.sent()[0].Hold) {
+			t.Errorf("fence %+v, want one naming only the second dispatch's hold %q", c, second.Hold)
+		}
 	}
 }

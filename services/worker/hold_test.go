@@ -1,0 +1,156 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/services/worker"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+)
+
+// finishing is an engine that reports each generation's return on done.
+type finishing struct {
+	engine.Engine
+	done chan struct{}
+}
+
+func (f finishing) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
+	res, err := f.Engine.Generate(ctx, req, emit)
+	f.done <- struct{}{}
+	return res, err
+}
+
+// outputOf is what attempt 0 of request id stored on its tokens subject.
+func (e *env) outputOf(id, workerID string) []events.Envelope {
+	e.t.Helper()
+	var out []events.Envelope
+	for _, ev := range e.request(id) {
+		if ev.Stored == streams.RequestTokens(id, 0, workerID) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// A dispatch sent before its routed decision was stored (events.Dispatch
+// .Hold) runs the engine at once and stores nothing of the attempt until
+// the worker knows the decision is stored: the engine's whole answer is
+// made and nothing is in the log; then, told, the worker stores all of it
+// and the end. A fence naming the dispatch ends it with nothing stored; a
+// fence naming another dispatch of the same attempt does not touch it; a
+// notice that overtook the dispatch releases it when it comes; a stop
+// releases it (a cancel is sent only for an attempt the log routes here)
+// and stores what was made.
+func TestHeldDispatchStoresNothingUntilRouted(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		before []streams.Command // commands sent before the dispatch
+		after  []streams.Command // sent once the engine finished
+		stored bool              // the answer and its end are stored, else nothing
+	}{
+		{name: "routed", after: []streams.Command{{Kind: streams.CommandRouted}}, stored: true},
+		{name: "fenced", after: []streams.Command{{Kind: streams.CommandFence, Hold: "h1"}}},
+		{name: "another dispatch's fence", after: []streams.Command{{Kind: streams.CommandFence, Hold: "h0"}, {Kind: streams.CommandRouted}}, stored: true},
+		{name: "notice before the dispatch", before: []streams.Command{{Kind: streams.CommandRouted}}, stored: true},
+		// The answer was whole before the stop: its end says length.
+		{name: "stopped", after: []streams.Command{{Kind: streams.CommandCancel, Mode: events.CancelStop}}, stored: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			mock, _ := engine.NewMock(fullSpeed)
+			eng := finishing{Engine: mock, done: make(chan struct{}, 1)}
+			r := e.startEngine(nil, eng, worker.Config{ID: "w-hold", DeltaMaxTokens: 1})
+			if l, _ := e.lease("w-hold"); !l.HoldsUntilRouted {
+				t.Fatalf("lease %+v does not say the worker holds", l)
+			}
+			e.accept("r-h", "a b c", 12, "w-hold")
+			send := func(cs []streams.Command) {
+				for _, c := range cs {
+					c.RequestID, c.Attempt = "r-h", 0
+					e.command("w-hold", c)
+				}
+				if err := e.nc.Flush(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A notice sent first may still be handled after the dispatch
+			// (another subscription): either way it releases the job.
+			send(tc.before)
+			d := newDispatch("r-h", "a b c", 12)
+			d.Hold = "h1"
+			if rep := e.dispatch("w-hold", d); !rep.Accepted {
+				t.Fatalf("dispatch: %+v", rep)
+			}
+			<-eng.done // the whole answer is made
+			if len(tc.before) == 0 {
+				if out := e.outputOf("r-h", "w-hold"); len(out) > 0 {
+					t.Fatalf("stored before the decision was confirmed: %v", types(out))
+				}
+			}
+			send(tc.after)
+			e.waitFor("the job to end", func() bool { return value(t, r.reg, "dynamo_component_inflight_requests") == 0 })
+			out := e.outputOf("r-h", "w-hold")
+			end, ok := ended(out)
+			c, completed := end.Event.(events.RequestCompleted)
+			switch {
+			case !tc.stored && len(out) > 0:
+				t.Errorf("a fenced held attempt stored %v", types(out))
+			case !tc.stored:
+			case !ok || !completed:
+				t.Errorf("no completion stored: %v", types(out))
+			case countTokens(out) != 12 || c.FinishReason != "length":
+				t.Errorf("stored %d tokens and %+v, want 12 and finish length", countTokens(out), c)
+			}
+		})
+	}
+}
+
+// A held attempt whose notice never comes (lost on the way, or its
+// frontend died once the decision was stored) is released by a check whose
+// answer names the worker the attempt's; a check answered with a fence
+// ends it with nothing stored.
+func TestHeldDispatchAsksAFrontend(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer streams.CheckReply
+		stored bool
+	}{
+		{name: "routed here", answer: streams.CheckReply{Owner: "fe-test"}, stored: true},
+		{name: "fenced", answer: streams.CheckReply{Owner: "fe-test", Command: &streams.Command{RequestID: "r-ask", Kind: streams.CommandFence}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			asked := make(chan streams.Check, 8)
+			sub, err := e.nc.QueueSubscribe(streams.CheckSubjects, streams.CheckQueue, func(m *nats.Msg) {
+				var c streams.Check
+				_ = json.Unmarshal(m.Data, &c)
+				asked <- c
+				data, _ := json.Marshal(tc.answer)
+				_ = m.Respond(data)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sub.Unsubscribe() })
+			r := e.start(nil, fullSpeed, worker.Config{ID: "w-ask"})
+			e.accept("r-ask", "x y", 8, "w-ask")
+			d := newDispatch("r-ask", "x y", 8)
+			d.Hold = "h-ask"
+			if rep := e.dispatch("w-ask", d); !rep.Accepted {
+				t.Fatalf("dispatch: %+v", rep)
+			}
+			if c := <-asked; c.RequestID != "r-ask" || c.Attempt != 0 || c.Detach {
+				t.Errorf("check %+v, want one about r-ask attempt 0", c)
+			}
+			e.waitFor("the job to end", func() bool { return value(t, r.reg, "dynamo_component_inflight_requests") == 0 })
+			out := e.outputOf("r-ask", "w-ask")
+			if _, ok := ended(out); ok != tc.stored || (tc.stored && countTokens(out) != 8) {
+				t.Errorf("stored %v (%d tokens), want stored=%v", types(out), countTokens(out), tc.stored)
+			}
+		})
+	}
+}
