@@ -113,8 +113,8 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 
 	w.metrics.inflight.WithLabelValues(w.cfg.Model).Inc()
 	w.health.started()
+	go w.generate(j) // before the answer: the engine's time to first token starts now
 	w.reply(m, d, "")
-	go w.generate(j)
 	go w.guardDetach(j)
 	if d.Hold != "" && !early {
 		go w.guardRouted(j)

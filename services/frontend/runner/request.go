@@ -112,13 +112,19 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	if err := rn.admitLog(acc.RequestID, nil); err != nil {
 		return nil, err
 	}
+	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
+	// The dispatch goes first: nothing of it is stored before its routed
+	// decision, which follows the accepted event, so the follower is
+	// registered long before.
+	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
 	f, err := follow(ctx, rn.live, rn.js, rn.parts, acc.RequestID, false)
 	if err != nil {
+		if early != nil {
+			rn.abandon(early)
+		}
 		return nil, err
 	}
-	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
 	appending := time.Now()
-	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
 	seq, err := rn.events.Append(ctx, streams.RequestEvents(acc.RequestID), env, 0)
 	appended := time.Now()
 	if err != nil {
