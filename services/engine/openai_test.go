@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -220,5 +221,35 @@ func TestOpenAIConfigValidate(t *testing.T) {
 				t.Errorf("Validate() = %v, want ok=%v", err, tc.ok)
 			}
 		})
+	}
+}
+
+// A finished stream leaves its connection to the server for the next
+// request: a new TCP connection per request would put a handshake and the
+// server's accept before every first token.
+func TestOpenAIReusesConnections(t *testing.T) {
+	f := &fakeOpenAI{t: t, chunks: []string{" a", " b"}, finish: "stop"}
+	srv := httptest.NewUnstartedServer(f)
+	var mu sync.Mutex
+	conns := 0
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			mu.Lock()
+			conns++
+			mu.Unlock()
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	e := newOpenAI(t, f, srv.URL)
+	for i := range 20 {
+		if _, _, err := generateAll(t, e, context.Background(), engine.Request{RequestID: fmt.Sprint("r", i), Prompt: "p", MaxTokens: 10}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if conns != 1 {
+		t.Errorf("20 sequential requests opened %d connections, want 1", conns)
 	}
 }
