@@ -30,8 +30,11 @@ var errStopped = errors.New("frontend: follower stopped")
 // asks for it (a gap, a lost race, a reconnect), is done by run, with no
 // lock held while it reads the network. The NATS callback applies a live
 // message itself only when that needs no I/O and run has nothing in hand;
-// otherwise it queues it for run. The projection is guarded by mu, held
-// only to apply events and to read.
+// otherwise it queues it for run. run is started when something is queued
+// and ends once nothing is: most of a stream's messages are applied by the
+// callback, and a goroutine parked for each of thousands of streams would
+// hold its stack and its g for nothing. The projection is guarded by mu,
+// held only to apply events and to read.
 type follower struct {
 	id      string
 	js      jetstream.JetStream
@@ -43,11 +46,13 @@ type follower struct {
 	// it count tokens; a stall is caught by its timer.
 	decided *Signal
 	subs    *live
-	wake    chan struct{} // capacity 1: pokes coalesce
 	stopped chan struct{} // closed by stop
-	done    chan struct{} // closed when run returns
+	done    chan struct{} // closed by stop once run returned
+	runs    sync.WaitGroup
 
 	qmu      sync.Mutex // held by onLive while it applies, so run cannot overtake it
+	running  bool       // run was started and has not decided to return
+	halted   bool       // stop was called: run is not started again
 	busy     bool       // run has messages or catch-ups in hand
 	queue    []*nats.Msg
 	overflow bool         // messages were dropped: read the log
@@ -67,12 +72,11 @@ type follower struct {
 // the request log's layout: the history is read from id's partition.
 func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv, wake: make(chan struct{}, 1),
+		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv,
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
 	}
 	lv.add(f)
-	go f.run()
 	if history {
 		if err := f.catchUp(ctx); err != nil {
 			f.stop()
@@ -85,8 +89,12 @@ func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams
 // stop ends the delivery of live messages and the reading goroutine.
 func (f *follower) stop() {
 	f.subs.remove(f)
+	f.qmu.Lock()
+	f.halted = true
+	f.qmu.Unlock()
 	close(f.stopped)
-	<-f.done
+	f.runs.Wait()
+	close(f.done)
 }
 
 // onLive applies a live message at once when that needs no I/O (no gap,
@@ -94,7 +102,7 @@ func (f *follower) stop() {
 // for run. It never reads the network.
 func (f *follower) onLive(m *nats.Msg) {
 	f.qmu.Lock()
-	if !f.busy && len(f.queue) == 0 && !f.overflow && len(f.waiters) == 0 {
+	if !f.busy && f.idleLocked() {
 		changed, ok := f.applyLive(m)
 		f.qmu.Unlock()
 		if changed {
@@ -163,11 +171,22 @@ func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
 	return f.applyLiveLocked(l), true
 }
 
+// poke has run do what was queued: it starts run unless it runs (it then
+// sees the queue before it returns) or the follower was stopped.
 func (f *follower) poke() {
-	select {
-	case f.wake <- struct{}{}:
-	default:
+	f.qmu.Lock()
+	defer f.qmu.Unlock()
+	if f.running || f.halted {
+		return
 	}
+	f.running = true
+	f.runs.Add(1)
+	go f.run()
+}
+
+// idleLocked reports that nothing is queued for run. Called with qmu held.
+func (f *follower) idleLocked() bool {
+	return len(f.queue) == 0 && !f.overflow && len(f.waiters) == 0
 }
 
 // catchUp asks run to read whatever the log holds past what was applied, and
@@ -188,17 +207,21 @@ func (f *follower) catchUp(ctx context.Context) error {
 	}
 }
 
-// run applies queued live messages and does the catch-ups, until stop.
+// run applies queued live messages and does the catch-ups until none is
+// left or the follower is stopped. What is queued while it runs (under qmu,
+// then poked) it sees before it returns.
 func (f *follower) run() {
-	defer close(f.done)
+	defer f.runs.Done()
 	for {
-		select {
-		case <-f.stopped:
-			return
-		case <-f.wake:
-		}
 		for f.drain() {
 		}
+		f.qmu.Lock()
+		if f.halted || f.idleLocked() {
+			f.running = false
+			f.qmu.Unlock()
+			return
+		}
+		f.qmu.Unlock()
 	}
 }
 
