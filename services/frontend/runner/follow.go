@@ -60,11 +60,11 @@ type follower struct {
 
 	mu         sync.Mutex
 	proj       *projections.Request
-	lastBySubj map[string]uint64 // last stream sequence seen per stored subject
-	progress   time.Time         // when the last token was accepted
-	emits      emitTimes         // benchmarks only (--bench-emit-time)
-	timing     timing            // where the time before the first token went
-	err        error             // a catch-up failure; readers surface it
+	lastBySubj subjectSeqs // last stream sequence seen per stored subject
+	progress   time.Time   // when the last token was accepted
+	emits      emitTimes   // benchmarks only (--bench-emit-time)
+	timing     timing      // where the time before the first token went
+	err        error       // a catch-up failure; readers surface it
 }
 
 // follow registers for request id's live messages. With history set it
@@ -74,7 +74,7 @@ func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams
 	f := &follower{
 		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv,
 		stopped: make(chan struct{}), done: make(chan struct{}),
-		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
+		proj: projections.NewRequest(), progress: time.Now(),
 	}
 	lv.add(f)
 	if history {
@@ -143,7 +143,7 @@ func decodeLive(m *nats.Msg) liveMsg {
 // freshLocked reports whether l is newer than what was applied, and whether a gap
 // precedes it. Called with mu held.
 func (f *follower) freshLocked(l liveMsg) (fresh, gap bool) {
-	return l.e.Seq > f.proj.LastSeq() || l.e.Seq == 0, l.e.LastSeq > f.lastBySubj[l.stored]
+	return l.e.Seq > f.proj.LastSeq() || l.e.Seq == 0, l.e.LastSeq > f.lastBySubj.get(l.stored)
 }
 
 // applyLiveLocked applies l if it is newer than what was applied. Called
@@ -152,7 +152,7 @@ func (f *follower) applyLiveLocked(l liveMsg) (changed bool) {
 	if l.e.Seq <= f.proj.LastSeq() {
 		return false
 	}
-	f.lastBySubj[l.stored] = l.e.Seq
+	f.lastBySubj.set(l.stored, l.e.Seq)
 	return (l.decodeErr == nil || isUnreadable(l.e)) && f.applyLocked(l.e)
 }
 
@@ -282,7 +282,7 @@ func (f *follower) readLog() error {
 	f.mu.Lock()
 	from := f.proj.LastSeq() + 1
 	for _, s := range f.lastBySubj {
-		from = max(from, s+1)
+		from = max(from, s.seq+1)
 	}
 	f.mu.Unlock()
 	// stop cuts a read short, so that releasing a request never waits on
@@ -335,7 +335,7 @@ func (f *follower) apply(e events.Envelope) {
 func (f *follower) applyLocked(e events.Envelope) bool {
 	before := f.proj.Len()
 	if e.Seq != 0 && e.Stored != "" {
-		f.lastBySubj[e.Stored] = max(f.lastBySubj[e.Stored], e.Seq)
+		f.lastBySubj.set(e.Stored, max(f.lastBySubj.get(e.Stored), e.Seq))
 	}
 	changed := f.proj.Apply(e)
 	if n := f.proj.Len(); n != before {
@@ -369,7 +369,39 @@ func (f *follower) read(fn func(p *projections.Request, progress time.Time)) {
 func (f *follower) eventsSeq() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.lastBySubj[streams.RequestEvents(f.id)]
+	return f.lastBySubj.get(streams.RequestEvents(f.id))
+}
+
+// subjectSeqs is the last stream sequence seen on each of a request's
+// stored subjects: its events subject and one tokens subject per attempt,
+// a handful, so a slice rather than a map (a small map takes about 250
+// bytes, and a follower lives as long as its streams).
+type subjectSeqs []subjectSeq
+
+type subjectSeq struct {
+	subject string
+	seq     uint64
+}
+
+// get is the sequence recorded for subject, 0 if none.
+func (s subjectSeqs) get(subject string) uint64 {
+	for _, e := range s {
+		if e.subject == subject {
+			return e.seq
+		}
+	}
+	return 0
+}
+
+// set records seq for subject.
+func (s *subjectSeqs) set(subject string, seq uint64) {
+	for i := range *s {
+		if (*s)[i].subject == subject {
+			(*s)[i].seq = seq
+			return
+		}
+	}
+	*s = append(*s, subjectSeq{subject, seq})
 }
 
 // waitFor blocks until cond holds on the projection, ctx is done, or the

@@ -240,3 +240,30 @@ func TestFollowerRunEnds(t *testing.T) {
 		t.Error("run started for a live message that follows no gap")
 	}
 }
+
+func TestSubjectSeqs(t *testing.T) {
+	var s subjectSeqs
+	for _, step := range []struct {
+		set     string
+		seq     uint64
+		subject string
+		want    uint64
+	}{
+		{subject: "a", want: 0},
+		{set: "a", seq: 3, subject: "a", want: 3},
+		{set: "b", seq: 5, subject: "a", want: 3},
+		{subject: "b", want: 5},
+		{set: "a", seq: 7, subject: "a", want: 7},
+		{subject: "c", want: 0},
+	} {
+		if step.set != "" {
+			s.set(step.set, step.seq)
+		}
+		if got := s.get(step.subject); got != step.want {
+			t.Errorf("after set(%q, %d): get(%q) = %d, want %d", step.set, step.seq, step.subject, got, step.want)
+		}
+	}
+	if got, want := len(s), 2; got != want {
+		t.Errorf("got %d subjects, want %d", got, want)
+	}
+}
