@@ -179,8 +179,10 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 			continue
 		}
 		path := os.DevNull
-		if profDir != "" {
-			path = filepath.Join(profDir, fmt.Sprintf("%s-%s-heap-idle.pprof", sc.name, p.name))
+		for name, addr := range pprofAddr { // the processes profiled, by the names of their profiles
+			if addr == p.pprof {
+				path = filepath.Join(profDir, fmt.Sprintf("%s-%s-heap-idle.pprof", sc.name, name))
+			}
 		}
 		if err := saveProfile("http://"+p.pprof+"/debug/pprof/heap?gc=1", path); err != nil {
 			b.Logf("collect %s: %v", p.name, err)
