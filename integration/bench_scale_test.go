@@ -117,7 +117,7 @@ func runScale(b *testing.B, sc scaleCase) {
 	// Every Go server traces its collections, which tell its live heap,
 	// and serves pprof, through which the run starts with a collection.
 	env := []string{gctraceEnv()}
-	s.workerEnv = env
+	s.workerEnv = append(s.workerEnv, env...)
 	fePprof := fmt.Sprintf("127.0.0.1:%d", freePort(b))
 	feArgs = append(feArgs, "--pprof-addr", fePprof)
 	if profDir != "" {
