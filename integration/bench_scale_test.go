@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,8 +34,10 @@ type scaleCase struct {
 // decode rates, each token in its own delta (as real engines produce them):
 // separate processes (`baton nats`, one frontend, two mock workers), a Go
 // client opening the streams over a ramp. For each process it reports CPU µs
-// per delivered token (from /proc/<pid>/stat), RSS, Go heap and goroutines
-// per open stream (the processes' /metrics), then delivered against offered
+// per delivered token (from /proc/<pid>/stat), RSS, Go heap in use and
+// goroutines per open stream (the processes' /metrics) and the live heap per
+// open stream (what their collections marked, from GODEBUG=gctrace=1), then
+// delivered against offered
 // tokens/s while every stream is open, the emit-to-client latency of every
 // token (the worker stamps deltas with --bench-emit-time and the frontend
 // passes the stamp as an SSE comment), the machine's CPU headroom, and how
@@ -47,7 +50,9 @@ type scaleCase struct {
 // raw JetStream async publish rate of its server, measured before it.
 //
 // BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
-// worker (5 s, from when 90% of the streams are open) to dir.
+// worker (5 s, from when 90% of the streams are open) to dir, then a heap
+// profile of each, and one of each before the streams start (-heap-idle:
+// the base of pprof's -diff_base).
 func BenchmarkScale(b *testing.B) {
 	// Each -logoff baseline runs just before its durable workload (a filter
 	// such as Scale/4000x50 selects both), which reports the ratio of their
@@ -76,6 +81,8 @@ type scaleProc struct {
 	name    string
 	pid     int
 	metrics string // its /metrics URL; "" if it has none (NATS)
+	gctrace *proc  // its output, with GODEBUG=gctrace=1 (see gcLiveAt); nil: none
+	pprof   string // its --pprof-addr; "" if none
 }
 
 // procSample is what one process looked like at one moment.
@@ -83,6 +90,7 @@ type procSample struct {
 	cpu        time.Duration // user + system since it started
 	rss        float64       // bytes
 	heap       float64       // go_memstats_heap_inuse_bytes
+	logAt      int           // the length of its output (with its gctrace) at the sample
 	goroutines float64
 	// Routing, from the Dynamo-named series (and baton's own beside them):
 	// a worker's requests finished (dynamo_component_requests_total, every
@@ -106,12 +114,18 @@ func runScale(b *testing.B, sc scaleCase) {
 		// compact: the baseline writes nothing to the log.
 		feArgs = append(feArgs, "--log-compaction=false")
 	}
+	// Every Go server traces its collections, which tell its live heap,
+	// and serves pprof, through which the run starts with a collection.
+	env := []string{gctraceEnv()}
+	s.workerEnv = append(s.workerEnv, env...)
+	fePprof := fmt.Sprintf("127.0.0.1:%d", freePort(b))
+	feArgs = append(feArgs, "--pprof-addr", fePprof)
 	if profDir != "" {
-		pprofAddr["frontend"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
-		feArgs = append(feArgs, "--pprof-addr", pprofAddr["frontend"])
+		pprofAddr["frontend"] = fePprof
 	}
-	fe := s.frontend(nil, feArgs...)
-	procs := []scaleProc{{name: "nats", pid: s.nats.pid()}, {name: "frontend", pid: fe.pid(), metrics: fe.url + "/metrics"}}
+	fe := s.frontend(env, feArgs...)
+	procs := []scaleProc{{name: "nats", pid: s.nats.pid()},
+		{name: "frontend", pid: fe.pid(), metrics: fe.url + "/metrics", gctrace: fe.proc, pprof: fePprof}}
 	for _, id := range []string{"w1", "w2"} {
 		port := freePort(b)
 		args := []string{"--mock-tokens-per-sec", strconv.Itoa(sc.rate), "--mock-kv-blocks", "10000000",
@@ -119,12 +133,14 @@ func runScale(b *testing.B, sc scaleCase) {
 		if sc.logOff {
 			args = append(args, "--bench-log-off")
 		}
+		wPprof := fmt.Sprintf("127.0.0.1:%d", freePort(b))
+		args = append(args, "--pprof-addr", wPprof)
 		if profDir != "" && id == "w1" {
-			pprofAddr["worker"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
-			args = append(args, "--pprof-addr", pprofAddr["worker"])
+			pprofAddr["worker"] = wPprof
 		}
 		p := s.worker(id, args...)
-		procs = append(procs, scaleProc{name: "worker-" + id, pid: p.pid(), metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port)})
+		procs = append(procs, scaleProc{name: "worker-" + id, pid: p.pid(),
+			metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), gctrace: p, pprof: wPprof})
 	}
 	fe.waitRoutable(b, "w1", "w2")
 	procs = append(procs, scaleProc{name: "client", pid: os.Getpid()})
@@ -155,6 +171,23 @@ type scaleResult struct {
 
 func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string) *scaleResult {
 	r := &scaleResult{base: sampleProcs(b, procs), errorKinds: map[string]int{}}
+	// A collection of every idle server, after the sample (which it leaves
+	// as it was): the live heap at idle is what it marks. Its heap profile
+	// is the idle base of the profiles taken later (pprof -diff_base).
+	for _, p := range procs {
+		if p.pprof == "" {
+			continue
+		}
+		path := os.DevNull
+		for name, addr := range pprofAddr { // the processes profiled, by the names of their profiles
+			if addr == p.pprof {
+				path = filepath.Join(profDir, fmt.Sprintf("%s-%s-heap-idle.pprof", sc.name, name))
+			}
+		}
+		if err := saveProfile("http://"+p.pprof+"/debug/pprof/heap?gc=1", path); err != nil {
+			b.Logf("collect %s: %v", p.name, err)
+		}
+	}
 	cpuStart := machineCPU(b)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: sc.streams, DisableCompression: true}}
 	defer client.CloseIdleConnections()
@@ -326,6 +359,11 @@ func sampleProcs(b *testing.B, procs []scaleProc) []procSample {
 	out := make([]procSample, len(procs))
 	for i, p := range procs {
 		out[i].cpu, out[i].rss = procCPU(b, p.pid)
+		if p.gctrace != nil {
+			p.gctrace.mu.Lock()
+			out[i].logAt = p.gctrace.log.Len()
+			p.gctrace.mu.Unlock()
+		}
 		if p.metrics != "" {
 			m := scrape(p.metrics, "go_memstats_heap_inuse_bytes", "go_goroutines",
 				"dynamo_component_requests_total", "dynamo_component_inflight_requests",
@@ -356,6 +394,34 @@ func procCPU(b *testing.B, pid int) (time.Duration, float64) {
 	stime, _ := strconv.ParseInt(f[12], 10, 64) // field 15
 	rssPages, _ := strconv.ParseInt(f[21], 10, 64)
 	return time.Duration(utime+stime) * clockTick, float64(rssPages * int64(os.Getpagesize()))
+}
+
+// gctraceEnv is the GODEBUG setting of the measured servers: this process's
+// (a memprofilerate set for a finer heap profile, say) with gctrace=1.
+func gctraceEnv() string {
+	if v := os.Getenv("GODEBUG"); v != "" {
+		return "GODEBUG=" + v + ",gctrace=1"
+	}
+	return "GODEBUG=gctrace=1"
+}
+
+// gcLive matches a gctrace line's heap sizes: at the start of the
+// collection, at its end, and marked live ("gc 7 @2.1s 3%: ..., 30->31->15
+// MB, 32 MB goal, ..."), in MB.
+var gcLive = regexp.MustCompile(`(?m)^gc \d+ @[0-9.]+s .*?, (\d+)->(\d+)->(\d+) MB`)
+
+// gcLiveAt is the live heap, in bytes, that the first collection past
+// offset at in a Go process's output (with its gctrace) marked:
+// runtime/metrics' /gc/heap/live:bytes, which /metrics does not export. -1
+// if none. gctrace gives whole MB, so at 1,000 streams a figure per stream
+// is good to about 1 KB.
+func gcLiveAt(out string, at int) float64 {
+	m := gcLive.FindStringSubmatch(out[at:])
+	if m == nil {
+		return -1
+	}
+	mb, _ := strconv.ParseFloat(m[3], 64)
+	return mb * (1 << 20)
 }
 
 // scrape returns the values of the named metrics at url, each the sum over
@@ -511,6 +577,20 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	rss := func(s procSample) float64 { return s.rss / 1024 }
 	heap := func(s procSample) float64 { return s.heap / 1024 }
 	gor := func(s procSample) float64 { return s.goroutines }
+	// The live heap per stream: what the first collection after the sample
+	// marked, minus what the idle collection after the base sample did (0
+	// if unknown).
+	live := func(i int) float64 {
+		if procs[i].gctrace == nil {
+			return 0
+		}
+		out := procs[i].gctrace.output()
+		at, idle := gcLiveAt(out, r.open[i].logAt), gcLiveAt(out, r.base[i].logAt)
+		if at < 0 || idle < 0 {
+			return 0
+		}
+		return (at - idle) / 1024 / float64(r.openStreams)
+	}
 	var cpuServers float64
 	var lines strings.Builder
 	// At most 9 lines: the testing package cuts a benchmark's log at 10.
@@ -520,10 +600,10 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 		fmt.Fprintf(&lines, " (first: %.200s; by kind: %v)", strings.ReplaceAll(r.firstErr, "\n", " "), r.errorKinds)
 	}
 	lines.WriteString("; " + r.routing(b, procs) + "\n")
-	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %16s %9s %9s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "goroutines/strm", "streams", "in_flight")
+	fmt.Fprintf(&lines, "%-10s %12s %14s %14s %14s %16s %9s %9s\n", "process", "cpu_us/tok", "rss_KB/stream", "heap_KB/stream", "live_KB/stream", "goroutines/strm", "streams", "in_flight")
 	workers := map[string]float64{}
 	for i, p := range procs {
-		fmt.Fprintf(&lines, "%-10s %12.1f %14.1f %14.1f %16.2f", p.name, perTok(i), perStream(rss, i), perStream(heap, i), perStream(gor, i))
+		fmt.Fprintf(&lines, "%-10s %12.1f %14.1f %14.1f %14.1f %16.2f", p.name, perTok(i), perStream(rss, i), perStream(heap, i), live(i), perStream(gor, i))
 		if strings.HasPrefix(p.name, "worker-") {
 			fmt.Fprintf(&lines, " %9.0f %9.0f", r.end[i].requests-r.base[i].requests, r.open[i].inflight)
 		}
@@ -535,6 +615,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 			workers["cpu"] += perTok(i)
 			workers["rss"] += perStream(rss, i)
 			workers["heap"] += perStream(heap, i)
+			workers["live"] += live(i)
 			workers["gor"] += perStream(gor, i)
 		}
 	}
@@ -563,6 +644,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 			b.ReportMetric(perTok(i), "fe_cpu_us/tok")
 			b.ReportMetric(perStream(rss, i), "fe_rss_KB/stream")
 			b.ReportMetric(perStream(heap, i), "fe_heap_KB/stream")
+			b.ReportMetric(live(i), "fe_live_KB/stream")
 			b.ReportMetric(perStream(gor, i), "fe_goroutines/stream")
 		case "client":
 			b.ReportMetric(perTok(i), "client_cpu_us/tok")
@@ -571,6 +653,7 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	b.ReportMetric(workers["cpu"], "workers_cpu_us/tok")
 	b.ReportMetric(workers["rss"], "workers_rss_KB/stream")
 	b.ReportMetric(workers["heap"], "workers_heap_KB/stream")
+	b.ReportMetric(workers["live"], "workers_live_KB/stream")
 	b.ReportMetric(workers["gor"], "workers_goroutines/stream")
 	b.ReportMetric(r.windowRate, "open_tok/s")
 	b.ReportMetric(r.peakRate, "peak_tok/s")

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -126,7 +125,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 // readRequest reads a completion request body of at most --max-body-bytes
 // and parses it; it returns the body as sent, too.
 func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (parsed, []byte, *apiError) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, fe.cfg.MaxBodyBytes))
+	body, err := requestBody(w, r, fe.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {

@@ -10,7 +10,9 @@ import (
 )
 
 // NewSSE returns the event stream of the response to acc on w.
-func NewSSE(w http.ResponseWriter, acc events.RequestAccepted) *SSE { return &SSE{w: w, acc: acc} }
+func NewSSE(w http.ResponseWriter, acc events.RequestAccepted) *SSE {
+	return &SSE{w: w, head: chunkHead{endpoint: acc.Endpoint, id: openaiID(acc), model: acc.Model, created: acc.Created}}
+}
 
 // Err is the first write error, if any.
 func (s *SSE) Err() error { return s.err }
@@ -36,18 +38,26 @@ func StartSSE(w http.ResponseWriter) (flush func()) {
 // (Err). An SSE is used by one goroutine.
 type SSE struct {
 	w      http.ResponseWriter
-	acc    events.RequestAccepted
+	head   chunkHead
 	err    error
 	buf    []byte // the event being written, reused
 	text   []byte // a text chunk's text, reused
 	suffix []byte // what follows the choices in every chunk (see textEvent)
 }
 
+// chunkHead is what every chunk of a stream names besides its choices: of
+// the request's accepted event, only these fields (a stream holds them
+// while it lasts, thousands of streams at once).
+type chunkHead struct {
+	endpoint, id, model string // id: openaiID's
+	created             int64
+}
+
 // SetModel makes the chunks name model: the upstream's, known from the
 // first delta on (projections.Request.ResponseModel).
 func (s *SSE) SetModel(model string) {
-	if model != "" && s.acc.Model != model {
-		s.acc.Model, s.suffix = model, nil
+	if model != "" && s.head.model != model {
+		s.head.model, s.suffix = model, nil
 	}
 }
 
@@ -66,10 +76,11 @@ func (s *SSE) event(id int, data []byte) {
 
 func (s *SSE) chunk(id int, choice map[string]any, usage map[string]any) {
 	var body map[string]any
-	if s.acc.Endpoint == events.EndpointChat {
-		body = map[string]any{"id": "chatcmpl-" + openaiID(s.acc), "object": "chat.completion.chunk", "created": s.acc.Created, "model": s.acc.Model}
+	h := s.head
+	if h.endpoint == events.EndpointChat {
+		body = map[string]any{"id": "chatcmpl-" + h.id, "object": "chat.completion.chunk", "created": h.created, "model": h.model}
 	} else {
-		body = map[string]any{"id": "cmpl-" + openaiID(s.acc), "object": "text_completion", "created": s.acc.Created, "model": s.acc.Model}
+		body = map[string]any{"id": "cmpl-" + h.id, "object": "text_completion", "created": h.created, "model": h.model}
 	}
 	if choice != nil {
 		body["choices"] = []map[string]any{choice}
@@ -106,12 +117,12 @@ func (s *SSE) Delta(id, index int, tokens []string, details []json.RawMessage, f
 		s.textEvent(id, index, tokens, first)
 		return
 	}
-	s.chunk(id, merge(tokens, details).chunkChoice(s.acc.Endpoint, index, first), nil)
+	s.chunk(id, merge(tokens, details).chunkChoice(s.head.endpoint, index, first), nil)
 }
 
 // Finish writes the chunk that ends choice index with reason.
 func (s *SSE) Finish(id, index int, reason string) {
-	if s.acc.Endpoint == events.EndpointChat {
+	if s.head.endpoint == events.EndpointChat {
 		s.chunk(id, map[string]any{"index": index, "delta": map[string]any{}, "finish_reason": reason}, nil)
 		return
 	}

@@ -51,7 +51,7 @@ func (f *failingWriter) Write(p []byte) (int, error) {
 func TestSSEWriterStopsAtTheFirstError(t *testing.T) {
 	rec := httptest.NewRecorder()
 	fw := &failingWriter{ResponseWriter: rec, n: 1}
-	s := &SSE{w: fw, acc: events.RequestAccepted{RequestID: "r", Model: "m", Endpoint: events.EndpointChat}}
+	s := NewSSE(fw, events.RequestAccepted{RequestID: "r", Model: "m", Endpoint: events.EndpointChat})
 	s.Done(1)
 	s.Done(2) // fails
 	s.Done(3) // not tried
@@ -97,7 +97,7 @@ func TestSSEWriter(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			s := &SSE{w: rec, acc: events.RequestAccepted{RequestID: "r", Model: "m", Endpoint: tc.endpoint, Created: 7}}
+			s := NewSSE(rec, events.RequestAccepted{RequestID: "r", Model: "m", Endpoint: tc.endpoint, Created: 7})
 			tc.write(s)
 			var data []string
 			for _, ev := range strings.Split(strings.TrimSuffix(rec.Body.String(), "\n\n"), "\n\n") {

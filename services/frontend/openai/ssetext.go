@@ -21,7 +21,7 @@ func (s *SSE) textEvent(id, index int, tokens []string, first bool) {
 		return
 	}
 	if s.suffix == nil {
-		s.suffix = chunkSuffix(s.acc)
+		s.suffix = chunkSuffix(s.head)
 	}
 	s.text = s.text[:0]
 	for _, t := range tokens {
@@ -30,7 +30,7 @@ func (s *SSE) textEvent(id, index int, tokens []string, first bool) {
 	b := append(s.buf[:0], "id: "...)
 	b = strconv.AppendInt(b, int64(id), 10)
 	b = append(b, "\ndata: "...)
-	b = appendTextChoice(b, s.acc.Endpoint, index, s.text, first)
+	b = appendTextChoice(b, s.head.endpoint, index, s.text, first)
 	b = append(b, s.suffix...)
 	b = append(b, "\n\n"...)
 	s.buf = b
@@ -57,18 +57,18 @@ func appendTextChoice(b []byte, endpoint string, index int, text []byte, first b
 	return append(b, '}')
 }
 
-// chunkSuffix is what follows the choices in every chunk of acc's stream:
+// chunkSuffix is what follows the choices in every chunk of h's stream:
 // `],"created":…,"id":…,"model":…,"object":…}`.
-func chunkSuffix(acc events.RequestAccepted) []byte {
-	id, object := "cmpl-"+openaiID(acc), "text_completion"
-	if acc.Endpoint == events.EndpointChat {
-		id, object = "chatcmpl-"+openaiID(acc), "chat.completion.chunk"
+func chunkSuffix(h chunkHead) []byte {
+	id, object := "cmpl-"+h.id, "text_completion"
+	if h.endpoint == events.EndpointChat {
+		id, object = "chatcmpl-"+h.id, "chat.completion.chunk"
 	}
-	b := append([]byte(`],"created":`), strconv.AppendInt(nil, acc.Created, 10)...)
+	b := append([]byte(`],"created":`), strconv.AppendInt(nil, h.created, 10)...)
 	b = append(b, `,"id":`...)
 	b = appendJSONString(b, []byte(id))
 	b = append(b, `,"model":`...)
-	b = appendJSONString(b, []byte(acc.Model))
+	b = appendJSONString(b, []byte(h.model))
 	b = append(b, `,"object":`...)
 	b = appendJSONString(b, []byte(object))
 	return append(b, '}')

@@ -21,9 +21,9 @@ func FuzzTextChunk(f *testing.F) {
 		}
 		tokens := []string{tok1, tok2}
 		slow, fast := httptest.NewRecorder(), httptest.NewRecorder()
-		s := &SSE{w: slow, acc: acc}
+		s := NewSSE(slow, acc)
 		s.chunk(offset, merge(tokens, nil).chunkChoice(acc.Endpoint, index, first), nil)
-		fw := &SSE{w: fast, acc: acc}
+		fw := NewSSE(fast, acc)
 		fw.textEvent(offset, index, tokens, first)
 		fw.textEvent(offset, index, tokens, first) // reused buffers write it again the same
 		if want := append(slow.Body.Bytes(), slow.Body.Bytes()...); !bytes.Equal(fast.Body.Bytes(), want) {

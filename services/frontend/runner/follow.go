@@ -30,8 +30,11 @@ var errStopped = errors.New("frontend: follower stopped")
 // asks for it (a gap, a lost race, a reconnect), is done by run, with no
 // lock held while it reads the network. The NATS callback applies a live
 // message itself only when that needs no I/O and run has nothing in hand;
-// otherwise it queues it for run. The projection is guarded by mu, held
-// only to apply events and to read.
+// otherwise it queues it for run. run is started when something is queued
+// and ends once nothing is: most of a stream's messages are applied by the
+// callback, and a goroutine parked for each of thousands of streams would
+// hold its stack and its g for nothing. The projection is guarded by mu,
+// held only to apply events and to read.
 type follower struct {
 	id      string
 	js      jetstream.JetStream
@@ -43,11 +46,13 @@ type follower struct {
 	// it count tokens; a stall is caught by its timer.
 	decided *Signal
 	subs    *live
-	wake    chan struct{} // capacity 1: pokes coalesce
 	stopped chan struct{} // closed by stop
-	done    chan struct{} // closed when run returns
+	done    chan struct{} // closed by stop once run returned
+	runs    sync.WaitGroup
 
 	qmu      sync.Mutex // held by onLive while it applies, so run cannot overtake it
+	running  bool       // run was started and has not decided to return
+	halted   bool       // stop was called: run is not started again
 	busy     bool       // run has messages or catch-ups in hand
 	queue    []*nats.Msg
 	overflow bool         // messages were dropped: read the log
@@ -55,11 +60,11 @@ type follower struct {
 
 	mu         sync.Mutex
 	proj       *projections.Request
-	lastBySubj map[string]uint64 // last stream sequence seen per stored subject
-	progress   time.Time         // when the last token was accepted
-	emits      emitTimes         // benchmarks only (--bench-emit-time)
-	timing     timing            // where the time before the first token went
-	err        error             // a catch-up failure; readers surface it
+	lastBySubj subjectSeqs // last stream sequence seen per stored subject
+	progress   time.Time   // when the last token was accepted
+	emits      emitTimes   // benchmarks only (--bench-emit-time)
+	timing     timing      // where the time before the first token went
+	err        error       // a catch-up failure; readers surface it
 }
 
 // follow registers for request id's live messages. With history set it
@@ -67,12 +72,11 @@ type follower struct {
 // the request log's layout: the history is read from id's partition.
 func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv, wake: make(chan struct{}, 1),
+		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv,
 		stopped: make(chan struct{}), done: make(chan struct{}),
-		proj: projections.NewRequest(), lastBySubj: map[string]uint64{}, progress: time.Now(),
+		proj: projections.NewRequest(), progress: time.Now(),
 	}
 	lv.add(f)
-	go f.run()
 	if history {
 		if err := f.catchUp(ctx); err != nil {
 			f.stop()
@@ -85,8 +89,12 @@ func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams
 // stop ends the delivery of live messages and the reading goroutine.
 func (f *follower) stop() {
 	f.subs.remove(f)
+	f.qmu.Lock()
+	f.halted = true
+	f.qmu.Unlock()
 	close(f.stopped)
-	<-f.done
+	f.runs.Wait()
+	close(f.done)
 }
 
 // onLive applies a live message at once when that needs no I/O (no gap,
@@ -94,7 +102,7 @@ func (f *follower) stop() {
 // for run. It never reads the network.
 func (f *follower) onLive(m *nats.Msg) {
 	f.qmu.Lock()
-	if !f.busy && len(f.queue) == 0 && !f.overflow && len(f.waiters) == 0 {
+	if !f.busy && f.idleLocked() {
 		changed, ok := f.applyLive(m)
 		f.qmu.Unlock()
 		if changed {
@@ -135,7 +143,7 @@ func decodeLive(m *nats.Msg) liveMsg {
 // freshLocked reports whether l is newer than what was applied, and whether a gap
 // precedes it. Called with mu held.
 func (f *follower) freshLocked(l liveMsg) (fresh, gap bool) {
-	return l.e.Seq > f.proj.LastSeq() || l.e.Seq == 0, l.e.LastSeq > f.lastBySubj[l.stored]
+	return l.e.Seq > f.proj.LastSeq() || l.e.Seq == 0, l.e.LastSeq > f.lastBySubj.get(l.stored)
 }
 
 // applyLiveLocked applies l if it is newer than what was applied. Called
@@ -144,7 +152,7 @@ func (f *follower) applyLiveLocked(l liveMsg) (changed bool) {
 	if l.e.Seq <= f.proj.LastSeq() {
 		return false
 	}
-	f.lastBySubj[l.stored] = l.e.Seq
+	f.lastBySubj.set(l.stored, l.e.Seq)
 	return (l.decodeErr == nil || isUnreadable(l.e)) && f.applyLocked(l.e)
 }
 
@@ -163,11 +171,22 @@ func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
 	return f.applyLiveLocked(l), true
 }
 
+// poke has run do what was queued: it starts run unless it runs (it then
+// sees the queue before it returns) or the follower was stopped.
 func (f *follower) poke() {
-	select {
-	case f.wake <- struct{}{}:
-	default:
+	f.qmu.Lock()
+	defer f.qmu.Unlock()
+	if f.running || f.halted {
+		return
 	}
+	f.running = true
+	f.runs.Add(1)
+	go f.run()
+}
+
+// idleLocked reports that nothing is queued for run. Called with qmu held.
+func (f *follower) idleLocked() bool {
+	return len(f.queue) == 0 && !f.overflow && len(f.waiters) == 0
 }
 
 // catchUp asks run to read whatever the log holds past what was applied, and
@@ -188,17 +207,21 @@ func (f *follower) catchUp(ctx context.Context) error {
 	}
 }
 
-// run applies queued live messages and does the catch-ups, until stop.
+// run applies queued live messages and does the catch-ups until none is
+// left or the follower is stopped. What is queued while it runs (under qmu,
+// then poked) it sees before it returns.
 func (f *follower) run() {
-	defer close(f.done)
+	defer f.runs.Done()
 	for {
-		select {
-		case <-f.stopped:
-			return
-		case <-f.wake:
-		}
 		for f.drain() {
 		}
+		f.qmu.Lock()
+		if f.halted || f.idleLocked() {
+			f.running = false
+			f.qmu.Unlock()
+			return
+		}
+		f.qmu.Unlock()
 	}
 }
 
@@ -259,7 +282,7 @@ func (f *follower) readLog() error {
 	f.mu.Lock()
 	from := f.proj.LastSeq() + 1
 	for _, s := range f.lastBySubj {
-		from = max(from, s+1)
+		from = max(from, s.seq+1)
 	}
 	f.mu.Unlock()
 	// stop cuts a read short, so that releasing a request never waits on
@@ -312,7 +335,7 @@ func (f *follower) apply(e events.Envelope) {
 func (f *follower) applyLocked(e events.Envelope) bool {
 	before := f.proj.Len()
 	if e.Seq != 0 && e.Stored != "" {
-		f.lastBySubj[e.Stored] = max(f.lastBySubj[e.Stored], e.Seq)
+		f.lastBySubj.set(e.Stored, max(f.lastBySubj.get(e.Stored), e.Seq))
 	}
 	changed := f.proj.Apply(e)
 	if n := f.proj.Len(); n != before {
@@ -346,7 +369,39 @@ func (f *follower) read(fn func(p *projections.Request, progress time.Time)) {
 func (f *follower) eventsSeq() uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.lastBySubj[streams.RequestEvents(f.id)]
+	return f.lastBySubj.get(streams.RequestEvents(f.id))
+}
+
+// subjectSeqs is the last stream sequence seen on each of a request's
+// stored subjects: its events subject and one tokens subject per attempt,
+// a handful, so a slice rather than a map (a small map takes about 250
+// bytes, and a follower lives as long as its streams).
+type subjectSeqs []subjectSeq
+
+type subjectSeq struct {
+	subject string
+	seq     uint64
+}
+
+// get is the sequence recorded for subject, 0 if none.
+func (s subjectSeqs) get(subject string) uint64 {
+	for _, e := range s {
+		if e.subject == subject {
+			return e.seq
+		}
+	}
+	return 0
+}
+
+// set records seq for subject.
+func (s *subjectSeqs) set(subject string, seq uint64) {
+	for i := range *s {
+		if (*s)[i].subject == subject {
+			(*s)[i].seq = seq
+			return
+		}
+	}
+	*s = append(*s, subjectSeq{subject, seq})
 }
 
 // waitFor blocks until cond holds on the projection, ctx is done, or the

@@ -206,3 +206,64 @@ func TestLiveDispatchesByRequest(t *testing.T) {
 		t.Errorf("%d followers of a after one stopped, want 1", got)
 	}
 }
+
+// TestFollowerRunEnds: the goroutine that reads the log runs while a
+// catch-up is in hand and ends after it; a live message that follows no gap
+// is applied without it.
+func TestFollowerRunEnds(t *testing.T) {
+	x, s := newFollowFixture(t)
+	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
+	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.stop()
+	ended := make(chan struct{})
+	go func() {
+		f.runs.Wait() // nothing else is queued: no poke adds to it meanwhile
+		close(ended)
+	}()
+	select {
+	case <-ended:
+	case <-x.ctx.Done():
+		t.Fatal("run never ended after the history was read")
+	}
+	x.tokens(0, "a ")
+	if err := f.waitFor(x.ctx, textIs("a ")); err != nil {
+		t.Fatalf("the live token never arrived: %v", err)
+	}
+	f.qmu.Lock()
+	running := f.running
+	f.qmu.Unlock()
+	if running {
+		t.Error("run started for a live message that follows no gap")
+	}
+}
+
+func TestSubjectSeqs(t *testing.T) {
+	var s subjectSeqs
+	for _, step := range []struct {
+		set     string
+		seq     uint64
+		subject string
+		want    uint64
+	}{
+		{subject: "a", want: 0},
+		{set: "a", seq: 3, subject: "a", want: 3},
+		{set: "b", seq: 5, subject: "a", want: 3},
+		{subject: "b", want: 5},
+		{set: "a", seq: 7, subject: "a", want: 7},
+		{subject: "c", want: 0},
+	} {
+		if step.set != "" {
+			s.set(step.set, step.seq)
+		}
+		if got := s.get(step.subject); got != step.want {
+			t.Errorf("after set(%q, %d): get(%q) = %d, want %d", step.set, step.seq, step.subject, got, step.want)
+		}
+	}
+	if got, want := len(s), 2; got != want {
+		t.Errorf("got %d subjects, want %d", got, want)
+	}
+}

@@ -65,3 +65,28 @@ func TestSignalUntakenChannel(t *testing.T) {
 		t.Fatal("the channel taken after an untaken Notify not closed by the next")
 	}
 }
+
+// TestSignalListenTwice: a channel that listens twice is poked once per
+// Notify, and either stop ends it (as when the listeners were a set).
+func TestSignalListenTwice(t *testing.T) {
+	s := NewSignal()
+	ch := make(chan struct{}, 2)
+	stop1, stop2 := s.Listen(ch), s.Listen(ch)
+	s.Notify()
+	if got, want := len(ch), 1; got != want {
+		t.Fatalf("got %d pokes, want %d", got, want)
+	}
+	<-ch
+	stop1()
+	s.Notify()
+	if got, want := len(ch), 0; got != want {
+		t.Fatalf("after one stop: got %d pokes, want %d", got, want)
+	}
+	stop2() // a no-op now
+	other := make(chan struct{}, 1)
+	defer s.Listen(other)()
+	s.Notify()
+	if len(other) != 1 || len(ch) != 0 {
+		t.Errorf("got %d pokes of the other listener and %d of the stopped one, want 1 and 0", len(other), len(ch))
+	}
+}
