@@ -166,4 +166,9 @@ func TestServerTimingAndAddedTTFT(t *testing.T) {
 	if n != 1 || sum <= 0 || sum >= ttft {
 		t.Errorf("added time to first token: %v observations summing %vs (time to first token %vs), want 1, below it", n, sum, ttft)
 	}
+	// What the process holds, beside the heap in use (docs/reference.md).
+	// (0 until the process's first collection.)
+	if _, ok := scrape(f.url+"/metrics", "go_gc_heap_live_bytes")["go_gc_heap_live_bytes"]; !ok {
+		t.Error("no go_gc_heap_live_bytes on /metrics")
+	}
 }

@@ -412,7 +412,8 @@ var gcLive = regexp.MustCompile(`(?m)^gc \d+ @[0-9.]+s .*?, (\d+)->(\d+)->(\d+) 
 
 // gcLiveAt is the live heap, in bytes, that the first collection past
 // offset at in a Go process's output (with its gctrace) marked:
-// runtime/metrics' /gc/heap/live:bytes, which /metrics does not export. -1
+// what go_gc_heap_live_bytes on /metrics says after that collection (read
+// at the sample, the metric would still be the collection before it). -1
 // if none. gctrace gives whole MB, so at 1,000 streams a figure per stream
 // is good to about 1 KB.
 func gcLiveAt(out string, at int) float64 {

@@ -13,7 +13,6 @@ import (
 	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 const frontendSummary = `Runs the OpenAI-compatible HTTP frontend: /v1/chat/completions,
@@ -322,7 +321,7 @@ func runFrontend(ctx context.Context, env *environment, args []string) error {
 // holds the Go runtime and process collectors.
 func newFrontend(nc *conn, log *slog.Logger, cfg frontend.Config) (*frontend.Frontend, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerRuntime(reg)
 	fe, err := frontend.New(nc.Conn, log, reg, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)

@@ -14,7 +14,6 @@ import (
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 const workerSummary = `Runs a worker: it holds a lease in the baton_leases bucket, accepts
@@ -268,7 +267,7 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	}
 	defer nc.close()
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerRuntime(reg)
 	w, err := worker.New(nc.Conn, eng, log, reg, o.cfg)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
