@@ -10,6 +10,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -209,5 +210,44 @@ func TestFlowWindowConfirms(t *testing.T) {
 	defer w.mu.Unlock()
 	if w.out != 0 || w.flushing {
 		t.Errorf("window out %d flushing %v after confirmed rounds, want 0 false", w.out, w.flushing)
+	}
+}
+
+// BenchmarkDeltasFlush is the worker's cost of one single-token delta on the
+// log, as the produce loop sends them at decode rates: encoded, appended
+// asynchronously to a real JetStream (embedded, in memory, so its allocations
+// count too), and its acknowledgement taken in by a later poll. The attempts
+// take turns, each with about one append in flight, as 500 streams do on one
+// worker.
+func BenchmarkDeltasFlush(b *testing.B) {
+	s := natstest.Start(b)
+	s.Provision(b)
+	js, err := jetstream.New(s.Connect(b),
+		jetstream.WithPublishAsyncMaxPending(asyncWindow),
+		jetstream.WithPublishAsyncTimeout(streams.DefaultTimeout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	log := streams.NewLog(js, "baton/worker/w1")
+	const attempts = 64
+	ds := make([]*deltas, attempts)
+	for i := range ds {
+		id := fmt.Sprintf("bench-%d", i)
+		ds[i] = newDeltas(log, log.Source(), streams.RequestTokens(id, 0, "w1"), id, 0, 0)
+	}
+	i := 0
+	for b.Loop() {
+		d := ds[i%attempts]
+		d.add(engine.Token{Text: "tok", ID: i, HasID: true})
+		d.idle()
+		d.flush()
+		i++
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, d := range ds {
+		if err := d.settle(ctx); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
