@@ -22,8 +22,26 @@ type appender interface {
 	Append(ctx context.Context, subject string, e events.Envelope, expectLast int64) (uint64, error)
 	AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uint64, error)
 	// AppendMsgAsync blocks while the worker's window of unacknowledged
-	// appends is full: the engine waits for the log.
+	// appends is full: the engine waits for the log. Its future resolves
+	// within streams.AppendAckTimeout: an append nobody answers fails.
 	AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error)
+}
+
+// futureOutcome reports, without waiting, whether f's outcome is known and its
+// error. The log's futures answer without a channel (two per append
+// otherwise, made on the first look).
+func futureOutcome(f jetstream.PubAckFuture) (done bool, err error) {
+	if o, ok := f.(interface{ Outcome() (bool, error) }); ok {
+		return o.Outcome()
+	}
+	select {
+	case <-f.Ok():
+		return true, nil
+	case err := <-f.Err():
+		return true, err
+	default:
+		return false, nil
+	}
 }
 
 // deltas is the token output of one attempt: what was produced, and the
@@ -242,16 +260,16 @@ func (d *deltas) poll(now time.Time) {
 			continue
 		}
 		if s.err == nil {
-			select {
-			case <-s.future.Ok():
+			done, err := futureOutcome(s.future)
+			switch {
+			case !done:
+				return // still in flight
+			case err == nil:
 				d.ack(s)
 				continue
-			case err := <-s.future.Err():
-				s.err = err
-				d.noteFull(err)
-			default:
-				return // still in flight
 			}
+			s.err = err
+			d.noteFull(err)
 		}
 		if now.Before(d.retryAt) {
 			return

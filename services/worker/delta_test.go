@@ -222,9 +222,7 @@ func TestFlowWindowConfirms(t *testing.T) {
 func BenchmarkDeltasFlush(b *testing.B) {
 	s := natstest.Start(b)
 	s.Provision(b)
-	js, err := jetstream.New(s.Connect(b),
-		jetstream.WithPublishAsyncMaxPending(asyncWindow),
-		jetstream.WithPublishAsyncTimeout(streams.DefaultTimeout))
+	js, err := jetstream.New(s.Connect(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -249,5 +247,24 @@ func BenchmarkDeltasFlush(b *testing.B) {
 		if err := d.settle(ctx); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestLogFuturesAnswerWithoutChannels: the log's futures have the Outcome
+// method that deltas.poll reads them with (no channel per look); a future
+// without it still works, at the price of two channels.
+func TestLogFuturesAnswerWithoutChannels(t *testing.T) {
+	s := natstest.Start(t)
+	log := streams.NewLog(s.Provision(t), "baton/worker/w1")
+	d := newDeltas(log, log.Source(), streams.RequestTokens("r", 0, "w1"), "r", 0, 0)
+	d.add(engine.Token{Text: "a"})
+	d.flush()
+	if _, ok := d.sent[0].future.(interface{ Outcome() (bool, error) }); !ok {
+		t.Errorf("the log's future %T has no Outcome method: deltas.poll falls back to channels", d.sent[0].future)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.settle(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
