@@ -64,7 +64,7 @@ type asyncAppend struct {
 
 	mu    sync.Mutex
 	done  bool
-	ack   *jetstream.PubAck
+	ack   jetstream.PubAck // held here: one allocation less per append
 	err   error
 	okCh  chan *jetstream.PubAck // made on the first Ok
 	errCh chan error             // made on the first Err
@@ -168,7 +168,7 @@ func (a *asyncAppends) remove(id uint64) {
 // reply takes in the server's answer to an append. The subscription calls
 // it from one goroutine at a time.
 func (a *asyncAppends) reply(m *nats.Msg) {
-	var ack *jetstream.PubAck
+	var ack jetstream.PubAck
 	var err error
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		err = jetstream.ErrNoStreamResponse
@@ -214,7 +214,7 @@ func (a *asyncAppends) expire() {
 	}
 	a.mu.Unlock()
 	for _, p := range late {
-		p.resolve(nil, jetstream.ErrAsyncPublishTimeout)
+		p.resolve(jetstream.PubAck{}, jetstream.ErrAsyncPublishTimeout)
 	}
 }
 
@@ -228,16 +228,16 @@ func (a *asyncAppends) failAll(err error) {
 	}
 	a.mu.Unlock()
 	for _, p := range all {
-		p.resolve(nil, err)
+		p.resolve(jetstream.PubAck{}, err)
 	}
 }
 
-func (p *asyncAppend) resolve(ack *jetstream.PubAck, err error) {
+func (p *asyncAppend) resolve(ack jetstream.PubAck, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.done, p.ack, p.err = true, ack, err
 	if p.okCh != nil && err == nil {
-		p.okCh <- ack
+		p.okCh <- &p.ack
 	}
 	if p.errCh != nil && err != nil {
 		p.errCh <- err
@@ -259,7 +259,7 @@ func (p *asyncAppend) Ok() <-chan *jetstream.PubAck {
 	if p.okCh == nil {
 		p.okCh = make(chan *jetstream.PubAck, 1)
 		if p.done && p.err == nil {
-			p.okCh <- p.ack
+			p.okCh <- &p.ack
 		}
 	}
 	return p.okCh
@@ -332,7 +332,7 @@ func (l *Log) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 // "stream", "seq", and "domain" or "duplicate" if any) is read in one pass,
 // and its stream name reuses *stream when it is the same; any other answer
 // (an error, a batch's) goes through encoding/json.
-func parsePubAck(data []byte, stream *string) (*jetstream.PubAck, error) {
+func parsePubAck(data []byte, stream *string) (jetstream.PubAck, error) {
 	if ack, ok := parseFlatPubAck(data, stream); ok {
 		return ack, nil
 	}
@@ -341,44 +341,44 @@ func parsePubAck(data []byte, stream *string) (*jetstream.PubAck, error) {
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, jetstream.ErrInvalidJSAck
+		return jetstream.PubAck{}, jetstream.ErrInvalidJSAck
 	}
 	if r.Error != nil {
-		return nil, r.Error
+		return jetstream.PubAck{}, r.Error
 	}
 	if r.Stream == "" {
-		return nil, jetstream.ErrInvalidJSAck
+		return jetstream.PubAck{}, jetstream.ErrInvalidJSAck
 	}
-	return &r.PubAck, nil
+	return r.PubAck, nil
 }
 
 // parseFlatPubAck reads a PubAck of the server's usual form; ok is false
 // for anything else.
-func parseFlatPubAck(data []byte, stream *string) (ack *jetstream.PubAck, ok bool) {
+func parseFlatPubAck(data []byte, stream *string) (ack jetstream.PubAck, ok bool) {
 	var a jetstream.PubAck
 	i := skipSpace(data, 0)
 	if i >= len(data) || data[i] != '{' {
-		return nil, false
+		return a, false
 	}
 	for first := true; ; first = false {
 		i = skipSpace(data, i+1)
 		if i < len(data) && data[i] == '}' && first {
-			return nil, false // {}: no stream
+			return a, false // {}: no stream
 		}
 		key, j, ok := flatString(data, i)
 		if !ok {
-			return nil, false
+			return a, false
 		}
 		i = skipSpace(data, j)
 		if i >= len(data) || data[i] != ':' {
-			return nil, false
+			return a, false
 		}
 		i = skipSpace(data, i+1)
 		switch string(key) {
 		case "stream", "domain":
 			v, j, ok := flatString(data, i)
 			if !ok {
-				return nil, false
+				return a, false
 			}
 			i = j
 			if string(key) == "domain" {
@@ -396,7 +396,7 @@ func parseFlatPubAck(data []byte, stream *string) (ack *jetstream.PubAck, ok boo
 			}
 			seq, err := strconv.ParseUint(string(data[i:j]), 10, 64)
 			if err != nil {
-				return nil, false
+				return a, false
 			}
 			a.Sequence, i = seq, j
 		case "duplicate":
@@ -406,25 +406,25 @@ func parseFlatPubAck(data []byte, stream *string) (ack *jetstream.PubAck, ok boo
 			case hasAt(data, i, "false"):
 				i += 5
 			default:
-				return nil, false
+				return a, false
 			}
 		default:
-			return nil, false // an error, a batch's fields, a counter's value
+			return a, false // an error, a batch's fields, a counter's value
 		}
 		i = skipSpace(data, i)
 		if i >= len(data) {
-			return nil, false
+			return a, false
 		}
 		switch data[i] {
 		case ',':
 			continue
 		case '}':
 			if a.Stream == "" || skipSpace(data, i+1) != len(data) {
-				return nil, false
+				return a, false
 			}
-			return &a, true
+			return a, true
 		default:
-			return nil, false
+			return a, false
 		}
 	}
 }

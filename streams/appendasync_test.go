@@ -144,8 +144,8 @@ func TestParsePubAck(t *testing.T) {
 			if err := json.Unmarshal([]byte(tc.data), &want); err != nil {
 				t.Fatal(err)
 			}
-			if *ack != want {
-				t.Errorf("got %+v, want %+v (encoding/json's)", *ack, want)
+			if ack != want {
+				t.Errorf("got %+v, want %+v (encoding/json's)", ack, want)
 			}
 		})
 	}
