@@ -75,7 +75,8 @@ type deltas struct {
 	sawToken  bool              // a token arrived (the health monitor's first token)
 	flushed   int               // tokens already handed to an append
 	stored    int               // tokens [0, stored) are known readable in the log
-	sent      []sentDelta       // appends not yet known to be covered, by offset
+	sent      []sentDelta       // appends not yet known to be covered, by offset (pushSent, popSent)
+	sentArr   []sentDelta       // the array sent slides along
 	retryAt   time.Time         // when a repair may try again
 	backoff   time.Duration
 	stampEmit bool          // record emit times (Config.BenchEmitTime)
@@ -237,9 +238,9 @@ func (d *deltas) flush() {
 	if d.repairing() {
 		return
 	}
-	d.sent = append(d.sent, sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
+	s := d.pushSent(sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
 	d.flushed = len(d.tokens)
-	d.appendAsync(&d.sent[len(d.sent)-1])
+	d.appendAsync(s)
 }
 
 // Spacing of a repair's tries while appends fail (a leader election, a
@@ -256,7 +257,7 @@ func (d *deltas) poll(now time.Time) {
 	for len(d.sent) > 0 {
 		s := &d.sent[0]
 		if s.end <= d.stored {
-			d.sent = d.sent[1:] // carried by a repair already stored
+			d.popSent() // carried by a repair already stored
 			continue
 		}
 		if s.err == nil {
@@ -293,10 +294,33 @@ func (d *deltas) startRepair(s *sentDelta) {
 	s.id = events.ID(d.requestID, d.attempt, d.start+s.offset, d.start+s.end)
 }
 
+// pushSent queues s. The queue slides along its array as appends are
+// taken in (popSent); when it reaches the end it moves back to the start,
+// and the array doubles only when more than half of it is in use: a queue
+// that stays short allocates nothing per delta.
+func (d *deltas) pushSent(s sentDelta) *sentDelta {
+	if n := len(d.sent); n == cap(d.sent) {
+		if 2*n > len(d.sentArr) {
+			d.sentArr = make([]sentDelta, max(4, 2*n))
+		}
+		copy(d.sentArr, d.sent)
+		clear(d.sentArr[n:]) // no stale copy keeps a future alive
+		d.sent = d.sentArr[:n]
+	}
+	d.sent = append(d.sent, s)
+	return &d.sent[len(d.sent)-1]
+}
+
+// popSent forgets the oldest queued append.
+func (d *deltas) popSent() {
+	d.sent[0] = sentDelta{}
+	d.sent = d.sent[1:]
+}
+
 // ack records that s is stored: every token before its end is readable.
 func (d *deltas) ack(s *sentDelta) {
 	d.stored = max(d.stored, s.end)
-	d.sent = d.sent[1:]
+	d.popSent()
 	d.backoff = 0
 }
 
@@ -307,7 +331,7 @@ func (d *deltas) settle(ctx context.Context) error {
 	for len(d.sent) > 0 {
 		s := &d.sent[0]
 		if s.end <= d.stored {
-			d.sent = d.sent[1:]
+			d.popSent()
 			continue
 		}
 		err := s.err

@@ -268,3 +268,33 @@ func TestLogFuturesAnswerWithoutChannels(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSentQueueReusesItsArray: appends queued and taken in, a few at a
+// time, in order, through many wraps of the queue's array, allocate nothing
+// once the array is made.
+func TestSentQueueReusesItsArray(t *testing.T) {
+	d := &deltas{}
+	next, want := 0, 0
+	step := func() { // 30 appends, 3 at a time, one left in flight
+		for range 10 {
+			for range 3 {
+				d.pushSent(sentDelta{offset: next})
+				next++
+			}
+			for len(d.sent) > 1 {
+				if got := d.sent[0].offset; got != want {
+					t.Fatalf("took in offset %d, want %d", got, want)
+				}
+				d.popSent()
+				want++
+			}
+		}
+	}
+	step()
+	if allocs := testing.AllocsPerRun(100, step); allocs != 0 {
+		t.Errorf("%v allocations per 30 appends, want 0", allocs)
+	}
+	if len(d.sentArr) > 8 {
+		t.Errorf("the array grew to %d for a queue of at most 4", len(d.sentArr))
+	}
+}
