@@ -43,13 +43,17 @@ type asyncAppends struct {
 	max     int           // AppendWindow unless a test set it
 	timeout time.Duration // AppendAckTimeout unless a test set it
 
+	// window holds a token per pending append: a full window blocks the
+	// next send until one leaves, and wakes one waiter per append that
+	// leaves (not every waiter, to race for one place).
+	window chan struct{}
+
 	mu      sync.Mutex
 	publish func(*nats.Msg) error // nil until started
 	prefix  string                // the reply subject of append id is prefix + id
 	next    uint64
 	pending map[uint64]*asyncAppend
-	room    chan struct{} // closed when the window has room; nil while nobody waits for it
-	expiry  *time.Timer   // expire, armed (armed) while anything is pending
+	expiry  *time.Timer // expire, armed (armed) while anything is pending
 	armed   bool
 	stream  string // the last acknowledgement's stream name (reply's only), so that each does not allocate its own
 }
@@ -98,41 +102,39 @@ func (a *asyncAppends) start(nc *nats.Conn) error {
 	if nc.IsClosed() {
 		nc.RemoveStatusListener(status) // closed before the watch: it ends
 	}
-	a.prefix, a.publish = prefix, nc.PublishMsg
+	a.init(prefix, nc.PublishMsg)
+	return nil
+}
+
+// init readies a for sending with publish, replies coming to prefix + id.
+// a.mu is held.
+func (a *asyncAppends) init(prefix string, publish func(*nats.Msg) error) {
 	if a.max == 0 {
 		a.max = AppendWindow
 	}
 	if a.timeout == 0 {
 		a.timeout = AppendAckTimeout
 	}
-	return nil
+	a.prefix, a.publish = prefix, publish
+	a.window = make(chan struct{}, a.max)
+	a.pending = make(map[uint64]*asyncAppend, a.max)
 }
 
 // send publishes m with a reply subject of its own (m.Reply is set), after
 // waiting for room in the window for at most AppendStall.
 func (a *asyncAppends) send(m *nats.Msg) (*asyncAppend, error) {
-	var stall *time.Timer
-	a.mu.Lock()
-	for len(a.pending) >= a.max {
-		if a.room == nil {
-			a.room = make(chan struct{})
-		}
-		room := a.room
-		a.mu.Unlock()
-		if stall == nil {
-			stall = time.NewTimer(AppendStall)
-			defer stall.Stop()
-		}
+	select {
+	case a.window <- struct{}{}:
+	default:
+		stall := time.NewTimer(AppendStall)
+		defer stall.Stop()
 		select {
-		case <-room:
+		case a.window <- struct{}{}:
 		case <-stall.C:
 			return nil, jetstream.ErrTooManyStalledMsgs
 		}
-		a.mu.Lock()
 	}
-	if a.pending == nil {
-		a.pending = make(map[uint64]*asyncAppend, a.max)
-	}
+	a.mu.Lock()
 	a.next++
 	p := &asyncAppend{msg: m, id: a.next, deadline: time.Now().Add(a.timeout)}
 	a.pending[p.id] = p
@@ -156,12 +158,12 @@ func (a *asyncAppends) send(m *nats.Msg) (*asyncAppend, error) {
 	return p, nil
 }
 
-// remove takes append id out of the window. a.mu is held.
+// remove takes append id out of the window if it is still there (it may
+// have expired, or failed with the connection). a.mu is held.
 func (a *asyncAppends) remove(id uint64) {
-	delete(a.pending, id)
-	if a.room != nil && len(a.pending) < a.max {
-		close(a.room)
-		a.room = nil
+	if _, ok := a.pending[id]; ok {
+		delete(a.pending, id)
+		<-a.window
 	}
 }
 

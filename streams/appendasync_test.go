@@ -18,8 +18,8 @@ import (
 func TestAsyncAppendsExpire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var sent []*nats.Msg
-		a := &asyncAppends{max: 2, timeout: AppendAckTimeout, prefix: "r.",
-			publish: func(m *nats.Msg) error { sent = append(sent, m); return nil }}
+		a := &asyncAppends{max: 2}
+		a.init("r.", func(m *nats.Msg) error { sent = append(sent, m); return nil })
 		send := func() *asyncAppend {
 			t.Helper()
 			p, err := a.send(&nats.Msg{Subject: "s"})
@@ -149,4 +149,34 @@ func TestParsePubAck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAsyncAppendsPublishFailure: an append whose publish fails leaves the
+// window at once, and so does one that fails with the connection while it
+// is being published: neither keeps a place, nor gives back one twice.
+func TestAsyncAppendsPublishFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fail := nats.ErrConnectionClosed
+		a := &asyncAppends{max: 1}
+		a.init("r.", func(*nats.Msg) error {
+			if fail == nats.ErrDisconnected {
+				a.failAll(fail) // the connection is lost as the append goes out
+			}
+			return fail
+		})
+		start := time.Now()
+		for i, err := range []error{nats.ErrConnectionClosed, nats.ErrDisconnected, nil} {
+			fail = err
+			_, got := a.send(&nats.Msg{Subject: "s"})
+			if !errors.Is(got, err) {
+				t.Errorf("send %d: got %v, want %v", i, got, err)
+			}
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("the sends took %v: one waited for a place the failed ones kept", d)
+		}
+		if n := len(a.window); n != 1 {
+			t.Errorf("%d places taken with one append pending, want 1", n)
+		}
+	})
 }
