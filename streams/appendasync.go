@@ -392,12 +392,14 @@ func parseFlatPubAck(data []byte, stream *string) (ack jetstream.PubAck, ok bool
 				*stream = a.Stream
 			}
 		case "seq":
-			j := i
-			for j < len(data) && data[j] >= '0' && data[j] <= '9' {
-				j++
+			j, seq := i, uint64(0)
+			for ; j < len(data) && data[j] >= '0' && data[j] <= '9'; j++ {
+				if seq > (1<<64-1-9)/10 {
+					return a, false // near overflow: encoding/json decides
+				}
+				seq = 10*seq + uint64(data[j]-'0')
 			}
-			seq, err := strconv.ParseUint(string(data[i:j]), 10, 64)
-			if err != nil {
+			if j == i {
 				return a, false
 			}
 			a.Sequence, i = seq, j

@@ -118,6 +118,8 @@ func TestParsePubAck(t *testing.T) {
 		{name: "not json", data: `+OK`, invalid: true},
 		{name: "trailing garbage", data: `{"stream":"S","seq":1}x`, invalid: true},
 		{name: "negative seq", data: `{"stream":"S","seq":-1}`, invalid: true},
+		{name: "largest seq", data: `{"stream":"S","seq":18446744073709551615}`},
+		{name: "seq overflows", data: `{"stream":"S","seq":18446744073709551616}`, invalid: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stream := "S"
@@ -179,4 +181,18 @@ func TestAsyncAppendsPublishFailure(t *testing.T) {
 			t.Errorf("%d places taken with one append pending, want 1", n)
 		}
 	})
+}
+
+// TestParsePubAckAllocates: the usual acknowledgement, of the stream the
+// last one named, is read with no allocation.
+func TestParsePubAckAllocates(t *testing.T) {
+	data := []byte(`{"stream":"BATON_REQUESTS_0","seq":123456789,"duplicate": true}`)
+	stream := "BATON_REQUESTS_0"
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := parsePubAck(data, &stream); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per acknowledgement, want 0", n)
+	}
 }
