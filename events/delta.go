@@ -65,6 +65,14 @@ func NewDeltaEncoder(source, requestID string, attempt int) (*DeltaEncoder, erro
 // binary with its text as data when it carries only text and ids, else
 // as Marshal writes other events.
 func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Header, []byte, error) {
+	return d.EncodeInto(nil, id, t, ev)
+}
+
+// EncodeInto is Encode writing the headers into h, cleared first (nil: a
+// new map), and returning it: a caller that sends one delta at a time and
+// keeps nothing of the last one's headers once it is sent reuses one map,
+// the largest allocation of a delta.
+func (d *DeltaEncoder) EncodeInto(h Header, id string, t time.Time, ev TokensGenerated) (Header, []byte, error) {
 	if ev.RequestID != d.requestID || ev.Attempt != d.attempt {
 		return nil, nil, fmt.Errorf("events: delta of %s attempt %d given to the encoder of %s attempt %d",
 			ev.RequestID, ev.Attempt, d.requestID, d.attempt)
@@ -90,7 +98,11 @@ func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Heade
 	// adds (its first delta's upstream TTFT, a benchmark's emit time): a
 	// map literal of the seven common ones grew, and rehashed, when the
 	// binary form's were added, the largest allocation of a delta.
-	h := make(Header, deltaHeaders)
+	if h == nil {
+		h = make(Header, deltaHeaders)
+	} else {
+		clear(h)
+	}
 	h[HeaderSpecVersion] = specVersionValue
 	h[HeaderID] = idV
 	h[HeaderType] = tokensTypeValue

@@ -329,3 +329,34 @@ func TestDeltaTimeAsMarshalText(t *testing.T) {
 		}
 	}
 }
+
+// TestDeltaEncodeInto: a delta encoded into the map of the one before it
+// (with a header a worker added to that one) has exactly Encode's headers.
+func TestDeltaEncodeInto(t *testing.T) {
+	enc, err := events.NewDeltaEncoder("baton/worker/w1", "r1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := enc.EncodeInto(nil, "r1.0.0", when, events.TokensGenerated{RequestID: "r1", Tokens: []string{"a", "b"}, IDs: []int{1, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h["x-upstream-ttft"] = []string{"1"} // as a worker adds to its first delta
+	for _, ev := range []events.TokensGenerated{
+		{RequestID: "r1", Offset: 2, Tokens: []string{"c"}},                                           // binary, fewer attributes
+		{RequestID: "r1", Offset: 3, Tokens: []string{"d"}, Details: []json.RawMessage{[]byte(`{}`)}}, // JSON
+	} {
+		want, wantData, err := enc.Encode("r1.0.x", when, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, data, err := enc.EncodeInto(h, "r1.0.x", when, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) || string(data) != string(wantData) {
+			t.Errorf("offset %d: EncodeInto gave %v %q, want Encode's %v %q", ev.Offset, got, data, want, wantData)
+		}
+		h = got
+	}
+}
