@@ -280,7 +280,8 @@ func (p *asyncAppend) Err() <-chan error {
 	return p.errCh
 }
 
-// Msg is the appended message.
+// Msg is the appended message, as its sender left it (the worker's deltas
+// reuse its header map for the next one once AppendMsgAsync returns).
 func (p *asyncAppend) Msg() *nats.Msg { return p.msg }
 
 // AppendAsync stores e on subject without waiting; the future reports the

@@ -62,6 +62,7 @@ type deltas struct {
 	log       appender
 	enc       *events.DeltaEncoder // the attempt's constant headers, formatted once
 	encErr    error                // why enc is nil: every append fails with it
+	hdr       events.Header        // the last delta's header map, reused by the next (message)
 	subject   string
 	requestID string
 	attempt   int
@@ -166,7 +167,10 @@ func newDeltas(log appender, source, subject, requestID string, attempt, start i
 	return d
 }
 
-// message is the NATS message of a sent delta.
+// message is the NATS message of a sent delta. Its header map is the last
+// message's, cleared (EncodeInto): an append serializes its message before
+// it returns (AppendMsgAsync, AppendMsg, the log-off publish), and nothing
+// reads a sent message's header after that.
 func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	if d.enc == nil {
 		return nil, d.encErr
@@ -175,10 +179,11 @@ func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	if id == "" {
 		id = d.id(s.offset)
 	}
-	h, data, err := d.enc.Encode(id, time.Now(), d.event(s.offset, s.end))
+	h, data, err := d.enc.EncodeInto(d.hdr, id, time.Now(), d.event(s.offset, s.end))
 	if err != nil {
 		return nil, err
 	}
+	d.hdr = h
 	if s.emit != 0 { // a repair's first token is its original's
 		h[streams.HeaderBenchEmit] = []string{strconv.FormatInt(s.emit, 10)}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"syscall"
 	"testing"
 	"time"
@@ -325,5 +326,48 @@ func TestSentQueueReusesItsArray(t *testing.T) {
 	}
 	if len(d.sentArr) > 8 {
 		t.Errorf("the array grew to %d for a queue of at most 4", len(d.sentArr))
+	}
+}
+
+// headerLog is a fakeLog that keeps a copy of each message's headers as it
+// was appended.
+type headerLog struct {
+	fakeLog
+	sent []nats.Header
+}
+
+func (l *headerLog) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	h := nats.Header{}
+	for k, v := range m.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	l.sent = append(l.sent, h)
+	return l.fakeLog.AppendMsgAsync(m)
+}
+
+// TestDeltasReuseHeaders: each delta is encoded into the header map of the
+// one before it; every one still goes out with its own headers alone (the
+// first delta's upstream TTFT on it only).
+func TestDeltasReuseHeaders(t *testing.T) {
+	log := &headerLog{fakeLog: fakeLog{ids: map[string]bool{}}}
+	d := newDeltas(log, "baton/worker/w1", "s", "r", 0, 5)
+	for i := range 3 {
+		d.add(engine.Token{Text: fmt.Sprint(i)})
+		d.flush()
+		d.poll(time.Now())
+	}
+	if len(log.sent) != 3 {
+		t.Fatalf("%d deltas sent, want 3", len(log.sent))
+	}
+	for i, h := range log.sent {
+		if got, want := h.Get(events.HeaderOffset), fmt.Sprint(5+i); got != want {
+			t.Errorf("delta %d: %s %q, want %q", i, events.HeaderOffset, got, want)
+		}
+		if got, want := h.Get(streams.HeaderUpstreamTTFT) != "", i == 0; got != want {
+			t.Errorf("delta %d: has %s %v, want %v", i, streams.HeaderUpstreamTTFT, got, want)
+		}
+	}
+	if !reflect.DeepEqual(readable(log.stored, 5), []string{"0", "1", "2"}) {
+		t.Errorf("a reader gets %q, want [0 1 2]", readable(log.stored, 5))
 	}
 }
