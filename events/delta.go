@@ -65,6 +65,14 @@ func NewDeltaEncoder(source, requestID string, attempt int) (*DeltaEncoder, erro
 // binary with its text as data when it carries only text and ids, else
 // as Marshal writes other events.
 func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Header, []byte, error) {
+	return d.EncodeInto(nil, id, t, ev)
+}
+
+// EncodeInto is Encode writing the headers into h, cleared first (nil: a
+// new map), and returning it: a caller that sends one delta at a time and
+// keeps nothing of the last one's headers once it is sent reuses one map,
+// the largest allocation of a delta.
+func (d *DeltaEncoder) EncodeInto(h Header, id string, t time.Time, ev TokensGenerated) (Header, []byte, error) {
 	if ev.RequestID != d.requestID || ev.Attempt != d.attempt {
 		return nil, nil, fmt.Errorf("events: delta of %s attempt %d given to the encoder of %s attempt %d",
 			ev.RequestID, ev.Attempt, d.requestID, d.attempt)
@@ -72,22 +80,35 @@ func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Heade
 	if strings.TrimSpace(id) == "" {
 		return nil, nil, fmt.Errorf("events: marshal %s: empty id", TypeTokensGenerated)
 	}
-	ts, err := t.UTC().MarshalText()
-	if err != nil {
-		return nil, nil, fmt.Errorf("events: marshal %s: time: %w", TypeTokensGenerated, err)
+	// MarshalText's bytes (RFC 3339 with nanoseconds, years 0-9999 only),
+	// formatted on the stack: one allocation, the string.
+	t = t.UTC()
+	if y := t.Year(); y < 0 || y > 9999 {
+		return nil, nil, fmt.Errorf("events: marshal %s: time: year %d outside of range [0,9999]", TypeTokensGenerated, y)
 	}
-	idV := []string{id}
+	var tsBuf [len(time.RFC3339Nano)]byte
+	// The values of the delta's own attributes, in one allocation: id
+	// (ce-id and Nats-Msg-Id), time, offset, token lengths, token ids. Each
+	// is capped at its length, so that an Add to one reallocates it rather
+	// than overwriting the next.
+	v := new([5]string)
+	v[0], v[1] = id, string(t.AppendFormat(tsBuf[:0], time.RFC3339Nano))
+	idV := v[0:1:1]
 	// Sized for every attribute a delta may carry, and the two a worker
 	// adds (its first delta's upstream TTFT, a benchmark's emit time): a
 	// map literal of the seven common ones grew, and rehashed, when the
 	// binary form's were added, the largest allocation of a delta.
-	h := make(Header, deltaHeaders)
+	if h == nil {
+		h = make(Header, deltaHeaders)
+	} else {
+		clear(h)
+	}
 	h[HeaderSpecVersion] = specVersionValue
 	h[HeaderID] = idV
 	h[HeaderType] = tokensTypeValue
 	h[HeaderSource] = d.sourceV
 	h[HeaderSubject] = d.subjectV
-	h[HeaderTime] = []string{string(ts)}
+	h[HeaderTime] = v[1:2:2]
 	h[HeaderMsgID] = idV
 	if !binaryDelta(ev) {
 		data, err := jsonMarshal(ev)
@@ -99,13 +120,16 @@ func (d *DeltaEncoder) Encode(id string, t time.Time, ev TokensGenerated) (Heade
 	}
 	h[HeaderContentType] = textValue
 	h[HeaderAttempt] = d.attemptV
-	h[HeaderOffset] = []string{strconv.Itoa(ev.Offset)}
+	v[2] = strconv.Itoa(ev.Offset)
+	h[HeaderOffset] = v[2:3:3]
 	data := []byte(strings.Join(ev.Tokens, "")) // one copy for the common single token
 	if len(ev.Tokens) > 1 {
-		h[HeaderTokenLens] = []string{joinInts(len(ev.Tokens), func(i int) int { return len(ev.Tokens[i]) })}
+		v[3] = joinInts(len(ev.Tokens), func(i int) int { return len(ev.Tokens[i]) })
+		h[HeaderTokenLens] = v[3:4:4]
 	}
 	if ev.IDs != nil {
-		h[HeaderTokenIDs] = []string{joinInts(len(ev.IDs), func(i int) int { return ev.IDs[i] })}
+		v[4] = joinInts(len(ev.IDs), func(i int) int { return ev.IDs[i] })
+		h[HeaderTokenIDs] = v[4:5:5]
 	}
 	return h, data, nil
 }
@@ -123,6 +147,9 @@ func binaryDelta(ev TokensGenerated) bool {
 }
 
 func joinInts(n int, at func(int) int) string {
+	if n == 1 {
+		return strconv.Itoa(at(0)) // a single-token delta's: one allocation, none below 100
+	}
 	b := make([]byte, 0, 8*n)
 	for i := range n {
 		if i > 0 {

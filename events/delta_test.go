@@ -290,3 +290,73 @@ func BenchmarkDeltaDecode(b *testing.B) {
 		}
 	}
 }
+
+// TestDeltaTimeAsMarshalText: a delta's ce-time is what the other events'
+// (time.MarshalText in UTC) is, to the byte, and a year MarshalText refuses
+// is refused.
+func TestDeltaTimeAsMarshalText(t *testing.T) {
+	enc, err := events.NewDeltaEncoder("s", "r1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paris := time.FixedZone("CET", 3600)
+	for _, at := range []time.Time{
+		when,
+		time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC),            // no fraction
+		time.Date(2026, 12, 1, 14, 0, 0, 120000000, time.UTC),    // trailing zeros
+		time.Date(2026, 12, 1, 15, 0, 0, 123456789, paris),       // another zone
+		time.Date(0, 1, 1, 0, 0, 0, 1, time.UTC),                 // the first year
+		time.Date(9999, 12, 31, 23, 59, 59, 999999999, time.UTC), // the last
+	} {
+		want, err := at.UTC().MarshalText()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _, err := enc.Encode("id", at, events.TokensGenerated{RequestID: "r1", Tokens: []string{"a"}})
+		if err != nil {
+			t.Fatalf("%v: %v", at, err)
+		}
+		if got := h[events.HeaderTime]; len(got) != 1 || got[0] != string(want) {
+			t.Errorf("%v: ce-time %q, want %q", at, got, want)
+		}
+	}
+	for _, at := range []time.Time{time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		if _, err := at.UTC().MarshalText(); err == nil {
+			t.Fatalf("MarshalText accepts %v", at)
+		}
+		if _, _, err := enc.Encode("id", at, events.TokensGenerated{RequestID: "r1", Tokens: []string{"a"}}); err == nil {
+			t.Errorf("%v: got nil error, want the year refused as MarshalText refuses it", at)
+		}
+	}
+}
+
+// TestDeltaEncodeInto: a delta encoded into the map of the one before it
+// (with a header a worker added to that one) has exactly Encode's headers.
+func TestDeltaEncodeInto(t *testing.T) {
+	enc, err := events.NewDeltaEncoder("baton/worker/w1", "r1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := enc.EncodeInto(nil, "r1.0.0", when, events.TokensGenerated{RequestID: "r1", Tokens: []string{"a", "b"}, IDs: []int{1, 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h["x-upstream-ttft"] = []string{"1"} // as a worker adds to its first delta
+	for _, ev := range []events.TokensGenerated{
+		{RequestID: "r1", Offset: 2, Tokens: []string{"c"}},                                           // binary, fewer attributes
+		{RequestID: "r1", Offset: 3, Tokens: []string{"d"}, Details: []json.RawMessage{[]byte(`{}`)}}, // JSON
+	} {
+		want, wantData, err := enc.Encode("r1.0.x", when, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, data, err := enc.EncodeInto(h, "r1.0.x", when, ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) || string(data) != string(wantData) {
+			t.Errorf("offset %d: EncodeInto gave %v %q, want Encode's %v %q", ev.Offset, got, data, want, wantData)
+		}
+		h = got
+	}
+}

@@ -70,6 +70,7 @@ type Log struct {
 	js     jetstream.JetStream
 	source string
 	parts  Partitions // the request log's layout (SetPartitions); one stream by default
+	async  asyncAppends
 }
 
 // NewLog returns a Log whose events name source as their producer
@@ -220,43 +221,6 @@ func Transient(err error) bool {
 		errors.Is(err, jetstream.ErrTooManyStalledMsgs) ||
 		errors.Is(err, nats.ErrConnectionReconnecting) ||
 		errors.Is(err, nats.ErrDisconnected)
-}
-
-// AppendAsync stores e on subject without waiting; the future reports the
-// outcome. See AppendMsgAsync.
-func (l *Log) AppendAsync(subject string, e events.Envelope) (jetstream.PubAckFuture, error) {
-	m, err := NewMsg(subject, e)
-	if err != nil {
-		return nil, err
-	}
-	return l.AppendMsgAsync(m)
-}
-
-// AppendStall is how long AppendMsgAsync waits for room in the JetStream
-// context's async window (jetstream.WithPublishAsyncMaxPending) before it
-// fails with jetstream.ErrTooManyStalledMsgs.
-const AppendStall = DefaultTimeout
-
-// AppendMsgAsync stores m without waiting for its acknowledgement; the future
-// reports the outcome. The number of unacknowledged appends is bounded by the
-// JetStream context's async window: when it is full, AppendMsgAsync blocks
-// until an acknowledgement makes room (for at most AppendStall), so a
-// producer slows to the rate the log stores at instead of queueing without
-// bound.
-//
-// An append that finds no stream to answer it (a leader election, a node
-// shutting down) fails at once: it is not retried behind the caller's back.
-// nats.go's default retries such a publish 250 ms later, by which time the
-// appends sent after it may be stored: the log then holds them before it,
-// every one acknowledged, and readers skip the later ones as gaps that no
-// failure ever made the caller repair. A failed future lets the caller
-// re-send in order (the worker's deltas do).
-func (l *Log) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
-	f, err := l.js.PublishMsgAsync(m, jetstream.WithStallWait(AppendStall), jetstream.WithRetryAttempts(0))
-	if err != nil {
-		return nil, fmt.Errorf("append %s to %s: %w", m.Header.Get(events.HeaderType), m.Subject, translate(err))
-	}
-	return f, nil
 }
 
 // jsErrCodeStoreFailed is the server's JSStreamStoreFailedF: a publish the

@@ -338,7 +338,7 @@ func TestStreamLimitErrors(t *testing.T) {
 func TestAppendMsgAsyncBackpressure(t *testing.T) {
 	s := natstest.Start(t)
 	nc := s.Connect(t)
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(1))
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,6 +350,7 @@ func TestAppendMsgAsyncBackpressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := streams.NewLog(js, "baton/test")
+	streams.SetAppendWindow(log, 1)
 	msg := func(i int) *nats.Msg {
 		h, data, err := events.Marshal(log.Envelope(fmt.Sprint(i), "r1", events.TokensGenerated{RequestID: "r1", Offset: i, Tokens: []string{"t"}}))
 		if err != nil {
@@ -370,7 +371,7 @@ func TestAppendMsgAsyncBackpressure(t *testing.T) {
 	select {
 	case err := <-second:
 		t.Fatalf("second append returned (%v) while the window was full, want it to wait", err)
-	case <-time.After(400 * time.Millisecond): // past nats.go's default stall wait (200 ms), which would fail it
+	case <-time.After(400 * time.Millisecond): // long enough to see it return
 	}
 	if err := m.Respond([]byte(`{"stream":"BP","seq":1}`)); err != nil {
 		t.Fatal(err)
@@ -504,5 +505,105 @@ func TestAppendAsyncIsNotRetriedOutOfOrder(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the append neither failed nor was stored")
+	}
+}
+
+// swallow subscribes to subject on nc and never answers: a stream leader
+// that died with the appends it received.
+func swallow(t *testing.T, nc *nats.Conn, subject string) {
+	t.Helper()
+	if _, err := nc.Subscribe(subject, func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// appendFailure waits for f's error; it fails the test if f succeeds or
+// ctx ends first.
+func appendFailure(t *testing.T, ctx context.Context, f jetstream.PubAckFuture) error {
+	t.Helper()
+	select {
+	case <-f.Ok():
+		t.Fatal("an append nobody answered was acknowledged")
+	case err := <-f.Err():
+		return err
+	case <-ctx.Done():
+		t.Fatal("an append nobody answered neither failed nor was acknowledged")
+	}
+	return nil
+}
+
+// TestAppendMsgAsyncAckLost: an asynchronous append that nobody answers
+// fails with a transient error once its acknowledgement timeout has passed,
+// and leaves the window: the appends after it do not stall.
+func TestAppendMsgAsyncAckLost(t *testing.T) {
+	s := natstest.Start(t)
+	ctx := testCtx(t)
+	nc := s.Connect(t)
+	swallow(t, nc, "lost.>")
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := streams.NewLog(js, "baton/test")
+	streams.SetAppendWindow(log, 2)
+	streams.SetAppendAckTimeout(log, 100*time.Millisecond)
+	for round := range 3 { // a window's worth each round: a slot kept by an expired append would stall the next
+		start := time.Now()
+		var futures []jetstream.PubAckFuture
+		for i := range 2 {
+			f, err := log.AppendAsync("lost.r", log.Envelope(fmt.Sprint(round, i), "r", events.RequestAttached{RequestID: "r", Frontend: "fe"}))
+			if err != nil {
+				t.Fatalf("round %d append %d: %v", round, i, err)
+			}
+			futures = append(futures, f)
+		}
+		for i, f := range futures {
+			err := appendFailure(t, ctx, f)
+			if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) || !streams.Transient(err) {
+				t.Errorf("round %d append %d failed with %v, want the transient ErrAsyncPublishTimeout", round, i, err)
+			}
+		}
+		if d := time.Since(start); d < 100*time.Millisecond {
+			t.Errorf("round %d: the appends failed after %v, before their timeout", round, d)
+		}
+	}
+}
+
+// TestAppendMsgAsyncConnectionLost: the appends pending when the connection
+// is lost fail at once (their acknowledgements can no longer come), with a
+// transient error, not at their timeout.
+func TestAppendMsgAsyncConnectionLost(t *testing.T) {
+	s := natstest.Start(t)
+	ctx := testCtx(t)
+	swallow(t, s.Connect(t), "lost.>")
+	p := natstest.NewProxy(t, s.Addr().String())
+	nc, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := streams.NewLog(js, "baton/test")
+	f, err := log.AppendAsync("lost.r", log.Envelope("a", "r", events.RequestAttached{RequestID: "r", Frontend: "fe"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	p.Cut()
+	err = appendFailure(t, ctx, f)
+	if !errors.Is(err, nats.ErrDisconnected) || !streams.Transient(err) {
+		t.Errorf("failed with %v, want the transient nats.ErrDisconnected", err)
+	}
+	if d := time.Since(start); d >= streams.AppendAckTimeout {
+		t.Errorf("failed %v after the connection was lost, at its timeout: want at once", d)
 	}
 }

@@ -22,8 +22,26 @@ type appender interface {
 	Append(ctx context.Context, subject string, e events.Envelope, expectLast int64) (uint64, error)
 	AppendMsg(ctx context.Context, m *nats.Msg, expectLast int64) (uint64, error)
 	// AppendMsgAsync blocks while the worker's window of unacknowledged
-	// appends is full: the engine waits for the log.
+	// appends is full: the engine waits for the log. Its future resolves
+	// within streams.AppendAckTimeout: an append nobody answers fails.
 	AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error)
+}
+
+// futureOutcome reports, without waiting, whether f's outcome is known and its
+// error. The log's futures answer without a channel (two per append
+// otherwise, made on the first look).
+func futureOutcome(f jetstream.PubAckFuture) (done bool, err error) {
+	if o, ok := f.(interface{ Outcome() (bool, error) }); ok {
+		return o.Outcome()
+	}
+	select {
+	case <-f.Ok():
+		return true, nil
+	case err := <-f.Err():
+		return true, err
+	default:
+		return false, nil
+	}
 }
 
 // deltas is the token output of one attempt: what was produced, and the
@@ -44,6 +62,7 @@ type deltas struct {
 	log       appender
 	enc       *events.DeltaEncoder // the attempt's constant headers, formatted once
 	encErr    error                // why enc is nil: every append fails with it
+	hdr       events.Header        // the last delta's header map, reused by the next (message)
 	subject   string
 	requestID string
 	attempt   int
@@ -57,7 +76,8 @@ type deltas struct {
 	sawToken  bool              // a token arrived (the health monitor's first token)
 	flushed   int               // tokens already handed to an append
 	stored    int               // tokens [0, stored) are known readable in the log
-	sent      []sentDelta       // appends not yet known to be covered, by offset
+	sent      []sentDelta       // appends not yet known to be covered, by offset (pushSent, popSent)
+	sentArr   []sentDelta       // the array sent slides along
 	retryAt   time.Time         // when a repair may try again
 	backoff   time.Duration
 	stampEmit bool          // record emit times (Config.BenchEmitTime)
@@ -147,7 +167,10 @@ func newDeltas(log appender, source, subject, requestID string, attempt, start i
 	return d
 }
 
-// message is the NATS message of a sent delta.
+// message is the NATS message of a sent delta. Its header map is the last
+// message's, cleared (EncodeInto): an append serializes its message before
+// it returns (AppendMsgAsync, AppendMsg, the log-off publish), and nothing
+// reads a sent message's header after that.
 func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	if d.enc == nil {
 		return nil, d.encErr
@@ -156,10 +179,11 @@ func (d *deltas) message(s *sentDelta) (*nats.Msg, error) {
 	if id == "" {
 		id = d.id(s.offset)
 	}
-	h, data, err := d.enc.Encode(id, time.Now(), d.event(s.offset, s.end))
+	h, data, err := d.enc.EncodeInto(d.hdr, id, time.Now(), d.event(s.offset, s.end))
 	if err != nil {
 		return nil, err
 	}
+	d.hdr = h
 	if s.emit != 0 { // a repair's first token is its original's
 		h[streams.HeaderBenchEmit] = []string{strconv.FormatInt(s.emit, 10)}
 	}
@@ -219,9 +243,9 @@ func (d *deltas) flush() {
 	if d.repairing() {
 		return
 	}
-	d.sent = append(d.sent, sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
+	s := d.pushSent(sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
 	d.flushed = len(d.tokens)
-	d.appendAsync(&d.sent[len(d.sent)-1])
+	d.appendAsync(s)
 }
 
 // Spacing of a repair's tries while appends fail (a leader election, a
@@ -238,20 +262,20 @@ func (d *deltas) poll(now time.Time) {
 	for len(d.sent) > 0 {
 		s := &d.sent[0]
 		if s.end <= d.stored {
-			d.sent = d.sent[1:] // carried by a repair already stored
+			d.popSent() // carried by a repair already stored
 			continue
 		}
 		if s.err == nil {
-			select {
-			case <-s.future.Ok():
+			done, err := futureOutcome(s.future)
+			switch {
+			case !done:
+				return // still in flight
+			case err == nil:
 				d.ack(s)
 				continue
-			case err := <-s.future.Err():
-				s.err = err
-				d.noteFull(err)
-			default:
-				return // still in flight
 			}
+			s.err = err
+			d.noteFull(err)
 		}
 		if now.Before(d.retryAt) {
 			return
@@ -275,10 +299,33 @@ func (d *deltas) startRepair(s *sentDelta) {
 	s.id = events.ID(d.requestID, d.attempt, d.start+s.offset, d.start+s.end)
 }
 
+// pushSent queues s. The queue slides along its array as appends are
+// taken in (popSent); when it reaches the end it moves back to the start,
+// and the array doubles only when more than half of it is in use: a queue
+// that stays short allocates nothing per delta.
+func (d *deltas) pushSent(s sentDelta) *sentDelta {
+	if n := len(d.sent); n == cap(d.sent) {
+		if 2*n > len(d.sentArr) {
+			d.sentArr = make([]sentDelta, max(4, 2*n))
+		}
+		copy(d.sentArr, d.sent)
+		clear(d.sentArr[n:]) // no stale copy keeps a future alive
+		d.sent = d.sentArr[:n]
+	}
+	d.sent = append(d.sent, s)
+	return &d.sent[len(d.sent)-1]
+}
+
+// popSent forgets the oldest queued append.
+func (d *deltas) popSent() {
+	d.sent[0] = sentDelta{}
+	d.sent = d.sent[1:]
+}
+
 // ack records that s is stored: every token before its end is readable.
 func (d *deltas) ack(s *sentDelta) {
 	d.stored = max(d.stored, s.end)
-	d.sent = d.sent[1:]
+	d.popSent()
 	d.backoff = 0
 }
 
@@ -289,7 +336,7 @@ func (d *deltas) settle(ctx context.Context) error {
 	for len(d.sent) > 0 {
 		s := &d.sent[0]
 		if s.end <= d.stored {
-			d.sent = d.sent[1:]
+			d.popSent()
 			continue
 		}
 		err := s.err

@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"reflect"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -209,5 +213,161 @@ func TestFlowWindowConfirms(t *testing.T) {
 	defer w.mu.Unlock()
 	if w.out != 0 || w.flushing {
 		t.Errorf("window out %d flushing %v after confirmed rounds, want 0 false", w.out, w.flushing)
+	}
+}
+
+// BenchmarkDeltasFlush is the worker's cost of one single-token delta on the
+// log, as the produce loop sends them at decode rates: encoded, appended
+// asynchronously to a real JetStream, and its acknowledgement taken in by a
+// later poll. The attempts take turns, each with about one append in
+// flight, as 500 streams do on one worker. It reports the CPU time of this
+// process per delta (cpu-ns/op, user and system).
+//
+// The JetStream is embedded (in memory), so its allocations and CPU count
+// too, unless BATON_BENCH_NATS names a server (`baton nats`) to use: then
+// the figures are the worker side's alone.
+func BenchmarkDeltasFlush(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var nc *nats.Conn
+	if url := os.Getenv("BATON_BENCH_NATS"); url != "" {
+		var err error
+		if nc, err = nats.Connect(url); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(nc.Close)
+	} else {
+		nc = natstest.Start(b).Connect(b)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestPartitions: 1}); err != nil {
+		b.Fatal(err)
+	}
+	log := streams.NewLog(js, "baton/worker/w1")
+	const attempts = 64
+	ds := make([]*deltas, attempts)
+	run := time.Now().UnixNano() // a server kept between runs deduplicates ids it saw
+	for i := range ds {
+		id := fmt.Sprintf("bench-%d-%d", run, i)
+		ds[i] = newDeltas(log, log.Source(), streams.RequestTokens(id, 0, "w1"), id, 0, 0)
+	}
+	i := 0
+	cpu0 := processCPU(b)
+	for b.Loop() {
+		d := ds[i%attempts]
+		d.add(engine.Token{Text: "tok", ID: i, HasID: true})
+		d.idle()
+		d.flush()
+		i++
+	}
+	for _, d := range ds {
+		if err := d.settle(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(processCPU(b)-cpu0)/float64(i), "cpu-ns/op")
+}
+
+// processCPU is the CPU time this process used so far, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestLogFuturesAnswerWithoutChannels: the log's futures have the Outcome
+// method that deltas.poll reads them with (no channel per look); a future
+// without it still works, at the price of two channels.
+func TestLogFuturesAnswerWithoutChannels(t *testing.T) {
+	s := natstest.Start(t)
+	log := streams.NewLog(s.Provision(t), "baton/worker/w1")
+	d := newDeltas(log, log.Source(), streams.RequestTokens("r", 0, "w1"), "r", 0, 0)
+	d.add(engine.Token{Text: "a"})
+	d.flush()
+	if _, ok := d.sent[0].future.(interface{ Outcome() (bool, error) }); !ok {
+		t.Errorf("the log's future %T has no Outcome method: deltas.poll falls back to channels", d.sent[0].future)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := d.settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSentQueueReusesItsArray: appends queued and taken in, a few at a
+// time, in order, through many wraps of the queue's array, allocate nothing
+// once the array is made.
+func TestSentQueueReusesItsArray(t *testing.T) {
+	d := &deltas{}
+	next, want := 0, 0
+	step := func() { // 30 appends, 3 at a time, one left in flight
+		for range 10 {
+			for range 3 {
+				d.pushSent(sentDelta{offset: next})
+				next++
+			}
+			for len(d.sent) > 1 {
+				if got := d.sent[0].offset; got != want {
+					t.Fatalf("took in offset %d, want %d", got, want)
+				}
+				d.popSent()
+				want++
+			}
+		}
+	}
+	step()
+	if allocs := testing.AllocsPerRun(100, step); allocs != 0 {
+		t.Errorf("%v allocations per 30 appends, want 0", allocs)
+	}
+	if len(d.sentArr) > 8 {
+		t.Errorf("the array grew to %d for a queue of at most 4", len(d.sentArr))
+	}
+}
+
+// headerLog is a fakeLog that keeps a copy of each message's headers as it
+// was appended.
+type headerLog struct {
+	fakeLog
+	sent []nats.Header
+}
+
+func (l *headerLog) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	h := nats.Header{}
+	for k, v := range m.Header {
+		h[k] = append([]string(nil), v...)
+	}
+	l.sent = append(l.sent, h)
+	return l.fakeLog.AppendMsgAsync(m)
+}
+
+// TestDeltasReuseHeaders: each delta is encoded into the header map of the
+// one before it; every one still goes out with its own headers alone (the
+// first delta's upstream TTFT on it only).
+func TestDeltasReuseHeaders(t *testing.T) {
+	log := &headerLog{fakeLog: fakeLog{ids: map[string]bool{}}}
+	d := newDeltas(log, "baton/worker/w1", "s", "r", 0, 5)
+	for i := range 3 {
+		d.add(engine.Token{Text: fmt.Sprint(i)})
+		d.flush()
+		d.poll(time.Now())
+	}
+	if len(log.sent) != 3 {
+		t.Fatalf("%d deltas sent, want 3", len(log.sent))
+	}
+	for i, h := range log.sent {
+		if got, want := h.Get(events.HeaderOffset), fmt.Sprint(5+i); got != want {
+			t.Errorf("delta %d: %s %q, want %q", i, events.HeaderOffset, got, want)
+		}
+		if got, want := h.Get(streams.HeaderUpstreamTTFT) != "", i == 0; got != want {
+			t.Errorf("delta %d: has %s %v, want %v", i, streams.HeaderUpstreamTTFT, got, want)
+		}
+	}
+	if !reflect.DeepEqual(readable(log.stored, 5), []string{"0", "1", "2"}) {
+		t.Errorf("a reader gets %q, want [0 1 2]", readable(log.stored, 5))
 	}
 }

@@ -20,11 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// asyncWindow bounds the unacknowledged token appends of one worker; when
-// it is full, a generation waits (streams.Log.AppendMsgAsync), and so does
-// its engine.
-const asyncWindow = 1024
-
 // Worker serves one engine behind a lease. Create it with New and run it once
 // with Run.
 type Worker struct {
@@ -86,9 +81,9 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	js, err := jetstream.New(nc,
-		jetstream.WithPublishAsyncMaxPending(asyncWindow),
-		jetstream.WithPublishAsyncTimeout(streams.DefaultTimeout))
+	// The token appends' window and ack timeout are the log's
+	// (streams.AppendWindow, AppendAckTimeout), not nats.go's.
+	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("worker: jetstream: %w", err)
 	}
