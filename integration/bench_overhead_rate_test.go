@@ -148,27 +148,29 @@ func runAtRate(client *http.Client, simURL, feURL string, tokens int, rate float
 // benchOverheadMaxRate is BenchmarkOverhead at the highest open-loop rate
 // baton sustains on this machine. It first measures baton's p50 time to
 // first token at concurrency 1 (rateCalibration pairs, direct and through
-// baton in turn); a rate is sustained when, in a run of rateStep, every
+// baton in turn). A rate is sustained when, in a run of rateStep, every
 // request of either kind succeeds, the requests in flight never exceed
 // rateBacklog's worth of arrivals, and the time baton adds to the first
 // token at p99 (baton's p99 minus direct's in the same run, each counted
 // from when its request was due) stays under rateBoundFactor times that
 // p50. The bound is on the added time, not on baton's p99 alone, because
 // on a shared machine the p99 of either path is set by the other processes
-// more than by the rate, and direct's shows by how much. A rate breaks the criterion only when two runs of it in a row do:
-// the machine may be shared, and one burst of another process's work can
-// break a short step at any rate, where a rate baton cannot keep up with
-// breaks it every time. The search doubles from rateStart until a rate is not sustained (or
-// rateCeiling), then bisects rateBisections times between the last rate
-// sustained and the first not. It then measures direct and through baton,
-// alternated in one arrival stream, for rateMeasure at the rate found; a
-// short step can pass at a rate a longer run does not sustain, so when the
-// measurement breaks the criterion it is made again at rateBackoff times the rate,
-// up to rateAttempts in all. It reports the figures of the other
-// sub-benchmarks for the last measurement, the rate found and the rate
-// measured, the bound, the requests that failed and whether that
-// measurement kept within the criterion. About 40 s on 2 busy cores, up to
-// 90 s when every measurement breaks the criterion.
+// more than by the rate, and direct's shows by how much. A rate breaks the
+// criterion only when two runs of it in a row do: one burst of another
+// process's work can break a short step at any rate, where a rate baton
+// cannot keep up with breaks it every time.
+//
+// The search doubles from rateStart until a rate is not sustained (or up
+// to rateCeiling), then bisects rateBisections times between the last
+// rate sustained and the first not. It then measures direct and through
+// baton, alternated in one arrival stream, for rateMeasure at the rate
+// found; a short step can pass at a rate a longer run does not sustain,
+// so when the measurement breaks the criterion it is made again at
+// rateBackoff times the rate, up to rateAttempts in all. It reports the
+// figures of the other sub-benchmarks for the last measurement, the rate
+// found and the rate measured, the bound, the requests that failed and
+// whether that measurement kept within the criterion. About 45 s on 2 busy
+// cores, up to 90 s when every measurement breaks the criterion.
 func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL string, tokens int) {
 	client = &http.Client{Transport: client.Transport, Timeout: rateTimeout}
 	for b.Loop() {
