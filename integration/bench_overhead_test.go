@@ -24,9 +24,15 @@ type timedStream struct {
 // streamTimed posts a streaming chat of max tokens and times its content
 // events.
 func streamTimed(client *http.Client, url, prompt string, max int) timedStream {
+	return streamTimedFrom(client, url, prompt, max, time.Now())
+}
+
+// streamTimedFrom is streamTimed with the time to first token counted from
+// start, the moment the request was due: an open-loop client that starts a
+// request late counts the delay against the answer.
+func streamTimedFrom(client *http.Client, url, prompt string, max int, start time.Time) timedStream {
 	body, _ := json.Marshal(map[string]any{"model": "sim", "max_tokens": max, "stream": true, "temperature": 0,
 		"messages": []map[string]string{{"role": "user", "content": prompt}}})
-	start := time.Now()
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return timedStream{err: err}
@@ -75,7 +81,9 @@ func quantiles(d []time.Duration) [3]time.Duration {
 // behind one frontend and one OpenAI-engine worker, log on. Chats of 16
 // tokens, at concurrency 1 and 64. Figures: time to first token and
 // inter-token latency at p50, p99 and p999, the added time (through baton
-// minus direct) and the ratio.
+// minus direct) and the ratio. The third sub-benchmark, rate=max, does the
+// same at the highest open-loop request rate baton sustains on the machine
+// (see benchOverheadMaxRate).
 func BenchmarkOverhead(b *testing.B) {
 	const tokens = 16
 	sim := startSim(b, "sim", "--token-delay", "2ms", "--greedy")
@@ -112,21 +120,25 @@ func BenchmarkOverhead(b *testing.B) {
 				}
 				wg.Wait()
 			}
-			report := func(name string, direct, through []time.Duration) {
-				dq, tq := quantiles(direct), quantiles(through)
-				for i, p := range []string{"p50", "p99", "p999"} {
-					b.ReportMetric(float64(dq[i].Microseconds())/1000, name+"_direct_"+p+"_ms")
-					b.ReportMetric(float64(tq[i].Microseconds())/1000, name+"_baton_"+p+"_ms")
-					b.ReportMetric(float64((tq[i]-dq[i]).Microseconds())/1000, name+"_added_"+p+"_ms")
-				}
-				if dq[0] > 0 {
-					b.ReportMetric(float64(tq[0])/float64(dq[0]), name+"_p50_ratio")
-				}
-			}
-			report("ttft", dTTFT, bTTFT)
-			report("itl", dITL, bITL)
+			reportOverhead(b, "ttft", dTTFT, bTTFT)
+			reportOverhead(b, "itl", dITL, bITL)
 			b.ReportMetric(float64(len(bTTFT)), "requests_each")
 		})
+	}
+	b.Run("rate=max", func(b *testing.B) { benchOverheadMaxRate(b, client, sim.url, fe.url, tokens) })
+}
+
+// reportOverhead reports the p50, p99 and p999 of durations measured direct
+// and through baton, the time baton adds at each, and the ratio at p50.
+func reportOverhead(b *testing.B, name string, direct, through []time.Duration) {
+	dq, tq := quantiles(direct), quantiles(through)
+	for i, p := range []string{"p50", "p99", "p999"} {
+		b.ReportMetric(float64(dq[i].Microseconds())/1000, name+"_direct_"+p+"_ms")
+		b.ReportMetric(float64(tq[i].Microseconds())/1000, name+"_baton_"+p+"_ms")
+		b.ReportMetric(float64((tq[i]-dq[i]).Microseconds())/1000, name+"_added_"+p+"_ms")
+	}
+	if dq[0] > 0 {
+		b.ReportMetric(float64(tq[0])/float64(dq[0]), name+"_p50_ratio")
 	}
 }
 
