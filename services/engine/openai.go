@@ -332,7 +332,7 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 	var res Result
 	done := false
 	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	sc.Buffer(make([]byte, 4096), 4*1024*1024)
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data:")
 		if !ok {
