@@ -269,31 +269,44 @@ func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.Attemp
 //
 // When the log refuses the attempt's tokens at its limits, produce stops
 // the engine (stop with errLogFull) and drops what is not stored.
+//
+// The engine hands its tokens over through a channel of DeltaMaxTokens:
+// while a flush waits for room in the append window (a saturated log), the
+// engine goes on and its tokens go out together. Flushing from the engine's
+// goroutine instead saves a wake-up per token but blocks the engine at
+// every one, so nothing coalesces under load: at 1,000 streams × 50
+// tokens/s it cost NATS 1.5x the CPU per token (BENCHMARKS.md).
 func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req engine.Request, routed <-chan struct{}, out *deltas) (engine.Result, error) {
-	// The engine's goroutine appends a token itself when it may go at once
-	// (the common case at decode rates: no hand-off to another goroutine
-	// per token); the window's timer and the release of a held attempt
-	// flush from theirs. mu guards out and what follows.
-	var mu sync.Mutex
+	toks := make(chan engine.Token, w.cfg.DeltaMaxTokens)
+	var res engine.Result
+	var genErr error
+	go func() {
+		defer close(toks)
+		res, genErr = w.eng.Generate(ctx, req, func(t engine.Token) error {
+			select {
+			case toks <- t:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
+	}()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var timerC <-chan time.Time
 	held := routed
 	select {
 	case <-held:
 		held = nil
 	default:
 	}
-	var due time.Time // when the waiting tokens must go; zero: none wait for the timer
-	var timer *time.Timer
-	var flush func()
-	arm := func() {
-		due = time.Now().Add(w.cfg.DeltaMaxDelay)
-		timer.Reset(w.cfg.DeltaMaxDelay)
-	}
-	flush = func() {
+	flush := func() {
 		if held != nil {
 			return // nothing is stored before the routed decision
 		}
-		due = time.Time{}
 		timer.Stop()
+		timerC = nil
 		if c := context.Cause(ctx); errors.Is(c, errCancelKill) || errors.Is(c, errLogFull) {
 			out.drop() // a kill aborts at once: what was not sent yet is dropped
 			return
@@ -306,72 +319,53 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 		}
 		w.notifyLoad()
 		if out.pending() > 0 { // held back by a repair: look again soon
-			arm()
+			timer.Reset(w.cfg.DeltaMaxDelay)
+			timerC = timer.C
 		}
 	}
-	timer = time.AfterFunc(time.Hour, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !due.IsZero() && !time.Now().Before(due) { // not a fire of an earlier window
-			flush()
-		}
-	})
-	timer.Stop()
-	defer timer.Stop()
-
-	ended := make(chan struct{})
-	defer close(ended)
-	if held != nil {
-		go func() {
-			select {
-			case <-routed:
-				mu.Lock()
-				held = nil
+	for {
+		select {
+		case t, ok := <-toks:
+			if !ok {
+				if held != nil {
+					// Ended while held: what it made is stored once the
+					// decision is, and never if the job ends first.
+					select {
+					case <-held:
+					case <-ctx.Done():
+					}
+					select {
+					case <-held: // a cancel releases before it cancels
+						held = nil
+					default:
+						out.drop()
+						return res, genErr
+					}
+				}
 				flush()
-				mu.Unlock()
-			case <-ended:
+				return res, genErr
 			}
-		}()
-	}
-
-	res, genErr := w.eng.Generate(ctx, req, func(t engine.Token) error {
-		if err := ctx.Err(); err != nil {
-			return err // stopped: nothing more is taken
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if out.sawToken {
-			w.health.token()
-		} else {
-			out.sawToken = true
-			w.health.firstToken()
-		}
-		out.add(t)
-		switch n := out.pending(); {
-		case n >= w.cfg.DeltaMaxTokens, n == 1 && out.idle():
+			if out.sawToken {
+				w.health.token()
+			} else {
+				out.sawToken = true
+				w.health.firstToken()
+			}
+			out.add(t)
+			switch n := out.pending(); {
+			case n >= w.cfg.DeltaMaxTokens, n == 1 && out.idle():
+				flush()
+			case n == 1:
+				timer.Reset(w.cfg.DeltaMaxDelay)
+				timerC = timer.C
+			}
+		case <-timerC:
 			flush()
-		case n == 1:
-			arm()
+		case <-held:
+			held = nil
+			flush()
 		}
-		return nil
-	})
-
-	// Ended while held: what it made is stored once the decision is, and
-	// never if the job ends first.
-	select {
-	case <-routed:
-	case <-ctx.Done():
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	select {
-	case <-routed: // a stop releases before it cancels
-		held = nil
-		flush()
-	default:
-		out.drop()
-	}
-	return res, genErr
 }
 
 // promptTokens is the prompt's length to report at completion: the engine's
