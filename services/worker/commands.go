@@ -53,8 +53,10 @@ func obey(j *job, c streams.Command) {
 	case c.Kind == streams.CommandCancel:
 		j.release()
 		j.cancel(errCancelStop)
-	case c.Kind == streams.CommandFence && (c.Hold == "" || c.Hold == j.d.Hold):
+	case c.Kind == streams.CommandFence && c.Hold == "":
 		j.cancel(errFenced)
+	case c.Kind == streams.CommandFence && j.withdraw(c.Hold):
+		j.cancel(errFenced) // no dispatch of the attempt is left whose decision may be stored
 	}
 }
 

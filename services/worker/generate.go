@@ -50,8 +50,9 @@ type job struct {
 	releaseOnce sync.Once
 
 	mu        sync.Mutex
-	ownerID   string        // the frontend that owns the request, as the last check answered
-	ownerMove chan struct{} // closed and replaced when the owner changes
+	holds     map[string]bool // the held dispatches of the attempt it answers (hold.go)
+	ownerID   string          // the frontend that owns the request, as the last check answered
+	ownerMove chan struct{}   // closed and replaced when the owner changes
 }
 
 // owner returns the owning frontend and a channel closed when it changes.
@@ -86,14 +87,19 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	}
 	key := jobKey{d.RequestID, d.Attempt}
 	w.mu.Lock()
-	_, dup := w.jobs[key]
+	running, dup := w.jobs[key]
 	switch {
 	case w.draining:
 		w.mu.Unlock()
 		w.reply(m, d, streams.RefusedDraining)
 		return
-	case dup: // a retried dispatch of what already runs: accept it again
+	case dup && running.ctx.Err() != nil: // ending: another worker takes it
 		w.mu.Unlock()
+		w.reply(m, d, streams.RefusedBusy)
+		return
+	case dup: // another dispatch of what already runs: accept it too
+		w.mu.Unlock()
+		running.join(d.Hold)
 		w.reply(m, d, "")
 		return
 	case w.cfg.MaxConcurrentRequests > 0 && len(w.jobs) >= w.cfg.MaxConcurrentRequests:
@@ -102,7 +108,11 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{})}
+	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{}),
+		holds: map[string]bool{}}
+	if d.Hold != "" {
+		j.holds[d.Hold] = true
+	}
 	w.jobs[key] = j
 	w.gens.Add(1)
 	early := w.takeEarly(key)

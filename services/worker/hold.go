@@ -23,9 +23,16 @@ import (
 //     the notice was lost (a reconnect) or its frontend died after the
 //     decision was stored.
 //
-// A fence ends a held job with nothing stored: the frontend's append failed
-// (another writer came first, or the log refused it). A job whose decision
-// no check confirms within holdLimit ends the same way.
+// A fence that names a held dispatch (its hold) says that dispatch's
+// decision was not stored (another writer came first, the log refused it,
+// the id was taken): it ends the job with nothing stored, unless the job is
+// released already (some decision routes the attempt here) or another
+// dispatch of the same attempt reached the worker and is still pending
+// (two frontends racing to create one request both dispatch it; the job
+// the loser's dispatch started may be the one the winner's relies on). A
+// dispatch without a hold joining a job releases it: it is sent only once
+// its decision is stored. A job whose decision no check confirms within
+// holdLimit ends with nothing stored too.
 
 // Hold timings: the first check after holdCheckAfter (a notice takes well
 // under a millisecond), then one every holdCheckEvery, until holdLimit,
@@ -46,6 +53,29 @@ const (
 // release lets job j store its output: its routed decision is stored.
 func (j *job) release() {
 	j.releaseOnce.Do(func() { close(j.routed) })
+}
+
+// join adds another dispatch of j's attempt: held by hold, or (hold empty)
+// sent once its decision was stored.
+func (j *job) join(hold string) {
+	if hold == "" {
+		j.release()
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.holds[hold] = true
+}
+
+// withdraw takes the dispatch held by hold out of j, whose decision was
+// not stored, and reports whether j is left with nothing to store: not
+// released, and no other held dispatch pending.
+func (j *job) withdraw(hold string) bool {
+	j.mu.Lock()
+	delete(j.holds, hold)
+	left := len(j.holds)
+	j.mu.Unlock()
+	return left == 0 && !j.released()
 }
 
 // released reports whether j may store its output.

@@ -41,7 +41,9 @@ func (e *env) outputOf(id, workerID string) []events.Envelope {
 // the worker knows the decision is stored: the engine's whole answer is
 // made and nothing is in the log; then, told, the worker stores all of it
 // and the end. A fence naming the dispatch ends it with nothing stored; a
-// fence naming another dispatch of the same attempt does not touch it; a
+// fence naming another dispatch of the same attempt does not touch it, nor
+// does one naming it while another held dispatch of the attempt joined it
+// (two frontends racing to create one request); a
 // notice that overtook the dispatch releases it when it comes; a stop
 // releases it (a cancel is sent only for an attempt the log routes here)
 // and stores what was made.
@@ -49,12 +51,18 @@ func TestHeldDispatchStoresNothingUntilRouted(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		before []streams.Command // commands sent before the dispatch
+		join   string            // a second held dispatch of the attempt, with this hold
 		after  []streams.Command // sent once the engine finished
 		stored bool              // the answer and its end are stored, else nothing
 	}{
 		{name: "routed", after: []streams.Command{{Kind: streams.CommandRouted}}, stored: true},
 		{name: "fenced", after: []streams.Command{{Kind: streams.CommandFence, Hold: "h1"}}},
 		{name: "another dispatch's fence", after: []streams.Command{{Kind: streams.CommandFence, Hold: "h0"}, {Kind: streams.CommandRouted}}, stored: true},
+		// Two frontends raced to create the request: the loser's dispatch
+		// started the job, the winner's joined it; the loser's fence must
+		// leave it to the winner's notice.
+		{name: "the fence of a raced dispatch", join: "h2", after: []streams.Command{{Kind: streams.CommandFence, Hold: "h1"}, {Kind: streams.CommandRouted}}, stored: true},
+		{name: "both raced dispatches fenced", join: "h2", after: []streams.Command{{Kind: streams.CommandFence, Hold: "h1"}, {Kind: streams.CommandFence, Hold: "h2"}}},
 		{name: "notice before the dispatch", before: []streams.Command{{Kind: streams.CommandRouted}}, stored: true},
 		// The answer was whole before the stop: its end says length.
 		{name: "stopped", after: []streams.Command{{Kind: streams.CommandCancel, Mode: events.CancelStop}}, stored: true},
@@ -84,6 +92,12 @@ func TestHeldDispatchStoresNothingUntilRouted(t *testing.T) {
 			d.Hold = "h1"
 			if rep := e.dispatch("w-hold", d); !rep.Accepted {
 				t.Fatalf("dispatch: %+v", rep)
+			}
+			if tc.join != "" {
+				d.Hold = tc.join
+				if rep := e.dispatch("w-hold", d); !rep.Accepted {
+					t.Fatalf("second dispatch: %+v", rep)
+				}
 			}
 			<-eng.done // the whole answer is made
 			if len(tc.before) == 0 {

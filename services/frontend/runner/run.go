@@ -289,6 +289,7 @@ func (rn *Runner) abandon(h *heldDispatch) {
 			rn.fenceHeld(h.d.RequestID, h)
 		}
 		h.done()
+		rn.log.Info("abandoned a held dispatch", "request_id", h.d.RequestID, "attempt", h.d.Attempt, "worker_id", h.w.ID, "hold", h.d.Hold)
 	}()
 }
 
