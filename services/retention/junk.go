@@ -64,6 +64,13 @@ const (
 	// honest worker writes junk only by accident: the few deltas it had in
 	// flight when its request ended and was evicted under it.
 	junkMany = 64
+	// lateMany: this many messages a worker wrote to its own attempts
+	// after their requests ended quarantine it. An honest worker cut off
+	// from NATS (a partition, SIGSTOP) while its request migrated away
+	// and ended sends what its connection buffered when it comes back:
+	// its whole append window (1,024) and the repairs of it, which are
+	// purged but are no reason to take it out of service.
+	lateMany = 4096
 	// sweepMax bounds the subjects one sweep of a worker looks at.
 	sweepMax = 512
 	// parallel is how many questions about junk are asked at once.
@@ -146,15 +153,31 @@ func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet) {
 	}
 	keys := sortedKeys(subjects, sweepMax)
 	junk, _ := m.classify(ctx, stream, keys, lastOfSubject)
-	many := 0
+	many, late := 0, 0
 	for _, subj := range junk {
-		many += int(subjects[subj])
+		if m.ownAttempt(ctx, stream, subj, worker) {
+			late += int(subjects[subj]) // after its request ended: purged, counted apart
+		} else {
+			many += int(subjects[subj])
+		}
 	}
-	if many >= junkMany {
-		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many, why))
+	if many >= junkMany || late >= lateMany {
+		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many+late, why))
 		return
 	}
 	m.purgeAll(ctx, stream, junk)
+}
+
+// ownAttempt reports whether subject, a tokens subject of worker's, is
+// that of an attempt routed to worker: what it wrote there is junk only
+// for having come after the request ended.
+func (m *Monitor) ownAttempt(ctx context.Context, stream, subject, worker string) bool {
+	rs, err := streams.ParseRequestSubject(subject)
+	if err != nil || rs.Worker != worker {
+		return false
+	}
+	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
+	return err == nil && routed == worker
 }
 
 func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {

@@ -372,6 +372,16 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 		}
 	}
 	store(t, fe, wk, "inflight", 10, true)
+	// w1 comes back from a partition during which its request migrated
+	// away and ended: its connection sends the deltas it buffered, on its
+	// own attempt's subject, after the end: more than junkMany of them,
+	// all there at the guard's first look.
+	late := streams.RequestTokens("done-07", 0, "w1")
+	for i := range 200 {
+		if _, err := wk.Append(ctx, late, wk.Envelope(fmt.Sprint("late-", i), "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5 + i, Tokens: []string{"late "}}), -1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	st, err := js.Stream(ctx, streams.RequestsStream)
 	if err != nil {
 		t.Fatal(err)
@@ -400,18 +410,14 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 		})
 	}
 
-	late := streams.RequestTokens("done-07", 0, "w1")
-	if _, err := wk.Append(ctx, late, wk.Envelope("late", "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5, Tokens: []string{"late "}}), -1); err != nil {
-		t.Fatal(err)
-	}
-	waitGone("w1's late delta", late)
+	waitGone("w1's late deltas", late)
 	malformed := "baton.requests.0.junk.tokens.0.w1" // slot 0 is not junk's: no reader folds it
 	if _, err := wk.Append(ctx, malformed, wk.Envelope("malformed", "junk", events.TokensGenerated{RequestID: "junk", Tokens: []string{"x"}}), -1); err != nil {
 		t.Fatal(err)
 	}
 	waitGone("w1's message on a malformed subject", malformed)
 	if why, q := f.why("w1"); q {
-		t.Fatalf("w1 quarantined for its carries and one late delta: %s", why)
+		t.Fatalf("w1 quarantined for its carries and the late deltas of its own attempt: %s", why)
 	}
 
 	junk := streams.RequestTokens("no-such-request", 0, "w2")
