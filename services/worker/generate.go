@@ -50,7 +50,7 @@ type job struct {
 	releaseOnce sync.Once
 
 	mu        sync.Mutex
-	holds     map[string]bool // the held dispatches of the attempt it answers (hold.go)
+	holds     map[string]bool // the held dispatches of the attempt it answers (hold.go); nil: none
 	ownerID   string          // the frontend that owns the request, as the last check answered
 	ownerMove chan struct{}   // closed and replaced when the owner changes
 }
@@ -108,10 +108,9 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{}),
-		holds: map[string]bool{}}
+	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{})}
 	if d.Hold != "" {
-		j.holds[d.Hold] = true
+		j.holds = map[string]bool{d.Hold: true}
 	}
 	w.jobs[key] = j
 	w.gens.Add(1)

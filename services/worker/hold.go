@@ -64,6 +64,9 @@ func (j *job) join(hold string) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	if j.holds == nil {
+		j.holds = map[string]bool{}
+	}
 	j.holds[hold] = true
 }
 

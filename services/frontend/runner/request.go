@@ -119,18 +119,14 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
 	f, err := follow(ctx, rn.live, rn.js, rn.parts, acc.RequestID, false)
 	if err != nil {
-		if early != nil {
-			rn.abandon(early)
-		}
+		rn.abandon(early)
 		return nil, err
 	}
 	appending := time.Now()
 	seq, err := rn.events.Append(ctx, streams.RequestEvents(acc.RequestID), env, 0)
 	appended := time.Now()
 	if err != nil {
-		if early != nil {
-			rn.abandon(early)
-		}
+		rn.abandon(early)
 		f.stop()
 		if errors.Is(err, streams.ErrConflict) {
 			return nil, ErrExists
@@ -195,9 +191,7 @@ func (rn *Runner) startRunner(t *Request) {
 	case rn.launch <- t:
 	case <-rn.stopped:
 		t.settle() // nobody will dispatch it here
-		if h := t.takeEarly(); h != nil {
-			rn.abandon(h)
-		}
+		rn.abandon(t.takeEarly())
 		rn.runnerEnded(t)
 	}
 }

@@ -21,11 +21,7 @@ import (
 // events subject, so two frontends never both decide for one request.
 func (rn *Runner) run(ctx context.Context, t *Request) {
 	defer t.settle()
-	defer func() {
-		if h := t.takeEarly(); h != nil { // the policy never dispatched
-			rn.abandon(h)
-		}
-	}()
+	defer func() { rn.abandon(t.takeEarly()) }() // if the policy never dispatched
 	var (
 		mem     migrations.Memory
 		outcome *migrations.DispatchOutcome
@@ -167,7 +163,6 @@ func (rn *Runner) report(model, endpoint string, r migrations.Report) {
 // (dispatchEarly), and is used if the policy still asks for it.
 func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Action) (*migrations.DispatchOutcome, func()) {
 	d := a.Dispatch
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
 	if h := t.takeEarly(); h != nil {
 		if h.d.Attempt == d.Attempt && h.d.StartOffset == d.StartOffset && (a.Pinned == "" || a.Pinned == h.w.ID) && !slices.Contains(a.Exclude, h.w.ID) {
 			return rn.routeHeld(ctx, t, h)
@@ -281,9 +276,12 @@ func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*
 	return rn.dispatched(ctx, t, h.w, h.done, h.d, ans.reply, ans.err)
 }
 
-// abandon gives up h, which the request no longer needs: the worker is
-// fenced once it answered, and the reservation ends.
+// abandon gives up h (if any), which the request no longer needs: the
+// worker is fenced once it answered, and the reservation ends.
 func (rn *Runner) abandon(h *heldDispatch) {
+	if h == nil {
+		return
+	}
 	go func() {
 		if ans := <-h.answer; ans.err != nil || ans.reply.Accepted {
 			rn.fenceHeld(h.d.RequestID, h)
@@ -318,9 +316,7 @@ func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldD
 		done()
 		return nil
 	}
-	d := a.Dispatch
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
-	return rn.sendHeld(ctx, w, done, d)
+	return rn.sendHeld(ctx, w, done, a.Dispatch)
 }
 
 // routedTo reports whether this frontend's fold routes attempt k of t to
@@ -369,7 +365,10 @@ func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string)
 	return rn.router.reserve(cands, skip, d.Attempt > 0)
 }
 
+// sendDispatch sends d to workerID and waits for its answer; it sets the
+// frontend's prompt limit on it.
 func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
+	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
 	data, err := json.Marshal(d)
 	if err != nil {
 		return streams.DispatchReply{}, err
