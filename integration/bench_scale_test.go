@@ -49,8 +49,9 @@ type scaleCase struct {
 // core NATS to the subjects frontends follow). Each workload also reports the
 // raw JetStream async publish rate of its server, measured before it.
 //
-// BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend and of one
-// worker (5 s, from when 90% of the streams are open) to dir, then a heap
+// BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend, of one
+// worker and of the NATS server (5 s, from when 90% of the streams are
+// open) to dir, then a heap
 // profile of each, and one of each before the streams start (-heap-idle:
 // the base of pprof's -diff_base).
 func BenchmarkScale(b *testing.B) {
@@ -102,9 +103,14 @@ type procSample struct {
 }
 
 func runScale(b *testing.B, sc scaleCase) {
-	s := newStack(b)
 	pprofAddr := map[string]string{}
 	profDir := os.Getenv("BATON_BENCH_PROFILE")
+	var natsArgs []string
+	if profDir != "" {
+		pprofAddr["nats"] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+		natsArgs = []string{"--pprof-addr", pprofAddr["nats"]}
+	}
+	s := newStackArgs(b, natsArgs...)
 	// A dispatch that times out on a saturated machine is tried again on
 	// another worker, as a deployment would configure it.
 	// The connection cap (--max-connections) is raised above the workload.

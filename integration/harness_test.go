@@ -244,10 +244,16 @@ type frontend struct {
 // newStack starts a NATS server.
 func newStack(t testing.TB) *stack {
 	t.Helper()
+	return newStackArgs(t)
+}
+
+// newStackArgs starts a NATS server with extra args to `baton nats`.
+func newStackArgs(t testing.TB, natsArgs ...string) *stack {
+	t.Helper()
 	s := &stack{t: t, dir: t.TempDir(), workers: map[string]*proc{}}
 	port := freePort(t)
 	s.natsURL = "nats://127.0.0.1:" + strconv.Itoa(port)
-	s.nats = start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(s.dir, "nats"))
+	s.nats = start(t, "nats", nil, append([]string{"nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(s.dir, "nats")}, natsArgs...)...)
 	waitFor(t, 20*time.Second, "nats to listen", func() bool {
 		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
 		if err == nil {

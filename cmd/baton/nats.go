@@ -26,11 +26,12 @@ type natsOptions struct {
 	cfg         natsserver.Config
 	routes      string
 	workerUsers string
+	pprof       *string
 }
 
 func parseNATS(env *environment, args []string) (*natsOptions, error) {
 	f := newFlagSet("nats", natsSummary, env.lookup, env.stdout)
-	o := &natsOptions{common: addCommonFlags(f)}
+	o := &natsOptions{common: addCommonFlags(f), pprof: addPprofFlag(f)}
 	f.IntVar(&o.cfg.Port, "port", natsserver.DefaultPort, "client `port`; -1 picks a free one")
 	f.StringVar(&o.cfg.Host, "host", "127.0.0.1", "listen `address` (0.0.0.0 for all interfaces)")
 	f.StringVar(&o.cfg.StoreDir, "store-dir", "./.baton/nats", "JetStream store `directory`")
@@ -93,6 +94,9 @@ func runNATS(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	log := o.common.logger(env.stderr, "nats")
+	if err := servePprof(ctx, *o.pprof, log); err != nil {
+		return err
+	}
 	if file, err := o.cfg.ResolveSysPassword(); err != nil {
 		return err
 	} else if file != "" {
