@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -188,44 +190,22 @@ func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL strin
 		bound := rateBoundFactor * p50
 		b.Logf("baton's TTFT at concurrency 1: p50 %v over %d requests; a sustained rate keeps the p99 it adds under %v", p50.Round(10*time.Microsecond), len(c1), bound.Round(10*time.Microsecond))
 
-		// The steps go in one line: a benchmark's log is cut after 10.
-		var steps []string
-		try := func(rate float64) bool {
-			for range 2 {
-				r := runAtRate(client, simURL, feURL, tokens, rate, rateStep, fmt.Sprintf("step %d", len(steps)))
-				steps = append(steps, r.brief(bound))
-				if r.sustained(bound) {
-					return true
-				}
+		lo, attempts := 0.0, rateAttempts
+		if s := os.Getenv("BATON_BENCH_RATE"); s != "" {
+			// No search: one measurement at this rate (per second of each
+			// kind), to look at what happens there.
+			v, err := strconv.ParseFloat(s, 64)
+			if err != nil || v <= 0 {
+				b.Fatalf("BATON_BENCH_RATE=%q: not a positive rate", s)
 			}
-			return false
-		}
-		lo, hi := 0.0, 0.0
-		for rate := rateStart; rate <= rateCeiling; rate *= 2 {
-			if !try(rate) {
-				hi = rate
-				break
-			}
-			lo = rate
-		}
-		if hi > 0 {
-			for range rateBisections {
-				mid := (lo + hi) / 2
-				if try(mid) {
-					lo = mid
-				} else {
-					hi = mid
-				}
-			}
-		}
-		b.Logf("steps (rate of each kind: baton's TTFT p99, direct's, requests failed): %s", strings.Join(steps, "; "))
-		if lo == 0 {
-			b.Fatalf("no rate sustained: even %.1f/s of each kind made baton add more than %v to the p99 TTFT or failed", hi, bound)
+			lo, attempts = v, 1
+		} else {
+			lo = searchRate(b, client, simURL, feURL, tokens, bound)
 		}
 
 		var r rateRun
 		rate := lo
-		for i := range rateAttempts {
+		for i := range attempts {
 			if i > 0 {
 				rate *= rateBackoff
 			}
@@ -248,4 +228,44 @@ func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL strin
 		}
 		b.ReportMetric(sustained, "sustained")
 	}
+}
+
+// searchRate is rate=max's search: the highest rate found sustained (see
+// benchOverheadMaxRate).
+func searchRate(b *testing.B, client *http.Client, simURL, feURL string, tokens int, bound time.Duration) float64 {
+	// The steps go in one line: a benchmark's log is cut after 10.
+	var steps []string
+	try := func(rate float64) bool {
+		for range 2 {
+			r := runAtRate(client, simURL, feURL, tokens, rate, rateStep, fmt.Sprintf("step %d", len(steps)))
+			steps = append(steps, r.brief(bound))
+			if r.sustained(bound) {
+				return true
+			}
+		}
+		return false
+	}
+	lo, hi := 0.0, 0.0
+	for rate := rateStart; rate <= rateCeiling; rate *= 2 {
+		if !try(rate) {
+			hi = rate
+			break
+		}
+		lo = rate
+	}
+	if hi > 0 {
+		for range rateBisections {
+			mid := (lo + hi) / 2
+			if try(mid) {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+	}
+	b.Logf("steps (rate of each kind: baton's TTFT p99, direct's, requests failed): %s", strings.Join(steps, "; "))
+	if lo == 0 {
+		b.Fatalf("no rate sustained: even %.1f/s of each kind made baton add more than %v to the p99 TTFT or failed", hi, bound)
+	}
+	return lo
 }
