@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -32,13 +33,14 @@ type Plan struct {
 // a decision stored meanwhile (or another frontend's record) makes it a
 // streams.ErrConflict and the caller reads again, (3) the tokens subjects
 // are purged of everything the record covers (stream sequences up to
-// Record.Through), which leaves the carry. Every reader folds the same
+// Record.Through), which leaves the carry; subjects are the request's
+// tokens subjects (Subjects). Every reader folds the same
 // request after each step, so a frontend that dies between two leaves a
 // request that reads the same; a nil plan (the record is stored already)
 // only purges, up to through, which finishes such a compaction. Repeating
 // Compact is harmless: a second carry is a duplicate to every reader, a
 // second record a conflict, a purge idempotent.
-func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, eventsSeq, through uint64) error {
+func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, subjects []string, eventsSeq, through uint64) error {
 	if plan != nil {
 		for i, ev := range plan.Carry {
 			if err := carry(ctx, log, plan.Subject, events.ID(id, "carried", i), id, ev); err != nil {
@@ -51,10 +53,28 @@ func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id str
 		}
 		through = plan.Record.Through
 	}
-	if _, err := streams.PurgeTokensThrough(ctx, log.JetStream(), p, id, through); err != nil {
+	if _, err := streams.PurgeSubjectsThrough(ctx, log.JetStream(), p, id, subjects, through); err != nil {
 		return fmt.Errorf("compact %s: %w", id, err)
 	}
 	return nil
+}
+
+// Subjects are r's tokens subjects: one for each of its attempts, named by
+// the attempt's routed decision. Nothing else of the request's stores
+// tokens: a worker writes only an attempt routed to it (a held dispatch
+// stores nothing until its decision is stored), a frontend fences only
+// such an attempt, and a compaction carries on the last one. What a worker
+// writes beside them is junk, which the guard purges (junk.go) and
+// eviction removes with the request.
+func Subjects(r *projections.Request) []string {
+	var subjects []string
+	for _, a := range r.Attempts {
+		s := streams.RequestTokens(r.Accepted.RequestID, a.Attempt, a.WorkerID)
+		if !slices.Contains(subjects, s) {
+			subjects = append(subjects, s)
+		}
+	}
+	return subjects
 }
 
 // carry appends one event of a plan's carry under event id evid: a delta in
@@ -142,7 +162,7 @@ func CompactFromLog(ctx context.Context, log *streams.Log, p streams.Partitions,
 		if err != nil {
 			return err
 		}
-		err = Compact(ctx, log, p, id, plan, seq, r.CompactedThrough())
+		err = Compact(ctx, log, p, id, plan, Subjects(r), seq, r.CompactedThrough())
 		if !errors.Is(err, streams.ErrConflict) || try == 2 {
 			return err
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -453,5 +455,80 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 		if r, _, err := retention.Read(ctx, fe, 1, id); err != nil || r.Text() != "t0 t1 t2 t3 t4 " {
 			t.Errorf("%s after the sweeps: %v, %q", id, err, r.Text())
 		}
+	}
+}
+
+// TestCompactionPurgesEveryAttempt: a request that migrated has a tokens
+// subject per attempt, and compaction purges each one (one literal purge a
+// subject, streams.PurgeSubjectsThrough), leaving the carry, the other
+// requests interleaved with it untouched, and a fold of the same state.
+func TestCompactionPurgesEveryAttempt(t *testing.T) {
+	srv := natstest.Start(t)
+	js := srv.Provision(t)
+	fe, wk := logs(t, js)
+	w2 := streams.NewLog(js, "baton/worker/w2")
+	ctx := context.Background()
+	const id, other = "moved-1", "beside-1"
+	app := func(log *streams.Log, subj, evid string, ev events.Event) {
+		t.Helper()
+		if _, err := log.Append(ctx, subj, log.Envelope(evid, ev.(interface{ Request() string }).Request(), ev), -1); err != nil {
+			t.Fatalf("append %s: %v", ev.EventType(), err)
+		}
+	}
+	store(t, fe, wk, other, 0, true) // accepted and routed; its deltas come between the moved one's
+	app(fe, streams.RequestEvents(id), events.ID(id, "accepted"), events.RequestAccepted{RequestID: id, Model: "mock",
+		Endpoint: events.EndpointCompletions, Prompt: "p", PromptTokens: 1, MaxTokens: 10, Frontend: "fe-1"})
+	app(fe, streams.RequestEvents(id), events.ID(id, "routed", 0), events.RequestRouted{RequestID: id, Attempt: 0, WorkerID: "w1"})
+	for i := range 10 {
+		if i == 5 { // attempt 0 fenced, attempt 1 on w2 from offset 5
+			app(fe, streams.RequestTokens(id, 0, "w1"), events.ID(id, 0, "fenced"), events.AttemptFailed{RequestID: id, Attempt: 0, WorkerID: "w1", Offset: 5, Reason: "lost"})
+			app(fe, streams.RequestEvents(id), events.ID(id, "routed", 1), events.RequestRouted{RequestID: id, Attempt: 1, WorkerID: "w2", StartOffset: 5})
+		}
+		k, log, w := 0, wk, "w1"
+		if i >= 5 {
+			k, log, w = 1, w2, "w2"
+		}
+		app(log, streams.RequestTokens(id, k, w), events.ID(id, k, i), events.TokensGenerated{RequestID: id, Attempt: k, Offset: i,
+			Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}})
+		app(wk, streams.RequestTokens(other, 0, "w1"), events.ID(other, 0, i), events.TokensGenerated{RequestID: other, Attempt: 0, Offset: i,
+			Tokens: []string{fmt.Sprintf("o%d ", i)}, IDs: []int{i}})
+	}
+	app(w2, streams.RequestTokens(id, 1, "w2"), events.ID(id, 1, "completed"), events.RequestCompleted{RequestID: id, Attempt: 1, FinishReason: "length", CompletionTokens: 10})
+	full, _, err := retention.Read(ctx, fe, 1, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beside, _, err := retention.Read(ctx, fe, 1, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := retention.Subjects(full); !slices.Equal(got, []string{streams.RequestTokens(id, 0, "w1"), streams.RequestTokens(id, 1, "w2")}) {
+		t.Fatalf("subjects of a request in two attempts: %q", got)
+	}
+	if err := retention.CompactFromLog(ctx, fe, 1, id); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]int{}
+	for e, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Stored != streams.RequestEvents(id) {
+			left[e.Stored+" "+e.ID]++
+		}
+	}
+	want := map[string]int{
+		streams.RequestTokens(id, 1, "w2") + " " + events.ID(id, "carried", 0): 1,
+		streams.RequestTokens(id, 1, "w2") + " " + events.ID(id, "carried", 1): 1,
+	}
+	if !maps.Equal(left, want) {
+		t.Errorf("tokens subjects after compaction hold %v, want only the carry %v", left, want)
+	}
+	after, _, _ := retention.Read(ctx, fe, 1, id)
+	if got := state(after); got != state(full) || !after.Compacted() {
+		t.Errorf("after compaction: %s (compacted %v), want %s", got, after.Compacted(), state(full))
+	}
+	if again, _, _ := retention.Read(ctx, fe, 1, other); state(again) != state(beside) || again.Text() != "o0 o1 o2 o3 o4 o5 o6 o7 o8 o9 " {
+		t.Errorf("the request beside it: %s, want %s", state(again), state(beside))
 	}
 }

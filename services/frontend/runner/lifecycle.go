@@ -90,20 +90,21 @@ func (rn *Runner) compact(ctx context.Context, t *Request) {
 		var plan *retention.Plan
 		var err error
 		var through uint64
+		var subjects []string
 		owned := false
 		seq := t.f.eventsSeq()
 		t.f.view(func(p *projections.Request) {
 			owned = p.Owner == rn.id && p.Accepted.Choices <= 1
 			if owned {
 				plan, err = retention.Record(p)
-				through = p.CompactedThrough()
+				subjects, through = retention.Subjects(p), p.CompactedThrough()
 			}
 		})
 		if !owned || errors.Is(err, retention.ErrNotFinished) {
 			return
 		}
 		if err == nil {
-			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, seq, through)
+			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through)
 		}
 		if err == nil {
 			return
