@@ -5,7 +5,8 @@
 // Invariants:
 //   - Event types are past-tense, versioned facts ("baton.request.routed.v1").
 //   - The CloudEvents id doubles as the Nats-Msg-Id header, so a retried append
-//     of the same fact is deduplicated by JetStream.
+//     of the same fact is deduplicated by JetStream. (A worker leaves it off a
+//     token delta it sends only once: docs/internals.md.)
 //   - Decoding an unknown type returns ErrUnknownType, which readers skip, so an
 //     old build survives a newer producer; the envelope then carries an
 //     Unreadable that says why (a newer version, an unknown fact, bad data),

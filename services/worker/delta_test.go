@@ -27,8 +27,8 @@ const (
 	appendAckLost         // stored, but the append fails (the ack was lost)
 )
 
-// fakeLog stores appends in order, deduplicates ids as JetStream does, and
-// fails them as mode says.
+// fakeLog stores appends in order, deduplicates the Nats-Msg-Id of those
+// that carry one as JetStream does, and fails them as mode says.
 type fakeLog struct {
 	mode   outcome
 	stored []events.TokensGenerated
@@ -40,14 +40,14 @@ func (l *fakeLog) Envelope(id, subject string, ev events.Event) events.Envelope 
 	return events.Envelope{ID: id, Subject: subject, Time: time.Now(), Event: ev}
 }
 
-func (l *fakeLog) append(e events.Envelope) error {
+func (l *fakeLog) append(m *nats.Msg) error {
 	l.tries++
 	if l.mode == appendFails {
 		return jetstream.ErrNoStreamResponse
 	}
-	if !l.ids[e.ID] {
-		l.ids[e.ID] = true
-		l.stored = append(l.stored, e.Event.(events.TokensGenerated))
+	if id := m.Header.Get(events.HeaderMsgID); id == "" || !l.ids[id] {
+		l.ids[id] = true
+		l.stored = append(l.stored, decode(m).Event.(events.TokensGenerated))
 	}
 	if l.mode == appendAckLost {
 		return jetstream.ErrAsyncPublishTimeout
@@ -66,7 +66,7 @@ func decode(m *nats.Msg) events.Envelope {
 
 func (l *fakeLog) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
 	f := &fakeFuture{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
-	if err := l.append(decode(m)); err != nil {
+	if err := l.append(m); err != nil {
 		f.err <- err
 	} else {
 		f.ok <- &jetstream.PubAck{}
@@ -80,7 +80,7 @@ func (l *fakeLog) Append(ctx context.Context, subject string, e events.Envelope,
 
 func (l *fakeLog) AppendMsg(_ context.Context, m *nats.Msg, _ int64) (uint64, error) {
 	// Append retries a transient failure: the synchronous repair succeeds.
-	if err := l.append(decode(m)); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+	if err := l.append(m); err != nil && !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
 		return 0, err
 	}
 	return 0, nil
@@ -369,5 +369,58 @@ func TestDeltasReuseHeaders(t *testing.T) {
 	}
 	if !reflect.DeepEqual(readable(log.stored, 5), []string{"0", "1", "2"}) {
 		t.Errorf("a reader gets %q, want [0 1 2]", readable(log.stored, 5))
+	}
+}
+
+// TestDeltasMsgIDOnlyWhereRetried: a delta's first asynchronous append,
+// never sent again, goes without a Nats-Msg-Id (JetStream keeps no
+// deduplication entry for it); a repair, tried again under one id until it
+// is stored, carries its id on every try, so that a try whose ack was lost
+// and the next store it once.
+func TestDeltasMsgIDOnlyWhereRetried(t *testing.T) {
+	log := &headerLog{fakeLog: fakeLog{ids: map[string]bool{}}}
+	d := newDeltas(log, "baton/worker/w1", "s", "r", 0, 0)
+	clock := time.Now()
+	for i, mode := range []outcome{appendOK, appendAckLost, appendAckLost, appendOK, appendOK} {
+		log.mode = mode
+		d.add(engine.Token{Text: fmt.Sprint(i)})
+		d.flush()
+		clock = clock.Add(time.Second)
+		d.poll(clock)
+	}
+	log.mode = appendOK
+	if err := d.settle(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	originals, repairs := 0, map[string]int{}
+	for i, h := range log.sent {
+		id := h.Get(events.HeaderMsgID)
+		switch {
+		case id == "":
+			originals++
+		case id != h.Get(events.HeaderID):
+			t.Errorf("append %d: %s %q is not its ce-id %q", i, events.HeaderMsgID, id, h.Get(events.HeaderID))
+		default:
+			repairs[id]++
+		}
+	}
+	// Token 0 and 1 each in its own delta; 1's ack is lost, so its repair
+	// is tried until stored (three tries, two acks lost) while 2-4 wait,
+	// and then go in one delta.
+	if originals != 3 {
+		t.Errorf("%d appends without %s, want the 3 originals", originals, events.HeaderMsgID)
+	}
+	tried := 0
+	for _, n := range repairs {
+		tried += n
+	}
+	if len(repairs) != 1 || tried != 3 {
+		t.Errorf("repairs %v: want one, tried three times under its id", repairs)
+	}
+	if len(log.stored) != 4 {
+		t.Errorf("%d deltas stored, want 4: the originals and the repair once", len(log.stored))
+	}
+	if got := readable(log.stored, 0); !reflect.DeepEqual(got, []string{"0", "1", "2", "3", "4"}) {
+		t.Errorf("a reader gets %q", got)
 	}
 }
