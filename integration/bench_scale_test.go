@@ -18,6 +18,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // scaleCase is one workload of BenchmarkScale.
@@ -48,6 +51,10 @@ type scaleCase struct {
 // for token deltas (workers run with --bench-log-off and publish them over
 // core NATS to the subjects frontends follow). Each workload also reports the
 // raw JetStream async publish rate of its server, measured before it.
+//
+// The processes' CPU is sampled once the request log has settled after
+// the last stream (its compactions done: settled_s), so that a token's CPU
+// includes its compaction.
 //
 // BATON_BENCH_PROFILE=dir saves a CPU profile of the frontend, of one
 // worker and of the NATS server (5 s, from when 90% of the streams are
@@ -151,12 +158,43 @@ func runScale(b *testing.B, sc scaleCase) {
 	fe.waitRoutable(b, "w1", "w2")
 	procs = append(procs, scaleProc{name: "client", pid: os.Getpid()})
 	raw := rawPublishRate(b, s.natsURL)
+	js := asyncPublisher(b, s.natsURL)
 
 	for i := 0; b.Loop(); i++ {
-		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr)
+		var settle func() time.Duration
+		if !sc.logOff {
+			settle = func() time.Duration { return logSettled(b, js, streams.Partitions(s.partitions)) }
+		}
+		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr, settle)
 		r.report(b, sc, procs)
 		b.ReportMetric(raw, "raw_js_msgs/s") // after b.Loop's reset of the metrics
 	}
+}
+
+// logSettled waits until the request log's message count has not changed
+// for a second (at most two minutes), and returns how long that took, less
+// that second.
+func logSettled(b *testing.B, js jetstream.JetStream, p streams.Partitions) time.Duration {
+	start, last, same := time.Now(), uint64(0), time.Now()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for ; time.Since(start) < 2*time.Minute; <-tick.C {
+		var n uint64
+		for _, name := range p.Streams() {
+			st, err := js.Stream(context.Background(), name)
+			if err != nil {
+				b.Fatalf("request log: %v", err)
+			}
+			n += st.CachedInfo().State.Msgs
+		}
+		if n != last {
+			last, same = n, time.Now()
+		} else if time.Since(same) >= time.Second {
+			return same.Sub(start)
+		}
+	}
+	b.Logf("the request log still changes two minutes after the last stream")
+	return time.Since(start)
 }
 
 // scaleResult is what one run of a scaleCase measured.
@@ -173,9 +211,14 @@ type scaleResult struct {
 	firstErr        string
 	errorKinds      map[string]int // errors by their first 60 characters
 	busy            float64        // the machine's CPU use over the run, 0-1
+	// settled is how long after the last stream the request log stopped
+	// changing: the compactions' purges, which go one at a time, still under
+	// way. The processes' CPU (end) is sampled after it, so a token's CPU
+	// includes its compaction.
+	settled time.Duration
 }
 
-func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string) *scaleResult {
+func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, profDir string, pprofAddr map[string]string, settle func() time.Duration) *scaleResult {
 	r := &scaleResult{base: sampleProcs(b, procs), errorKinds: map[string]int{}}
 	// A collection of every idle server, after the sample (which it leaves
 	// as it was): the live heap at idle is what it marks. Its heap profile
@@ -270,8 +313,11 @@ func scaleRun(b *testing.B, sc scaleCase, url string, procs []scaleProc, tag, pr
 	r.elapsed = time.Since(start)
 	close(stop)
 	<-sampled
-	r.end = sampleProcs(b, procs)
 	r.busy = machineCPU(b).busySince(cpuStart)
+	if settle != nil {
+		r.settled = settle()
+	}
+	r.end = sampleProcs(b, procs)
 	r.delivered = int(delivered.Load())
 	r.unstamped = int(unstamped.Load())
 	// Failed streams are a measured outcome, reported as the errors metric:
@@ -639,7 +685,11 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	lines.WriteString(r.logOffRatio(b, sc) + "\n")
 	fmt.Fprintf(&lines, "emit-to-client p50 %.1f ms p99 %.1f ms p999 %.1f ms over %d tokens (%d without an emit time); machine CPU busy %.0f%% (headroom %.0f%%)",
 		ms(0.5), ms(0.99), ms(0.999), len(r.latencies), r.unstamped, 100*r.busy, 100*(1-r.busy))
+	if r.settled > 0 {
+		fmt.Fprintf(&lines, "; the log settled %.1f s after the last stream (compaction; the CPU per token includes it)", r.settled.Seconds())
+	}
 	b.Log(lines.String())
+	b.ReportMetric(r.settled.Seconds(), "settled_s")
 
 	b.ReportMetric(cpuServers, "cpu_us/tok")
 	for i, p := range procs {

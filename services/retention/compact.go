@@ -34,13 +34,14 @@ type Plan struct {
 // streams.ErrConflict and the caller reads again, (3) the tokens subjects
 // are purged of everything the record covers (stream sequences up to
 // Record.Through), which leaves the carry; subjects are the request's
-// tokens subjects (Subjects). Every reader folds the same
+// tokens subjects (Subjects), and pace takes its turn for the purge (nil:
+// at once). Every reader folds the same
 // request after each step, so a frontend that dies between two leaves a
 // request that reads the same; a nil plan (the record is stored already)
 // only purges, up to through, which finishes such a compaction. Repeating
 // Compact is harmless: a second carry is a duplicate to every reader, a
 // second record a conflict, a purge idempotent.
-func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, subjects []string, eventsSeq, through uint64) error {
+func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, subjects []string, eventsSeq, through uint64, pace *Pacer) error {
 	if plan != nil {
 		for i, ev := range plan.Carry {
 			if err := carry(ctx, log, plan.Subject, events.ID(id, "carried", i), id, ev); err != nil {
@@ -53,7 +54,11 @@ func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id str
 		}
 		through = plan.Record.Through
 	}
-	if _, err := streams.PurgeSubjectsThrough(ctx, log.JetStream(), p, id, subjects, through); err != nil {
+	err := pace.Do(ctx, p.StreamOf(id), func(ctx context.Context) error {
+		_, err := streams.PurgeSubjectsThrough(ctx, log.JetStream(), p, id, subjects, through)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("compact %s: %w", id, err)
 	}
 	return nil
@@ -162,7 +167,7 @@ func CompactFromLog(ctx context.Context, log *streams.Log, p streams.Partitions,
 		if err != nil {
 			return err
 		}
-		err = Compact(ctx, log, p, id, plan, Subjects(r), seq, r.CompactedThrough())
+		err = Compact(ctx, log, p, id, plan, Subjects(r), seq, r.CompactedThrough(), nil)
 		if !errors.Is(err, streams.ErrConflict) || try == 2 {
 			return err
 		}

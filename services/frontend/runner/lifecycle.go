@@ -104,7 +104,7 @@ func (rn *Runner) compact(ctx context.Context, t *Request) {
 			return
 		}
 		if err == nil {
-			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through)
+			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through, rn.purges)
 		}
 		if err == nil {
 			return
