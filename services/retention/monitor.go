@@ -111,6 +111,7 @@ type Monitor struct {
 	evicted     *prometheus.CounterVec
 	junkPurged  *prometheus.CounterVec
 	quarantined *prometheus.CounterVec
+	purges      *Pacer
 	turn        int // the next live worker guard checks (Run's goroutine only)
 
 	mu       sync.Mutex
@@ -147,13 +148,20 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
 		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{},
 	}
-	for _, c := range []prometheus.Collector{m.used, m.evicted, m.junkPurged, m.quarantined} {
+	m.purges = NewPacer()
+	m.purges.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "baton_log_compaction_purges_skipped_total", Help: "Compactions whose purge this frontend skipped because 1,024 purges of the stream were waiting: the compact record is stored, the deltas stay until eviction.",
+	}, []string{"stream"})
+	for _, c := range []prometheus.Collector{m.used, m.evicted, m.junkPurged, m.quarantined, m.purges.skipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("retention: register metrics: %w", err)
 		}
 	}
 	return m, nil
 }
+
+// Purges paces this frontend's compaction purges (Compact's pace).
+func (m *Monitor) Purges() *Pacer { return m.purges }
 
 // SetPartitions tells the monitor the request log's layout (Provision's
 // answer), before Run.

@@ -2,7 +2,10 @@ package retention
 
 import (
 	"context"
+	"errors"
 	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A purge locks the stream's file store for as long as it reads (see
@@ -20,35 +23,69 @@ import (
 // p99, but finished the last compaction 4-6 s past the run, and the NATS
 // server spent 20-40% more CPU a token; not profiled.)
 
+// MaxWaiting is how many purges of one stream may wait for their turn.
+// When the server cannot purge as fast as requests end (the purges' cost
+// grows with the streams running beside them), one more is skipped rather
+// than waited for without bound: its compact record is stored, so every
+// reader folds the record, and its deltas stay until eviction.
+const MaxWaiting = 1024
+
+// ErrPurgeSkipped means MaxWaiting purges of the stream were waiting.
+var ErrPurgeSkipped = errors.New("retention: purge skipped: too many purges of the stream waiting")
+
 // Pacer runs purges one at a time per stream (Do). A nil *Pacer runs every
 // purge at once.
 type Pacer struct {
-	mu    sync.Mutex
-	turns map[string]chan struct{} // per stream: a token, held by the purge under way
+	skipped *prometheus.CounterVec // by stream; nil: not counted
+	mu      sync.Mutex
+	lines   map[string]*line
+}
+
+// line is one stream's purges: a token, held by the one under way, and how
+// many wait for it.
+type line struct {
+	turn    chan struct{}
+	waiting int
 }
 
 // NewPacer returns an empty Pacer.
-func NewPacer() *Pacer { return &Pacer{turns: map[string]chan struct{}{}} }
+func NewPacer() *Pacer { return &Pacer{lines: map[string]*line{}} }
 
 // Do runs purge, a purge of stream, once no other purge of stream is under
 // way (callers wait in the order they came), and returns its error, or
-// ctx's if ctx ends first (then purge never ran).
+// ctx's if ctx ends first, or ErrPurgeSkipped if MaxWaiting purges of
+// stream wait already (in both cases purge never ran).
 func (pc *Pacer) Do(ctx context.Context, stream string, purge func(context.Context) error) error {
 	if pc == nil {
 		return purge(ctx)
 	}
 	pc.mu.Lock()
-	turn, ok := pc.turns[stream]
+	l, ok := pc.lines[stream]
 	if !ok {
-		turn = make(chan struct{}, 1)
-		pc.turns[stream] = turn
+		l = &line{turn: make(chan struct{}, 1)}
+		pc.lines[stream] = l
 	}
+	if l.waiting >= MaxWaiting {
+		pc.mu.Unlock()
+		if pc.skipped != nil {
+			pc.skipped.WithLabelValues(stream).Inc()
+		}
+		return ErrPurgeSkipped
+	}
+	l.waiting++
 	pc.mu.Unlock()
+	var err error
 	select {
-	case turn <- struct{}{}:
+	case l.turn <- struct{}{}:
 	case <-ctx.Done():
-		return ctx.Err()
+		err = ctx.Err()
 	}
-	defer func() { <-turn }()
+	pc.mu.Lock()
+	l.waiting--
+	pc.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer func() { <-l.turn }()
 	return purge(ctx)
 }

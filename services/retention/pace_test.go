@@ -80,3 +80,46 @@ func TestPacerOneAtATime(t *testing.T) {
 		}
 	})
 }
+
+// TestPacerSkipsPastMaxWaiting: with one purge under way and MaxWaiting
+// waiting, one more is skipped at once (ErrPurgeSkipped, never run); the
+// waiting ones all run once the first ends.
+func TestPacerSkipsPastMaxWaiting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		pc := retention.NewPacer()
+		release := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_ = pc.Do(t.Context(), "s1", func(context.Context) error { <-release; return nil })
+		})
+		synctest.Wait()
+		var mu sync.Mutex
+		ran := 0
+		for range retention.MaxWaiting {
+			wg.Go(func() {
+				err := pc.Do(t.Context(), "s1", func(context.Context) error {
+					mu.Lock()
+					ran++
+					mu.Unlock()
+					return nil
+				})
+				if err != nil {
+					t.Errorf("a waiting purge: %v", err)
+				}
+			})
+		}
+		synctest.Wait()
+		skipped := true
+		if err := pc.Do(t.Context(), "s1", func(context.Context) error { skipped = false; return nil }); !errors.Is(err, retention.ErrPurgeSkipped) || !skipped {
+			t.Errorf("one past %d waiting: %v (ran: %v), want %v", retention.MaxWaiting, err, !skipped, retention.ErrPurgeSkipped)
+		}
+		if err := pc.Do(t.Context(), "s2", func(context.Context) error { return nil }); err != nil {
+			t.Errorf("another stream's purge: %v", err)
+		}
+		close(release)
+		wg.Wait()
+		if ran != retention.MaxWaiting {
+			t.Errorf("%d of the %d waiting purges ran", ran, retention.MaxWaiting)
+		}
+	})
+}

@@ -104,9 +104,9 @@ func (rn *Runner) compact(ctx context.Context, t *Request) {
 			return
 		}
 		if err == nil {
-			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through, rn.purges)
+			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through, rn.room.Purges())
 		}
-		if err == nil {
+		if err == nil || errors.Is(err, retention.ErrPurgeSkipped) { // counted by the Pacer
 			return
 		}
 		if !errors.Is(err, streams.ErrConflict) {

@@ -39,7 +39,6 @@ type Runner struct {
 	policy   migrations.Policy
 	room     *retention.Monitor // how full the request log is; evicts finished requests
 	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
-	purges   *retention.Pacer   // compaction's purges, one at a time per stream
 
 	launch  chan *Request // requests whose runner runRunners should start
 	claims  chan *Request // requests runRunners should take over if their owner is gone
@@ -86,7 +85,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		},
 		requests: map[string]*Request{},
 		launch:   make(chan *Request), claims: make(chan *Request), stopped: make(chan struct{}),
-		presence: newPresence(), purges: retention.NewPacer(),
+		presence: newPresence(),
 	}
 	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
