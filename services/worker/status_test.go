@@ -44,6 +44,21 @@ func (s *stallable) Generate(ctx context.Context, req engine.Request, emit func(
 	return s.Mock.Generate(ctx, req, emit)
 }
 
+// gated is an engine whose requests start producing once open is closed.
+type gated struct {
+	*engine.Mock
+	open chan struct{}
+}
+
+func (g *gated) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
+	select {
+	case <-g.open:
+	case <-ctx.Done():
+		return engine.Result{}, ctx.Err()
+	}
+	return g.Mock.Generate(ctx, req, emit)
+}
+
 // startStatus runs a worker on eng with a status server on a random port.
 func (e *env) startStatus(eng engine.Engine, cfg worker.Config) (*running, string) {
 	e.t.Helper()
@@ -115,7 +130,10 @@ func (e *env) routable(id string) bool {
 func TestStatusServer(t *testing.T) {
 	e := newEnv(t)
 	mock, _ := engine.NewMock(fullSpeed)
-	r, base := e.startStatus(mock, worker.Config{ID: "w-st"})
+	// A lease of 10 s: the 1 s of the other status tests, renewed every
+	// third of it, can lapse on a loaded machine before the look at /health
+	// below, which wants it live (this test failed now and then under load).
+	r, base := e.startStatus(mock, worker.Config{ID: "w-st", LeaseTTL: 10 * time.Second})
 
 	if code, body := get(t, base+"/live"); code != http.StatusOK || strings.TrimSpace(body) != `{"status":"live"}` {
 		t.Errorf("/live = %d %q", code, body)
@@ -144,11 +162,14 @@ func TestStatusServer(t *testing.T) {
 
 func TestStatusNotReadyWhileDraining(t *testing.T) {
 	e := newEnv(t)
-	mock, _ := engine.NewMock(slow)
-	// 20 tokens at 10/s keep the worker draining for about 2 s, long enough
-	// for the poll below to see the draining lease on a loaded machine; the
-	// budget is well above that, so the request still drains to completion.
-	r, base := e.startStatus(mock, worker.Config{ID: "w-dr", ShutdownTimeout: 15 * time.Second})
+	mock, _ := engine.NewMock(fullSpeed)
+	// The request produces nothing until the test has seen the worker
+	// draining, so that it drains for as long as the test looks (before,
+	// 20 tokens at 10/s drained in 2 s, and a loaded machine sometimes took
+	// longer than that to look); then it drains to completion well within
+	// the budget.
+	eng := &gated{Mock: mock, open: make(chan struct{})}
+	r, base := e.startStatus(eng, worker.Config{ID: "w-dr", ShutdownTimeout: 15 * time.Second})
 	e.accept("r-dr", "x", 20, "w-dr")
 	if rep := e.dispatch("w-dr", newDispatch("r-dr", "x", 20)); !rep.Accepted {
 		t.Fatalf("dispatch: %+v", rep)
@@ -159,6 +180,7 @@ func TestStatusNotReadyWhileDraining(t *testing.T) {
 	if code, s := health(t, base); code != http.StatusServiceUnavailable || s.Status != "notready" || !s.Draining {
 		t.Errorf("/health while draining = %d %+v, want 503 notready draining", code, s)
 	}
+	close(eng.open)
 	if err := <-stopped; err != nil {
 		t.Fatalf("Run = %v", err)
 	}
