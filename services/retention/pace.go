@@ -17,8 +17,10 @@ import (
 // the tokens of the streams still running then waited up to 200 ms at p99
 // (BENCHMARKS.md). A Pacer sends one purge of a stream at a time: between
 // two, the appends that queued behind the first go while the answer comes
-// back and the next is sent, so a token waits for about one purge (p99 9-11
-// ms there), and the burst's compactions finish up to a second later.
+// back and the next is sent, so a token waits for about one purge (p99 9-12
+// ms there). The burst's compactions take longer to finish: up to a second
+// more there, and at 4,000 × 50, where each purge reads 4,000 streams'
+// traffic, 20 s after the last stream against 2 s (MaxWaiting bounds it).
 // (Pausing after each purge as long as it took, tried too, gave 5-10 ms at
 // p99, but finished the last compaction 4-6 s past the run, and the NATS
 // server spent 20-40% more CPU a token; not profiled.)
