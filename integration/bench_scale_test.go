@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -369,10 +370,22 @@ func scaleStream(client *http.Client, url, id string, tokens int, open, delivere
 			open.Add(-1)
 		}
 	}()
+	var readErr error
+	var long []byte // a line longer than the reader's buffer, so far
 	for {
 		line, err := rd.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A line of many tokens or emit stamps (deltas that waited
+			// together in a frontend short of CPU): a valid SSE line.
+			long = append(long, line...)
+			continue
+		}
 		if err != nil {
+			readErr = err
 			break
+		}
+		if long != nil {
+			line, long = append(long, line...), nil
 		}
 		switch {
 		case bytes.HasPrefix(line, []byte(": emit ")):
@@ -400,7 +413,7 @@ func scaleStream(client *http.Client, url, id string, tokens int, open, delivere
 		}
 	}
 	if !done {
-		return lat, got, fmt.Errorf("stream ended without [DONE] after %d tokens", got)
+		return lat, got, fmt.Errorf("stream ended without [DONE] after %d tokens (%v)", got, readErr)
 	}
 	return lat, got, nil
 }
