@@ -165,6 +165,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	l, err := w.registerFirst(ctx)
 	if err != nil {
 		unsubscribe(subs)
+		if ctx.Err() != nil {
+			return nil // stopped while registering: a lease granted meanwhile is revoked (register)
+		}
 		return err
 	}
 
