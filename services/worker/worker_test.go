@@ -490,12 +490,15 @@ func TestDispatchProducesDeterministicText(t *testing.T) {
 	if got, want := proj.Text(), engine.MockText(prompt, 0, n); got != want {
 		t.Errorf("text:\ngot  %q\nwant %q", got, want)
 	}
-	if got := value(t, r.reg, "dynamo_component_requests_total"); got != 1 {
-		t.Errorf("requests_total = %v, want 1", got)
-	}
+	// The worker counts the request once its completion's append is
+	// acknowledged, which may come after the test has read the completion.
+	e.waitFor("requests_total", func() bool { return value(t, r.reg, "dynamo_component_requests_total") >= 1 })
 	e.waitFor("inflight back to 0", func() bool {
 		return value(t, r.reg, "dynamo_component_inflight_requests") == 0
 	})
+	if got := value(t, r.reg, "dynamo_component_requests_total"); got != 1 {
+		t.Errorf("requests_total = %v, want 1", got)
+	}
 }
 
 func TestDeltasFlushOnDelay(t *testing.T) {
