@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -170,13 +171,22 @@ func TestUpFlags(t *testing.T) {
 }
 
 // freePortPair returns a port p such that p and p+1 were both free a moment
-// ago.
+// ago. It looks below the kernel's ephemeral range (32768 and up on Linux),
+// where no listener on port 0 and no outgoing connection of the other tests
+// is given a port: in a CI run a pair from the ephemeral range was taken
+// before baton up listened on it ("address already in use").
 func freePortPair(t *testing.T) int {
 	t.Helper()
-	for range 100 {
-		p := freePort(t)
-		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+1)); err == nil {
+	free := func(p int) bool {
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err == nil {
 			l.Close()
+		}
+		return err == nil
+	}
+	for range 100 {
+		p := 20000 + rand.IntN(12000)
+		if free(p) && free(p+1) {
 			return p
 		}
 	}
