@@ -6,7 +6,6 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
-	"time"
 
 	"github.com/baton-dev/baton/services/retention"
 )
@@ -17,22 +16,22 @@ import (
 func TestPacerOneAtATime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		pc := retention.NewPacer()
-		const d = 2 * time.Millisecond
-		type span struct {
-			i        int
-			from, to time.Time
-		}
+		release := make(chan struct{}) // each receive lets the purge under way end
 		var mu sync.Mutex
-		var spans []span
+		var order []int
+		running, overlapped := 0, false
 		var wg sync.WaitGroup
 		for i := range 5 {
 			wg.Go(func() {
-				time.Sleep(time.Duration(i) * time.Microsecond) // they come in order
 				err := pc.Do(t.Context(), "s1", func(context.Context) error {
-					from := time.Now()
-					time.Sleep(d) // the purge takes d of the bubble's clock
 					mu.Lock()
-					spans = append(spans, span{i, from, time.Now()})
+					running++
+					overlapped = overlapped || running > 1
+					order = append(order, i)
+					mu.Unlock()
+					<-release
+					mu.Lock()
+					running--
 					mu.Unlock()
 					return nil
 				})
@@ -40,36 +39,34 @@ func TestPacerOneAtATime(t *testing.T) {
 					t.Errorf("purge %d: %v", i, err)
 				}
 			})
+			synctest.Wait() // purge i is under way or waiting before i+1 comes
 		}
-		other := time.Duration(-1)
-		wg.Go(func() {
-			time.Sleep(10 * time.Microsecond)
-			at := time.Now()
-			_ = pc.Do(t.Context(), "s2", func(context.Context) error { return nil })
-			other = time.Since(at)
-		})
+		if err := pc.Do(t.Context(), "s2", func(context.Context) error { return nil }); err != nil {
+			t.Errorf("a purge of another stream: %v", err)
+		}
 		cancelled, cancel := context.WithCancel(t.Context())
 		ran := false
 		var late error
 		wg.Go(func() {
-			time.Sleep(20 * time.Microsecond)
-			go func() { time.Sleep(2 * d); cancel() }()
 			late = pc.Do(cancelled, "s1", func(context.Context) error { ran = true; return nil })
 		})
+		synctest.Wait() // it waits behind the five
+		cancel()
+		synctest.Wait()
+		for range 5 {
+			release <- struct{}{}
+		}
 		wg.Wait()
-		if len(spans) != 5 {
-			t.Fatalf("%d purges ran, want 5", len(spans))
+		if overlapped {
+			t.Error("two purges of one stream ran at once")
 		}
-		for i, s := range spans {
-			if s.i != i {
-				t.Errorf("purge %d ran %dth, want in the order they came", s.i, i)
-			}
-			if i > 0 && s.from.Before(spans[i-1].to) {
-				t.Errorf("purge %d started before the one before it ended", s.i)
+		for k, i := range order {
+			if i != k {
+				t.Errorf("purge %d ran %dth, want in the order they came", i, k)
 			}
 		}
-		if other != 0 {
-			t.Errorf("a purge of another stream waited %v", other)
+		if len(order) != 5 {
+			t.Errorf("%d purges ran, want 5", len(order))
 		}
 		if ran || !errors.Is(late, context.Canceled) {
 			t.Errorf("a caller whose ctx ended while it waited: ran %v, err %v", ran, late)
