@@ -16,10 +16,9 @@ import (
 // the log operations of that lifecycle; the decisions are the frontend's.
 
 // PurgeSubjectsThrough removes the messages up to stream sequence through
-// from each of subjects, tokens subjects of request id (compaction: of the
-// messages the compact record covers, so that what
-// was stored after them stays). It is idempotent, and retried through a
-// leader election.
+// from each of subjects, tokens subjects of request id (compaction: the
+// messages the compact record covers, so that what was stored after them
+// stays). It is idempotent, and retried through a leader election.
 //
 // One purge a literal subject, not one of the request's tokens.> wildcard:
 // the file store finds what to purge by reading every message stored

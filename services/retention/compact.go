@@ -35,9 +35,8 @@ type Plan struct {
 // are purged of everything the record covers (stream sequences up to
 // Record.Through), which leaves the carry; subjects are the request's
 // tokens subjects (Subjects), and pace takes its turn for the purge (nil:
-// at once). Every reader folds the same
-// request after each step, so a frontend that dies between two leaves a
-// request that reads the same; a nil plan (the record is stored already)
+// at once). Every reader folds the same request after each step, so a
+// frontend that dies between two leaves a request that reads the same; a nil plan (the record is stored already)
 // only purges, up to through, which finishes such a compaction. Repeating
 // Compact is harmless: a second carry is a duplicate to every reader, a
 // second record a conflict, a purge idempotent.
