@@ -36,10 +36,11 @@ type Plan struct {
 // Record.Through), which leaves the carry; subjects are the request's
 // tokens subjects (Subjects), and pace takes its turn for the purge (nil:
 // at once). Every reader folds the same request after each step, so a
-// frontend that dies between two leaves a request that reads the same; a nil plan (the record is stored already)
-// only purges, up to through, which finishes such a compaction. Repeating
-// Compact is harmless: a second carry is a duplicate to every reader, a
-// second record a conflict, a purge idempotent.
+// frontend that dies between two leaves a request that reads the same; a
+// nil plan (the record is stored already) only purges, up to through, which
+// finishes such a compaction. Repeating Compact is harmless: a second carry
+// is a duplicate to every reader, a second record a conflict, a purge
+// idempotent.
 func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, subjects []string, eventsSeq, through uint64, pace *Pacer) error {
 	if plan != nil {
 		for i, ev := range plan.Carry {
