@@ -91,7 +91,13 @@ func (e *env) startStatus(eng engine.Engine, cfg worker.Config) (*running, strin
 			e.t.Error("worker did not stop")
 		}
 	})
-	e.waitFor("lease of "+w.ID(), func() bool { _, ok := e.lease(w.ID()); return ok })
+	// The lease is in the bucket before the worker holds it: it appends its
+	// registered event in between, so wait for both (CI once looked at
+	// /health in that window and saw the lease "lost").
+	e.waitFor("lease of "+w.ID(), func() bool {
+		_, ok := e.lease(w.ID())
+		return ok && w.Status().Lease == "live"
+	})
 	return r, "http://" + addr.String()
 }
 
@@ -131,8 +137,8 @@ func TestStatusServer(t *testing.T) {
 	e := newEnv(t)
 	mock, _ := engine.NewMock(fullSpeed)
 	// A lease of 10 s: the 1 s of the other status tests, renewed every
-	// third of it, can lapse on a loaded machine before the look at /health
-	// below, which wants it live (this test failed now and then under load).
+	// third of it, could lapse on a loaded machine before the look at
+	// /health below, which wants it live.
 	r, base := e.startStatus(mock, worker.Config{ID: "w-st", LeaseTTL: 10 * time.Second})
 
 	if code, body := get(t, base+"/live"); code != http.StatusOK || strings.TrimSpace(body) != `{"status":"live"}` {
