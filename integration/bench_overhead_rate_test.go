@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ type rateRun struct {
 	late                     time.Duration   // the longest a request started after it was due
 	stopped                  bool            // the backlog passed rateBacklog and the run stopped early
 	bDue                     []time.Duration // when each of bTTFT was due, from the start of the run
+	bTiming                  []string        // each of bTTFT's Server-Timing (serverTimings)
 }
 
 // sustained reports whether run r kept within the criterion: every request
@@ -70,7 +72,8 @@ func (r rateRun) brief(bound time.Duration) string {
 }
 
 // slowest says when baton's n slowest first tokens were due, in the order
-// they were due, and how long each took: a stall shows as a cluster.
+// they were due, how long each took and where the frontend says the time
+// went (its Server-Timing): a stall shows as a cluster.
 func (r rateRun) slowest(n int) string {
 	idx := make([]int, len(r.bTTFT))
 	for i := range idx {
@@ -81,7 +84,7 @@ func (r rateRun) slowest(n int) string {
 	slices.Sort(idx)
 	var parts []string
 	for _, i := range idx {
-		parts = append(parts, fmt.Sprintf("%v at %v", r.bTTFT[i].Round(time.Millisecond), r.bDue[i].Round(10*time.Millisecond)))
+		parts = append(parts, fmt.Sprintf("%v at %v (%s)", r.bTTFT[i].Round(time.Millisecond), r.bDue[i].Round(10*time.Millisecond), r.bTiming[i]))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -139,7 +142,7 @@ func runAtRate(client *http.Client, simURL, feURL string, tokens int, rate float
 				r.dTTFT, r.dITL = append(r.dTTFT, s.ttft), append(r.dITL, s.itl...)
 			default:
 				r.bTTFT, r.bITL = append(r.bTTFT, s.ttft), append(r.bITL, s.itl...)
-				r.bDue = append(r.bDue, due.Sub(start))
+				r.bDue, r.bTiming = append(r.bDue, due.Sub(start)), append(r.bTiming, s.timing)
 			}
 		}()
 	}
@@ -172,8 +175,10 @@ func runAtRate(client *http.Client, simURL, feURL string, tokens int, rate float
 // figures of the other sub-benchmarks for the last measurement, the rate
 // found and the rate measured, the bound, the requests that failed and
 // whether that measurement kept within the criterion. About 45 s on 2 busy
-// cores, up to 90 s when every measurement breaks the criterion.
-func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL string, tokens int) {
+// cores, up to 90 s when every measurement breaks the criterion. traces
+// names the pprof addresses of the servers whose execution traces each
+// measurement saves (in BATON_BENCH_TRACE's directory), by server.
+func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL string, tokens int, traces map[string]string) {
 	client = &http.Client{Transport: client.Transport, Timeout: rateTimeout}
 	for b.Loop() {
 		var c1 []time.Duration
@@ -209,7 +214,9 @@ func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL strin
 			if i > 0 {
 				rate *= rateBackoff
 			}
+			saved := saveTraces(b, traces, rateMeasure, fmt.Sprintf("rate-measure%d", i+1))
 			r = runAtRate(client, simURL, feURL, tokens, rate, rateMeasure, fmt.Sprintf("measure %d", i))
+			saved()
 			b.Logf("measurement %d, %v: within the criterion %v", i+1, r, r.sustained(bound))
 			if r.sustained(bound) {
 				break
@@ -268,4 +275,22 @@ func searchRate(b *testing.B, client *http.Client, simURL, feURL string, tokens 
 		b.Fatalf("no rate sustained: even %.1f/s of each kind made baton add more than %v to the p99 TTFT or failed", hi, bound)
 	}
 	return lo
+}
+
+// saveTraces starts an execution trace of d of each server in traces (by
+// name, its pprof address), saved as BATON_BENCH_TRACE/<tag>-<name>.trace,
+// and returns a wait for them. Each trace starts when the server receives
+// its request, within a millisecond of the others.
+func saveTraces(b *testing.B, traces map[string]string, d time.Duration, tag string) func() {
+	var wg sync.WaitGroup
+	for name, addr := range traces {
+		wg.Go(func() {
+			path := filepath.Join(os.Getenv("BATON_BENCH_TRACE"), tag+"-"+name+".trace")
+			url := fmt.Sprintf("http://%s/debug/pprof/trace?seconds=%g", addr, d.Seconds())
+			if err := saveProfile(url, path); err != nil {
+				b.Errorf("trace of %s: %v", name, err)
+			}
+		})
+	}
+	return wg.Wait
 }

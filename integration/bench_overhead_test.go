@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -16,9 +17,10 @@ import (
 // timedStream is one streamed answer as a client saw it: time to first
 // token and the gaps between tokens.
 type timedStream struct {
-	ttft time.Duration
-	itl  []time.Duration
-	err  error
+	ttft   time.Duration
+	itl    []time.Duration
+	timing string // the durations of the Server-Timing header, by name ("" if none)
+	err    error
 }
 
 // streamTimed posts a streaming chat of max tokens and times its content
@@ -41,7 +43,7 @@ func streamTimedFrom(client *http.Client, url, prompt string, max int, start tim
 	if resp.StatusCode != 200 {
 		return timedStream{err: fmt.Errorf("status %d", resp.StatusCode)}
 	}
-	var out timedStream
+	out := timedStream{timing: serverTimings(resp.Header.Get("Server-Timing"))}
 	last := time.Time{}
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -61,6 +63,22 @@ func streamTimedFrom(client *http.Client, url, prompt string, max int, start tim
 		out.err = fmt.Errorf("no token")
 	}
 	return out
+}
+
+// serverTimings is a Server-Timing header's metrics in few words: each
+// one's name and duration ("log 0.31, dispatch 0.12"), without the
+// descriptions.
+func serverTimings(h string) string {
+	var parts []string
+	for m := range strings.SplitSeq(h, ",") {
+		fields := strings.Split(strings.TrimSpace(m), ";")
+		for _, f := range fields[1:] {
+			if d, ok := strings.CutPrefix(f, "dur="); ok {
+				parts = append(parts, fields[0]+" "+d)
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // quantiles are p50, p99 and p999 of d.
@@ -87,9 +105,19 @@ func quantiles(d []time.Duration) [3]time.Duration {
 func BenchmarkOverhead(b *testing.B) {
 	const tokens = 16
 	sim := startSim(b, "sim", "--token-delay", "2ms", "--greedy")
-	s := newStack(b)
-	fe := s.frontend(nil)
-	s.openaiWorker("oa1", sim)
+	// BATON_BENCH_TRACE=dir: each server serves pprof, and rate=max's
+	// measurements save an execution trace of each (go tool trace) in dir.
+	traces := map[string]string{}
+	var natsArgs, feArgs, wArgs []string
+	if os.Getenv("BATON_BENCH_TRACE") != "" {
+		for name, args := range map[string]*[]string{"nats": &natsArgs, "frontend": &feArgs, "worker": &wArgs} {
+			traces[name] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+			*args = []string{"--pprof-addr", traces[name]}
+		}
+	}
+	s := newStackArgs(b, natsArgs...)
+	fe := s.frontend(nil, feArgs...)
+	s.openaiWorker("oa1", sim, wArgs...)
 	fe.waitRoutable(b, "oa1")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	for _, conc := range []int{1, 64} {
@@ -125,7 +153,7 @@ func BenchmarkOverhead(b *testing.B) {
 			b.ReportMetric(float64(len(bTTFT)), "requests_each")
 		})
 	}
-	b.Run("rate=max", func(b *testing.B) { benchOverheadMaxRate(b, client, sim.url, fe.url, tokens) })
+	b.Run("rate=max", func(b *testing.B) { benchOverheadMaxRate(b, client, sim.url, fe.url, tokens, traces) })
 }
 
 // reportOverhead reports the p50, p99 and p999 of durations measured direct
