@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"strings"
@@ -177,8 +179,12 @@ func runAtRate(client *http.Client, simURL, feURL string, tokens int, rate float
 // whether that measurement kept within the criterion. About 45 s on 2 busy
 // cores, up to 90 s when every measurement breaks the criterion. traces
 // names the pprof addresses of the servers whose execution traces each
-// measurement saves (in BATON_BENCH_TRACE's directory), by server.
-func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL string, tokens int, traces map[string]string) {
+// measurement saves (saveRateProfiles), by server. The CPU time the
+// servers of pids (by name) spend over the last measurement is reported
+// per request: the simulator's per request it serves (direct and the
+// worker's, both), baton's three per request through baton, and their
+// ratio.
+func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL string, tokens int, traces map[string]string, pids map[string]int) {
 	client = &http.Client{Transport: client.Transport, Timeout: rateTimeout}
 	for b.Loop() {
 		var c1 []time.Duration
@@ -209,13 +215,19 @@ func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL strin
 		}
 
 		var r rateRun
+		var cpu map[string]time.Duration
 		rate := lo
 		for i := range attempts {
 			if i > 0 {
 				rate *= rateBackoff
 			}
-			saved := saveTraces(b, traces, rateMeasure, fmt.Sprintf("rate-measure%d", i+1))
+			saved := saveRateProfiles(b, traces, rateMeasure, fmt.Sprintf("rate-measure%d", i+1))
+			before := cpuOf(b, pids)
 			r = runAtRate(client, simURL, feURL, tokens, rate, rateMeasure, fmt.Sprintf("measure %d", i))
+			cpu = cpuOf(b, pids)
+			for name := range cpu {
+				cpu[name] -= before[name]
+			}
 			saved()
 			b.Logf("measurement %d, %v: within the criterion %v", i+1, r, r.sustained(bound))
 			if r.sustained(bound) {
@@ -224,6 +236,20 @@ func benchOverheadMaxRate(b *testing.B, client *http.Client, simURL, feURL strin
 		}
 		reportOverhead(b, "ttft", r.dTTFT, r.bTTFT)
 		reportOverhead(b, "itl", r.dITL, r.bITL)
+		if n := len(r.bTTFT); n > 0 {
+			perReq := func(d time.Duration, n int) float64 { return float64(d.Microseconds()) / 1000 / float64(n) }
+			var baton time.Duration
+			for _, name := range []string{"nats", "frontend", "worker"} {
+				b.ReportMetric(perReq(cpu[name], n), "cpu_ms/req_"+name)
+				baton += cpu[name]
+			}
+			sim := perReq(cpu["sim"], n+len(r.dTTFT))
+			b.ReportMetric(perReq(baton, n), "cpu_ms/req_baton")
+			b.ReportMetric(sim, "cpu_ms/req_sim")
+			if sim > 0 {
+				b.ReportMetric(perReq(baton, n)/sim, "cpu_baton/sim")
+			}
+		}
 		b.ReportMetric(lo, "rate_found_req/s")
 		b.ReportMetric(rate, "rate_req/s")
 		b.ReportMetric(float64(bound.Microseconds())/1000, "ttft_bound_ms")
@@ -277,20 +303,50 @@ func searchRate(b *testing.B, client *http.Client, simURL, feURL string, tokens 
 	return lo
 }
 
-// saveTraces starts an execution trace of d of each server in traces (by
-// name, its pprof address), saved as BATON_BENCH_TRACE/<tag>-<name>.trace,
-// and returns a wait for them. Each trace starts when the server receives
-// its request, within a millisecond of the others.
-func saveTraces(b *testing.B, traces map[string]string, d time.Duration, tag string) func() {
+// saveRateProfiles starts an execution trace (BATON_BENCH_TRACE=dir) or a
+// CPU profile (BATON_BENCH_PROFILE=dir) of d of each server in servers (by
+// name, its pprof address), saved as dir/<tag>-<name>.trace or .pprof, and
+// of this process, the client (<tag>-client), and returns a wait for them.
+// Each starts when its server receives the request, within a millisecond
+// of the others; go tool trace and golang.org/x/exp/trace align traces by
+// the wall clock each records.
+func saveRateProfiles(b *testing.B, servers map[string]string, d time.Duration, tag string) func() {
 	var wg sync.WaitGroup
-	for name, addr := range traces {
+	if len(servers) == 0 {
+		return wg.Wait
+	}
+	dir, ext, path, start, stop := os.Getenv("BATON_BENCH_TRACE"), ".trace", "trace", trace.Start, trace.Stop
+	if dir == "" {
+		dir, ext, path, start, stop = os.Getenv("BATON_BENCH_PROFILE"), ".pprof", "profile", pprof.StartCPUProfile, pprof.StopCPUProfile
+	}
+	f, err := os.Create(filepath.Join(dir, tag+"-client"+ext))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := start(f); err != nil {
+		b.Fatal(err)
+	}
+	wg.Go(func() {
+		<-time.After(d) // the length the servers are asked for
+		stop()
+		f.Close()
+	})
+	for name, addr := range servers {
 		wg.Go(func() {
-			path := filepath.Join(os.Getenv("BATON_BENCH_TRACE"), tag+"-"+name+".trace")
-			url := fmt.Sprintf("http://%s/debug/pprof/trace?seconds=%g", addr, d.Seconds())
-			if err := saveProfile(url, path); err != nil {
-				b.Errorf("trace of %s: %v", name, err)
+			url := fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%g", addr, path, d.Seconds())
+			if err := saveProfile(url, filepath.Join(dir, tag+"-"+name+ext)); err != nil {
+				b.Errorf("%s of %s: %v", path, name, err)
 			}
 		})
 	}
 	return wg.Wait
+}
+
+// cpuOf is the CPU time (user and system) each process of pids has spent.
+func cpuOf(b *testing.B, pids map[string]int) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, pid := range pids {
+		out[name], _ = procCPU(b, pid)
+	}
+	return out
 }

@@ -104,17 +104,18 @@ func quantiles(d []time.Duration) [3]time.Duration {
 // (see benchOverheadMaxRate).
 func BenchmarkOverhead(b *testing.B) {
 	const tokens = 16
-	sim := startSim(b, "sim", "--token-delay", "2ms", "--greedy")
-	// BATON_BENCH_TRACE=dir: each server serves pprof, and rate=max's
-	// measurements save an execution trace of each (go tool trace) in dir.
+	// BATON_BENCH_TRACE=dir or BATON_BENCH_PROFILE=dir: each server serves
+	// pprof, and rate=max's measurements save an execution trace, or a CPU
+	// profile, of each in dir (see saveProfiles).
 	traces := map[string]string{}
-	var natsArgs, feArgs, wArgs []string
-	if os.Getenv("BATON_BENCH_TRACE") != "" {
-		for name, args := range map[string]*[]string{"nats": &natsArgs, "frontend": &feArgs, "worker": &wArgs} {
+	var natsArgs, feArgs, wArgs, simArgs []string
+	if os.Getenv("BATON_BENCH_TRACE") != "" || os.Getenv("BATON_BENCH_PROFILE") != "" {
+		for name, args := range map[string]*[]string{"nats": &natsArgs, "frontend": &feArgs, "worker": &wArgs, "sim": &simArgs} {
 			traces[name] = fmt.Sprintf("127.0.0.1:%d", freePort(b))
 			*args = []string{"--pprof-addr", traces[name]}
 		}
 	}
+	sim := startSim(b, "sim", append([]string{"--token-delay", "2ms", "--greedy"}, simArgs...)...)
 	s := newStackArgs(b, natsArgs...)
 	fe := s.frontend(nil, feArgs...)
 	s.openaiWorker("oa1", sim, wArgs...)
@@ -153,7 +154,8 @@ func BenchmarkOverhead(b *testing.B) {
 			b.ReportMetric(float64(len(bTTFT)), "requests_each")
 		})
 	}
-	b.Run("rate=max", func(b *testing.B) { benchOverheadMaxRate(b, client, sim.url, fe.url, tokens, traces) })
+	pids := map[string]int{"nats": s.nats.pid(), "frontend": fe.pid(), "worker": s.workers["oa1"].pid(), "sim": sim.pid()}
+	b.Run("rate=max", func(b *testing.B) { benchOverheadMaxRate(b, client, sim.url, fe.url, tokens, traces, pids) })
 }
 
 // reportOverhead reports the p50, p99 and p999 of durations measured direct

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
@@ -48,6 +49,7 @@ func run(args []string) int {
 	fault := fs.String("fault", "", "fault for every request, or the first --fault-requests: STATUS[:RETRY_AFTER_S][@N] or cut|malformed|nodone|stall[@N] or policy|context (N: tokens sent before it)")
 	fs.IntVar(&cfg.FaultRequests, "fault-requests", 0, "apply --fault to the first N generation requests only (0: all)")
 	fs.StringVar(&cfg.FaultMatch, "fault-match", "", "apply --fault only to requests whose body contains this text (--fault-requests counts only those)")
+	pprofAddr := fs.String("pprof-addr", "", "serve Go profiles (/debug/pprof/) on this address, for measurements (off unless set)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -69,6 +71,14 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "vllmsim:", err)
 		return 1
 	}
+	if *pprofAddr != "" {
+		pl, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "vllmsim: --pprof-addr:", err)
+			return 2
+		}
+		go func() { _ = http.Serve(pl, pprofMux()) }()
+	}
 	srv := &http.Server{Handler: vllmsim.New(cfg), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Printf("vllmsim listening on http://%s model=%s\n", l.Addr(), cfg.Model)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -86,4 +96,14 @@ func run(args []string) int {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return 0
+}
+
+// pprofMux serves Go's profiles (net/http/pprof) for --pprof-addr.
+func pprofMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	return mux
 }
