@@ -178,11 +178,16 @@ func withDefaultTimeout(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, DefaultTimeout)
 }
 
-// LastOfWorker returns the newest message stream holds on worker's tokens
-// subjects (WorkerTokens), of any request: what the worker wrote last. ok
-// is false when it holds none. It asks the stream's leader.
-func LastOfWorker(ctx context.Context, js jetstream.JetStream, stream, worker string) (m *jetstream.RawStreamMsg, ok bool, err error) {
-	m, err = leaderGet(ctx, js, stream, WorkerTokens(worker), 0, true)
+// NextOfWorker returns the first message stream holds on worker's tokens
+// subjects (WorkerTokens), of any request, at or after seq: what the worker
+// wrote first since then. ok is false when it wrote nothing there since. It
+// asks the stream's leader. The server finds it by reading the stream from
+// seq on until a message matches, so a recent seq makes it cheap: a
+// worker's last message (last_by_subj of the same filter) is found by
+// matching every request's subjects instead, tens of milliseconds at 100,000
+// of them with the stream's writes held meanwhile.
+func NextOfWorker(ctx context.Context, js jetstream.JetStream, stream, worker string, seq uint64) (m *jetstream.RawStreamMsg, ok bool, err error) {
+	m, err = leaderGet(ctx, js, stream, WorkerTokens(worker), seq, false)
 	return m, m != nil, err
 }
 

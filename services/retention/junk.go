@@ -20,8 +20,9 @@ import (
 // other worker's requests. The monitor guards against that (docs/security.md,
 // "A worker that floods the log"):
 //
-//   - on sight: at every reading it looks at what a live worker (every one,
-//     when the partition grew fast) wrote last, one get each;
+//   - on sight: at every reading it looks at the first message a live
+//     worker (every one, when the partition grew fast) wrote since it was
+//     last looked at, one get each;
 //   - junk found is purged at once, and a worker found writing junk of any
 //     size (a large message, or many) is quarantined: Fleet.Junk takes it out
 //     of routing for QuarantineFor, its requests move to other workers;
@@ -47,17 +48,25 @@ const (
 	// QuarantineFor is how long a worker found writing junk stays out of
 	// routing (events.WorkerLost.QuarantineMS).
 	QuarantineFor = 10 * time.Minute
-	// checksPerReading is how many live workers' last writes each reading
-	// of a partition looks at, in turn, while it grows slowly: junk that
-	// fills the log slower than eviction empties it is found in turn, or
-	// evicted oldest first with the finished requests. (The server answers
-	// a worker's last write by matching every request's subjects.)
+	// checksPerReading is how many live workers' writes each reading of a
+	// partition looks at, in turn, while it grows slowly: junk that fills
+	// the log slower than eviction empties it is found in turn, or evicted
+	// oldest first with the finished requests.
 	checksPerReading = 1
 	// fastGrowth: a partition that grew by this fraction of its max bytes
 	// since the last reading (filling the eviction band in ten readings)
-	// has up to fastChecks live workers' last writes looked at.
+	// has up to fastChecks live workers' writes looked at.
 	fastGrowth = 0.01
 	fastChecks = 16
+	// checkBack bounds how far back in the stream a check looks for a
+	// worker's first write since its last check: the server reads the
+	// stream from there until one of the worker's messages comes, the
+	// stream's writes held meanwhile (about 2 ms when none of the 4,096 is
+	// the worker's; a fraction of a millisecond for a worker that serves
+	// requests; BenchmarkWorkerLookup in streams). A flood is recent by
+	// nature; a worker looked at for the first time is looked at from this
+	// far back too.
+	checkBack = 1 << 12
 	// junkLarge: one junk message this large quarantines its worker at once.
 	junkLarge = 64 << 10
 	// junkMany: this many junk messages of one worker quarantine it. An
@@ -121,14 +130,30 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		if ctx.Err() != nil {
 			return
 		}
-		m.check(ctx, u.Stream, ws[(start+i)%len(ws)], f)
+		w := ws[(start+i)%len(ws)]
+		key := u.Stream + " " + w
+		from := max(m.checked[key]+1, u.FirstSeq)
+		if u.LastSeq >= checkBack {
+			from = max(from, u.LastSeq-checkBack+1)
+		}
+		m.check(ctx, u.Stream, w, f, from)
+		m.checked[key] = u.LastSeq
+	}
+	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
+		for key := range m.checked { // workers gone: looked at from checkBack if they come back
+			if _, w, _ := strings.Cut(key, " "); !slices.Contains(ws, w) {
+				delete(m.checked, key)
+			}
+		}
 	}
 }
 
-// check looks at what worker wrote last to stream; if it is junk, purges it
-// and, when the worker's junk is large or many, quarantines the worker.
-func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet) {
-	msg, ok, err := streams.LastOfWorker(ctx, m.js, stream, worker)
+// check looks at the first message worker wrote to stream at or after
+// sequence from (the reading its last check was made at); if it is junk,
+// purges it and, when the worker's junk is large or many, quarantines the
+// worker.
+func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from uint64) {
+	msg, ok, err := streams.NextOfWorker(ctx, m.js, stream, worker, from)
 	if err != nil || !ok {
 		return
 	}

@@ -314,11 +314,13 @@ type fleet struct {
 	mu          sync.Mutex
 	live        []string
 	quarantined map[string]string // worker: why
+	asked       int               // calls of Workers: one a reading of the guard
 }
 
 func (f *fleet) Workers() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.asked++
 	var ids []string
 	for _, id := range f.live {
 		if _, q := f.quarantined[id]; !q {
@@ -351,8 +353,8 @@ func (f *fleet) why(id string) (string, bool) {
 	return why, ok
 }
 
-// TestGuardQuarantinesJunkWriters: what a worker wrote last is judged at
-// each reading. Compacted requests' carries on w1's subjects (80 messages)
+// TestGuardQuarantinesJunkWriters: what a worker wrote since it was last
+// looked at is judged at each reading. Compacted requests' carries on w1's subjects (80 messages)
 // are not junk, and a late delta of w1's after a request's record, and a
 // message on a subject no reader folds, are purged without quarantining
 // w1; a 100 KiB message quarantines its worker and is purged: w2's on a
@@ -374,16 +376,6 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 		}
 	}
 	store(t, fe, wk, "inflight", 10, true)
-	// w1 comes back from a partition during which its request migrated
-	// away and ended: its connection sends the deltas it buffered, on its
-	// own attempt's subject, after the end: more than junkMany of them,
-	// all there at the guard's first look.
-	late := streams.RequestTokens("done-07", 0, "w1")
-	for i := range 200 {
-		if _, err := wk.Append(ctx, late, wk.Envelope(fmt.Sprint("late-", i), "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5 + i, Tokens: []string{"late "}}), -1); err != nil {
-			t.Fatal(err)
-		}
-	}
 	st, err := js.Stream(ctx, streams.RequestsStream)
 	if err != nil {
 		t.Fatal(err)
@@ -412,6 +404,22 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 		})
 	}
 
+	// Each worker is looked at once (a reading each, in turn) before w1
+	// comes back from a partition during which its request migrated away
+	// and ended: its connection sends the deltas it buffered, on its own
+	// attempt's subject, after the end: more than junkMany of them, written
+	// since the guard last looked at w1.
+	eventually(t, "every worker looked at", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.asked > 2*len(f.live)
+	})
+	late := streams.RequestTokens("done-07", 0, "w1")
+	for i := range 200 {
+		if _, err := wk.Append(ctx, late, wk.Envelope(fmt.Sprint("late-", i), "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5 + i, Tokens: []string{"late "}}), -1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	waitGone("w1's late deltas", late)
 	malformed := "baton.requests.0.junk.tokens.0.w1" // slot 0 is not junk's: no reader folds it
 	if _, err := wk.Append(ctx, malformed, wk.Envelope("malformed", "junk", events.TokensGenerated{RequestID: "junk", Tokens: []string{"x"}}), -1); err != nil {
