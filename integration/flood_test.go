@@ -26,7 +26,9 @@ import (
 func TestWorkerJunkFloodQuarantined(t *testing.T) {
 	const maxBytes = 128 << 20
 	c := confinedStack(t, "w1", "w2")
-	f := c.frontend(nil, append([]string{"--stream-max-bytes", fmt.Sprint(maxBytes)}, c.auth...)...)
+	// Migration on, so that w1's requests in flight when it is quarantined
+	// move to w2 (the default, --migration-limit 0, fails them).
+	f := c.frontend(nil, append([]string{"--stream-max-bytes", fmt.Sprint(maxBytes), "--migration-limit", "3"}, c.auth...)...)
 	c.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
 	c.worker("w2", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
 	f.waitRoutable(t, "w1", "w2")

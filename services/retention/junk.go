@@ -58,15 +58,16 @@ const (
 	// has up to fastChecks live workers' writes looked at.
 	fastGrowth = 0.01
 	fastChecks = 16
-	// checkBack bounds how far back in the stream a check looks for a
-	// worker's first write since its last check: the server reads the
-	// stream from there until one of the worker's messages comes, the
-	// stream's writes held meanwhile (about 2 ms when none of the 4,096 is
-	// the worker's; a fraction of a millisecond for a worker that serves
-	// requests; BenchmarkWorkerLookup in streams). A flood is recent by
-	// nature; a worker looked at for the first time is looked at from this
-	// far back too.
-	checkBack = 1 << 12
+	// checkBack and checkBackBytes bound how far back from the end of the
+	// stream a check looks for a worker's first message there: the server
+	// reads the stream from that sequence on until one of the worker's
+	// messages comes, the stream's writes held meanwhile (about 2 ms when
+	// none of 4,096 is the worker's; a fraction of a millisecond for a
+	// worker that serves requests; BenchmarkWorkerLookup in streams). A
+	// flood is recent by nature, and the stream's last blocks are the ones
+	// in the server's cache: a look further back reads blocks from disk.
+	checkBack      = 1 << 12
+	checkBackBytes = 4 << 20
 	// junkLarge: one junk message this large quarantines its worker at once.
 	junkLarge = 64 << 10
 	// junkMany: this many junk messages of one worker quarantine it. An
@@ -132,15 +133,11 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		}
 		w := ws[(start+i)%len(ws)]
 		key := u.Stream + " " + w
-		from := max(m.checked[key]+1, u.FirstSeq)
-		if u.LastSeq >= checkBack {
-			from = max(from, u.LastSeq-checkBack+1)
-		}
-		m.check(ctx, u.Stream, w, f, from)
+		m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, tailFrom(u)))
 		m.checked[key] = u.LastSeq
 	}
 	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
-		for key := range m.checked { // workers gone: looked at from checkBack if they come back
+		for key := range m.checked { // workers gone: looked at from tailFrom if they come back
 			if _, w, _ := strings.Cut(key, " "); !slices.Contains(ws, w) {
 				delete(m.checked, key)
 			}
@@ -148,8 +145,25 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 	}
 }
 
+// tailFrom is the earliest a check looks for a worker's message in a
+// partition whose reading is u (it looks from the sequence of the
+// worker's last check, if later): checkBack messages before its end, or
+// fewer when its messages are large (checkBackBytes of them at their mean
+// size), so that the server reads only the stream's last blocks, which
+// are in its cache.
+func tailFrom(u streams.Usage) uint64 {
+	n := uint64(checkBack)
+	if u.Msgs > 0 && u.Bytes > 0 {
+		n = min(n, max(4, checkBackBytes/(u.Bytes/u.Msgs+1)))
+	}
+	if u.LastSeq < n {
+		return max(u.FirstSeq, 1)
+	}
+	return max(u.FirstSeq, u.LastSeq-n+1)
+}
+
 // check looks at the first message worker wrote to stream at or after
-// sequence from (the reading its last check was made at); if it is junk,
+// sequence from (since its last check, near the end); if it is junk,
 // purges it and, when the worker's junk is large or many, quarantines the
 // worker.
 func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from uint64) {

@@ -113,7 +113,7 @@ type Monitor struct {
 	quarantined *prometheus.CounterVec
 	purges      *Pacer
 	turn        int               // the next live worker guard checks (guardLoop's goroutine only)
-	checked     map[string]uint64 // "stream worker": the stream's last sequence at its last check (guardLoop's)
+	checked     map[string]uint64 // "stream worker": the partition's last sequence at the worker's last check (guardLoop's)
 
 	mu       sync.Mutex
 	usage    map[string]streams.Usage // by stream
@@ -147,7 +147,8 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
 		}, []string{"stream"}),
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
-		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{}, checked: map[string]uint64{},
+		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{},
+		checked: map[string]uint64{},
 	}
 	m.purges = NewPacer()
 	m.purges.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
