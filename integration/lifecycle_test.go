@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -621,14 +622,19 @@ func TestLiveTrafficOnlyWhereRead(t *testing.T) {
 	}
 	// A resume on an idle frontend, mid-stream: it subscribes to the slot,
 	// reads the history, and follows live.
+	// An event's id is the offset of its last token, and one event may
+	// carry several tokens (those that came together): resume after the
+	// first id of 20 or more.
 	var once sync.Once
+	var resumeAt atomic.Int64
 	resumed := make(chan sseResult, 1)
 	first := postStream(t, fes[0].url, "/v1/completions", map[string]any{"model": "mock", "prompt": "resume me elsewhere", "max_tokens": 300},
 		map[string]string{"X-Request-Id": "where-resume", "X-Resumable": "true"}, func(e sseEvent) {
-			if e.id == "20" {
+			if id, err := strconv.Atoi(e.id); err == nil && id >= 20 {
 				once.Do(func() {
+					resumeAt.Store(int64(id))
 					go func() {
-						resp, err := http.Get(fes[1].url + "/v1/requests/where-resume/stream?starting_after=20")
+						resp, err := http.Get(fmt.Sprintf("%s/v1/requests/where-resume/stream?starting_after=%d", fes[1].url, id))
 						if err != nil {
 							t.Error(err)
 							resumed <- sseResult{}
@@ -640,8 +646,16 @@ func TestLiveTrafficOnlyWhereRead(t *testing.T) {
 				})
 			}
 		})
-	r := <-resumed
-	if !first.done || !r.done || first.text[len(first.text)-len(r.text):] != r.text || len(strings.Fields(r.text)) != 280 {
-		t.Fatalf("resume on an idle frontend: done %v with %d tokens (first done %v)", r.done, len(strings.Fields(r.text)), first.done)
+	var r sseResult
+	select {
+	case r = <-resumed:
+	case <-time.After(30 * time.Second):
+		// The first stream ended without event 20 (the resume never
+		// started), or the resumed one never ended.
+		t.Fatalf("resume on an idle frontend: nothing after 30 s (first stream: done %v, %d tokens, status %d, error %s)",
+			first.done, len(strings.Fields(first.text)), first.status, first.errorBody)
+	}
+	if !first.done || !r.done || first.text[len(first.text)-len(r.text):] != r.text || len(strings.Fields(r.text)) != 300-int(resumeAt.Load()) {
+		t.Fatalf("resume on an idle frontend after %d: done %v with %d tokens (first done %v)", resumeAt.Load(), r.done, len(strings.Fields(r.text)), first.done)
 	}
 }
