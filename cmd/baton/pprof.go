@@ -7,8 +7,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"time"
+
+	"github.com/baton-dev/baton/internal/pprofmux"
 )
 
 // addPprofFlag adds --pprof-addr: a listen address for Go's profiling
@@ -31,13 +32,7 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) error {
 	if err != nil {
 		return badConfig(fmt.Errorf("--pprof-addr %s: %w", addr, err))
 	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: pprofmux.New(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Warn("pprof server", "err", err)

@@ -14,13 +14,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"os/signal"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/baton-dev/baton/internal/pprofmux"
 	"github.com/baton-dev/baton/internal/vllmsim"
 )
 
@@ -77,7 +77,7 @@ func run(args []string) int {
 			fmt.Fprintln(os.Stderr, "vllmsim: --pprof-addr:", err)
 			return 2
 		}
-		go func() { _ = http.Serve(pl, pprofMux()) }()
+		go func() { _ = http.Serve(pl, pprofmux.New()) }()
 	}
 	srv := &http.Server{Handler: vllmsim.New(cfg), ReadHeaderTimeout: 10 * time.Second}
 	fmt.Printf("vllmsim listening on http://%s model=%s\n", l.Addr(), cfg.Model)
@@ -96,14 +96,4 @@ func run(args []string) int {
 	defer cancel()
 	_ = srv.Shutdown(sctx)
 	return 0
-}
-
-// pprofMux serves Go's profiles (net/http/pprof) for --pprof-addr.
-func pprofMux() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	return mux
 }

@@ -354,12 +354,13 @@ func (f *fleet) why(id string) (string, bool) {
 }
 
 // TestGuardQuarantinesJunkWriters: what a worker wrote since it was last
-// looked at is judged at each reading. Compacted requests' carries on w1's subjects (80 messages)
-// are not junk, and a late delta of w1's after a request's record, and a
-// message on a subject no reader folds, are purged without quarantining
-// w1; a 100 KiB message quarantines its worker and is purged: w2's on a
-// request that does not exist, w3's on the request in flight (an attempt
-// routed to w1); the request in flight and the compact records stay.
+// looked at is judged at each reading. Compacted requests' carries on w1's
+// subjects (80 messages) are not junk, and a late delta of w1's after a
+// request's record, and a message on a subject no reader folds, are purged
+// without quarantining w1; a 100 KiB message quarantines its worker and is
+// purged: w2's on a request that does not exist, w3's on the request in
+// flight (an attempt routed to w1); the request in flight and the compact
+// records stay.
 func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	srv := natstest.Start(t)
 	js := srv.JetStream(t)
