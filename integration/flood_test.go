@@ -20,11 +20,13 @@ import (
 // 500 log_unavailable for 24 h. Now the frontend finds the junk at its next
 // reading of the log, quarantines w1 (a lost event with its reason, its
 // lease revoked, its requests moved to w2) and purges what w1 writes at
-// every reading: the flood stores several times the log's size, every
-// request succeeds, none is refused, and the log never nears its
-// high-water mark.
+// every reading: the flood stores more than the log's size, every request
+// succeeds, none is refused, and the log never nears its high-water mark.
+// The log (512 MiB) takes a writer at 850 MB/s about 0.6 s to fill: a
+// flood that fills it within one reading (250 ms) is stopped only after
+// (docs/security.md, "How fast a flood can be").
 func TestWorkerJunkFloodQuarantined(t *testing.T) {
-	const maxBytes = 128 << 20
+	const maxBytes = 512 << 20
 	c := confinedStack(t, "w1", "w2")
 	// Migration on, so that w1's requests in flight when it is quarantined
 	// move to w2 (the default, --migration-limit 0, fails them).
@@ -86,7 +88,7 @@ func TestWorkerJunkFloodQuarantined(t *testing.T) {
 		t.Fatal(err)
 	}
 	junk := make([]byte, 1<<20-4096) // under MaxMsgSize with its headers
-	const flood = 3 * maxBytes / (1 << 20)
+	const flood = 2 * maxBytes / (1 << 20)
 	var stored, refused int
 	var pending []jetstream.PubAckFuture
 	start := time.Now()
@@ -123,15 +125,15 @@ func TestWorkerJunkFloodQuarantined(t *testing.T) {
 		t.Error("no client request ran during the flood")
 	}
 	// Stored more than the log holds: the junk was purged as it came.
-	if stored*(1<<20) < 2*maxBytes {
-		t.Errorf("w1's flood stored %d MiB of %d: want over twice the log's %d MiB (was the log full?)", stored, flood, maxBytes>>20)
+	if stored*(1<<20) < 3*maxBytes/2 {
+		t.Errorf("w1's flood stored %d MiB of %d: want over 1.5 times the log's %d MiB (was the log full?)", stored, flood, maxBytes>>20)
 	}
 	if p := peak.Load().(float64); p >= 0.8 {
 		t.Errorf("the log reached %.2f of its size during the flood: want it under the eviction mark 0.8", p)
 	}
-	if f.metric(t, "baton_log_workers_quarantined_total") < 1 || f.metric(t, "baton_log_junk_purged_messages_total") < 1 {
-		t.Error("baton_log_workers_quarantined_total and baton_log_junk_purged_messages_total: want both counted")
-	}
+	waitFor(t, 10*time.Second, "baton_log_workers_quarantined_total and baton_log_junk_purged_messages_total counted", func() bool {
+		return f.metric(t, "baton_log_workers_quarantined_total") >= 1 && f.metric(t, "baton_log_junk_purged_messages_total") >= 1
+	})
 	// w1 is quarantined, whatever lease it registered since; w2 serves.
 	waitFor(t, 20*time.Second, "w1 listed as quarantined", func() bool {
 		ws, err := f.workers()

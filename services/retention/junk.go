@@ -9,6 +9,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -20,9 +21,11 @@ import (
 // other worker's requests. The monitor guards against that (docs/security.md,
 // "A worker that floods the log"):
 //
-//   - on sight: at every reading it looks at the first message a live
-//     worker (every one, when the partition grew fast) wrote since it was
-//     last looked at, one get each;
+//   - on sight: after every reading it looks at what a live worker (every
+//     one, when the partition grew fast, and then from the previous reading
+//     on, read five times as often) wrote since it was last looked at: up
+//     to 16 of its messages spread over that span, one get each, so that
+//     honest writes around a flood do not hide it;
 //   - junk found is purged at once, and a worker found writing junk of any
 //     size (a large message, or many) is quarantined: Fleet.Junk takes it out
 //     of routing for QuarantineFor, its requests move to other workers;
@@ -55,7 +58,9 @@ const (
 	checksPerReading = 1
 	// fastGrowth: a partition that grew by this fraction of its max bytes
 	// since the last reading (filling the eviction band in ten readings)
-	// has up to fastChecks live workers' writes looked at.
+	// has up to fastChecks live workers' writes looked at, from the
+	// previous reading on (lookFrom), and is read fastReadings times as
+	// often (Run).
 	fastGrowth = 0.01
 	fastChecks = 16
 	// checkBack and checkBackBytes bound how far back from the end of the
@@ -68,6 +73,8 @@ const (
 	// in the server's cache: a look further back reads blocks from disk.
 	checkBack      = 1 << 12
 	checkBackBytes = 4 << 20
+	// checkSamples bounds the messages of a worker's one check looks at.
+	checkSamples = 16
 	// junkLarge: one junk message this large quarantines its worker at once.
 	junkLarge = 64 << 10
 	// junkMany: this many junk messages of one worker quarantine it. An
@@ -122,7 +129,8 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		return
 	}
 	n := min(checksPerReading, len(ws))
-	if u.MaxBytes > 0 && u.Bytes > before.Bytes && float64(u.Bytes-before.Bytes) > fastGrowth*float64(u.MaxBytes) {
+	fast := growsFast(before, u)
+	if fast {
 		n = min(len(ws), fastChecks)
 	}
 	start := m.turn % len(ws)
@@ -133,8 +141,7 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		}
 		w := ws[(start+i)%len(ws)]
 		key := u.Stream + " " + w
-		m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, tailFrom(u)))
-		m.checked[key] = u.LastSeq
+		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq)
 	}
 	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
 		for key := range m.checked { // workers gone: looked at from tailFrom if they come back
@@ -145,36 +152,70 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 	}
 }
 
-// tailFrom is the earliest a check looks for a worker's message in a
-// partition whose reading is u (it looks from the sequence of the
-// worker's last check, if later): checkBack messages before its end, or
-// fewer when its messages are large (checkBackBytes of them at their mean
-// size), so that the server reads only the stream's last blocks, which
-// are in its cache.
-func tailFrom(u streams.Usage) uint64 {
+// lookFrom is the earliest a check looks for a worker's messages in a
+// partition whose reading went from before to u (it looks from where the
+// worker's last check ended, if later): checkBack messages before its end,
+// or fewer when its messages are large (checkBackBytes of them at their
+// mean size), so that the server reads only the stream's last blocks,
+// which are in its cache. While the partition grows fast it looks at
+// least as far back as the previous reading, whatever that spans: a flood
+// that came and went between two readings, followed by honest writes, is
+// still looked at.
+func lookFrom(before, u streams.Usage, fast bool) uint64 {
 	n := uint64(checkBack)
 	if u.Msgs > 0 && u.Bytes > 0 {
 		n = min(n, max(4, checkBackBytes/(u.Bytes/u.Msgs+1)))
 	}
-	if u.LastSeq < n {
-		return max(u.FirstSeq, 1)
+	from := max(u.FirstSeq, 1)
+	if u.LastSeq >= n {
+		from = max(from, u.LastSeq-n+1)
 	}
-	return max(u.FirstSeq, u.LastSeq-n+1)
+	if fast && before.LastSeq > 0 {
+		from = max(min(from, before.LastSeq+1), u.FirstSeq)
+	}
+	return from
 }
 
-// check looks at the first message worker wrote to stream at or after
-// sequence from (since its last check, near the end); if it is junk,
-// purges it and, when the worker's junk is large or many, quarantines the
-// worker.
-func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from uint64) {
-	msg, ok, err := streams.NextOfWorker(ctx, m.js, stream, worker, from)
-	if err != nil || !ok {
-		return
+// check looks at what worker wrote to stream from sequence from to to
+// (the partition's last at the reading): up to checkSamples of its
+// messages, spread over that span (each the worker's first message at or
+// after an even step of it), so that honest writes before a flood do not
+// hide it. If one is junk, it is purged and, when the worker's junk is
+// large or many, the worker is quarantined. It returns the last sequence
+// looked at, where the worker's next check starts.
+func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64) uint64 {
+	if from > to {
+		return to
 	}
-	why := m.junkWhy(ctx, stream, msg.Subject, msg.Sequence)
-	if why == "" {
-		return
+	step := max(1, (to-from+1)/checkSamples)
+	honest := map[string]bool{} // subjects judged not junk in this check
+	for i, seq := uint64(0), from; i < checkSamples && seq <= to; i++ {
+		msg, ok, err := streams.NextOfWorker(ctx, m.js, stream, worker, seq)
+		if err != nil {
+			return seq - 1 // looked at again from there
+		}
+		if !ok {
+			break // nothing of the worker's after seq
+		}
+		seq = max(msg.Sequence+1, from+(i+1)*step)
+		if honest[msg.Subject] {
+			continue
+		}
+		why := m.junkWhy(ctx, stream, msg.Subject, msg.Sequence)
+		if why == "" {
+			honest[msg.Subject] = true
+			continue
+		}
+		m.judgeJunk(ctx, stream, worker, f, msg, why)
+		break
 	}
+	return to
+}
+
+// judgeJunk deals with msg, junk of worker's for why: a large one
+// quarantines it at once; a small one is junk at all, or an honest
+// worker's late delta, as the count of its junk says.
+func (m *Monitor) judgeJunk(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, why string) {
 	size := len(msg.Data)
 	for k, vs := range msg.Header {
 		for _, v := range vs {
@@ -185,7 +226,6 @@ func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, fro
 		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
 		return
 	}
-	// A small one: junk at all, or an honest worker's late delta?
 	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
 	if err != nil {
 		return

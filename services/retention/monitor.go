@@ -183,23 +183,41 @@ func (m *Monitor) partitions() streams.Partitions {
 func (m *Monitor) HighWater() float64 { return m.cfg.HighWater }
 
 // Run reads the partitions' usage every Interval and evicts while one is
-// above its eviction mark, until ctx is done. It returns nil then.
+// above its eviction mark, until ctx is done. It returns nil then. While a
+// partition grows fast (fastGrowth a reading: a flood, or a burst of
+// work) it reads every fastInterval, so that the guard, which looks at the
+// workers' writes after each reading, finds a flood before it fills the
+// log.
 func (m *Monitor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	wg.Go(func() { m.guardLoop(ctx) })
-	t := time.NewTicker(m.cfg.Interval)
+	readings := make(chan struct{}, 1)
+	wg.Go(func() { m.guardLoop(ctx, readings) })
+	t := time.NewTimer(m.cfg.Interval)
 	defer t.Stop()
+	last := map[string]streams.Usage{}
 	for {
+		fast := false
 		for _, stream := range m.partitions().Streams() {
 			u, err := m.refresh(ctx, stream)
 			if err != nil {
 				continue // the next reading tries again; the last one stands
 			}
+			fast = fast || growsFast(last[stream], u)
+			last[stream] = u
 			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
 				m.evict(ctx, u)
 			}
 		}
+		select {
+		case readings <- struct{}{}:
+		default: // the guard is busy with an earlier reading
+		}
+		next := m.cfg.Interval
+		if fast {
+			next = max(m.cfg.Interval/fastReadings, time.Millisecond)
+		}
+		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -208,19 +226,28 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}
 }
 
-// guardLoop runs guard on every partition each Interval, from Run's
-// readings, until ctx is done: on a goroutine of its own, so that its
-// questions (slow under a flood) never hold up eviction or the readings
-// admission answers from.
-func (m *Monitor) guardLoop(ctx context.Context) {
-	t := time.NewTicker(m.cfg.Interval)
-	defer t.Stop()
+// fastReadings is how many times more often a partition that grows fast
+// is read.
+const fastReadings = 5
+
+// growsFast reports whether a partition grew by more than fastGrowth of its
+// max bytes from reading before to u.
+func growsFast(before, u streams.Usage) bool {
+	return u.MaxBytes > 0 && before.LastSeq > 0 && u.Bytes > before.Bytes &&
+		float64(u.Bytes-before.Bytes) > fastGrowth*float64(u.MaxBytes)
+}
+
+// guardLoop runs guard on every partition after each of Run's readings,
+// until ctx is done: on a goroutine of its own, so that its questions (slow
+// under a flood) never hold up eviction or the readings admission answers
+// from.
+func (m *Monitor) guardLoop(ctx context.Context, readings <-chan struct{}) {
 	seen := map[string]streams.Usage{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-readings:
 		}
 		for _, stream := range m.partitions().Streams() {
 			m.mu.Lock()

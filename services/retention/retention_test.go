@@ -467,6 +467,73 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	}
 }
 
+// TestGuardFindsJunkAmongHonestWrites: w1 serves a request and, with the
+// same credential, writes 40 messages of 100 KiB to a request that does
+// not exist between its honest deltas, 300 of them after the junk, all
+// before the guard's first reading. The first message w1 wrote there is
+// honest, and so is its last: a check of either alone passed the junk by;
+// the check's messages spread over what w1 wrote find it, quarantine w1
+// and purge it, and the request in flight keeps its deltas.
+func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
+	srv := natstest.Start(t)
+	js := srv.JetStream(t)
+	ctx := context.Background()
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	fe, wk := logs(t, js)
+	store(t, fe, wk, "inflight", 10, true)
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	delta := func(i int) {
+		t.Helper()
+		if _, err := wk.Append(ctx, tokens, wk.Envelope(fmt.Sprint("d-", i), "inflight", events.TokensGenerated{RequestID: "inflight", Offset: i, Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}}), -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	junk := streams.RequestTokens("no-such-request", 0, "w1")
+	big := wk.Envelope("junk", "no-such-request", events.TokensGenerated{RequestID: "no-such-request", Tokens: []string{strings.Repeat("x", 100<<10)}})
+	for i := range 40 {
+		big.ID = fmt.Sprint("junk-", i)
+		if _, err := wk.Append(ctx, junk, big, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 10; i < 310; i++ {
+		delta(i)
+	}
+	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
+	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPartitions(1)
+	m.SetFleet(f)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "w1's junk purged", func() bool {
+		_, err := st.GetLastMsgForSubject(ctx, junk)
+		return err != nil
+	})
+	if why, q := f.why("w1"); !q || !strings.Contains(why, "no-such-request") {
+		t.Fatalf("w1 after its junk among honest deltas: quarantined %v (%q), want quarantined naming the request", q, why)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(tokens))
+	if err != nil || info.State.Subjects[tokens] != 310 {
+		t.Errorf("w1's deltas of the request in flight after the sweeps: %v, %d messages, want 310", err, info.State.Subjects[tokens])
+	}
+}
+
 // TestCompactionPurgesEveryAttempt: a request that migrated has a tokens
 // subject per attempt, and compaction purges each one (one literal purge a
 // subject, streams.PurgeSubjectsThrough), leaving the carry, the other
