@@ -25,7 +25,10 @@ import (
 // when it comes; under load every append in flight does). A frontend that asked for a worker's last message (last_by_subj
 // of its tokens subjects, which the server answers by matching every
 // subject) held the partition's writes for tens of milliseconds four times
-// a second (BATON_BENCH_BIN names another build).
+// a second (BATON_BENCH_BIN names another build). Last, with a second
+// worker, w9, quarantined for junk and idle: a sweep of its subjects lists
+// or purges them by matching every subject too, and a sweep that finds
+// nothing new written since the last one is skipped.
 //
 //	go test -run '^$' -bench BenchmarkGuardBesideAppends -benchtime 1x ./integration/
 func BenchmarkGuardBesideAppends(b *testing.B) {
@@ -33,7 +36,8 @@ func BenchmarkGuardBesideAppends(b *testing.B) {
 	s := newStack(b)
 	f := s.frontend(nil)
 	s.worker("w1")
-	f.waitRoutable(b, "w1")
+	s.worker("w9")
+	f.waitRoutable(b, "w1", "w9")
 	nc, err := nats.Connect(s.natsURL)
 	if err != nil {
 		b.Fatal(err)
@@ -69,15 +73,30 @@ func BenchmarkGuardBesideAppends(b *testing.B) {
 		slices.Sort(lat)
 		return lat
 	}
+	quarantined := false
 	for b.Loop() {
 		running := appends()
 		f.signal(syscall.SIGSTOP)
 		stopped := appends()
 		f.signal(syscall.SIGCONT)
+		// Then w9 is quarantined (one 100 KiB message on a request that
+		// does not exist) and stops writing: the guard sweeps its subjects
+		// at every reading from then on.
+		if !quarantined {
+			if _, err := js.Publish(context.Background(), streams.RequestTokens("no-such-request", 0, "w9"), make([]byte, 100<<10)); err != nil {
+				b.Fatal(err)
+			}
+			waitFor(b, 30*time.Second, "w9 quarantined", func() bool {
+				ws, err := f.workers()
+				return err == nil && slices.ContainsFunc(ws, func(w workerInfo) bool { return w.ID == "w9" && w.State == "quarantined" })
+			})
+			quarantined = true
+		}
+		swept := appends()
 		for _, r := range []struct {
 			name string
 			lat  []time.Duration
-		}{{"running", running}, {"stopped", stopped}} {
+		}{{"running", running}, {"stopped", stopped}, {"running_w9_quarantined", swept}} {
 			b.ReportMetric(float64(r.lat[len(r.lat)/2].Microseconds()), "append_p50_µs_frontend_"+r.name)
 			b.ReportMetric(float64(r.lat[len(r.lat)*99/100].Microseconds()), "append_p99_µs_frontend_"+r.name)
 			b.ReportMetric(float64(r.lat[len(r.lat)*999/1000].Microseconds()), "append_p999_µs_frontend_"+r.name)

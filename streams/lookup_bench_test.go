@@ -20,8 +20,9 @@ import (
 // the server answers by matching every subject), and its first message at
 // or after a sequence 4,096 messages back (NextOfWorker: the server reads
 // the stream from there), and the same for a worker that wrote nothing
-// there (the server reads all 4,096). Besides the time of one lookup, each
-// reports the
+// there (the server reads all 4,096); and what a quarantined worker's
+// sweep asks (the list of its subjects, the purge of all it wrote: both
+// match every subject). Besides the time of one lookup, each reports the
 // p99 of the publishes another connection makes meanwhile, one at a time:
 // the file store holds its writes while a lookup reads.
 //
@@ -77,6 +78,16 @@ func BenchmarkWorkerLookup(b *testing.B) {
 			if err == nil && ok {
 				err = fmt.Errorf("a message of w3, which wrote none")
 			}
+			return err
+		}},
+		// What a quarantined worker's sweep asks at each reading: the
+		// list of its subjects, or the purge of all it wrote.
+		{"worker_subjects", func() error {
+			_, err := streams.WorkerSubjects(ctx, js, streams.RequestsStream, "w3")
+			return err
+		}},
+		{"purge_worker", func() error {
+			_, err := streams.PurgeWorker(ctx, js, streams.RequestsStream, "w3")
 			return err
 		}},
 	}

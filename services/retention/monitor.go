@@ -114,6 +114,7 @@ type Monitor struct {
 	purges      *Pacer
 	turn        int               // the next live worker guard checks (guardLoop's goroutine only)
 	checked     map[string]uint64 // "stream worker": the partition's last sequence at the worker's last check (guardLoop's)
+	sweptTo     map[string]uint64 // "stream worker": a quarantined worker's junk purged through this sequence (guardLoop's)
 
 	mu       sync.Mutex
 	usage    map[string]streams.Usage // by stream
@@ -148,7 +149,7 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 		}, []string{"stream"}),
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
 		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{},
-		checked: map[string]uint64{},
+		checked: map[string]uint64{}, sweptTo: map[string]uint64{},
 	}
 	m.purges = NewPacer()
 	m.purges.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -444,6 +444,14 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	if _, q := f.why("w1"); q {
 		t.Error("w1 quarantined with w2")
 	}
+	// Swept, w2 is looked at again only once it writes again: what it
+	// writes later is purged too.
+	again := streams.RequestTokens("no-such-request-either", 0, "w2")
+	bigAgain := wk.Envelope("junk-again", "no-such-request-either", events.TokensGenerated{RequestID: "no-such-request-either", Tokens: []string{strings.Repeat("x", 100<<10)}})
+	if _, err := streams.NewLog(js, "baton/worker/w2").Append(ctx, again, bigAgain, -1); err != nil {
+		t.Fatal(err)
+	}
+	waitGone("w2's junk written after its sweep", again)
 	// w3 writes to the request in flight, on its own subject of an attempt
 	// routed to w1.
 	stray := streams.RequestTokens("inflight", 0, "w3")
