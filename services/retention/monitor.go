@@ -197,6 +197,7 @@ func (m *Monitor) Run(ctx context.Context) error {
 	t := time.NewTimer(m.cfg.Interval)
 	defer t.Stop()
 	last := map[string]streams.Usage{}
+	evicted := map[string]time.Time{}
 	for {
 		fast := false
 		for _, stream := range m.partitions().Streams() {
@@ -206,7 +207,12 @@ func (m *Monitor) Run(ctx context.Context) error {
 			}
 			fast = fast || growsFast(last[stream], u)
 			last[stream] = u
-			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
+			// Eviction's batched gets make the server count what matches
+			// from where they start, which from the stream's first message
+			// is every subject it holds: at most once an Interval, however
+			// often the partition is read.
+			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() && time.Since(evicted[stream]) >= m.cfg.Interval {
+				evicted[stream] = time.Now()
 				m.evict(ctx, u)
 			}
 		}
