@@ -73,8 +73,13 @@ const (
 	// in the server's cache: a look further back reads blocks from disk.
 	checkBack      = 1 << 12
 	checkBackBytes = 4 << 20
-	// checkSamples bounds the messages of a worker's one check looks at.
-	checkSamples = 16
+	// checkSamples bounds the messages one check of a worker looks at, and
+	// readingSamples those of all the checks after one reading (a fast
+	// reading checks up to fastChecks workers, every fastReadings of an
+	// Interval): at least minSamples each.
+	checkSamples   = 16
+	readingSamples = 64
+	minSamples     = 4
 	// junkLarge: one junk message this large quarantines its worker at once.
 	junkLarge = 64 << 10
 	// junkMany: this many junk messages of one worker quarantine it. An
@@ -142,10 +147,11 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		}
 		w := ws[(start+i)%len(ws)]
 		key := u.Stream + " " + w
-		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq)
+		samples := max(minSamples, min(checkSamples, readingSamples/n))
+		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples)
 	}
 	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
-		for key := range m.checked { // workers gone: looked at from tailFrom if they come back
+		for key := range m.checked { // workers gone: looked at from lookFrom if they come back
 			if _, w, _ := strings.Cut(key, " "); !slices.Contains(ws, w) {
 				delete(m.checked, key)
 			}
@@ -178,19 +184,19 @@ func lookFrom(before, u streams.Usage, fast bool) uint64 {
 }
 
 // check looks at what worker wrote to stream from sequence from to to
-// (the partition's last at the reading): up to checkSamples of its
-// messages, spread over that span (each the worker's first message at or
+// (the partition's last at the reading): up to samples of its messages,
+// spread over that span (each the worker's first message at or
 // after an even step of it), so that honest writes before a flood do not
 // hide it. If one is junk, it is purged and, when the worker's junk is
 // large or many, the worker is quarantined. It returns the last sequence
 // looked at, where the worker's next check starts.
-func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64) uint64 {
+func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int) uint64 {
 	if from > to {
 		return to
 	}
-	step := max(1, (to-from+1)/checkSamples)
+	step := max(1, (to-from+1)/uint64(samples))
 	honest := map[string]bool{} // subjects judged not junk in this check
-	for i, seq := uint64(0), from; i < checkSamples && seq <= to; i++ {
+	for i, seq := uint64(0), from; i < uint64(samples) && seq <= to; i++ {
 		msg, ok, err := streams.NextOfWorker(ctx, m.js, stream, worker, seq)
 		if err != nil {
 			return seq - 1 // looked at again from there
