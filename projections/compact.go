@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/baton-dev/baton/events"
 )
@@ -74,7 +75,26 @@ func (r *Request) Compact() (events.RequestCompacted, error) {
 	if err != nil {
 		return events.RequestCompacted{}, fmt.Errorf("projections: compact %s: %w", r.Accepted.RequestID, err)
 	}
-	return events.RequestCompacted{RequestID: r.Accepted.RequestID, Through: r.lastSeq, Tokens: r.n, State: data}, nil
+	return events.RequestCompacted{RequestID: r.Accepted.RequestID, Through: r.covered, Tokens: r.n, State: data}, nil
+}
+
+// CarryID is the event id of event i of request id's carry (Carry): a
+// compaction appends them under these ids, so that a second compaction's
+// carry is a duplicate JetStream drops, and a record's fold leaves them out
+// of what it covers (Compact's Through): a compaction that read the
+// request after another one's carry was stored, and stores its record
+// first, must not purge that carry.
+func CarryID(id string, i int) string { return events.ID(id, carrySuffix, i) }
+
+const carrySuffix = "carried"
+
+// isCarry reports whether evid is the id of an event of this request's
+// carry (CarryID), without building one.
+func (r *Request) isCarry(evid string) bool {
+	id := r.Accepted.RequestID
+	rest, ok := strings.CutPrefix(evid, id)
+	return ok && id != "" && len(rest) > len(carrySuffix)+1 && rest[0] == '.' &&
+		rest[1:1+len(carrySuffix)] == carrySuffix && rest[1+len(carrySuffix)] == '.'
 }
 
 // Compacted reports whether the state came from a compact record.

@@ -64,6 +64,10 @@ type Migration struct {
 // A Request is not safe for concurrent use.
 type Request struct {
 	lastSeq uint64
+	// covered is the last sequence of what a compact record of this state
+	// covers: every event folded but a compaction's carry (CarryID), which
+	// the record's purge must leave for the readers that fold it.
+	covered uint64
 
 	Accepted     events.RequestAccepted
 	Status       Status
@@ -211,6 +215,9 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 			return false, IgnoredReplayed
 		}
 		r.lastSeq = e.Seq
+		if !r.isCarry(e.ID) {
+			r.covered = e.Seq
+		}
 	}
 	if u, ok := e.Event.(events.Unreadable); ok {
 		return false, SkippedPrefix + u.Reason + ")"

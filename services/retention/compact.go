@@ -44,7 +44,7 @@ type Plan struct {
 func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id string, plan *Plan, subjects []string, eventsSeq, through uint64, pace *Pacer) error {
 	if plan != nil {
 		for i, ev := range plan.Carry {
-			if err := carry(ctx, log, plan.Subject, events.ID(id, "carried", i), id, ev); err != nil {
+			if err := carry(ctx, log, plan.Subject, projections.CarryID(id, i), id, ev); err != nil {
 				return fmt.Errorf("compact %s: carry: %w", id, err)
 			}
 		}
