@@ -88,7 +88,7 @@ func TestWorkerJunkFloodQuarantined(t *testing.T) {
 		t.Fatal(err)
 	}
 	junk := make([]byte, 1<<20-4096) // under MaxMsgSize with its headers
-	const flood = 2 * maxBytes / (1 << 20)
+	const flood = 3 * maxBytes / 2 / (1 << 20)
 	var stored, refused int
 	var pending []jetstream.PubAckFuture
 	start := time.Now()
@@ -125,8 +125,8 @@ func TestWorkerJunkFloodQuarantined(t *testing.T) {
 		t.Error("no client request ran during the flood")
 	}
 	// Stored more than the log holds: the junk was purged as it came.
-	if stored*(1<<20) < 3*maxBytes/2 {
-		t.Errorf("w1's flood stored %d MiB of %d: want over 1.5 times the log's %d MiB (was the log full?)", stored, flood, maxBytes>>20)
+	if stored*(1<<20) < 5*maxBytes/4 {
+		t.Errorf("w1's flood stored %d MiB of %d: want over 1.25 times the log's %d MiB (was the log full?)", stored, flood, maxBytes>>20)
 	}
 	if p := peak.Load().(float64); p >= 0.8 {
 		t.Errorf("the log reached %.2f of its size during the flood: want it under the eviction mark 0.8", p)

@@ -43,6 +43,13 @@ func leaderGet(ctx context.Context, js jetstream.JetStream, stream, subject stri
 	if last {
 		req = map[string]any{"last_by_subj": subject}
 	}
+	return leaderAsk(ctx, js, stream, subject, req)
+}
+
+// leaderAsk asks stream's leader for the message req names
+// ($JS.API.STREAM.MSG.GET's request); about is what errors say it was
+// for.
+func leaderAsk(ctx context.Context, js jetstream.JetStream, stream, about string, req map[string]any) (*jetstream.RawStreamMsg, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
@@ -53,17 +60,17 @@ func leaderGet(ctx context.Context, js jetstream.JetStream, stream, subject stri
 	defer cancel()
 	m, err := js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, body)
 	if err != nil {
-		return nil, fmt.Errorf("ask the leader of %s for %s: %w", stream, subject, err)
+		return nil, fmt.Errorf("ask the leader of %s for %s: %w", stream, about, err)
 	}
 	var resp msgGetResponse
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, fmt.Errorf("ask the leader of %s for %s: %w", stream, subject, err)
+		return nil, fmt.Errorf("ask the leader of %s for %s: %w", stream, about, err)
 	}
 	if resp.Error != nil {
 		if resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("ask the leader of %s for %s: %s", stream, subject, resp.Error.Description)
+		return nil, fmt.Errorf("ask the leader of %s for %s: %s", stream, about, resp.Error.Description)
 	}
 	if resp.Message == nil {
 		return nil, nil
@@ -73,7 +80,7 @@ func leaderGet(ctx context.Context, js jetstream.JetStream, stream, subject stri
 	if len(resp.Message.Header) > 0 {
 		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
 		if err != nil {
-			return nil, fmt.Errorf("ask the leader of %s for %s: headers: %w", stream, subject, err)
+			return nil, fmt.Errorf("ask the leader of %s for %s: headers: %w", stream, about, err)
 		}
 		raw.Header = h
 	}

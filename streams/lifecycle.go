@@ -191,6 +191,20 @@ func NextOfWorker(ctx context.Context, js jetstream.JetStream, stream, worker st
 	return m, m != nil, err
 }
 
+// NextOfWorkerBare is NextOfWorker without the message's headers: its
+// subject, sequence and data, a fraction of a delta's bytes (nats-server
+// 2.11 and later; an earlier one sends the headers too).
+func NextOfWorkerBare(ctx context.Context, js jetstream.JetStream, stream, worker string, seq uint64) (m *jetstream.RawStreamMsg, ok bool, err error) {
+	m, err = leaderAsk(ctx, js, stream, WorkerTokens(worker), map[string]any{"next_by_subj": WorkerTokens(worker), "seq": seq, "no_hdr": true})
+	return m, m != nil, err
+}
+
+// MsgAt returns the message at seq of stream (nil when there is none),
+// from the stream's leader.
+func MsgAt(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return leaderAsk(ctx, js, stream, fmt.Sprintf("sequence %d", seq), map[string]any{"seq": seq})
+}
+
 // WorkerSubjects lists worker's tokens subjects in stream with the number
 // of messages each holds (one stream info request, paged by the client).
 func WorkerSubjects(ctx context.Context, js jetstream.JetStream, stream, worker string) (map[string]uint64, error) {

@@ -21,11 +21,12 @@ import (
 // other worker's requests. The monitor guards against that (docs/security.md,
 // "A worker that floods the log"):
 //
-//   - on sight: after every reading it looks at what a live worker (every
-//     one, when the partition grew fast, and then from the previous reading
-//     on, read five times as often) wrote since it was last looked at: up
-//     to 16 of its messages spread over that span, one get each, so that
-//     honest writes around a flood do not hide it;
+//   - on sight: after every reading it looks at what one live worker, in
+//     turn, wrote since it was last looked at, four of its messages spread
+//     over that span, one get each (without the headers); when the
+//     partition grew fast, at what every live worker wrote since the
+//     previous reading (then read five times as often), up to 16 messages
+//     each: honest writes around a flood do not hide it;
 //   - junk found is purged at once, and a worker found writing junk of any
 //     size (a large message, or many) is quarantined: Fleet.Junk takes it out
 //     of routing for QuarantineFor, its requests move to other workers;
@@ -73,10 +74,16 @@ const (
 	// in the server's cache: a look further back reads blocks from disk.
 	checkBack      = 1 << 12
 	checkBackBytes = 4 << 20
-	// checkSamples bounds the messages one check of a worker looks at, and
-	// readingSamples those of all the checks after one reading (a fast
-	// reading checks up to fastChecks workers, every fastReadings of an
-	// Interval): at least minSamples each.
+	// While a partition grows fast, checkSamples bounds the messages one
+	// check of a worker looks at, and readingSamples those of all the
+	// checks after one reading (which checks up to fastChecks workers,
+	// every fastReadings of an Interval): at least minSamples each, and
+	// minSamples else (a flood that began just before a reading is met
+	// there), of which only the first and the large ones are judged. Each
+	// look is a get without the message's headers, and a subject found
+	// honest is not asked about again for honestFor: every frontend's
+	// guard asks its questions, and an idle frontend's NATS traffic is
+	// mostly their answers (TestLiveTrafficOnlyWhereRead).
 	checkSamples   = 16
 	readingSamples = 64
 	minSamples     = 4
@@ -97,8 +104,14 @@ const (
 	sweepMax = 512
 	// parallel is how many questions about junk are asked at once.
 	parallel = 16
-	// routedCache bounds the routed decisions the guard remembers.
+	// routedCache bounds the routed decisions the guard remembers, and the
+	// subjects it found honest.
 	routedCache = 4096
+	// honestFor is how long a tokens subject found not junk (its request in
+	// flight, its attempt routed to the worker) is taken as such without
+	// asking again: what its worker writes there once the request ended is
+	// purged with the request's compaction or eviction.
+	honestFor = 10 * time.Second
 )
 
 // SetFleet tells the monitor the workers to guard the log against, before
@@ -147,8 +160,11 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		}
 		w := ws[(start+i)%len(ws)]
 		key := u.Stream + " " + w
-		samples := max(minSamples, min(checkSamples, readingSamples/n))
-		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples)
+		samples := minSamples
+		if fast {
+			samples = max(minSamples, min(checkSamples, readingSamples/n))
+		}
+		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples, fast)
 	}
 	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
 		for key := range m.checked { // workers gone: looked at from lookFrom if they come back
@@ -185,19 +201,21 @@ func lookFrom(before, u streams.Usage, fast bool) uint64 {
 
 // check looks at what worker wrote to stream from sequence from to to
 // (the partition's last at the reading): up to samples of its messages,
-// spread over that span (each the worker's first message at or
+// spread over that span (judging each one, or, unless judgeAll, the first
+// and the large ones: a small message's judgement costs gets of its
+// request's events, and what makes the log fill slowly can wait) (each the worker's first message at or
 // after an even step of it), so that honest writes before a flood do not
 // hide it. If one is junk, it is purged and, when the worker's junk is
 // large or many, the worker is quarantined. It returns the last sequence
 // looked at, where the worker's next check starts.
-func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int) uint64 {
+func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int, judgeAll bool) uint64 {
 	if from > to {
 		return to
 	}
 	step := max(1, (to-from+1)/uint64(samples))
-	honest := map[string]bool{} // subjects judged not junk in this check
+	now := time.Now()
 	for i, seq := uint64(0), from; i < uint64(samples) && seq <= to; i++ {
-		msg, ok, err := streams.NextOfWorker(ctx, m.js, stream, worker, seq)
+		msg, ok, err := streams.NextOfWorkerBare(ctx, m.js, stream, worker, seq)
 		if err != nil {
 			return seq - 1 // looked at again from there
 		}
@@ -205,13 +223,21 @@ func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, fro
 			break // nothing of the worker's after seq
 		}
 		seq = max(msg.Sequence+1, from+(i+1)*step)
-		if honest[msg.Subject] {
+		if now.Before(m.honest[msg.Subject]) || (i > 0 && !judgeAll && len(msg.Data) < junkLarge) {
 			continue
 		}
-		why := m.junkWhy(ctx, stream, msg.Subject, msg.Sequence)
+		why, running := m.judge(ctx, stream, msg.Subject, msg.Sequence)
 		if why == "" {
-			honest[msg.Subject] = true
+			if running {
+				if len(m.honest) >= routedCache {
+					clear(m.honest)
+				}
+				m.honest[msg.Subject] = now.Add(honestFor)
+			}
 			continue
+		}
+		if full, err := streams.MsgAt(ctx, m.js, stream, msg.Sequence); err == nil && full != nil {
+			msg = full // its headers count towards its size
 		}
 		m.judgeJunk(ctx, stream, worker, f, msg, why)
 		break
@@ -283,38 +309,49 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 // worker wrote to a request that ended before (a quarantined worker's
 // sweep: nothing of it is needed any more but the carry).
 func (m *Monitor) junkWhy(ctx context.Context, stream, subject string, seq uint64) string {
+	why, _ := m.judge(ctx, stream, subject, seq)
+	return why
+}
+
+// judge is junkWhy, and reports whether a subject found not junk is so
+// for as long as its request runs (its request in flight, its attempt
+// routed to the subject's worker), rather than only up to seq.
+func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64) (why string, running bool) {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil {
-		return "on " + subject + ", a subject no reader folds"
+		return "on " + subject + ", a subject no reader folds", false
 	}
 	last, err := streams.LastOnSubject(ctx, m.js, stream, streams.RequestEvents(rs.ID))
 	if err != nil {
-		return ""
+		return "", false
 	}
 	if last == nil {
-		return "on " + subject + ", of request " + rs.ID + ", which does not exist"
+		return "on " + subject + ", of request " + rs.ID + ", which does not exist", false
 	}
 	switch last.Header.Get(events.HeaderType) {
 	case events.TypeRequestCompacted, events.TypeRequestFailed:
 		if seq == lastOfSubject {
 			lm, err := streams.LastOnSubject(ctx, m.js, stream, subject)
 			if err != nil || lm == nil {
-				return ""
+				return "", false
 			}
 			seq = lm.Sequence
 		}
 		if seq == anyOfEnded || seq > last.Sequence {
-			return "on " + subject + ", after request " + rs.ID + " ended"
+			return "on " + subject + ", after request " + rs.ID + " ended", false
 		}
-		return ""
+		return "", false
 	}
 	// In flight (or finished, not compacted): only the attempt's routed
 	// worker writes its tokens subject, and only once it was routed.
 	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
-	if err != nil || routed == rs.Worker {
-		return ""
+	if err != nil {
+		return "", false
 	}
-	return fmt.Sprintf("on %s, attempt %d of request %s, which was not routed to it", subject, rs.Attempt, rs.ID)
+	if routed == rs.Worker {
+		return "", true
+	}
+	return fmt.Sprintf("on %s, attempt %d of request %s, which was not routed to it", subject, rs.Attempt, rs.ID), false
 }
 
 // routedWorker returns the worker attempt of request id was routed to ("":

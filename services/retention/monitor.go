@@ -112,9 +112,10 @@ type Monitor struct {
 	junkPurged  *prometheus.CounterVec
 	quarantined *prometheus.CounterVec
 	purges      *Pacer
-	turn        int               // the next live worker guard checks (guardLoop's goroutine only)
-	checked     map[string]uint64 // "stream worker": the partition's last sequence at the worker's last check (guardLoop's)
-	sweptTo     map[string]uint64 // "stream worker": a quarantined worker's junk purged through this sequence (guardLoop's)
+	turn        int                  // the next live worker guard checks (guardLoop's goroutine only)
+	checked     map[string]uint64    // "stream worker": the partition's last sequence at the worker's last check (guardLoop's)
+	sweptTo     map[string]uint64    // "stream worker": a quarantined worker's junk purged through this sequence (guardLoop's)
+	honest      map[string]time.Time // tokens subject: found not junk, taken as such until then (guardLoop's)
 
 	mu       sync.Mutex
 	usage    map[string]streams.Usage // by stream
@@ -149,7 +150,7 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 		}, []string{"stream"}),
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
 		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{},
-		checked: map[string]uint64{}, sweptTo: map[string]uint64{},
+		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{},
 	}
 	m.purges = NewPacer()
 	m.purges.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -184,47 +185,24 @@ func (m *Monitor) partitions() streams.Partitions {
 func (m *Monitor) HighWater() float64 { return m.cfg.HighWater }
 
 // Run reads the partitions' usage every Interval and evicts while one is
-// above its eviction mark, until ctx is done. It returns nil then. While a
-// partition grows fast (fastGrowth a reading: a flood, or a burst of
-// work) it reads every fastInterval, so that the guard, which looks at the
-// workers' writes after each reading, finds a flood before it fills the
-// log.
+// above its eviction mark, until ctx is done. It returns nil then. The
+// junk guard runs beside it on readings of its own (guardLoop).
 func (m *Monitor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	readings := make(chan struct{}, 1)
-	wg.Go(func() { m.guardLoop(ctx, readings) })
-	t := time.NewTimer(m.cfg.Interval)
+	wg.Go(func() { m.guardLoop(ctx) })
+	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
-	last := map[string]streams.Usage{}
-	evicted := map[string]time.Time{}
 	for {
-		fast := false
 		for _, stream := range m.partitions().Streams() {
 			u, err := m.refresh(ctx, stream)
 			if err != nil {
 				continue // the next reading tries again; the last one stands
 			}
-			fast = fast || growsFast(last[stream], u)
-			last[stream] = u
-			// Eviction's batched gets make the server count what matches
-			// from where they start, which from the stream's first message
-			// is every subject it holds: at most once an Interval, however
-			// often the partition is read.
-			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() && time.Since(evicted[stream]) >= m.cfg.Interval {
-				evicted[stream] = time.Now()
+			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
 				m.evict(ctx, u)
 			}
 		}
-		select {
-		case readings <- struct{}{}:
-		default: // the guard is busy with an earlier reading
-		}
-		next := m.cfg.Interval
-		if fast {
-			next = max(m.cfg.Interval/fastReadings, time.Millisecond)
-		}
-		t.Reset(next)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -233,8 +211,8 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}
 }
 
-// fastReadings is how many times more often a partition that grows fast
-// is read.
+// fastReadings is how many times more often the guard reads a partition
+// that grows fast.
 const fastReadings = 5
 
 // growsFast reports whether a partition grew by more than fastGrowth of its
@@ -244,28 +222,38 @@ func growsFast(before, u streams.Usage) bool {
 		float64(u.Bytes-before.Bytes) > fastGrowth*float64(u.MaxBytes)
 }
 
-// guardLoop runs guard on every partition after each of Run's readings,
-// until ctx is done: on a goroutine of its own, so that its questions (slow
-// under a flood) never hold up eviction or the readings admission answers
-// from.
-func (m *Monitor) guardLoop(ctx context.Context, readings <-chan struct{}) {
+// guardLoop reads every partition's usage each Interval, or fastReadings
+// times as often while one grows fast (a flood, or a burst of work), and
+// runs guard on each, until ctx is done: on a goroutine of its own, with
+// readings of its own, so that its questions (slow under a flood) never
+// hold up eviction or the readings admission answers from, and so that an
+// eviction that takes long (a log full of junk) does not leave the guard
+// without fresh readings. Its readings are admission's too.
+func (m *Monitor) guardLoop(ctx context.Context) {
+	t := time.NewTimer(m.cfg.Interval)
+	defer t.Stop()
 	seen := map[string]streams.Usage{}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-readings:
+		case <-t.C:
 		}
+		fast := false
 		for _, stream := range m.partitions().Streams() {
-			m.mu.Lock()
-			u, ok := m.usage[stream]
-			m.mu.Unlock()
-			if !ok {
+			u, err := m.refresh(ctx, stream)
+			if err != nil {
 				continue
 			}
+			fast = fast || growsFast(seen[stream], u)
 			m.guard(ctx, seen[stream], u)
 			seen[stream] = u
 		}
+		next := m.cfg.Interval
+		if fast {
+			next = max(m.cfg.Interval/fastReadings, time.Millisecond)
+		}
+		t.Reset(next)
 	}
 }
 

@@ -519,10 +519,12 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 // TestGuardFindsJunkAmongHonestWrites: w1 serves a request and, with the
 // same credential, writes 40 messages of 100 KiB to a request that does
 // not exist between its honest deltas, 300 of them after the junk, all
-// before the guard's first reading. The first message w1 wrote there is
-// honest, and so is its last: a check of either alone passed the junk by;
-// the check's messages spread over what w1 wrote find it, quarantine w1
-// and purge it, and the request in flight keeps its deltas.
+// between two readings of the guard. The first message w1 wrote since the
+// guard last looked is honest, and so are its last: a look at either
+// alone passed the junk by, and the next one started after it; the
+// partition grew fast, so the check's messages spread over what came
+// since the previous reading find it, quarantine w1 and purge it, and the
+// request in flight keeps its deltas.
 func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 	srv := natstest.Start(t)
 	js := srv.JetStream(t)
@@ -532,26 +534,9 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 	}
 	fe, wk := logs(t, js)
 	store(t, fe, wk, "inflight", 10, true)
-	tokens := streams.RequestTokens("inflight", 0, "w1")
-	delta := func(i int) {
-		t.Helper()
-		if _, err := wk.Append(ctx, tokens, wk.Envelope(fmt.Sprint("d-", i), "inflight", events.TokensGenerated{RequestID: "inflight", Offset: i, Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}}), -1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	junk := streams.RequestTokens("no-such-request", 0, "w1")
-	big := wk.Envelope("junk", "no-such-request", events.TokensGenerated{RequestID: "no-such-request", Tokens: []string{strings.Repeat("x", 100<<10)}})
-	for i := range 40 {
-		big.ID = fmt.Sprint("junk-", i)
-		if _, err := wk.Append(ctx, junk, big, -1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := 10; i < 310; i++ {
-		delta(i)
-	}
 	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
-	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: 5 * time.Millisecond})
+	// Readings far enough apart that what follows is written between two.
+	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,6 +551,29 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 			t.Error(err)
 		}
 	}()
+	eventually(t, "the guard's first reading", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.asked > 0
+	})
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	delta := func(i int) {
+		t.Helper()
+		if _, err := wk.Append(ctx, tokens, wk.Envelope(fmt.Sprint("d-", i), "inflight", events.TokensGenerated{RequestID: "inflight", Offset: i, Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}}), -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delta(10)
+	junk := streams.RequestTokens("no-such-request", 0, "w1")
+	for i := range 40 {
+		big := wk.Envelope(fmt.Sprint("junk-", i), "no-such-request", events.TokensGenerated{RequestID: "no-such-request", Tokens: []string{strings.Repeat("x", 100<<10)}})
+		if _, err := wk.Append(ctx, junk, big, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 11; i < 311; i++ {
+		delta(i)
+	}
 	st, err := js.Stream(ctx, streams.RequestsStream)
 	if err != nil {
 		t.Fatal(err)
@@ -578,8 +586,8 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 		t.Fatalf("w1 after its junk among honest deltas: quarantined %v (%q), want quarantined naming the request", q, why)
 	}
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(tokens))
-	if err != nil || info.State.Subjects[tokens] != 310 {
-		t.Errorf("w1's deltas of the request in flight after the sweeps: %v, %d messages, want 310", err, info.State.Subjects[tokens])
+	if err != nil || info.State.Subjects[tokens] != 311 {
+		t.Errorf("w1's deltas of the request in flight after the sweeps: %v, %d messages, want 311", err, info.State.Subjects[tokens])
 	}
 }
 
