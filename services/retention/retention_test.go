@@ -394,6 +394,38 @@ func (f *fleet) why(id string) (string, bool) {
 	return why, ok
 }
 
+// guardedLog provisions a 64 MiB request log in memory for a guard test.
+func guardedLog(t *testing.T) (js jetstream.JetStream, fe, wk *streams.Log) {
+	t.Helper()
+	js = natstest.Start(t).JetStream(t)
+	if _, err := streams.Provision(context.Background(), js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 64 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	fe, wk = logs(t, js)
+	return js, fe, wk
+}
+
+// guard runs a Monitor of the one-partition log guarding f's workers,
+// reading every interval, until the test ends.
+func guard(t *testing.T, js jetstream.JetStream, f *fleet, interval time.Duration) {
+	t.Helper()
+	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPartitions(1)
+	m.SetFleet(f)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+}
+
 // TestGuardQuarantinesJunkWriters: what a worker wrote since it was last
 // looked at is judged at each reading. Compacted requests' carries on w1's
 // subjects (80 messages) are not junk, and a late delta of w1's after a
@@ -403,13 +435,8 @@ func (f *fleet) why(id string) (string, bool) {
 // flight (an attempt routed to w1); the request in flight and the compact
 // records stay.
 func TestGuardQuarantinesJunkWriters(t *testing.T) {
-	srv := natstest.Start(t)
-	js := srv.JetStream(t)
+	js, fe, wk := guardedLog(t)
 	ctx := context.Background()
-	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 64 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	fe, wk := logs(t, js)
 	for i := range 40 {
 		id := fmt.Sprintf("done-%02d", i)
 		store(t, fe, wk, id, 5, false)
@@ -423,21 +450,7 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &fleet{live: []string{"w1", "w2", "w3"}, quarantined: map[string]string{}}
-	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: 5 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPartitions(1)
-	m.SetFleet(f)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- m.Run(rctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	guard(t, js, f, 5*time.Millisecond)
 	waitGone := func(what, subject string) {
 		t.Helper()
 		eventually(t, what+" ("+subject+") purged", func() bool {
@@ -526,31 +539,12 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 // since the previous reading find it, quarantine w1 and purge it, and the
 // request in flight keeps its deltas.
 func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
-	srv := natstest.Start(t)
-	js := srv.JetStream(t)
+	js, fe, wk := guardedLog(t)
 	ctx := context.Background()
-	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 64 << 20}); err != nil {
-		t.Fatal(err)
-	}
-	fe, wk := logs(t, js)
 	store(t, fe, wk, "inflight", 10, true)
 	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
 	// Readings far enough apart that what follows is written between two.
-	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPartitions(1)
-	m.SetFleet(f)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- m.Run(rctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	guard(t, js, f, time.Second)
 	eventually(t, "the guard's first reading", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
