@@ -282,6 +282,7 @@ func (fe *Frontend) requestState(r *http.Request, id string) result {
 		return errResult(&lookupError{id: id, err: err})
 	}
 	defer t.Release()
+	fe.catchUp(r, t)
 	var state RequestState
 	t.View(func(p *projections.Request) { state = stateOf(p) })
 	if tenant := tenantOf(r); tenant != "" && tenant != streams.AdminTenant {
@@ -289,6 +290,16 @@ func (fe *Frontend) requestState(r *http.Request, id string) result {
 		state.Children = publicIDs(tenant, state.Children)
 	}
 	return okResult(state)
+}
+
+// catchUp brings t, which a state read is about to render, up to the log:
+// a cancel another frontend just stored is there, even when its live copy
+// is still on its way here. A log that does not answer leaves what was
+// applied, which is at most that far behind.
+func (fe *Frontend) catchUp(r *http.Request, t *runner.Request) {
+	if err := t.CatchUp(r.Context()); err != nil && r.Context().Err() == nil {
+		fe.log.Debug("catch up before a state read", "request_id", t.ID(), "err", err)
+	}
 }
 
 // RequestState is the JSON of GET /v1/requests/{id}: the projection's state

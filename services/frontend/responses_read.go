@@ -97,6 +97,7 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 	defer t.Release()
 	t.Claim() // a response whose owner is gone is taken over by whoever reads it
 	if !stream {
+		fe.catchUp(r, t)
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return
 	}

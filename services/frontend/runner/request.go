@@ -46,6 +46,11 @@ func (t *Request) ID() string { return t.id }
 // references or block.
 func (t *Request) View(fn func(p *projections.Request)) { t.f.view(fn) }
 
+// CatchUp reads whatever the log holds of the request past what was
+// applied (its live messages may still be on their way): a View after it
+// shows every event stored before CatchUp began, wherever it was written.
+func (t *Request) CatchUp(ctx context.Context) error { return t.f.catchUp(ctx) }
+
 // Listen pokes ch (give it a capacity of 1) whenever an event of the request
 // is applied, until stop is called.
 func (t *Request) Listen(ch chan struct{}) (stop func()) { return t.f.changed.Listen(ch) }
