@@ -14,6 +14,7 @@ const (
 	RefusedDraining   = "draining"    // shutting down
 	RefusedWrongModel = "wrong_model" // does not serve the model
 	RefusedBadRequest = "bad_request" // malformed dispatch
+	RefusedNotReady   = "not_ready"   // its upstream not probed yet, or refusing it
 )
 
 // ErrRefused marks a dispatch the worker declined.

@@ -85,6 +85,10 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		w.reply(m, d, streams.RefusedWrongModel)
 		return
 	}
+	if !w.upstreamReady() {
+		w.reply(m, d, streams.RefusedNotReady)
+		return
+	}
 	key := jobKey{d.RequestID, d.Attempt}
 	w.mu.Lock()
 	running, dup := w.jobs[key]

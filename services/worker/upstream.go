@@ -23,6 +23,16 @@ func (w *Worker) capabilities() *events.Capabilities {
 	return w.caps
 }
 
+// upstreamReady reports whether the engine may serve a dispatch: its
+// server was probed and is not refusing it (an engine that does not probe
+// always may).
+func (w *Worker) upstreamReady() bool {
+	if _, ok := w.eng.(engine.Prober); ok && w.capabilities() == nil {
+		return false
+	}
+	return w.health.upstreamReason() == ""
+}
+
 // probeUpstream asks a probing engine what its server can do. A server that
 // refuses the engine or cannot be reached leaves the worker not ready, with
 // the reason in its lease and /health, until a later probe passes.

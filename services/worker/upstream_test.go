@@ -14,10 +14,13 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/worker"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 )
 
 // upstreamEngine emits two tokens with ids and details, then fails with
-// the scripted upstream error; its probe fails with probeErr while set.
+// the scripted upstream error (or stops, when none is set); its probe fails
+// with probeErr while set.
 type upstreamEngine struct {
 	mu       sync.Mutex
 	fail     *engine.UpstreamError
@@ -33,6 +36,9 @@ func (u *upstreamEngine) Generate(ctx context.Context, req engine.Request, emit 
 	}
 	if err := emit(engine.Token{Text: "b", ID: 6, HasID: true}); err != nil {
 		return engine.Result{}, err
+	}
+	if fail == nil {
+		return engine.Result{FinishReason: "stop"}, nil
 	}
 	return engine.Result{}, fail
 }
@@ -119,11 +125,80 @@ func TestUpstreamFailures(t *testing.T) {
 	if st := w.Status(); st.Engine != "upstream_not_ready" || !strings.Contains(st.Reason, "Unauthorized") {
 		t.Errorf("status %+v", st)
 	}
+	// Not ready, it refuses what still comes (a frontend that has not seen
+	// its lease change yet).
+	if r := e.dispatch("w-up", newDispatch("r-not-ready", "a", 5)); r.Accepted || r.Reason != streams.RefusedNotReady {
+		t.Errorf("a dispatch while the upstream refuses the worker: %+v, want refused %s", r, streams.RefusedNotReady)
+	}
 	eng.set(nil, nil) // the key is fixed: the next probe passes
 	e.waitFor("ready again", func() bool { l, _ := e.lease("w-up"); return !l.NotReady && l.NotReadyReason == "" })
 	select {
 	case err := <-done:
 		t.Fatalf("worker stopped: %v", err)
 	default:
+	}
+}
+
+// slowProbe is an upstreamEngine whose first probe closes probing, then
+// waits for release.
+type slowProbe struct {
+	upstreamEngine
+	probing, release chan struct{}
+	once             sync.Once
+}
+
+func (p *slowProbe) Probe(ctx context.Context) (engine.Capabilities, error) {
+	p.once.Do(func() {
+		close(p.probing)
+		select {
+		case <-p.release:
+		case <-ctx.Done():
+		}
+	})
+	return p.upstreamEngine.Probe(ctx)
+}
+
+// TestNoDispatchBeforeTheProbe: a worker listens for dispatches only once
+// its upstream's probe answered. A dispatch can come before its lease
+// exists (to a crashed incarnation's lease, still live): one served while
+// the engine's capabilities were unknown went without token ids, and the
+// answer, migrated, continued from its text into other tokens (the chaos
+// soak's OpenAI-engine profile). Before the probe answers nobody listens;
+// after it, the dispatch is served.
+func TestNoDispatchBeforeTheProbe(t *testing.T) {
+	e := newEnv(t)
+	eng := &slowProbe{probing: make(chan struct{}), release: make(chan struct{})}
+	nc := e.s.Connect(t)
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	cfg := worker.Config{ID: "w-slow", Model: "mock", LeaseTTL: time.Second}
+	cfg.Streams.MemoryStorage = true
+	w, err := worker.New(nc, eng, log, nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	select {
+	case <-eng.probing:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker never probed its upstream")
+	}
+	data, _ := json.Marshal(newDispatch("r-early", "a", 5))
+	if m, err := e.nc.Request(streams.DispatchSubject("w-slow"), data, time.Second); err != nats.ErrNoResponders {
+		t.Fatalf("a dispatch while the upstream's probe runs: %v (%v), want no responders", err, m)
+	}
+	close(eng.release)
+	e.waitFor("lease with capabilities", func() bool {
+		l, ok := e.lease("w-slow")
+		return ok && l.Capabilities != nil && l.Capabilities.TokenIDs
+	})
+	e.accept("r-after", "a", 5, "w-slow")
+	if r := e.dispatch("w-slow", newDispatch("r-after", "a", 5)); !r.Accepted {
+		t.Errorf("a dispatch after the probe: %+v, want accepted", r)
 	}
 }

@@ -155,13 +155,17 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// Listen before the lease exists, so nobody can dispatch to a worker that
-	// is not yet listening.
+	// Probe the upstream before listening: a dispatch can come before the
+	// lease exists (to a previous incarnation's lease, still live after a
+	// crash), and one served with the engine's capabilities unknown went
+	// without the token ids a migration continues from. Listen before the
+	// lease exists, so nobody can dispatch to a worker that is not yet
+	// listening.
+	w.probeUpstream(ctx)
 	subs, err := w.listen(ctx)
 	if err != nil {
 		return err
 	}
-	w.probeUpstream(ctx)
 	l, err := w.registerFirst(ctx)
 	if err != nil {
 		unsubscribe(subs)
