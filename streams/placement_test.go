@@ -152,12 +152,13 @@ func TestProvisionLeadersNotSpread(t *testing.T) {
 	parts, err := streams.Provision(ctx, js, streams.Config{Replicas: 3, MemoryStorage: true, RequestPartitions: 3})
 	// The cluster places each partition's leader where it will: about one
 	// time in five they are on three nodes already, and nothing needs
-	// saying.
+	// saying (and leaders it could not move may still move apart on their
+	// own afterwards).
 	spread := false
 	if leaders, lerr := streams.Leaders(ctx, js, 3); lerr == nil {
 		spread = distinct(leaders)
 	}
-	if parts != 3 || (err == nil) != spread || (err != nil && !errors.Is(err, streams.ErrLeadersNotSpread)) {
+	if parts != 3 || (err == nil && !spread) || (err != nil && !errors.Is(err, streams.ErrLeadersNotSpread)) {
 		t.Fatalf("provision without the step-down permission: got %d, %v (leaders on three nodes: %v); want 3 and ErrLeadersNotSpread unless they are", parts, err, spread)
 	}
 	if took := time.Since(start); took > streams.SpreadBudget+10*time.Second {
