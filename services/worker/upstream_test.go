@@ -57,6 +57,26 @@ func (u *upstreamEngine) set(fail *engine.UpstreamError, probeErr error) {
 	u.fail, u.probeErr = fail, probeErr
 }
 
+// runWorker runs a worker of eng under cfg (its streams in memory) until
+// the test ends; done has what its Run returned.
+func runWorker(t *testing.T, e *env, eng engine.Engine, cfg worker.Config) (w *worker.Worker, done <-chan error) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	cfg.Streams.MemoryStorage = true
+	w, err := worker.New(e.s.Connect(t), eng, log, nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan error, 1)
+	go func() { ch <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-ch
+	})
+	return w, ch
+}
+
 // TestUpstreamFailures: an upstream failure is an attempt_failed with its
 // class, status, code, message and Retry-After, after the tokens (ids,
 // prompt ids, details) produced before it; it never stops the worker. A
@@ -66,21 +86,7 @@ func TestUpstreamFailures(t *testing.T) {
 	e := newEnv(t)
 	eng := &upstreamEngine{}
 	eng.set(&engine.UpstreamError{Class: events.FailureUnavailable, Status: 429, Code: "TooManyRequests", Message: "slow down", RetryAfter: 2 * time.Second}, nil)
-	nc := e.s.Connect(t)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	cfg := worker.Config{ID: "w-up", Model: "mock", LeaseTTL: time.Second, UpstreamProbeInterval: 50 * time.Millisecond}
-	cfg.Streams.MemoryStorage = true
-	w, err := worker.New(nc, eng, log, nil, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	w, done := runWorker(t, e, eng, worker.Config{ID: "w-up", Model: "mock", LeaseTTL: time.Second, UpstreamProbeInterval: 50 * time.Millisecond})
 	e.waitFor("lease with capabilities", func() bool {
 		l, ok := e.lease("w-up")
 		return ok && l.Capabilities != nil && l.Capabilities.TokenIDs && !l.Capabilities.Prefill
@@ -168,21 +174,7 @@ func (p *slowProbe) Probe(ctx context.Context) (engine.Capabilities, error) {
 func TestNoDispatchBeforeTheProbe(t *testing.T) {
 	e := newEnv(t)
 	eng := &slowProbe{probing: make(chan struct{}), release: make(chan struct{})}
-	nc := e.s.Connect(t)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	cfg := worker.Config{ID: "w-slow", Model: "mock", LeaseTTL: time.Second}
-	cfg.Streams.MemoryStorage = true
-	w, err := worker.New(nc, eng, log, nil, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runWorker(t, e, eng, worker.Config{ID: "w-slow", Model: "mock", LeaseTTL: time.Second})
 	select {
 	case <-eng.probing:
 	case <-time.After(10 * time.Second):
