@@ -123,8 +123,8 @@ func (m *Monitor) SetFleet(f Fleet) {
 }
 
 // guard checks and sweeps the workers' writes to stream, whose reading
-// went from before to u.
-func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
+// went from before to u, growing fast (growsFast) or not.
+func (m *Monitor) guard(ctx context.Context, before, u streams.Usage, fast bool) {
 	m.mu.Lock()
 	f := m.fleet
 	m.mu.Unlock()
@@ -148,7 +148,6 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage) {
 		return
 	}
 	n := min(checksPerReading, len(ws))
-	fast := growsFast(before, u)
 	if fast {
 		n = min(len(ws), fastChecks)
 	}
@@ -201,13 +200,13 @@ func lookFrom(before, u streams.Usage, fast bool) uint64 {
 
 // check looks at what worker wrote to stream from sequence from to to
 // (the partition's last at the reading): up to samples of its messages,
-// spread over that span (judging each one, or, unless judgeAll, the first
-// and the large ones: a small message's judgement costs gets of its
-// request's events, and what makes the log fill slowly can wait) (each the worker's first message at or
-// after an even step of it), so that honest writes before a flood do not
-// hide it. If one is junk, it is purged and, when the worker's junk is
-// large or many, the worker is quarantined. It returns the last sequence
-// looked at, where the worker's next check starts.
+// each its first at or after an even step of that span, so that honest
+// writes before a flood do not hide it. It judges each of them, or, unless
+// judgeAll, the first and the large ones (a small message's judgement
+// costs gets of its request's events, and what fills the log slowly can
+// wait). If one is junk, it is purged and, when the worker's junk is large
+// or many, the worker is quarantined. It returns where the worker's next
+// check starts after: to, or before the sequence a get failed at.
 func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int, judgeAll bool) uint64 {
 	if from > to {
 		return to
@@ -456,7 +455,7 @@ func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string
 func (m *Monitor) sweep(ctx context.Context, stream, worker string, to uint64) {
 	key := stream + " " + worker
 	if from := m.sweptTo[key]; from > 0 {
-		if _, ok, err := streams.NextOfWorker(ctx, m.js, stream, worker, from+1); err == nil && !ok {
+		if _, ok, err := streams.NextOfWorkerBare(ctx, m.js, stream, worker, from+1); err == nil && !ok {
 			return
 		}
 		delete(m.sweptTo, key)

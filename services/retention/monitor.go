@@ -245,8 +245,9 @@ func (m *Monitor) guardLoop(ctx context.Context) {
 			if err != nil {
 				continue
 			}
-			fast = fast || growsFast(seen[stream], u)
-			m.guard(ctx, seen[stream], u)
+			grows := growsFast(seen[stream], u)
+			fast = fast || grows
+			m.guard(ctx, seen[stream], u, grows)
 			seen[stream] = u
 		}
 		next := m.cfg.Interval
