@@ -2,24 +2,29 @@ package retention
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
-// A worker's credential lets it write its own tokens subjects of any
-// request (streams.WorkerTokens): NATS cannot tell a routed attempt's
-// output from junk written to a request the worker was never given, or to
-// one long over. Junk is ignored by every fold, but it is stored, and the
-// request log is shared: one worker could fill it and so refuse every
-// other worker's requests. The monitor guards against that (docs/security.md,
-// "A worker that floods the log"):
+// A Guard keeps workers from filling the request log with junk. A worker's
+// credential lets it write its own tokens subjects of any request
+// (streams.WorkerTokens): NATS cannot tell a routed attempt's output from
+// junk written to a request the worker was never given, or to one long
+// over. Junk is ignored by every fold, but it is stored, and the request
+// log is shared: one worker could fill it and so refuse every other
+// worker's requests. The guard stops that (docs/security.md, "A worker that
+// floods the log"):
 //
 //   - on sight: after every reading it looks at what one live worker, in
 //     turn, wrote since it was last looked at, four of its messages spread
@@ -33,8 +38,169 @@ import (
 //   - while it is quarantined, its tokens subjects are swept at every
 //     reading: junk per request while some request still needs the worker's
 //     earlier output, everything it wrote in one purge once none does.
+//
+// It runs on a goroutine of its own (Run), with readings of its own, so
+// that its questions (slow under a flood) never hold up eviction or
+// admission, and so that an eviction that takes long (a log full of junk)
+// does not leave it without fresh readings. It takes them through a
+// UsageReader: a frontend's Monitor, so that admission answers from them
+// too.
+type Guard struct {
+	js          jetstream.JetStream
+	usage       UsageReader
+	cfg         GuardConfig
+	log         *slog.Logger
+	junkPurged  *prometheus.CounterVec
+	quarantined *prometheus.CounterVec
+	turn        int                  // the next live worker guard checks (Run's goroutine only)
+	checked     map[string]uint64    // "stream worker": the partition's last sequence at the worker's last check (Run's)
+	sweptTo     map[string]uint64    // "stream worker": a quarantined worker's junk purged through this sequence (Run's)
+	honest      map[string]time.Time // tokens subject: found not junk, taken as such until then (Run's)
 
-// Fleet is what the monitor knows of the workers, from the frontend's
+	mu     sync.Mutex
+	parts  streams.Partitions
+	fleet  Fleet
+	swept  map[string]bool   // "stream worker": a quarantined worker none of whose output is needed there
+	routed map[string]string // "request attempt": the worker it was routed to (routedWorker)
+}
+
+// GuardConfig sets the pace of a Guard. Zero values mean the defaults.
+type GuardConfig struct {
+	// Interval is how often each partition's usage is read, and the
+	// workers' writes there looked at, while it grows slowly (fastReadings
+	// times as often while it grows fast); default DefaultInterval, the
+	// Monitor's.
+	Interval time.Duration
+}
+
+func (c GuardConfig) withDefaults() GuardConfig {
+	if c.Interval == 0 {
+		c.Interval = DefaultInterval
+	}
+	return c
+}
+
+// Validate reports every problem with c.
+func (c GuardConfig) Validate() error {
+	if c.Interval < 0 {
+		return errors.New("guard interval must not be negative")
+	}
+	return nil
+}
+
+// UsageReader reads a partition's usage for the guard. A Monitor is one
+// (Monitor.Read): it records what it read, and admission answers from it.
+type UsageReader interface {
+	Read(ctx context.Context, stream string) (streams.Usage, error)
+}
+
+// NewGuard returns a Guard of the request log, reading the partitions'
+// usage through usage (nil: on its own, with nobody else told), with its
+// metrics registered on reg. Tell it the log's layout (SetPartitions) and
+// the workers (SetFleet) before Run.
+func NewGuard(js jetstream.JetStream, usage UsageReader, reg prometheus.Registerer, log *slog.Logger, cfg GuardConfig) (*Guard, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("retention: %w", err)
+	}
+	g := &Guard{
+		js: js, usage: usage, cfg: cfg.withDefaults(), log: log,
+		junkPurged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_log_junk_purged_messages_total", Help: "Messages this frontend purged from a request stream as junk: written by a worker outside its attempts.",
+		}, []string{"stream"}),
+		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
+		}, []string{"stream"}),
+		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{},
+		swept: map[string]bool{}, routed: map[string]string{},
+	}
+	if g.usage == nil {
+		g.usage = ownReadings{js, log}
+	}
+	for _, c := range []prometheus.Collector{g.junkPurged, g.quarantined} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("retention: register metrics: %w", err)
+		}
+	}
+	return g, nil
+}
+
+// ownReadings is a guard's UsageReader when it has no Monitor's.
+type ownReadings struct {
+	js  jetstream.JetStream
+	log *slog.Logger
+}
+
+func (r ownReadings) Read(ctx context.Context, stream string) (streams.Usage, error) {
+	u, err := streams.ReadUsage(ctx, r.js, stream)
+	if err != nil && ctx.Err() == nil {
+		r.log.Debug("read request log usage", "stream", stream, "err", err)
+	}
+	return u, err
+}
+
+// SetPartitions tells the guard the request log's layout (Provision's
+// answer), before Run.
+func (g *Guard) SetPartitions(p streams.Partitions) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.parts = p
+}
+
+func (g *Guard) partitions() streams.Partitions {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.parts
+}
+
+// SetFleet tells the guard the workers to guard the log against, before
+// Run. Without one nothing is checked.
+func (g *Guard) SetFleet(f Fleet) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.fleet = f
+}
+
+// Run reads every partition's usage each Interval, or fastReadings times
+// as often while one grows fast (a flood, or a burst of work), and checks
+// and sweeps the workers' writes there after each reading, until ctx is
+// done. It returns nil then.
+func (g *Guard) Run(ctx context.Context) error {
+	t := time.NewTimer(g.cfg.Interval)
+	defer t.Stop()
+	seen := map[string]streams.Usage{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		fast := false
+		for _, stream := range g.partitions().Streams() {
+			u, err := g.usage.Read(ctx, stream)
+			if err != nil {
+				continue // the next reading tries again
+			}
+			grows := growsFast(seen[stream], u)
+			fast = fast || grows
+			g.guard(ctx, seen[stream], u, grows)
+			seen[stream] = u
+		}
+		next := g.cfg.Interval
+		if fast {
+			next = max(g.cfg.Interval/fastReadings, time.Millisecond)
+		}
+		t.Reset(next)
+	}
+}
+
+// growsFast reports whether a partition grew by more than fastGrowth of its
+// max bytes from reading before to u.
+func growsFast(before, u streams.Usage) bool {
+	return u.MaxBytes > 0 && before.LastSeq > 0 && u.Bytes > before.Bytes &&
+		float64(u.Bytes-before.Bytes) > fastGrowth*float64(u.MaxBytes)
+}
+
+// Fleet is what the guard knows of the workers, from the frontend's
 // discovery view.
 type Fleet interface {
 	// Workers are the live workers (not quarantined) whose writes are checked.
@@ -64,6 +230,9 @@ const (
 	// often (Run).
 	fastGrowth = 0.01
 	fastChecks = 16
+	// fastReadings is how many times more often the guard reads a
+	// partition that grows fast.
+	fastReadings = 5
 	// checkBack and checkBackBytes bound how far back from the end of the
 	// stream a check looks for a worker's first message there: the server
 	// reads the stream from that sequence on until one of the worker's
@@ -114,34 +283,26 @@ const (
 	honestFor = 10 * time.Second
 )
 
-// SetFleet tells the monitor the workers to guard the log against, before
-// Run. Without one nothing is checked.
-func (m *Monitor) SetFleet(f Fleet) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.fleet = f
-}
-
 // guard checks and sweeps the workers' writes to stream, whose reading
 // went from before to u, growing fast (growsFast) or not.
-func (m *Monitor) guard(ctx context.Context, before, u streams.Usage, fast bool) {
-	m.mu.Lock()
-	f := m.fleet
-	m.mu.Unlock()
+func (g *Guard) guard(ctx context.Context, before, u streams.Usage, fast bool) {
+	g.mu.Lock()
+	f := g.fleet
+	g.mu.Unlock()
 	if f == nil {
 		return
 	}
 	q := f.Quarantined()
-	m.mu.Lock()
-	for key := range m.swept {
+	g.mu.Lock()
+	for key := range g.swept {
 		if stream, w, _ := strings.Cut(key, " "); stream == u.Stream && !slices.Contains(q, w) {
-			delete(m.swept, key) // out of quarantine: its output counts again
-			delete(m.sweptTo, key)
+			delete(g.swept, key) // out of quarantine: its output counts again
+			delete(g.sweptTo, key)
 		}
 	}
-	m.mu.Unlock()
+	g.mu.Unlock()
 	for _, w := range q {
-		m.sweep(ctx, u.Stream, w, u.LastSeq)
+		g.sweep(ctx, u.Stream, w, u.LastSeq)
 	}
 	ws := f.Workers()
 	if len(ws) == 0 {
@@ -151,8 +312,8 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage, fast bool)
 	if fast {
 		n = min(len(ws), fastChecks)
 	}
-	start := m.turn % len(ws)
-	m.turn += n
+	start := g.turn % len(ws)
+	g.turn += n
 	for i := range n {
 		if ctx.Err() != nil {
 			return
@@ -163,12 +324,12 @@ func (m *Monitor) guard(ctx context.Context, before, u streams.Usage, fast bool)
 		if fast {
 			samples = max(minSamples, min(checkSamples, readingSamples/n))
 		}
-		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples, fast)
+		g.checked[key] = g.check(ctx, u.Stream, w, f, max(g.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples, fast)
 	}
-	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
-		for key := range m.checked { // workers gone: looked at from lookFrom if they come back
+	if len(g.checked) > 2*len(ws)*len(g.partitions().Streams())+fastChecks {
+		for key := range g.checked { // workers gone: looked at from lookFrom if they come back
 			if _, w, _ := strings.Cut(key, " "); !slices.Contains(ws, w) {
-				delete(m.checked, key)
+				delete(g.checked, key)
 			}
 		}
 	}
@@ -207,14 +368,14 @@ func lookFrom(before, u streams.Usage, fast bool) uint64 {
 // wait). If one is junk, it is purged and, when the worker's junk is large
 // or many, the worker is quarantined. It returns where the worker's next
 // check starts after: to, or before the sequence a get failed at.
-func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int, judgeAll bool) uint64 {
+func (g *Guard) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int, judgeAll bool) uint64 {
 	if from > to {
 		return to
 	}
 	step := max(1, (to-from+1)/uint64(samples))
 	now := time.Now()
 	for i, seq := uint64(0), from; i < uint64(samples) && seq <= to; i++ {
-		msg, ok, err := streams.NextOfWorkerBare(ctx, m.js, stream, worker, seq)
+		msg, ok, err := streams.NextOfWorkerBare(ctx, g.js, stream, worker, seq)
 		if err != nil {
 			return seq - 1 // looked at again from there
 		}
@@ -222,23 +383,23 @@ func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, fro
 			break // nothing of the worker's after seq
 		}
 		seq = max(msg.Sequence+1, from+(i+1)*step)
-		if now.Before(m.honest[msg.Subject]) || (i > 0 && !judgeAll && len(msg.Data) < junkLarge) {
+		if now.Before(g.honest[msg.Subject]) || (i > 0 && !judgeAll && len(msg.Data) < junkLarge) {
 			continue
 		}
-		why, running := m.judge(ctx, stream, msg.Subject, msg.Sequence)
+		why, running := g.judge(ctx, stream, msg.Subject, msg.Sequence)
 		if why == "" {
 			if running {
-				if len(m.honest) >= routedCache {
-					clear(m.honest)
+				if len(g.honest) >= routedCache {
+					clear(g.honest)
 				}
-				m.honest[msg.Subject] = now.Add(honestFor)
+				g.honest[msg.Subject] = now.Add(honestFor)
 			}
 			continue
 		}
-		if full, err := streams.MsgAt(ctx, m.js, stream, msg.Sequence); err == nil && full != nil {
+		if full, err := streams.MsgAt(ctx, g.js, stream, msg.Sequence); err == nil && full != nil {
 			msg = full // its headers count towards its size
 		}
-		m.judgeJunk(ctx, stream, worker, f, msg, why)
+		g.judgeJunk(ctx, stream, worker, f, msg, why)
 		break
 	}
 	return to
@@ -247,7 +408,7 @@ func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, fro
 // judgeJunk deals with msg, junk of worker's for why: a large one
 // quarantines it at once; a small one is junk at all, or an honest
 // worker's late delta, as the count of its junk says.
-func (m *Monitor) judgeJunk(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, why string) {
+func (g *Guard) judgeJunk(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, why string) {
 	size := len(msg.Data)
 	for k, vs := range msg.Header {
 		for _, v := range vs {
@@ -255,48 +416,48 @@ func (m *Monitor) judgeJunk(ctx context.Context, stream, worker string, f Fleet,
 		}
 	}
 	if size >= junkLarge {
-		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
+		g.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
 		return
 	}
-	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
+	subjects, err := streams.WorkerSubjects(ctx, g.js, stream, worker)
 	if err != nil {
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, _ := m.classify(ctx, stream, keys, lastOfSubject)
+	junk, _ := g.classify(ctx, stream, keys, lastOfSubject)
 	many, late := 0, 0
 	for _, subj := range junk {
-		if m.ownAttempt(ctx, stream, subj, worker) {
+		if g.ownAttempt(ctx, stream, subj, worker) {
 			late += int(subjects[subj]) // after its request ended: purged, counted apart
 		} else {
 			many += int(subjects[subj])
 		}
 	}
 	if many >= junkMany || late >= lateMany {
-		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many+late, why))
+		g.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many+late, why))
 		return
 	}
-	m.purgeAll(ctx, stream, junk)
+	g.purgeAll(ctx, stream, junk)
 }
 
 // ownAttempt reports whether subject, a tokens subject of worker's, is
 // that of an attempt routed to worker: what it wrote there is junk only
 // for having come after the request ended.
-func (m *Monitor) ownAttempt(ctx context.Context, stream, subject, worker string) bool {
+func (g *Guard) ownAttempt(ctx context.Context, stream, subject, worker string) bool {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil || rs.Worker != worker {
 		return false
 	}
-	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
+	routed, err := g.routedWorker(ctx, stream, rs.ID, rs.Attempt)
 	return err == nil && routed == worker
 }
 
-func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {
+func (g *Guard) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {
 	why = "wrote to the request log outside its attempts: " + why
-	m.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
-	m.quarantined.WithLabelValues(stream).Inc()
+	g.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
+	g.quarantined.WithLabelValues(stream).Inc()
 	f.Junk(ctx, worker, why)
-	m.sweep(ctx, stream, worker, 0)
+	g.sweep(ctx, stream, worker, 0)
 }
 
 // junkWhy says why the message at seq of a worker's tokens subject is junk,
@@ -307,20 +468,20 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 // the subject's last message; seq anyOfEnded also counts as junk what a
 // worker wrote to a request that ended before (a quarantined worker's
 // sweep: nothing of it is needed any more but the carry).
-func (m *Monitor) junkWhy(ctx context.Context, stream, subject string, seq uint64) string {
-	why, _ := m.judge(ctx, stream, subject, seq)
+func (g *Guard) junkWhy(ctx context.Context, stream, subject string, seq uint64) string {
+	why, _ := g.judge(ctx, stream, subject, seq)
 	return why
 }
 
 // judge is junkWhy, and reports whether a subject found not junk is so
 // for as long as its request runs (its request in flight, its attempt
 // routed to the subject's worker), rather than only up to seq.
-func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64) (why string, running bool) {
+func (g *Guard) judge(ctx context.Context, stream, subject string, seq uint64) (why string, running bool) {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil {
 		return "on " + subject + ", a subject no reader folds", false
 	}
-	last, err := streams.LastOnSubject(ctx, m.js, stream, streams.RequestEvents(rs.ID))
+	last, err := streams.LastOnSubject(ctx, g.js, stream, streams.RequestEvents(rs.ID))
 	if err != nil {
 		return "", false
 	}
@@ -330,7 +491,7 @@ func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64)
 	switch last.Header.Get(events.HeaderType) {
 	case events.TypeRequestCompacted, events.TypeRequestFailed:
 		if seq == lastOfSubject {
-			lm, err := streams.LastOnSubject(ctx, m.js, stream, subject)
+			lm, err := streams.LastOnSubject(ctx, g.js, stream, subject)
 			if err != nil || lm == nil {
 				return "", false
 			}
@@ -343,7 +504,7 @@ func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64)
 	}
 	// In flight (or finished, not compacted): only the attempt's routed
 	// worker writes its tokens subject, and only once it was routed.
-	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
+	routed, err := g.routedWorker(ctx, stream, rs.ID, rs.Attempt)
 	if err != nil {
 		return "", false
 	}
@@ -358,17 +519,17 @@ func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64)
 // frontend writes. A decision does not change once stored, so what was
 // found is kept (a bounded cache: the guard asks about the same running
 // request at reading after reading).
-func (m *Monitor) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
+func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
 	key := fmt.Sprintf("%s %d", id, attempt)
-	m.mu.Lock()
-	w, ok := m.routed[key]
-	m.mu.Unlock()
+	g.mu.Lock()
+	w, ok := g.routed[key]
+	g.mu.Unlock()
 	if ok {
 		return w, nil
 	}
 	subject := streams.RequestEvents(id)
 	for seq := uint64(1); ; {
-		msg, err := streams.NextOnSubject(ctx, m.js, stream, subject, seq)
+		msg, err := streams.NextOnSubject(ctx, g.js, stream, subject, seq)
 		if err != nil || msg == nil {
 			return "", err
 		}
@@ -381,12 +542,12 @@ func (m *Monitor) routedWorker(ctx context.Context, stream, id string, attempt i
 		if err != nil || !ok || r.Attempt != attempt {
 			continue
 		}
-		m.mu.Lock()
-		if len(m.routed) >= routedCache {
-			clear(m.routed)
+		g.mu.Lock()
+		if len(g.routed) >= routedCache {
+			clear(g.routed)
 		}
-		m.routed[key] = r.WorkerID
-		m.mu.Unlock()
+		g.routed[key] = r.WorkerID
+		g.mu.Unlock()
 		return r.WorkerID, nil
 	}
 }
@@ -402,17 +563,17 @@ const (
 // in flight, or finished and not compacted, and its text may be the
 // worker's). It asks about several at once: under a flood each answer
 // waits its turn behind the junk being stored.
-func (m *Monitor) classify(ctx context.Context, stream string, subjects []string, seq uint64) (junk, held []string) {
+func (g *Guard) classify(ctx context.Context, stream string, subjects []string, seq uint64) (junk, held []string) {
 	why := make([]string, len(subjects))
-	var g errgroup.Group
-	g.SetLimit(parallel)
+	var eg errgroup.Group
+	eg.SetLimit(parallel)
 	for i, subj := range subjects {
-		g.Go(func() error {
-			why[i] = m.junkWhy(ctx, stream, subj, seq)
+		eg.Go(func() error {
+			why[i] = g.junkWhy(ctx, stream, subj, seq)
 			return nil
 		})
 	}
-	_ = g.Wait()
+	_ = eg.Wait()
 	for i, subj := range subjects {
 		if why[i] != "" {
 			junk = append(junk, subj)
@@ -426,21 +587,21 @@ func (m *Monitor) classify(ctx context.Context, stream string, subjects []string
 // purgeAll purges each of subjects from stream, several at once. One
 // literal subject a purge: a purge with a wildcard filter reads the whole
 // stream.
-func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string) {
-	var g errgroup.Group
-	g.SetLimit(parallel)
+func (g *Guard) purgeAll(ctx context.Context, stream string, subjects []string) {
+	var eg errgroup.Group
+	eg.SetLimit(parallel)
 	for _, subj := range subjects {
-		g.Go(func() error {
-			n, err := streams.PurgeSubject(ctx, m.js, stream, subj)
+		eg.Go(func() error {
+			n, err := streams.PurgeSubject(ctx, g.js, stream, subj)
 			if err != nil {
-				m.log.Debug("purge junk", "stream", stream, "subject", subj, "err", err)
+				g.log.Debug("purge junk", "stream", stream, "subject", subj, "err", err)
 				return nil
 			}
-			m.junkPurged.WithLabelValues(stream).Add(float64(n))
+			g.junkPurged.WithLabelValues(stream).Add(float64(n))
 			return nil
 		})
 	}
-	_ = g.Wait()
+	_ = eg.Wait()
 }
 
 // sweep purges quarantined worker's junk from stream, whose last sequence
@@ -452,47 +613,47 @@ func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string
 // a sweep purged all the junk it listed, the next one starts only when the
 // worker wrote again since (one get from that reading's last sequence): a
 // quarantined worker that stopped writing costs the log nothing more.
-func (m *Monitor) sweep(ctx context.Context, stream, worker string, to uint64) {
+func (g *Guard) sweep(ctx context.Context, stream, worker string, to uint64) {
 	key := stream + " " + worker
-	if from := m.sweptTo[key]; from > 0 {
-		if _, ok, err := streams.NextOfWorkerBare(ctx, m.js, stream, worker, from+1); err == nil && !ok {
+	if from := g.sweptTo[key]; from > 0 {
+		if _, ok, err := streams.NextOfWorkerBare(ctx, g.js, stream, worker, from+1); err == nil && !ok {
 			return
 		}
-		delete(m.sweptTo, key)
+		delete(g.sweptTo, key)
 	}
-	m.mu.Lock()
-	clear := m.swept[key]
-	m.mu.Unlock()
+	g.mu.Lock()
+	clear := g.swept[key]
+	g.mu.Unlock()
 	if clear {
-		if n, err := streams.PurgeWorker(ctx, m.js, stream, worker); err == nil {
-			m.junkPurged.WithLabelValues(stream).Add(float64(n))
-			m.sweptTo[key] = to
+		if n, err := streams.PurgeWorker(ctx, g.js, stream, worker); err == nil {
+			g.junkPurged.WithLabelValues(stream).Add(float64(n))
+			g.sweptTo[key] = to
 		}
 		return
 	}
-	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
+	subjects, err := streams.WorkerSubjects(ctx, g.js, stream, worker)
 	if err != nil {
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, held := m.classify(ctx, stream, keys, anyOfEnded)
+	junk, held := g.classify(ctx, stream, keys, anyOfEnded)
 	if len(held) > 0 || len(keys) < len(subjects) {
-		m.purgeAll(ctx, stream, junk)
+		g.purgeAll(ctx, stream, junk)
 		if len(keys) == len(subjects) {
-			m.sweptTo[key] = to // what is held is needed until its request is compacted
+			g.sweptTo[key] = to // what is held is needed until its request is compacted
 		}
 		return
 	}
 	// None of its output is needed: everything it wrote, and writes from
 	// now on, goes in one purge a reading.
-	if n, err := streams.PurgeWorker(ctx, m.js, stream, worker); err == nil {
-		m.junkPurged.WithLabelValues(stream).Add(float64(n))
-		m.sweptTo[key] = to
+	if n, err := streams.PurgeWorker(ctx, g.js, stream, worker); err == nil {
+		g.junkPurged.WithLabelValues(stream).Add(float64(n))
+		g.sweptTo[key] = to
 	}
-	m.mu.Lock()
-	m.swept[key] = true
-	m.mu.Unlock()
-	m.log.Info("quarantined worker's output no longer needed: purging all it writes", "worker_id", worker, "stream", stream)
+	g.mu.Lock()
+	g.swept[key] = true
+	g.mu.Unlock()
+	g.log.Info("quarantined worker's output no longer needed: purging all it writes", "worker_id", worker, "stream", stream)
 }
 
 // sortedKeys returns up to n keys of subjects, sorted.
