@@ -2,6 +2,7 @@ package retention_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -259,5 +260,52 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 	info, err := st.Info(ctx, jetstream.WithSubjectFilter(tokens))
 	if err != nil || info.State.Subjects[tokens] != 311 {
 		t.Errorf("w1's deltas of the request in flight after the sweeps: %v, %d messages, want 311", err, info.State.Subjects[tokens])
+	}
+}
+
+// TestGuardReadingsAreAdmissions: a Guard reads through a Monitor, which
+// does not run here: once the guard (with no fleet to check) has read a
+// partition above the high-water mark, the Monitor refuses new requests
+// there, and Run returns nil when its context ends.
+func TestGuardReadingsAreAdmissions(t *testing.T) {
+	js := natstest.Start(t).JetStream(t)
+	ctx := context.Background()
+	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
+		t.Fatal(err)
+	}
+	fe, wk := logs(t, js)
+	for i := 0; ; i++ {
+		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Ratio() > 0.92 {
+			break
+		}
+		store(t, fe, wk, fmt.Sprintf("done-%03d", i), 20, false)
+	}
+	reg, log := prometheus.NewRegistry(), slog.New(slog.DiscardHandler)
+	m, err := retention.NewMonitor(js, reg, log, retention.Config{HighWater: 0.9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := retention.NewGuard(js, m, reg, log, retention.GuardConfig{Interval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetPartitions(1)
+	g.SetPartitions(1)
+	if err := m.Admit("anything"); err != nil {
+		t.Fatalf("admission before any reading: %v", err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- g.Run(rctx) }()
+	eventually(t, "admission refused from the guard's reading", func() bool {
+		return errors.Is(m.Admit("anything"), retention.ErrLogFull)
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run after its context ended: %v, want nil", err)
 	}
 }
