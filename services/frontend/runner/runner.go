@@ -94,7 +94,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	// The guard reads at the monitor's pace, and through it: admission
 	// answers from its readings too.
 	if rn.guard, err = retention.NewGuard(js, rn.room, reg, log, retention.GuardConfig{Interval: cfg.Log.Interval}); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
+		return nil, fmt.Errorf("runner: %w", err)
 	}
 	if rn.live, err = newLive(nc); err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
