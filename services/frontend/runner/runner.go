@@ -38,6 +38,7 @@ type Runner struct {
 	router   *router
 	policy   migrations.Policy
 	room     *retention.Monitor // how full the request log is; evicts finished requests
+	guard    *retention.Guard   // purges workers' junk from the request log, quarantines who writes it
 	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
 
 	launch  chan *Request // requests whose runner runRunners should start
@@ -90,6 +91,11 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
+	// The guard reads at the monitor's pace, and through it: admission
+	// answers from its readings too.
+	if rn.guard, err = retention.NewGuard(js, rn.room, reg, log, retention.GuardConfig{Interval: cfg.Log.Interval}); err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
 	if rn.live, err = newLive(nc); err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
@@ -129,6 +135,7 @@ func (rn *Runner) Start(ctx context.Context, addr string) error {
 		return nil
 	})
 	rn.g.Go(func() error { return rn.room.Run(runCtx) })
+	rn.g.Go(func() error { return rn.guard.Run(runCtx) })
 	if err := rn.startWatchers(ctx, runCtx, &rn.g, addr); err != nil {
 		rn.cancelRun()
 		return err
@@ -170,7 +177,8 @@ func (rn *Runner) provision(ctx context.Context) error {
 	rn.parts = parts
 	rn.events.SetPartitions(parts)
 	rn.room.SetPartitions(parts)
-	rn.room.SetFleet(fleet{rn})
+	rn.guard.SetPartitions(parts)
+	rn.guard.SetFleet(fleet{rn})
 	rn.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }
