@@ -1,10 +1,8 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
 	"testing"
-
-	"github.com/baton-dev/baton/events"
 )
 
 func TestParseResponseRequestErrors(t *testing.T) {
@@ -30,8 +28,8 @@ func TestParseResponseRequestErrors(t *testing.T) {
 		{"a bad tool_choice", `{"model":"m","input":"x","tool_choice":"always"}`, "tool_choice"},
 	}
 	for _, tc := range cases {
-		_, err := parseResponseRequest([]byte(tc.body), 1000)
-		if err == nil || err.param != tc.param || err.status != 400 {
+		_, err := ParseResponseRequest([]byte(tc.body), 1000)
+		if err == nil || err.Param != tc.param || err.Status != 400 {
 			t.Errorf("%s: got %+v, want a 400 with param %q", tc.name, err, tc.param)
 		}
 	}
@@ -45,7 +43,7 @@ func TestResponseRequestToChat(t *testing.T) {
 		"tools":[{"type":"function","name":"get","parameters":{"type":"object"}}],
 		"tool_choice":{"type":"function","name":"get"},
 		"text":{"format":{"type":"json_schema","name":"w","schema":{"type":"object"},"strict":true}}}`
-	q, err := parseResponseRequest([]byte(body), 1000)
+	q, err := ParseResponseRequest([]byte(body), 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +61,7 @@ func TestResponseRequestToChat(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", k, got[k], v)
 		}
 	}
-	msgs, _ := json.Marshal(chatMessages(q.input))
+	msgs, _ := json.Marshal(chatMessages(q.Input))
 	if w := `[{"content":"weather?","role":"user"},{"content":null,"role":"assistant","tool_calls":[{"function":{"arguments":"{}","name":"get"},"id":"c1","type":"function"}]},{"content":"sunny","role":"tool","tool_call_id":"c1"}]`; string(msgs) != w {
 		t.Errorf("messages:\n got %s\nwant %s", msgs, w)
 	}
@@ -72,7 +70,7 @@ func TestResponseRequestToChat(t *testing.T) {
 	if got := itemsOfMessages(back); len(got) != 3 || got[1].CallID != "c1" || got[2].Output != "sunny" {
 		t.Errorf("itemsOfMessages: %+v", got)
 	}
-	if p := promptText([]inputItem{{Type: "message", Role: "user", Text: "hello there"}}); p != renderChat([]events.Message{{Role: "user", Content: "hello there"}}) {
-		t.Errorf("prompt %q differs from chat's", p)
+	if p, want := PromptText(q.Input), "user: weather?\nassistant: get({})\ntool: sunny"; p != want {
+		t.Errorf("prompt %q, want %q", p, want)
 	}
 }

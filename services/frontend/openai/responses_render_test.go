@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
@@ -47,7 +47,7 @@ func (r emitted) data() string { return r.json }
 
 func allEvents(p *projections.Request) []emitted {
 	var out []emitted
-	renderResponse("resp_1", p, func(e respEvent) { out = append(out, emitted{e.seq, e.typ, string(e.data())}) })
+	renderResponse("resp_1", p, func(e ResponseEvent) { out = append(out, emitted{e.seq, e.typ, string(e.data())}) })
 	return out
 }
 
@@ -152,8 +152,8 @@ func TestResponseStatus(t *testing.T) {
 func TestTextDeltaBytes(t *testing.T) {
 	for _, text := range []string{"", "plain ", "<b>&\"quoted\"\n", "\u2028 \u00e9 \U0001F600", "\xff\xfe bad", "tab\t\x01"} {
 		d := &textDelta{itemID: "msg_resp_1_0", index: 3, delta: text}
-		fast := respEvent{seq: 42, typ: "response.output_text.delta", text: d}
-		slow := respEvent{seq: 42, typ: "response.output_text.delta", body: func() map[string]any {
+		fast := ResponseEvent{seq: 42, typ: "response.output_text.delta", text: d}
+		slow := ResponseEvent{seq: 42, typ: "response.output_text.delta", body: func() map[string]any {
 			return map[string]any{"item_id": d.itemID, "output_index": d.index, "content_index": 0, "delta": d.delta, "logprobs": []any{}}
 		}}
 		if got, want := string(fast.data()), string(slow.data()); got != want {
