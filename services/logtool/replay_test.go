@@ -1,6 +1,7 @@
 package logtool
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -154,5 +155,38 @@ func TestWriteReplayColumnsAlign(t *testing.T) {
 	a, b := lines[0].format(seqWidth, subjectWidth), lines[1].format(seqWidth, subjectWidth)
 	if i, j := strings.Index(a, "accepted"), strings.Index(b, "completed"); i != j {
 		t.Errorf("the type columns start at %d and %d:\n%s\n%s", i, j, a, b)
+	}
+}
+
+// TestBuildReplayResponse: the replay of a response of the Responses API
+// shows the response object its client got (formerly a text_completion
+// named cmpl-…), its function calls on the tool-calls line.
+func TestBuildReplayResponse(t *testing.T) {
+	const id = "alice:resp_1"
+	call := json.RawMessage(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":"{}"}}]}`)
+	envs := histories.Envelopes([]histories.Stored{
+		{Event: events.RequestAccepted{RequestID: id, Tenant: "alice", Model: "mock", Endpoint: events.EndpointResponses,
+			Body: json.RawMessage(`{"model":"mock","input":"weather?"}`), MaxTokens: 8, Created: 100}},
+		{Event: events.RequestRouted{RequestID: id, WorkerID: "w1"}},
+		{Event: events.TokensGenerated{RequestID: id, Tokens: []string{"sunny ", ""}, Details: []json.RawMessage{nil, call}}},
+		{Event: events.RequestCompleted{RequestID: id, FinishReason: "tool_calls"}},
+	})
+	doc, ok := BuildReplay(envs)
+	if !ok {
+		t.Fatal("got not found, want a replay")
+	}
+	r := doc.Response
+	if r["object"] != "response" || r["id"] != "resp_1" || r["status"] != "completed" {
+		t.Fatalf("got response %v, want the response object resp_1, completed", r)
+	}
+	if out, _ := r["output"].([]map[string]any); len(out) != 2 || out[0]["type"] != "message" || out[1]["type"] != "function_call" {
+		t.Errorf("got output %v, want a message and a function call", r["output"])
+	}
+	var b strings.Builder
+	if err := WriteReplay(&b, doc); err != nil {
+		t.Fatal(err)
+	}
+	if want := "tool calls  get({})\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("replay text lacks %q:\n%s", want, b.String())
 	}
 }
