@@ -86,14 +86,15 @@ type timelineLine struct {
 }
 
 // coalesce groups consecutive token deltas of one attempt that the fold
-// treated alike into one line; other entries stay one line each.
+// treated alike into one line (a compaction's carry apart); other entries
+// stay one line each.
 func coalesce(entries []replayEntry) []timelineLine {
 	var out []timelineLine
 	for _, e := range entries {
 		tg, isDelta := e.Event.(events.TokensGenerated)
 		if isDelta && len(out) > 0 {
 			prev := &out[len(out)-1]
-			if p, ok := prev.last.Event.(events.TokensGenerated); ok && p.Attempt == tg.Attempt && prev.last.Note == e.Note {
+			if p, ok := prev.last.Event.(events.TokensGenerated); ok && p.Attempt == tg.Attempt && prev.last.Note == e.Note && prev.last.Carry == e.Carry {
 				prev.last = e
 				prev.deltas++
 				prev.tokens += len(tg.Tokens)
@@ -139,6 +140,13 @@ func (l timelineLine) format(seqWidth, subjectWidth int) string {
 	what := l.first.Summary
 	if tg, ok := l.first.Event.(events.TokensGenerated); ok {
 		what = fmt.Sprintf("attempt %d: %s", tg.Attempt, tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas))
+		if l.first.Carry {
+			// The answer written again by a compaction, on the last
+			// attempt's subject: not what that attempt produced (formerly
+			// "attempt 1: tokens 0-199 (200)" for an attempt that began at
+			// token 60). The record's line says what each attempt did.
+			what = projections.CarryPrefix + tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas)
+		}
 	}
 	if l.first.Note != "" {
 		what += "  [" + l.first.Note + "]"
