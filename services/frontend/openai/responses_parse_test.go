@@ -2,7 +2,10 @@ package openai
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
+
+	"github.com/baton-dev/baton/events"
 )
 
 func TestParseResponseRequestErrors(t *testing.T) {
@@ -72,5 +75,69 @@ func TestResponseRequestToChat(t *testing.T) {
 	}
 	if p, want := PromptText(q.Input), "user: weather?\nassistant: get({})\ntool: sunny"; p != want {
 		t.Errorf("prompt %q, want %q", p, want)
+	}
+}
+
+func TestParamErrorBody(t *testing.T) {
+	cases := []struct {
+		name string
+		err  *ParamError
+		want string
+	}{
+		{name: "a field at fault", err: BadParam("input[0].role", "invalid_value", "'%s' is bad", "input[0].role"),
+			want: `{"code":"invalid_value","message":"'input[0].role' is bad","param":"input[0].role","type":"invalid_request_error"}`},
+		{name: "the body as a whole: param null", err: BadParam("", "invalid_json", "not JSON"),
+			want: `{"code":"invalid_json","message":"not JSON","param":null,"type":"invalid_request_error"}`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := jsonOf(t, tc.err.Body()); got != tc.want {
+				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+			if tc.err.Status != 400 || tc.err.Error() != tc.err.Message {
+				t.Errorf("got status %d, error %q; want 400, the message", tc.err.Status, tc.err.Error())
+			}
+		})
+	}
+}
+
+func TestInputItemList(t *testing.T) {
+	acc := events.RequestAccepted{Body: json.RawMessage(`{"model":"m","input":[
+		{"role":"user","content":"a"},
+		{"type":"function_call","call_id":"c1","name":"f","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c1","output":"b"}]}`)}
+	ids := func(list map[string]any) string {
+		var out []string
+		for _, d := range list["data"].([]map[string]any) {
+			out = append(out, d["id"].(string))
+		}
+		return strings.Join(out, " ")
+	}
+	cases := []struct {
+		name, order, after string
+		limit              int
+		want               string
+		more               bool
+	}{
+		{name: "desc", order: "desc", limit: 20, want: "item_r_2 item_r_1 item_r_0"},
+		{name: "asc", order: "asc", limit: 20, want: "item_r_0 item_r_1 item_r_2"},
+		{name: "after an item", order: "asc", after: "item_r_0", limit: 20, want: "item_r_1 item_r_2"},
+		{name: "a page", order: "asc", limit: 2, want: "item_r_0 item_r_1", more: true},
+		{name: "after an unknown item: from the start", order: "desc", after: "item_x", limit: 1, want: "item_r_2", more: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			list := InputItemList("r", acc, tc.order, tc.after, tc.limit)
+			if got := ids(list); got != tc.want || list["has_more"] != tc.more {
+				t.Errorf("got %q (has_more %v), want %q (%v)", got, list["has_more"], tc.want, tc.more)
+			}
+		})
+	}
+	first := InputItemList("r", acc, "asc", "", 20)["data"].([]map[string]any)
+	if got := jsonOf(t, first[0]); got != `{"content":[{"text":"a","type":"input_text"}],"id":"item_r_0","role":"user","status":"completed","type":"message"}` {
+		t.Errorf("a message item: %s", got)
+	}
+	if got := jsonOf(t, first[1]); got != `{"arguments":"{}","call_id":"c1","id":"item_r_1","name":"f","status":"completed","type":"function_call"}` {
+		t.Errorf("a function call item: %s", got)
 	}
 }

@@ -161,3 +161,25 @@ func TestTextDeltaBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestPreviousTurns: a finished response's conversation, for a later
+// response's previous_response_id, is its input as the engine got it less
+// its instructions, then its output (text, and function calls as such).
+func TestPreviousTurns(t *testing.T) {
+	body := `{"model":"m","instructions":"be brief","input":"weather?"}`
+	q, perr := ParseResponseRequest([]byte(body), 100)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	items := append([]InputItem{{Type: "message", Role: "system", Text: q.Instructions}}, q.Input...)
+	call := json.RawMessage(`{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get","arguments":"{}"}}]}`)
+	p, _ := foldResponse(t, body, []string{"let me see", ""}, []json.RawMessage{nil, call}, []int{2}, "tool_calls")
+	p.Accepted.EngineBody = q.EngineBody(items, 64)
+	got, _ := json.Marshal(PreviousTurns("resp_1", p))
+	if want := `[{"type":"message","role":"user"},{"type":"message","role":"assistant"},{"type":"function_call","call_id":"c1","name":"get","arguments":"{}"}]`; string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if turns := PreviousTurns("resp_1", p); turns[0].Text != "weather?" || turns[1].Text != "let me see" {
+		t.Errorf("got texts %q, %q; want the input and the output", turns[0].Text, turns[1].Text)
+	}
+}
