@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,15 +10,16 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 )
 
 // OpenAI's Responses API over the request runtime: a response is a request
 // of endpoint events.EndpointResponses, accepted, routed, migrated,
-// cancelled and compacted like any other; only its rendering differs
-// (responses_render.go). See responses_parse.go and responses_render.go for
-// the OpenAI reference pages followed.
+// cancelled and compacted like any other; only its parsing and rendering
+// differ, which the openai package does (openai/responses_parse.go and
+// openai/responses_render.go, with the OpenAI reference pages followed).
 
 // registerResponses adds the Responses API's routes to mux.
 func (fe *Frontend) registerResponses(mux *http.ServeMux) {
@@ -49,7 +49,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
 		return
 	}
-	q, perr := parseResponseRequest(body, fe.cfg.MaxTokensLimit)
+	q, perr := openai.ParseResponseRequest(body, fe.cfg.MaxTokensLimit)
 	if perr != nil {
 		writeParamError(w, perr)
 		return
@@ -82,7 +82,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
-	if apiErr := fe.admit(q.model, events.EndpointResponses, ""); apiErr != nil {
+	if apiErr := fe.admit(q.Model, events.EndpointResponses, ""); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
@@ -106,7 +106,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 // serveRetry answers a create under the id of request t, which exists:
 // with that response if it is the caller's, of the same body, and not
 // deleted; otherwise a 404 or a 409. It releases t.
-func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q responseRequest, bodySHA string) {
+func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, bodySHA string) {
 	defer t.Release()
 	if apiErr := reuseError(t, tenantOf(r), public, events.EndpointResponses, bodySHA); apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -127,8 +127,8 @@ func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner
 // request as sent), and reports whether it ended in success: a background
 // response at once with its object, otherwise its stream or, once it
 // ended, its object.
-func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q responseRequest) bool {
-	if q.background && !q.stream {
+func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest) bool {
+	if q.Background && !q.Stream {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return true
 	}
@@ -142,7 +142,7 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 		return writeUnary(w, s)
 	}
 	gone := func() { fe.onClientGone(t) }
-	if q.stream {
+	if q.Stream {
 		return fe.streamResponse(w, r, t, public, -1, gone)
 	}
 	ok := fe.awaitEnd(r, t, gone)
@@ -156,82 +156,56 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 // sent): its rendering on chat for engines, with the turns of its previous
 // response read from the log, and its prompt text. The caller sets the id,
 // time and tenant.
-func (fe *Frontend) responseAccepted(r *http.Request, q responseRequest, body []byte) (events.RequestAccepted, *paramError) {
-	var items []inputItem
-	if q.instructions != "" {
-		items = append(items, inputItem{Type: "message", Role: "system", Text: q.instructions})
+func (fe *Frontend) responseAccepted(r *http.Request, q openai.ResponseRequest, body []byte) (events.RequestAccepted, *openai.ParamError) {
+	var items []openai.InputItem
+	if q.Instructions != "" {
+		items = append(items, openai.InputItem{Type: "message", Role: "system", Text: q.Instructions})
 	}
-	if q.previous != "" {
-		turns, err := fe.previousTurns(r, q.previous)
+	if q.Previous != "" {
+		turns, err := fe.previousTurns(r, q.Previous)
 		if err != nil {
 			return events.RequestAccepted{}, err
 		}
 		items = append(items, turns...)
 	}
-	items = append(items, q.input...)
-	prompt := promptText(items)
+	items = append(items, q.Input...)
+	prompt := openai.PromptText(items)
 	promptTokens := estimateTokens(prompt)
 	if promptTokens > fe.cfg.MaxPromptTokens {
-		if q.previous != "" {
-			return events.RequestAccepted{}, badParam("previous_response_id", "context_length_exceeded",
+		if q.Previous != "" {
+			return events.RequestAccepted{}, openai.BadParam("previous_response_id", "context_length_exceeded",
 				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.MaxPromptTokens)
 		}
-		return events.RequestAccepted{}, &paramError{apiError: apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
-			code: "prompt_too_large", message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens)}, param: "input"}
+		return events.RequestAccepted{}, &openai.ParamError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Code: "prompt_too_large", Message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens), Param: "input"}
 	}
 	maxTokens := fe.cfg.DefaultMaxTokens
-	if q.maxOutput > 0 {
-		maxTokens = q.maxOutput
+	if q.MaxOutput > 0 {
+		maxTokens = q.MaxOutput
 	}
-	chat := q.chat
-	chat["model"] = mustMarshal(q.model)
-	chat["messages"] = mustMarshal(chatMessages(items))
-	chat["max_tokens"] = mustMarshal(maxTokens)
 	return events.RequestAccepted{
-		Model: q.model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
-		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.stream, Frontend: fe.id,
-		Resumable:  q.background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		Background: q.background, ClientModel: fe.cfg.ClientModel,
-		EngineEndpoint: events.EndpointChat, EngineBody: mustMarshal(chat),
+		Model: q.Model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
+		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.Stream, Frontend: fe.id,
+		Resumable:  q.Background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
+		Background: q.Background, ClientModel: fe.cfg.ClientModel,
+		EngineEndpoint: events.EndpointChat, EngineBody: q.EngineBody(items, maxTokens),
 	}, nil
 }
 
 // previousTurns is the conversation that response prev (the caller's)
-// ended: its context and input as it was sent to the engine (less its
-// instructions, which do not carry over), then its output.
-func (fe *Frontend) previousTurns(r *http.Request, prev string) ([]inputItem, *paramError) {
+// ended, read from the log (openai.PreviousTurns).
+func (fe *Frontend) previousTurns(r *http.Request, prev string) ([]openai.InputItem, *openai.ParamError) {
 	p, err := fe.loadResponse(r, prev)
 	if err != nil {
 		if errors.Is(err, streams.ErrNotFound) {
-			return nil, &paramError{apiError: apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "previous_response_not_found",
-				message: fmt.Sprintf("Previous response with id '%s' not found.", prev)}, param: "previous_response_id"}
+			return nil, &openai.ParamError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "previous_response_not_found",
+				Message: fmt.Sprintf("Previous response with id '%s' not found.", prev), Param: "previous_response_id"}
 		}
-		return nil, &paramError{apiError: *serverError("log_unavailable", err), param: "previous_response_id"}
+		return nil, &openai.ParamError{Status: http.StatusInternalServerError, Type: "server_error", Code: "log_unavailable",
+			Message: err.Error(), Param: "previous_response_id"}
 	}
 	if !p.Status.Terminal() {
-		return nil, badParam("previous_response_id", "previous_response_in_progress", "previous response '%s' has not finished yet", prev)
+		return nil, openai.BadParam("previous_response_id", "previous_response_in_progress", "previous response '%s' has not finished yet", prev)
 	}
-	var sent struct {
-		Messages []chatMessage `json:"messages"`
-	}
-	_ = json.Unmarshal(p.Accepted.EngineBody, &sent)
-	var prevReq struct {
-		Instructions string `json:"instructions"`
-	}
-	_ = json.Unmarshal(p.Accepted.Body, &prevReq)
-	msgs := sent.Messages
-	if prevReq.Instructions != "" && len(msgs) > 0 {
-		msgs = msgs[1:]
-	}
-	items := itemsOfMessages(msgs)
-	b := newRender(prev, p.Accepted, nil)
-	b.feed(p.Tokens(0), p.Details(0))
-	for _, it := range b.items {
-		if it.kind == "function_call" {
-			items = append(items, inputItem{Type: "function_call", CallID: it.callID, Name: it.name, Arguments: string(it.text)})
-		} else {
-			items = append(items, inputItem{Type: "message", Role: "assistant", Text: string(it.text)})
-		}
-	}
-	return items, nil
+	return openai.PreviousTurns(prev, p), nil
 }
