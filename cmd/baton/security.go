@@ -42,7 +42,7 @@ func (s *securityFlags) add(f *flagSet) {
 	f.bindEnv("idle-timeout", "BATON_IDLE_TIMEOUT", nil)
 	f.IntVar(&s.maxConnections, "max-connections", frontend.DefaultMaxConnections, fmt.Sprintf("most open HTTP connections: beyond, 503 (with %d more kept for /live and /health)", frontend.ProbeHeadroom))
 	f.bindEnv("max-connections", "BATON_MAX_CONNECTIONS", nil)
-	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond); 0 unlimited")
+	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond; a background response counts until it ends); 0 unlimited")
 	f.bindEnv("tenant-max-concurrent", "BATON_TENANT_MAX_CONCURRENT", nil)
 	f.showDefault("tenant-max-concurrent", "with --api-keys-file a quarter of --max-connections, else unlimited")
 	f.DurationVar(&s.writeTimeout, "write-timeout", frontend.DefaultWriteTimeout, "disconnect a client that stops reading a stream this long after a write could not go out, a `duration`")

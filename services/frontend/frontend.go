@@ -39,7 +39,10 @@ type Frontend struct {
 
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
+	stopped  chan struct{} // closed when Run ends: background responses stop counting
 	listener net.Listener
+
+	background sync.WaitGroup // countUntilEnd's watchers of background responses
 
 	mu       sync.Mutex
 	open     int            // API responses being served (completions, resumes); guarded by mu
@@ -74,7 +77,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	}
 	fe := &Frontend{
 		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
-		draining: make(chan struct{}), closing: make(chan struct{}),
+		draining: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
 		openDone: runner.NewSignal(),
 		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
@@ -149,6 +152,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 
 	select {
 	case err := <-serveErr:
+		fe.stopCounting()
 		fe.runtime.Stop()
 		cancelRun()
 		_ = g.Wait()
@@ -168,7 +172,8 @@ func (fe *Frontend) Run(ctx context.Context) error {
 // budget without cancelling it (the requests keep generating in the log and
 // stay resumable elsewhere); (4) delete this frontend's presence key, so
 // another replica may take its requests over at once; (5) stop the runtime's
-// runners and watchers; (6) stop the console (cancelRun, then wait for g).
+// runners and watchers, once the watchers of background responses let
+// their references go; (6) stop the console (cancelRun, then wait for g).
 func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun context.CancelFunc, g *errgroup.Group) error {
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
@@ -184,6 +189,7 @@ func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun co
 		fe.log.Warn("deregister", "err", perr)
 	}
 	rcancel()
+	fe.stopCounting()
 	fe.runtime.Stop()
 	cancelRun()
 	_ = g.Wait()
@@ -202,7 +208,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", fe.handleModels)
 	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
-	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.concurrent(fe.handleResume)))
+	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	fe.registerResponses(mux)
 	mux.HandleFunc("GET /health", fe.handleHealth)
@@ -220,6 +226,13 @@ func (fe *Frontend) Handler() http.Handler {
 	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's rate; then the body, read within its timeout.
 	return limitConnections(fe.withCORS(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
+}
+
+// stopCounting ends the watchers of background responses (countUntilEnd)
+// and waits for them.
+func (fe *Frontend) stopCounting() {
+	close(fe.stopped)
+	fe.background.Wait()
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting

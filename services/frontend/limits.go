@@ -15,6 +15,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/streams"
 )
 
 // ProbeHeadroom is how many connections past Config.MaxConnections are
@@ -350,12 +354,71 @@ func (fe *Frontend) concurrent(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant := tenantOf(r)
 		if !fe.limits.acquire(tenant) {
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusTooManyRequests, "requests", "concurrency_limit_exceeded",
-				fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.cfg.TenantMaxConcurrent))
+			fe.writeConcurrencyLimit(w)
 			return
 		}
 		defer fe.limits.release(tenant)
 		h(w, r)
 	}
+}
+
+// writeConcurrencyLimit answers 429 to a tenant at its maximum of open
+// responses.
+func (fe *Frontend) writeConcurrencyLimit(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusTooManyRequests, "requests", "concurrency_limit_exceeded",
+		fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.cfg.TenantMaxConcurrent))
+}
+
+// countUnlessBackground takes one of the caller's concurrent slots for a
+// reader of request t (answering 429 when none is left, and returning
+// false), unless t runs in the background: a background response counts
+// once, from its create until it ends (countUntilEnd), not again for each
+// reader. The caller gives the slot back with the returned release.
+func (fe *Frontend) countUnlessBackground(w http.ResponseWriter, r *http.Request, t *runner.Request) (release func(), ok bool) {
+	var background bool
+	t.View(func(p *projections.Request) { background = p.Accepted.Background })
+	if background {
+		return func() {}, true
+	}
+	tenant := tenantOf(r)
+	if !fe.limits.acquire(tenant) {
+		fe.writeConcurrencyLimit(w)
+		return nil, false
+	}
+	return func() { fe.limits.release(tenant) }, true
+}
+
+// countUntilEnd keeps the slot of tenant its caller took for background
+// response t until t ends (completed, failed or cancelled, whichever
+// frontend stored the end), whether or not a client reads it, or until the
+// frontend stops. It takes its own reference to t.
+func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string) {
+	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
+	held, err := fe.runtime.Attach(ctx, t.ID()) // t is followed here: a new reference
+	cancel()
+	if err != nil {
+		fe.limits.release(tenant)
+		return
+	}
+	fe.background.Add(1)
+	go func() {
+		defer fe.background.Done()
+		defer fe.limits.release(tenant)
+		defer held.Release()
+		wake := make(chan struct{}, 1)
+		defer held.Listen(wake)()
+		for {
+			var terminal bool
+			held.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
+			if terminal {
+				return
+			}
+			select {
+			case <-wake:
+			case <-fe.stopped:
+				return
+			}
+		}
+	}()
 }

@@ -23,8 +23,10 @@ import (
 
 // registerResponses adds the Responses API's routes to mux.
 func (fe *Frontend) registerResponses(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/responses", fe.counted(fe.concurrent(fe.handleResponseCreate)))
-	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.concurrent(fe.handleResponseGet)))
+	// A create and a read count against the tenant's concurrency in the
+	// handler, which knows whether the response runs in the background.
+	mux.HandleFunc("POST /v1/responses", fe.counted(fe.handleResponseCreate))
+	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.handleResponseGet))
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", fe.handleResponseCancel)
 	mux.HandleFunc("DELETE /v1/responses/{id}", fe.handleResponseDelete)
 	mux.HandleFunc("GET /v1/responses/{id}/input_items", fe.handleInputItems)
@@ -100,18 +102,30 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		writeAPIError(w, apiErr)
 		return
 	}
-	t, err := fe.runtime.Accept(r.Context(), acc)
-	if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
-		if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveRetry(w, r, t, public, q, bodySHA, after)
-			return
-		}
+	// One of the tenant's concurrent slots: a response in the background
+	// keeps it until it ends, another while this handler runs.
+	if !fe.limits.acquire(tenant) {
+		fe.writeConcurrencyLimit(w)
+		return
 	}
+	t, err := fe.runtime.Accept(r.Context(), acc)
 	if err != nil {
+		fe.limits.release(tenant)
+		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
+			if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
+				fe.serveRetry(w, r, t, public, q, bodySHA, after)
+				return
+			}
+		}
 		writeRecordError(w, "the response", err)
 		return
 	}
 	defer t.Release()
+	if q.background {
+		fe.countUntilEnd(t, tenant)
+	} else {
+		defer fe.limits.release(tenant)
+	}
 	if acc.ParentID != "" {
 		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}
@@ -143,6 +157,11 @@ func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner
 			return
 		}
 	}
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		return
+	}
+	defer release()
 	t.Claim()
 	fe.serveResponse(w, r, t, public, q, after)
 }

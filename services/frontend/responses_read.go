@@ -92,6 +92,11 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.Release()
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		return
+	}
+	defer release()
 	t.Claim() // a response whose owner is gone is taken over by whoever reads it
 	if !stream {
 		fe.catchUp(r, t)
