@@ -113,7 +113,8 @@ func (fe *Frontend) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
 	}
-	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), plainTCP: fe.cfg.TLSCertFile == ""}
+	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), perAddress: max(0, fe.cfg.MaxConnectionsPerAddress),
+		plainTCP: fe.cfg.TLSCertFile == ""}
 	return l.Addr(), nil
 }
 
