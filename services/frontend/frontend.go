@@ -44,7 +44,7 @@ type Frontend struct {
 
 	background sync.WaitGroup // countUntilEnd's watchers of background responses
 
-	mu       sync.Mutex
+	mu       sync.Mutex     // guards open, and stopped's closing against background.Add
 	open     int            // API responses being served (completions, resumes); guarded by mu
 	openDone *runner.Signal // notified when open drops to zero
 }
@@ -232,7 +232,9 @@ func (fe *Frontend) Handler() http.Handler {
 // stopCounting ends the watchers of background responses (countUntilEnd)
 // and waits for them.
 func (fe *Frontend) stopCounting() {
+	fe.mu.Lock()
 	close(fe.stopped)
+	fe.mu.Unlock()
 	fe.background.Wait()
 }
 
@@ -283,9 +285,12 @@ func (fe *Frontend) isDraining() bool {
 	}
 }
 
-func (fe *Frontend) isClosing() bool {
+func (fe *Frontend) isClosing() bool { return isClosed(fe.closing) }
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-fe.closing:
+	case <-ch:
 		return true
 	default:
 		return false

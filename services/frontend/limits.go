@@ -247,11 +247,17 @@ func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string) {
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	held, err := fe.runtime.Attach(ctx, t.ID()) // t is followed here: a new reference
 	cancel()
-	if err != nil {
+	fe.mu.Lock()
+	if err != nil || isClosed(fe.stopped) { // a handler cut at the end of a shutdown
+		fe.mu.Unlock()
+		if err == nil {
+			held.Release()
+		}
 		fe.limits.release(tenant)
 		return
 	}
 	fe.background.Add(1)
+	fe.mu.Unlock()
 	go func() {
 		defer fe.background.Done()
 		defer fe.limits.release(tenant)
