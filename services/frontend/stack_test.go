@@ -112,7 +112,8 @@ func TestInProcessStream(t *testing.T) {
 // for profiling the hot path: go test -bench InProcess -cpuprofile cpu.out.
 func BenchmarkInProcessStreams(b *testing.B) {
 	const streamsPerRound, tokens = 100, 256
-	url := inProcess(b, engine.MockConfig{SpeedupRatio: 1e9})
+	// Every stream comes from loopback: no per-address cap.
+	url := inProcessWith(b, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{MaxConnectionsPerAddress: -1})
 	start := time.Now()
 	total := 0
 	for i := 0; b.Loop(); i++ {
