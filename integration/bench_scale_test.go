@@ -121,8 +121,9 @@ func runScale(b *testing.B, sc scaleCase) {
 	s := newStackArgs(b, natsArgs...)
 	// A dispatch that times out on a saturated machine is tried again on
 	// another worker, as a deployment would configure it.
-	// The connection cap (--max-connections) is raised above the workload.
-	feArgs := []string{"--migration-limit", "3", "--max-connections", strconv.Itoa(sc.streams + 1000)}
+	// The connection cap (--max-connections) is raised above the workload,
+	// which comes from one address: the per-address cap is off.
+	feArgs := []string{"--migration-limit", "3", "--max-connections", strconv.Itoa(sc.streams + 1000), "--max-connections-per-address", "0"}
 	if sc.logOff {
 		// Nothing of a log-off request is stored, so there is nothing to
 		// compact: the baseline writes nothing to the log.

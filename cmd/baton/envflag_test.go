@@ -52,6 +52,9 @@ func flagDefaults(c *frontend.Config) {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = frontend.DefaultMaxConnections
 	}
+	if c.MaxConnectionsPerAddress == 0 {
+		c.MaxConnectionsPerAddress = frontend.DefaultMaxConnectionsPerAddress
+	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = frontend.DefaultWriteTimeout
 	}
@@ -101,6 +104,12 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}
 		}},
+		{"per-address cap off", []string{"--max-connections-per-address", "0"}, map[string]string{"BATON_MAX_CONNECTIONS_PER_ADDRESS": "7"},
+			func(t *testing.T, c frontend.Config) {
+				if c.MaxConnectionsPerAddress != -1 {
+					t.Errorf("got max connections per address %d, want -1 (none)", c.MaxConnectionsPerAddress)
+				}
+			}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
 			func(t *testing.T, c frontend.Config) {
 				if c.Log.HighWater != 0.75 || !c.NoCompaction {
@@ -110,10 +119,11 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 		{"security env", nil, map[string]string{
 			"BATON_MAX_CHILDREN": "7", "BATON_BODY_TIMEOUT": "3s", "BATON_IDLE_TIMEOUT": "4s",
 			"BATON_MAX_CONNECTIONS": "50", "BATON_TENANT_MAX_CONCURRENT": "2", "BATON_TENANT_RPS": "2.5",
+			"BATON_MAX_CONNECTIONS_PER_ADDRESS": "9",
 		}, func(t *testing.T, c frontend.Config) {
 			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second,
 				MaxChildren: 7, BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
-				TenantMaxConcurrent: 2, TenantRPS: 2.5}
+				TenantMaxConcurrent: 2, TenantRPS: 2.5, MaxConnectionsPerAddress: 9}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
@@ -383,6 +393,7 @@ func TestBadConfigExits2(t *testing.T) {
 		{"keys file line without secret", []string{"frontend", "--api-keys-file", keys}, nil, "line 3: want TENANT SECRET"},
 		{"tls cert without key", []string{"frontend", "--tls-cert", keys}, nil, "--tls-cert and --tls-key"},
 		{"zero max connections", []string{"frontend", "--max-connections", "0"}, nil, "--max-connections"},
+		{"negative max connections per address", []string{"frontend", "--max-connections-per-address", "-1"}, nil, "--max-connections-per-address -1: must not be negative"},
 		{"negative tenant rps", []string{"up", "--tenant-rps", "-1"}, nil, "--tenant-rps"},
 		{"worker users without a user", []string{"nats", "--worker-users", workers}, nil, "--worker-users needs --user"},
 		{"bad worker users", []string{"nats", "--user", "u", "--password", "p", "--worker-users", keys}, nil, "worker users"},
@@ -419,10 +430,16 @@ func TestHelpExits0(t *testing.T) {
 	}
 	env, stdout, _ := testEnv(nil)
 	run([]string{"frontend", "--help"}, env)
-	for _, want := range []string{"--http-port", "DYN_HTTP_PORT", "default 8000", "DYN_RUNTIME_INHIBITED_DURATION_SECS", "DYN_STALL_TIMEOUT_SECS in seconds"} {
+	for _, want := range []string{"--http-port", "DYN_HTTP_PORT", "default 8000", "DYN_RUNTIME_INHIBITED_DURATION_SECS", "DYN_STALL_TIMEOUT_SECS in seconds",
+		"--max-connections-per-address", "BATON_MAX_CONNECTIONS_PER_ADDRESS, default 256"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("frontend --help lacks %q", want)
 		}
+	}
+	env, stdout, _ = testEnv(nil)
+	run([]string{"up", "--help"}, env)
+	if !strings.Contains(stdout.String(), "--max-connections-per-address") {
+		t.Error("up --help lacks --max-connections-per-address")
 	}
 }
 

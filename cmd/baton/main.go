@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/baton-dev/baton/services/ratelog"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -171,8 +172,11 @@ func addCommonFlags(f *flagSet) *commonFlags {
 	return c
 }
 
-// logger returns a text logger on stderr.
+// logger returns a text logger on stderr. Its warnings and errors are
+// rate-limited (package ratelog): a message repeated within
+// ratelog.DefaultInterval is counted, not written, and the next line of it
+// says how many were dropped.
 func (c *commonFlags) logger(w io.Writer, component string) *slog.Logger {
 	h := slog.NewTextHandler(w, &slog.HandlerOptions{Level: c.logLevel})
-	return slog.New(h).With("component", component)
+	return slog.New(ratelog.New(h, slog.LevelWarn, ratelog.DefaultInterval)).With("component", component)
 }

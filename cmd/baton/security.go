@@ -22,6 +22,7 @@ type securityFlags struct {
 	bodyTimeout         time.Duration
 	idleTimeout         time.Duration
 	maxConnections      int
+	maxPerAddress       int
 	tenantMaxConcurrent int
 	writeTimeout        time.Duration
 	tenantRPS           float64
@@ -42,7 +43,10 @@ func (s *securityFlags) add(f *flagSet) {
 	f.bindEnv("idle-timeout", "BATON_IDLE_TIMEOUT", nil)
 	f.IntVar(&s.maxConnections, "max-connections", frontend.DefaultMaxConnections, fmt.Sprintf("most open HTTP connections: beyond, 503 (with %d more kept for /live and /health)", frontend.ProbeHeadroom))
 	f.bindEnv("max-connections", "BATON_MAX_CONNECTIONS", nil)
-	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond); 0 unlimited")
+	f.IntVar(&s.maxPerAddress, "max-connections-per-address", frontend.DefaultMaxConnectionsPerAddress,
+		fmt.Sprintf("most open HTTP connections per remote IPv4 address or IPv6 /64: beyond, 503 (0 off: behind a proxy or load balancer every connection comes from its address, so the cap belongs there); a new connection must send its first byte within %v", frontend.FirstByteTimeout))
+	f.bindEnv("max-connections-per-address", "BATON_MAX_CONNECTIONS_PER_ADDRESS", nil)
+	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond; a background response counts until it ends); 0 unlimited")
 	f.bindEnv("tenant-max-concurrent", "BATON_TENANT_MAX_CONCURRENT", nil)
 	f.showDefault("tenant-max-concurrent", "with --api-keys-file a quarter of --max-connections, else unlimited")
 	f.DurationVar(&s.writeTimeout, "write-timeout", frontend.DefaultWriteTimeout, "disconnect a client that stops reading a stream this long after a write could not go out, a `duration`")
@@ -72,6 +76,9 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	if s.maxConnections <= 0 {
 		errs = append(errs, fmt.Errorf("--max-connections %d: must be positive", s.maxConnections))
 	}
+	if s.maxPerAddress < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections-per-address %d: must not be negative (0 is off)", s.maxPerAddress))
+	}
 	if s.writeTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--write-timeout %v: must be positive", s.writeTimeout))
 	}
@@ -96,6 +103,10 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	cfg.APIKeysFile, cfg.MaxChildren = s.apiKeysFile, s.maxChildren
 	cfg.ReadHeaderTimeout, cfg.BodyTimeout, cfg.IdleTimeout = s.readHeaderTimeout, s.bodyTimeout, s.idleTimeout
 	cfg.MaxConnections, cfg.TenantRPS, cfg.WriteTimeout = s.maxConnections, s.tenantRPS, s.writeTimeout
+	cfg.MaxConnectionsPerAddress = s.maxPerAddress // Config's 0 is the default, negative none
+	if s.maxPerAddress == 0 {
+		cfg.MaxConnectionsPerAddress = -1
+	}
 	switch s.tenantMaxConcurrent { // Config's 0 is the default, negative none
 	case -1:
 		cfg.TenantMaxConcurrent = 0

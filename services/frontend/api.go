@@ -258,6 +258,12 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		writeLookupError(w, public, err)
 		return
 	}
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		t.Release()
+		return
+	}
+	defer release()
 	id := public
 	var n int
 	t.View(func(p *projections.Request) { n = p.Len() })

@@ -108,6 +108,12 @@ type Config struct {
 	// MaxConnections caps open connections: beyond it requests get 503, with
 	// ProbeHeadroom more kept for /live and /health; default 4096.
 	MaxConnections int
+	// MaxConnectionsPerAddress caps the open connections of one remote
+	// address (an IPv4 address, an IPv6 /64): a connection past it is
+	// answered 503 too_many_connections and closed, as past the headroom of
+	// MaxConnections. Default 256; negative means none (behind a proxy,
+	// where every connection comes from the proxy's address).
+	MaxConnectionsPerAddress int
 	// TenantMaxConcurrent caps one tenant's open completions and resumes
 	// (429 beyond). 0 means the default: a quarter of MaxConnections when
 	// APIKeysFile is set (so that no tenant holds every connection), none
@@ -127,25 +133,27 @@ type Config struct {
 
 // Defaults of Config; those of the runtime's fields are the runtime's.
 const (
-	DefaultHTTPAddr           = ":8000"
-	DefaultInhibitedDuration  = runner.DefaultInhibitedDuration
-	DefaultStallTimeout       = runner.DefaultStallTimeout
-	DefaultDetachTimeout      = runner.DefaultDetachTimeout
-	DefaultShutdownTimeout    = 5 * time.Second
-	DefaultDispatchTimeout    = runner.DefaultDispatchTimeout
-	DefaultMaxTokens          = 64
-	DefaultMaxTokensLimit     = 32768
-	DefaultMaxPromptTokens    = runner.DefaultMaxPromptTokens
-	DefaultMaxBodyBytes       = 1 << 20
-	DefaultMaxChildren        = runner.DefaultMaxChildren
-	DefaultReadHeaderTimeout  = 10 * time.Second
-	DefaultBodyTimeout        = 30 * time.Second
-	DefaultIdleTimeout        = 120 * time.Second
-	DefaultMaxConnections     = 4096
-	DefaultWriteTimeout       = 30 * time.Second
-	DefaultConsoleWindow      = 15 * time.Minute
-	DefaultConsoleRequests    = 500
-	DefaultConsoleLostWorkers = 5 * time.Minute
+	DefaultHTTPAddr          = ":8000"
+	DefaultInhibitedDuration = runner.DefaultInhibitedDuration
+	DefaultStallTimeout      = runner.DefaultStallTimeout
+	DefaultDetachTimeout     = runner.DefaultDetachTimeout
+	DefaultShutdownTimeout   = 5 * time.Second
+	DefaultDispatchTimeout   = runner.DefaultDispatchTimeout
+	DefaultMaxTokens         = 64
+	DefaultMaxTokensLimit    = 32768
+	DefaultMaxPromptTokens   = runner.DefaultMaxPromptTokens
+	DefaultMaxBodyBytes      = 1 << 20
+	DefaultMaxChildren       = runner.DefaultMaxChildren
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultBodyTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 120 * time.Second
+	DefaultMaxConnections    = 4096
+	// DefaultMaxConnectionsPerAddress is MaxConnectionsPerAddress's default.
+	DefaultMaxConnectionsPerAddress = 256
+	DefaultWriteTimeout             = 30 * time.Second
+	DefaultConsoleWindow            = 15 * time.Minute
+	DefaultConsoleRequests          = 500
+	DefaultConsoleLostWorkers       = 5 * time.Minute
 )
 
 func (c Config) withDefaults() Config {
@@ -193,6 +201,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConnectionsPerAddress == 0 {
+		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
 	}
 	if c.TenantMaxConcurrent == 0 && c.APIKeysFile != "" {
 		c.TenantMaxConcurrent = max(1, c.MaxConnections/4)

@@ -106,6 +106,8 @@ func TestConfigWithDefaults(t *testing.T) {
 		{"body timeout", func(c Config) any { return c.BodyTimeout }, Config{}, DefaultBodyTimeout},
 		{"idle timeout", func(c Config) any { return c.IdleTimeout }, Config{}, DefaultIdleTimeout},
 		{"max connections", func(c Config) any { return c.MaxConnections }, Config{}, DefaultMaxConnections},
+		{"max connections per address", func(c Config) any { return c.MaxConnectionsPerAddress }, Config{}, DefaultMaxConnectionsPerAddress},
+		{"max connections per address, negative is none", func(c Config) any { return c.MaxConnectionsPerAddress }, Config{MaxConnectionsPerAddress: -1}, -1},
 		{"tenant limits stay unlimited", func(c Config) any { return c.TenantMaxConcurrent == 0 && c.TenantRPS == 0 }, Config{}, true},
 		{"with keys a tenant holds a quarter of the connections", func(c Config) any { return c.TenantMaxConcurrent }, Config{APIKeysFile: "k"}, DefaultMaxConnections / 4},
 		{"with keys, negative is unlimited", func(c Config) any { return c.TenantMaxConcurrent }, Config{APIKeysFile: "k", TenantMaxConcurrent: -1}, -1},

@@ -39,9 +39,12 @@ type Frontend struct {
 
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
+	stopped  chan struct{} // closed when Run ends: background responses stop counting
 	listener net.Listener
 
-	mu       sync.Mutex
+	background sync.WaitGroup // countUntilEnd's watchers of background responses
+
+	mu       sync.Mutex     // guards open, and stopped's closing against background.Add
 	open     int            // API responses being served (completions, resumes); guarded by mu
 	openDone *runner.Signal // notified when open drops to zero
 }
@@ -74,7 +77,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	}
 	fe := &Frontend{
 		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
-		draining: make(chan struct{}), closing: make(chan struct{}),
+		draining: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
 		openDone: runner.NewSignal(),
 		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
@@ -110,7 +113,8 @@ func (fe *Frontend) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
 	}
-	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), plainTCP: fe.cfg.TLSCertFile == ""}
+	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), perAddress: max(0, fe.cfg.MaxConnectionsPerAddress),
+		plainTCP: fe.cfg.TLSCertFile == ""}
 	return l.Addr(), nil
 }
 
@@ -149,6 +153,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 
 	select {
 	case err := <-serveErr:
+		fe.stopCounting()
 		fe.runtime.Stop()
 		cancelRun()
 		_ = g.Wait()
@@ -168,7 +173,8 @@ func (fe *Frontend) Run(ctx context.Context) error {
 // budget without cancelling it (the requests keep generating in the log and
 // stay resumable elsewhere); (4) delete this frontend's presence key, so
 // another replica may take its requests over at once; (5) stop the runtime's
-// runners and watchers; (6) stop the console (cancelRun, then wait for g).
+// runners and watchers, once the watchers of background responses let
+// their references go; (6) stop the console (cancelRun, then wait for g).
 func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun context.CancelFunc, g *errgroup.Group) error {
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
@@ -184,6 +190,7 @@ func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun co
 		fe.log.Warn("deregister", "err", perr)
 	}
 	rcancel()
+	fe.stopCounting()
 	fe.runtime.Stop()
 	cancelRun()
 	_ = g.Wait()
@@ -202,7 +209,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", fe.handleModels)
 	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
-	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.concurrent(fe.handleResume)))
+	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	fe.registerResponses(mux)
 	mux.HandleFunc("GET /health", fe.handleHealth)
@@ -220,6 +227,15 @@ func (fe *Frontend) Handler() http.Handler {
 	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's rate; then the body, read within its timeout.
 	return limitConnections(fe.withCORS(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
+}
+
+// stopCounting ends the watchers of background responses (countUntilEnd)
+// and waits for them.
+func (fe *Frontend) stopCounting() {
+	fe.mu.Lock()
+	close(fe.stopped)
+	fe.mu.Unlock()
+	fe.background.Wait()
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting
@@ -269,9 +285,12 @@ func (fe *Frontend) isDraining() bool {
 	}
 }
 
-func (fe *Frontend) isClosing() bool {
+func (fe *Frontend) isClosing() bool { return isClosed(fe.closing) }
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-fe.closing:
+	case <-ch:
 		return true
 	default:
 		return false

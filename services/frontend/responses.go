@@ -23,8 +23,10 @@ import (
 
 // registerResponses adds the Responses API's routes to mux.
 func (fe *Frontend) registerResponses(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/responses", fe.counted(fe.concurrent(fe.handleResponseCreate)))
-	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.concurrent(fe.handleResponseGet)))
+	// A create and a read count against the tenant's concurrency in the
+	// handler, which knows whether the response runs in the background.
+	mux.HandleFunc("POST /v1/responses", fe.counted(fe.handleResponseCreate))
+	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.handleResponseGet))
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", fe.handleResponseCancel)
 	mux.HandleFunc("DELETE /v1/responses/{id}", fe.handleResponseDelete)
 	mux.HandleFunc("GET /v1/responses/{id}/input_items", fe.handleInputItems)
@@ -66,10 +68,18 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	}
 	w.Header().Set(headerRequestID, public)
 	bodySHA := fmt.Sprintf("%x", sha256.Sum256(body))
+	// The headers of chat, checked as chat checks them: Last-Event-ID
+	// (the sequence number a retried stream resumes after), then, for a new
+	// response, X-Worker-Id and X-Parent-Request-Id.
+	after, perr := responseAfter(r)
+	if perr != nil {
+		writeParamError(w, perr)
+		return
+	}
 	if clientID {
 		// Idempotent retry: a known id answers with the response it names.
 		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveRetry(w, r, t, public, q, bodySHA)
+			fe.serveRetry(w, r, t, public, q, bodySHA, after)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
@@ -82,31 +92,53 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
-	if apiErr := fe.admit(q.Model, events.EndpointResponses, ""); apiErr != nil {
+	acc.PinnedWorker = r.Header.Get(headerWorkerID)
+	if apiErr := fe.admit(q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
-	t, err := fe.runtime.Accept(r.Context(), acc)
-	if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
-		if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveRetry(w, r, t, public, q, bodySHA)
-			return
-		}
+	var apiErr *apiError
+	if acc.ParentID, apiErr = fe.parentOf(r, tenant); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
+	// One of the tenant's concurrent slots: a response in the background
+	// keeps it until it ends, another while this handler runs.
+	if !fe.limits.acquire(tenant) {
+		fe.writeConcurrencyLimit(w)
+		return
+	}
+	t, err := fe.runtime.Accept(r.Context(), acc)
 	if err != nil {
+		fe.limits.release(tenant)
+		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
+			if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
+				fe.serveRetry(w, r, t, public, q, bodySHA, after)
+				return
+			}
+		}
 		writeRecordError(w, "the response", err)
 		return
 	}
 	defer t.Release()
+	if q.Background {
+		fe.countUntilEnd(t, tenant)
+	} else {
+		defer fe.limits.release(tenant)
+	}
+	if acc.ParentID != "" {
+		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
+	}
 	fe.metrics.active.WithLabelValues(acc.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
-	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q))
+	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q, after))
 }
 
 // serveRetry answers a create under the id of request t, which exists:
 // with that response if it is the caller's, of the same body, and not
-// deleted; otherwise a 404 or a 409. It releases t.
-func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, bodySHA string) {
+// deleted (a stream with its events after sequence number after); otherwise
+// a 404, a 409, or a 400 for an after past the end. It releases t.
+func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, bodySHA string, after int) {
 	defer t.Release()
 	if apiErr := reuseError(t, tenantOf(r), public, events.EndpointResponses, bodySHA); apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -119,15 +151,26 @@ func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner
 			message: fmt.Sprintf("response %s was deleted: use a new %s", public, headerRequestID)})
 		return
 	}
+	if q.Stream && after >= 0 {
+		if perr := pastTheEnd(t, public, after, headerLastEventID); perr != nil {
+			writeParamError(w, perr)
+			return
+		}
+	}
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		return
+	}
+	defer release()
 	t.Claim()
-	fe.serveResponse(w, r, t, public, q)
+	fe.serveResponse(w, r, t, public, q, after)
 }
 
 // serveResponse answers a create of response t, new or retried (q is the
 // request as sent), and reports whether it ended in success: a background
-// response at once with its object, otherwise its stream or, once it
-// ended, its object.
-func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest) bool {
+// response at once with its object, otherwise its stream (its events after
+// sequence number after; -1: all) or, once it ended, its object.
+func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, after int) bool {
 	if q.Background && !q.Stream {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return true
@@ -143,7 +186,7 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 	}
 	gone := func() { fe.onClientGone(t) }
 	if q.Stream {
-		return fe.streamResponse(w, r, t, public, -1, gone)
+		return fe.streamResponse(w, r, t, public, after, gone)
 	}
 	ok := fe.awaitEnd(r, t, gone)
 	if ok {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -89,14 +90,10 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		writeParamError(w, perr)
 		return
 	}
-	after := -1
-	if v := r.URL.Query().Get("starting_after"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			writeParamError(w, openai.BadParam("starting_after", "invalid_value", "'starting_after' must be a sequence number (a whole number), got %q", v))
-			return
-		}
-		after = n
+	after, perr := responseAfter(r)
+	if perr != nil {
+		writeParamError(w, perr)
+		return
 	}
 	t, err := fe.attachResponse(r, public)
 	if err != nil {
@@ -104,26 +101,64 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.Release()
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		return
+	}
+	defer release()
 	t.Claim() // a response whose owner is gone is taken over by whoever reads it
 	if !stream {
 		fe.catchUp(r, t)
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return
 	}
-	n := 1 << 62 // events so far: counted only for a starting_after to check
-	var model string
-	t.View(func(p *projections.Request) {
-		if model = p.Accepted.Model; after >= 0 {
-			n = openai.ResponseEvents(p)
+	if after >= 0 {
+		name := "starting_after"
+		if r.URL.Query().Get(name) == "" {
+			name = headerLastEventID
 		}
-	})
-	if after >= n {
-		writeParamError(w, openai.BadParam("starting_after", "invalid_value",
-			"'starting_after' %d is past the last event of response %s (sequence number %d so far)", after, public, n-1))
-		return
+		if perr := pastTheEnd(t, public, after, name); perr != nil {
+			writeParamError(w, perr)
+			return
+		}
 	}
+	var model string
+	t.View(func(p *projections.Request) { model = p.Accepted.Model })
 	fe.metrics.resumes.WithLabelValues(model).Inc()
 	fe.streamResponse(w, r, t, public, after, func() { fe.onClientGone(t) })
+}
+
+// responseAfter reads where a client resumes a response's events: after
+// sequence number ?starting_after=N, or else after Last-Event-ID (the id of
+// the last event it read, as for chat); -1 when it names none.
+func responseAfter(r *http.Request) (int, *openai.ParamError) {
+	name, param, v := headerLastEventID, "", r.Header.Get(headerLastEventID)
+	if q := r.URL.Query().Get("starting_after"); q != "" {
+		name, param, v = "starting_after", "starting_after", q
+	}
+	if v == "" {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return -1, openai.BadParam(param, "invalid_value", "'%s' must be a sequence number (a whole number), got %q", name, v)
+	}
+	return n, nil
+}
+
+// pastTheEnd refuses an after (read from name) at or past the last event of
+// response t so far.
+func pastTheEnd(t *runner.Request, public string, after int, name string) *openai.ParamError {
+	var n int
+	t.View(func(p *projections.Request) { n = openai.ResponseEvents(p) })
+	if after < n {
+		return nil
+	}
+	param := ""
+	if name == "starting_after" {
+		param = name
+	}
+	return openai.BadParam(param, "invalid_value", "'%s' %d is past the last event of response %s (sequence number %d so far)", name, after, public, n-1)
 }
 
 // streamWanted reads stream=true from the query, or from a JSON body (the
