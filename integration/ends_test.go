@@ -1,0 +1,201 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// fillLog is the load that fills a small request log to its limit: n
+// streaming completions and bg background responses of tenant alice, of
+// many tokens each, on fast workers. It returns the internal ids of the
+// requests the log accepted and waits until every stream has returned.
+// With onFull, once the log is at its limit it calls onFull, which may kill
+// the frontend (the streams' outcomes are then not checked).
+func fillLog(t *testing.T, f *frontend, prefix string, n, bg int, onFull func(), killed bool) []string {
+	t.Helper()
+	alice := apiClient{f.url, aliceKey}
+	var mu sync.Mutex
+	var ids []string
+	var wg sync.WaitGroup
+	for i := range bg {
+		id := fmt.Sprintf("%s-bg-%d", prefix, i)
+		body, _ := json.Marshal(map[string]any{"model": "mock", "input": "fill the log in the background " + id,
+			"background": true, "max_output_tokens": 20000})
+		res := alice.do(t, "POST", "/v1/responses", body, map[string]string{"X-Request-Id": id})
+		switch {
+		case res.status == 200:
+			mu.Lock()
+			ids = append(ids, "alice:"+id)
+			mu.Unlock()
+		case res.status == 503 && res.code == "log_full":
+		default:
+			t.Errorf("background response %s: %d %s", id, res.status, res.body)
+		}
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("%s-st-%d", prefix, i)
+			r := alice.stream(t, map[string]any{"model": "mock", "prompt": "fill the log " + id, "max_tokens": 20000},
+				map[string]string{"X-Request-Id": id}, nil)
+			switch {
+			case r.status == 503 && strings.Contains(r.errorBody, "log_full"):
+				return // refused at admission
+			case killed:
+			case r.status != 200:
+				t.Errorf("stream %s: %d %s", id, r.status, r.errorBody)
+			case r.done:
+				t.Errorf("stream %s completed 20,000 tokens in a log that cannot hold them", id)
+			case !strings.Contains(r.errorBody, "log_full"):
+				t.Errorf("stream %s ended with %q, want a log_full error event", id, r.errorBody)
+			}
+			mu.Lock()
+			ids = append(ids, "alice:"+id)
+			mu.Unlock()
+		}()
+	}
+	if onFull != nil {
+		waitFor(t, 60*time.Second, "the log to reach its limit", func() bool {
+			return f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS") >= 0.99
+		})
+		onFull()
+	}
+	wg.Wait()
+	return ids
+}
+
+// logState folds request id from the log alone (the ends place included),
+// as every reader does: found false once it was evicted.
+func logState(t *testing.T, js jetstream.JetStream, id string) (p *projections.Request, found bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p = projections.NewRequest()
+	for e, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
+		if errors.Is(err, streams.ErrNotFound) {
+			return nil, false
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", id, err)
+		}
+		p.Apply(e)
+	}
+	return p, p.Known()
+}
+
+// TestFullLogDrainsByItself is issue 32's wedge: streams and background
+// responses fill a 2 MB request log to its limit, each of them fails with
+// log_full, and their ends cannot be stored in the log. They go to the
+// ends place instead, so every request ends (or is evicted) without
+// intervention, /health is healthy again within 30 s of the load ending,
+// and another tenant is served. Then the log is filled again and its
+// frontend and workers are killed, leaving a full log of requests nobody
+// owns: the idle CPU of each process over that full, unchanging log is
+// measured (and held under 5% of a core).
+func TestFullLogDrainsByItself(t *testing.T) {
+	s := newStack(t)
+	keys := filepath.Join(s.dir, "keys")
+	writeKeys(t, keys, "alice "+aliceKey, "bob "+bobKey, "admin "+adminKey)
+	args := []string{"--api-keys-file", keys, "--tenant-max-concurrent", "0", "--stream-max-bytes", "2000000"}
+	f := s.frontend(nil, args...)
+	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	s.worker("w2", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	waitRoutableAs(t, apiClient{f.url, adminKey}, "w1", "w2")
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	ids := fillLog(t, f, "a", 24, 8, func() {}, false)
+	ended := time.Now()
+	if len(ids) == 0 {
+		t.Fatal("the log accepted no request")
+	}
+	waitFor(t, 30*time.Second, "every request to end in the log, or be evicted", func() bool {
+		for _, id := range ids {
+			if p, found := logState(t, js, id); found && !p.Status.Terminal() {
+				return false
+			}
+		}
+		return true
+	})
+	evicted := 0
+	for _, id := range ids {
+		if _, found := logState(t, js, id); !found {
+			evicted++
+		}
+	}
+	waitFor(t, 30*time.Second-time.Since(ended), "/health to be healthy again", func() bool {
+		code, _ := health(t, f)
+		return code == 200
+	})
+	t.Logf("%d requests filled the log; all ended, %d evicted; healthy %v after the load ended", len(ids), evicted, time.Since(ended).Round(10*time.Millisecond))
+	res := apiClient{f.url, bobKey}.stream(t, map[string]any{"model": "mock", "prompt": "another tenant", "max_tokens": 5}, nil, nil)
+	if !res.done {
+		t.Fatalf("another tenant after the drain: %d %s", res.status, res.errorBody)
+	}
+
+	// A full log that nothing changes: requests whose owner and workers are
+	// gone (killed as the log reached its limit), so that nobody ends them.
+	fillLog(t, f, "b", 24, 0, func() {
+		f.signal(syscall.SIGKILL)
+		s.workers["w1"].signal(syscall.SIGKILL)
+		s.workers["w2"].signal(syscall.SIGKILL)
+	}, true)
+	g := s.frontend(nil, args...)
+	w3 := s.worker("w3", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	waitRoutableAs(t, apiClient{g.url, adminKey}, "w3")
+	time.Sleep(3 * time.Second) // let eviction do what it can, then measure what is left
+	ratio := g.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS")
+	procs := map[string]int{"nats": s.nats.pid(), "frontend": g.pid(), "worker": w3.pid()}
+	before := map[string]time.Duration{}
+	for name, pid := range procs {
+		before[name] = cpuTime(t, pid)
+	}
+	const window = 5 * time.Second
+	start := time.Now()
+	time.Sleep(window)
+	took := time.Since(start)
+	for name, pid := range procs {
+		share := float64(cpuTime(t, pid)-before[name]) / float64(took)
+		t.Logf("idle CPU over a full, unchanging log (used ratio %.3f): %s %.1f%% of a core", ratio, name, 100*share)
+		if share > 0.05 {
+			t.Errorf("%s used %.1f%% of a core over a full, unchanging log, want under 5%%", name, 100*share)
+		}
+	}
+	if after := g.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"); after < 0.8 {
+		t.Logf("the log drained to %.3f meanwhile: the measurement is of a log below its eviction mark", after)
+	}
+}
+
+// cpuTime is a process's user + system CPU time, from /proc/<pid>/stat.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatalf("read stat of %d: %v", pid, err)
+	}
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
