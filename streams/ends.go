@@ -24,7 +24,31 @@ import (
 // EndsStream is the stream of the ends place.
 const EndsStream = "BATON_ENDS"
 
-const endsPrefix = "baton.ends."
+const (
+	endsPrefix     = "baton.ends."
+	liveEndsPrefix = "baton.live.ends."
+)
+
+// EndsLive matches the republished copies of the ends place's messages
+// (baton.live.ends.<slot>.<id>): a frontend's followers of a request read
+// the log again when its end is stored there.
+func EndsLive() string { return liveEndsPrefix + ">" }
+
+// RequestIDOfEnd is the request id of a stored or republished ends place
+// subject; ok is false for any other subject.
+func RequestIDOfEnd(subj string) (id string, ok bool) {
+	rest, ok := strings.CutPrefix(subj, endsPrefix)
+	if !ok {
+		if rest, ok = strings.CutPrefix(subj, liveEndsPrefix); !ok {
+			return "", false
+		}
+	}
+	slot, id, ok := strings.Cut(rest, ".")
+	if !ok || !ValidID(id) || slot != strconv.Itoa(Slot(id)) {
+		return "", false
+	}
+	return id, true
+}
 
 // Limits of BATON_ENDS. An end is a few hundred bytes and a request has one
 // at most, removed when its request is evicted: 64 MiB holds the ends of
@@ -57,6 +81,7 @@ func (c Config) EndsConfig() jetstream.StreamConfig {
 		MaxMsgSize:        c.MaxMsgSize,
 		Duplicates:        2 * time.Minute,
 		AllowDirect:       true,
+		RePublish:         &jetstream.RePublish{Source: endsPrefix + ">", Destination: liveEndsPrefix + ">"},
 	}
 }
 
