@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -198,4 +199,87 @@ func cpuTime(t *testing.T, pid int) time.Duration {
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// TestEvictByHand: `baton evict` removes a finished request and a running
+// one. The running one is cancelled first: its client's stream ends (an
+// error event, no [DONE]) rather than hanging, its worker stops writing
+// (nothing of it is stored after the purge), and both answer 404.
+func TestEvictByHand(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil)
+	s.worker("w1", "--mock-tokens-per-sec", "50", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1")
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	done := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "finished", "max_tokens": 5},
+		map[string]string{"X-Request-Id": "ev-done"}, nil)
+	if !done.done {
+		t.Fatalf("the finished request: %d %s", done.status, done.errorBody)
+	}
+	started := make(chan struct{})
+	var once sync.Once
+	result := make(chan sseResult, 1)
+	go func() {
+		result <- postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "running", "max_tokens": 5000},
+			map[string]string{"X-Request-Id": "ev-run"}, func(e sseEvent) {
+				if n, _ := strconv.Atoi(e.id); n >= 5 {
+					once.Do(func() { close(started) })
+				}
+			})
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the running request never streamed")
+	}
+	out, errOut, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "ev-done", "ev-run")
+	if code != 0 || !strings.Contains(out, "evicted ev-done") || !strings.Contains(out, "evicted ev-run (it was running: cancelled first") {
+		t.Fatalf("baton evict: exit %d\n%s%s", code, out, errOut)
+	}
+	select {
+	case r := <-result:
+		if r.done || r.errorBody == "" {
+			t.Errorf("the running request's stream after its eviction: done %v, error %q: want an error event", r.done, r.errorBody)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the running request's stream hangs after its eviction")
+	}
+	for _, id := range []string{"ev-done", "ev-run"} {
+		resp, err := http.Get(f.url + "/v1/requests/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 {
+			t.Errorf("GET /v1/requests/%s after its eviction: %d, want 404", id, resp.StatusCode)
+		}
+	}
+	time.Sleep(time.Second) // what a worker still writing would store meanwhile
+	if _, found := logState(t, js, "ev-run"); found {
+		t.Error("the evicted running request is in the log again")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, err := range streams.ReadRequest(ctx, js, 1, "ev-run", 1) {
+		if !errors.Is(err, streams.ErrNotFound) {
+			t.Errorf("the evicted running request's subjects hold messages (a worker still writing?): %v", err)
+		}
+		break
+	}
+	if _, errOut, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "ev-never"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Errorf("baton evict of an unknown id: exit %d, %s; want 1, not found", code, errOut)
+	}
+	if _, _, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "--tenant", "alice"); code != 2 {
+		t.Errorf("baton evict --tenant without --before: exit %d, want 2", code)
+	}
+	// The frontend carries on: a new request is served.
+	if r := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "after", "max_tokens": 3}, nil, nil); !r.done {
+		t.Errorf("a request after the evictions: %d %s", r.status, r.errorBody)
+	}
 }
