@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -150,3 +151,22 @@ func (rn *Runner) Ended(id string) bool {
 // EndsKnown changes whenever this frontend keeps an end it could not store
 // (the retention monitor's cue that Ended may say more than the ends place).
 func (rn *Runner) EndsKnown() uint64 { return rn.ended.generation() }
+
+// storeKill stores a kill of p, a running request, in the ends place when
+// the log refused its cancel (full): its owner and every follower fold the
+// end from there (the ends place republishes it), and the worker of its
+// current attempt is told at once.
+func (rn *Runner) storeKill(ctx context.Context, p *projections.Request, reason, tenant string) error {
+	id := p.Accepted.RequestID
+	ev := events.RequestCancelled{RequestID: id, Mode: events.CancelKill, Reason: reason, Tenant: tenant}
+	p.Apply(rn.events.Envelope(events.ID(id, "cancelled", events.CancelKill), id, ev))
+	end, ok := p.End(rn.id)
+	if !ok {
+		return nil
+	}
+	if _, err := streams.StoreEnd(ctx, rn.events, endID(id), end, p.AcceptedSeq()); err != nil {
+		return fmt.Errorf("cancel %s: store its end: %w", id, err)
+	}
+	rn.room.Refused(id)
+	return nil
+}
