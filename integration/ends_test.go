@@ -290,3 +290,37 @@ func TestEvictByHand(t *testing.T) {
 		t.Errorf("a request after the evictions: %d %s", r.status, r.errorBody)
 	}
 }
+
+// TestEvictTenant: `baton evict --tenant T --before TIME` evicts that
+// tenant's requests begun before TIME, and no other tenant's, nor a later
+// one of its own.
+func TestEvictTenant(t *testing.T) {
+	s, f, _ := keyedStack(t)
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	for _, c := range []struct{ key, id string }{{aliceKey, "t1"}, {aliceKey, "t2"}, {bobKey, "t1"}} {
+		if r := (apiClient{f.url, c.key}).stream(t, map[string]any{"model": "mock", "prompt": "tenant " + c.id, "max_tokens": 3},
+			map[string]string{"X-Request-Id": c.id}, nil); !r.done {
+			t.Fatalf("%s: %d %s", c.id, r.status, r.errorBody)
+		}
+	}
+	cutoff := time.Now()
+	time.Sleep(20 * time.Millisecond) // a request begun after the cutoff, by the log's clock
+	if r := (apiClient{f.url, aliceKey}).stream(t, map[string]any{"model": "mock", "prompt": "later", "max_tokens": 3},
+		map[string]string{"X-Request-Id": "t3"}, nil); !r.done {
+		t.Fatalf("t3: %d %s", r.status, r.errorBody)
+	}
+	out, errOut, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "--tenant", "alice", "--before", cutoff.UTC().Format(time.RFC3339Nano))
+	if code != 0 || !strings.Contains(out, "2 requests of alice") {
+		t.Fatalf("baton evict --tenant alice: exit %d\n%s%s", code, out, errOut)
+	}
+	for id, want := range map[string]bool{"alice:t1": false, "alice:t2": false, "bob:t1": true, "alice:t3": true} {
+		if _, found := logState(t, js, id); found != want {
+			t.Errorf("%s in the log after evicting alice's earlier requests: %v, want %v", id, found, want)
+		}
+	}
+}

@@ -131,22 +131,13 @@ func (rn *Runner) retryEnds(ctx context.Context) {
 	}
 }
 
-// Ended reports whether this frontend owns request id and has ended it,
-// whether or not the end reached the log (the retention monitor's
-// question: such a request may be evicted).
-func (rn *Runner) Ended(id string) bool {
-	if rn.ended.has(id) {
-		return true
-	}
-	t, ok := rn.acquire(id)
-	if !ok {
-		return false
-	}
-	defer rn.release(t)
-	ended := false
-	t.f.view(func(p *projections.Request) { ended = p.Owner == rn.id && p.Status.Terminal() })
-	return ended
-}
+// Ended reports whether this frontend ended request id, which it owns, and
+// could store its end neither in the log nor in the ends place yet (the
+// retention monitor's question: such a request may be evicted all the
+// same). A request whose end is stored somewhere is not reported: eviction
+// finds it there, and evicting one that just ended here could purge it
+// under its compaction.
+func (rn *Runner) Ended(id string) bool { return rn.ended.has(id) }
 
 // EndsKnown changes whenever this frontend keeps an end it could not store
 // (the retention monitor's cue that Ended may say more than the ends place).
