@@ -73,6 +73,9 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 // attempt k, routed to worker, produces. For an envelope whose subject is
 // unknown it names the kind from the event: "events" or "tokens.<k>".
 func SubjectKind(e events.Envelope) string {
+	if _, ok := e.Event.(events.RequestEnded); ok {
+		return "end" // baton.ends.<slot>.<id>, beside the request log
+	}
 	if s, err := streams.ParseRequestSubject(e.Stored); err == nil {
 		return s.Tail()
 	}
@@ -177,6 +180,12 @@ func Describe(e events.Envelope) string {
 		return "child request " + ev.ChildID
 	case events.ResponseDeleted:
 		return "response deleted: every reader answers 404 for it"
+	case events.RequestEnded:
+		inner := ""
+		if end := ev.End(); end != nil {
+			inner = Describe(events.Envelope{Event: end})
+		}
+		return fmt.Sprintf("ended in the ends place by frontend %s, after sequence %d of the log: %s", ev.Frontend, ev.Through, inner)
 	case events.RequestCompacted:
 		return fmt.Sprintf("compacted: %d tokens, the history through sequence %d in one record", ev.Tokens, ev.Through)
 	case events.WorkerRegistered:

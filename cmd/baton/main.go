@@ -38,6 +38,7 @@ var commands = []command{
 	{"worker", "a worker serving requests on an engine (mock)", runWorker},
 	{"replay", "a request's timeline and output, rebuilt from the event log alone (--json)", runReplay},
 	{"compact", "fold finished requests' token deltas into their compact records by hand", runCompact},
+	{"evict", "remove requests from the event log by hand, cancelling the running ones first", runEvict},
 	{"events", "pretty-print the event log (--follow, --request ID, --worker ID)", runEvents},
 	{"provision", "create the event log's streams and buckets, or verify them (--update to change them)", runProvision},
 }

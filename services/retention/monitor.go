@@ -110,6 +110,7 @@ type Monitor struct {
 	used    *prometheus.GaugeVec
 	evicted *prometheus.CounterVec
 	purges  *Pacer
+	ends    endsState // what eviction knows of requests' ends (ends.go)
 
 	mu       sync.Mutex
 	usage    map[string]streams.Usage // by stream
@@ -180,7 +181,7 @@ func (m *Monitor) Run(ctx context.Context) error {
 				continue // the next reading tries again; the last one stands
 			}
 			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
-				m.evict(ctx, u)
+				m.evictChanged(ctx, u)
 			}
 		}
 		select {
@@ -298,11 +299,11 @@ func (m *Monitor) Health() string {
 // enough, from the stream's first message on, every request folded, where
 // a subject no reader folds (a malformed one, or a worker's junk) is
 // purged too. Each pass looks at most at maxScan messages. A request in
-// flight is skipped: it keeps its history.
-func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
+// flight is skipped: it keeps its history. It returns the requests evicted.
+func (m *Monitor) evict(ctx context.Context, u streams.Usage) int {
 	stream, err := m.js.Stream(ctx, u.Stream)
 	if err != nil {
-		return
+		return 0
 	}
 	n, below, err := m.evictEnded(ctx, stream, u)
 	if err != nil { // a server without batched gets (before 2.11): one at a time
@@ -319,6 +320,7 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 		m.log.Debug("evicted finished requests", "stream", u.Stream, "requests", n)
 		_, _ = m.refresh(ctx, u.Stream)
 	}
+	return n
 }
 
 // evictEnded is evict's first pass: the compacted and failed requests,
@@ -430,9 +432,13 @@ func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id stri
 	if last, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(id)); err == nil {
 		switch last.Header.Get(events.HeaderType) {
 		case events.TypeRequestCompacted, events.TypeRequestFailed:
-			_, err := streams.Evict(ctx, m.js, p, id)
+			err := m.evictOne(ctx, p, id)
 			return err == nil, err
 		}
+	}
+	if m.endedElsewhere(ctx, p.StreamOf(id), id) {
+		err := m.evictOne(ctx, p, id)
+		return err == nil, err
 	}
 	if !fold {
 		return false, nil
@@ -450,6 +456,6 @@ func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id stri
 	if r.Known() && !r.Status.Terminal() {
 		return false, nil
 	}
-	_, err := streams.Evict(ctx, m.js, p, id)
+	err := m.evictOne(ctx, p, id)
 	return err == nil, err
 }

@@ -171,6 +171,15 @@ func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
 	return f.applyLiveLocked(l), true
 }
 
+// readAgain has run read the log past what was applied (an end was stored
+// in the ends place), without waiting for it.
+func (f *follower) readAgain() {
+	f.qmu.Lock()
+	f.overflow = true
+	f.qmu.Unlock()
+	f.poke()
+}
+
 // poke has run do what was queued: it starts run unless it runs (it then
 // sees the queue before it returns) or the follower was stopped.
 func (f *follower) poke() {

@@ -40,6 +40,7 @@ type Runner struct {
 	room     *retention.Monitor // how full the request log is; evicts finished requests
 	guard    *retention.Guard   // purges workers' junk from the request log, quarantines who writes it
 	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
+	ended    pendingEnds        // ends the ends place did not take yet (ends.go)
 
 	launch  chan *Request // requests whose runner runRunners should start
 	claims  chan *Request // requests runRunners should take over if their owner is gone
@@ -136,6 +137,10 @@ func (rn *Runner) Start(ctx context.Context, addr string) error {
 	})
 	rn.g.Go(func() error { return rn.room.Run(runCtx) })
 	rn.g.Go(func() error { return rn.guard.Run(runCtx) })
+	rn.g.Go(func() error {
+		rn.retryEnds(runCtx)
+		return nil
+	})
 	if err := rn.startWatchers(ctx, runCtx, &rn.g, addr); err != nil {
 		rn.cancelRun()
 		return err
@@ -179,6 +184,7 @@ func (rn *Runner) provision(ctx context.Context) error {
 	rn.room.SetPartitions(parts)
 	rn.guard.SetPartitions(parts)
 	rn.guard.SetFleet(fleet{rn})
+	rn.room.SetEnds(rn)
 	rn.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }
