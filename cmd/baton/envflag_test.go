@@ -6,8 +6,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/baton-dev/baton/services/retention"
-	"github.com/baton-dev/baton/streams"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +13,9 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/streams"
 )
 
 func envOf(m map[string]string) lookupFunc {
@@ -34,13 +35,13 @@ func ptr[T any](v T) *T { return &v }
 // flagDefaults fills in what the flags set when not given: the limits and
 // the stream retention, at their documented defaults.
 func flagDefaults(c *frontend.Config) {
-	c.DispatchTimeout = frontend.DefaultDispatchTimeout
+	c.Runtime.DispatchTimeout = runner.DefaultDispatchTimeout
 	c.DefaultMaxTokens = frontend.DefaultMaxTokens
 	c.MaxTokensLimit = frontend.DefaultMaxTokensLimit
-	c.MaxPromptTokens = frontend.DefaultMaxPromptTokens
+	c.Runtime.MaxPromptTokens = runner.DefaultMaxPromptTokens
 	c.MaxBodyBytes = frontend.DefaultMaxBodyBytes
-	if c.MaxChildren == 0 {
-		c.MaxChildren = frontend.DefaultMaxChildren
+	if c.Runtime.MaxChildren == 0 {
+		c.Runtime.MaxChildren = runner.DefaultMaxChildren
 	}
 	c.ReadHeaderTimeout = frontend.DefaultReadHeaderTimeout
 	if c.BodyTimeout == 0 {
@@ -58,14 +59,15 @@ func flagDefaults(c *frontend.Config) {
 	c.ConsoleWindow = frontend.DefaultConsoleWindow
 	c.ConsoleRequests = frontend.DefaultConsoleRequests
 	c.ConsoleLostWorkers = frontend.DefaultConsoleLostWorkers
-	if c.Streams.Replicas == 0 {
-		c.Streams.Replicas = 1
+	sc := &c.Runtime.Streams
+	if sc.Replicas == 0 {
+		sc.Replicas = 1
 	}
-	c.Streams.RequestsMaxAge = streams.DefaultRequestsMaxAge
-	c.Streams.RequestsMaxBytes = streams.DefaultRequestsMaxBytes
-	c.Streams.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
-	c.Streams.MaxMsgSize = streams.DefaultMaxMsgSize
-	c.Log.HighWater = retention.DefaultHighWater
+	sc.RequestsMaxAge = streams.DefaultRequestsMaxAge
+	sc.RequestsMaxBytes = streams.DefaultRequestsMaxBytes
+	sc.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
+	sc.MaxMsgSize = streams.DefaultMaxMsgSize
+	c.Runtime.Log.HighWater = retention.DefaultHighWater
 }
 
 func TestFrontendFlagsAndEnv(t *testing.T) {
@@ -76,7 +78,7 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 		check func(t *testing.T, c frontend.Config)
 	}{
 		{"defaults", nil, nil, func(t *testing.T, c frontend.Config) {
-			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second}
+			want := frontend.Config{HTTPAddr: ":8000", Runtime: runner.Config{StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second}}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
@@ -90,11 +92,13 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 			"BATON_NATS_SYSTEM_URL": "nats://sys:pw@127.0.0.1:4222",
 		}, func(t *testing.T, c frontend.Config) {
 			want := frontend.Config{
-				HTTPAddr: ":9000", MigrationLimit: 3, MigrationMaxSeqLen: 100,
-				StallTimeout: 7 * time.Second, DetachTimeout: 500 * time.Millisecond,
-				ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(512),
-				InhibitedDuration: 9 * time.Second, ShutdownTimeout: 2 * time.Second,
-				SystemURL: "nats://sys:pw@127.0.0.1:4222",
+				HTTPAddr: ":9000", ShutdownTimeout: 2 * time.Second,
+				Runtime: runner.Config{
+					MigrationLimit: 3, MigrationMaxSeqLen: 100,
+					StallTimeout: 7 * time.Second, DetachTimeout: 500 * time.Millisecond,
+					ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(512),
+					InhibitedDuration: 9 * time.Second, SystemURL: "nats://sys:pw@127.0.0.1:4222",
+				},
 			}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
@@ -103,16 +107,17 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 		}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
 			func(t *testing.T, c frontend.Config) {
-				if c.Log.HighWater != 0.75 || !c.NoCompaction {
-					t.Errorf("got high water %v, no compaction %v; want 0.75, true", c.Log.HighWater, c.NoCompaction)
+				if c.Runtime.Log.HighWater != 0.75 || !c.Runtime.NoCompaction {
+					t.Errorf("got high water %v, no compaction %v; want 0.75, true", c.Runtime.Log.HighWater, c.Runtime.NoCompaction)
 				}
 			}},
 		{"security env", nil, map[string]string{
 			"BATON_MAX_CHILDREN": "7", "BATON_BODY_TIMEOUT": "3s", "BATON_IDLE_TIMEOUT": "4s",
 			"BATON_MAX_CONNECTIONS": "50", "BATON_TENANT_MAX_CONCURRENT": "2", "BATON_TENANT_RPS": "2.5",
 		}, func(t *testing.T, c frontend.Config) {
-			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second,
-				MaxChildren: 7, BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
+			want := frontend.Config{HTTPAddr: ":8000",
+				Runtime:     runner.Config{StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second, MaxChildren: 7},
+				BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
 				TenantMaxConcurrent: 2, TenantRPS: 2.5}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
@@ -126,19 +131,19 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 			"DYN_HTTP_PORT": "9000", "DYN_MIGRATION_LIMIT": "3", "DYN_STALL_TIMEOUT_SECS": "7",
 			"DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD": "0.9",
 		}, func(t *testing.T, c frontend.Config) {
-			if c.HTTPAddr != "127.0.0.1:9100" || c.MigrationLimit != 1 || c.StallTimeout != time.Minute ||
-				c.ActiveDecodeBlocksThreshold == nil || *c.ActiveDecodeBlocksThreshold != 0.5 || c.Streams.Replicas != 3 {
+			if c.HTTPAddr != "127.0.0.1:9100" || c.Runtime.MigrationLimit != 1 || c.Runtime.StallTimeout != time.Minute ||
+				c.Runtime.ActiveDecodeBlocksThreshold == nil || *c.Runtime.ActiveDecodeBlocksThreshold != 0.5 || c.Runtime.Streams.Replicas != 3 {
 				t.Errorf("got %+v, want flag values", c)
 			}
 		}},
 		{"inhibition 0 disables", nil, map[string]string{"DYN_RUNTIME_INHIBITED_DURATION_SECS": "0"}, func(t *testing.T, c frontend.Config) {
-			if c.InhibitedDuration >= 0 {
-				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.InhibitedDuration)
+			if c.Runtime.InhibitedDuration >= 0 {
+				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.Runtime.InhibitedDuration)
 			}
 		}},
 		{"empty env is unset", nil, map[string]string{"DYN_HTTP_PORT": "", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": " "}, func(t *testing.T, c frontend.Config) {
-			if c.HTTPAddr != ":8000" || c.ActivePrefillTokensThreshold != nil {
-				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.ActivePrefillTokensThreshold)
+			if c.HTTPAddr != ":8000" || c.Runtime.ActivePrefillTokensThreshold != nil {
+				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.Runtime.ActivePrefillTokensThreshold)
 			}
 		}},
 	}
@@ -155,12 +160,13 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 }
 
 func equalConfig(a, b frontend.Config) bool {
-	eqF := (a.ActiveDecodeBlocksThreshold == nil) == (b.ActiveDecodeBlocksThreshold == nil) &&
-		(a.ActiveDecodeBlocksThreshold == nil || *a.ActiveDecodeBlocksThreshold == *b.ActiveDecodeBlocksThreshold)
-	eqI := (a.ActivePrefillTokensThreshold == nil) == (b.ActivePrefillTokensThreshold == nil) &&
-		(a.ActivePrefillTokensThreshold == nil || *a.ActivePrefillTokensThreshold == *b.ActivePrefillTokensThreshold)
-	a.ActiveDecodeBlocksThreshold, b.ActiveDecodeBlocksThreshold = nil, nil
-	a.ActivePrefillTokensThreshold, b.ActivePrefillTokensThreshold = nil, nil
+	ra, rb := &a.Runtime, &b.Runtime
+	eqF := (ra.ActiveDecodeBlocksThreshold == nil) == (rb.ActiveDecodeBlocksThreshold == nil) &&
+		(ra.ActiveDecodeBlocksThreshold == nil || *ra.ActiveDecodeBlocksThreshold == *rb.ActiveDecodeBlocksThreshold)
+	eqI := (ra.ActivePrefillTokensThreshold == nil) == (rb.ActivePrefillTokensThreshold == nil) &&
+		(ra.ActivePrefillTokensThreshold == nil || *ra.ActivePrefillTokensThreshold == *rb.ActivePrefillTokensThreshold)
+	ra.ActiveDecodeBlocksThreshold, rb.ActiveDecodeBlocksThreshold = nil, nil
+	ra.ActivePrefillTokensThreshold, rb.ActivePrefillTokensThreshold = nil, nil
 	return eqF && eqI && a == b
 }
 
@@ -217,8 +223,8 @@ func TestUpPassesWorkerFlags(t *testing.T) {
 	if strings.Contains(got, "migration") {
 		t.Errorf("got worker args %q, want no frontend flags", got)
 	}
-	if o.cfg.HTTPAddr != "127.0.0.1:8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
-		t.Errorf("got addr %q limit %d workers %d, want 127.0.0.1:8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	if o.cfg.HTTPAddr != "127.0.0.1:8100" || o.cfg.Runtime.MigrationLimit != 2 || o.workers != 3 {
+		t.Errorf("got addr %q limit %d workers %d, want 127.0.0.1:8100 2 3", o.cfg.HTTPAddr, o.cfg.Runtime.MigrationLimit, o.workers)
 	}
 }
 
@@ -250,9 +256,9 @@ func TestRequestPartitionsFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if fe.cfg.Streams.RequestPartitions != tt.want || w.cfg.Streams.RequestPartitions != tt.want || up.cfg.Streams.RequestPartitions != tt.want {
-				t.Errorf("got partitions %d, %d, %d (frontend, worker, up); want %d", fe.cfg.Streams.RequestPartitions,
-					w.cfg.Streams.RequestPartitions, up.cfg.Streams.RequestPartitions, tt.want)
+			if fe.cfg.Runtime.Streams.RequestPartitions != tt.want || w.cfg.Streams.RequestPartitions != tt.want || up.cfg.Runtime.Streams.RequestPartitions != tt.want {
+				t.Errorf("got partitions %d, %d, %d (frontend, worker, up); want %d", fe.cfg.Runtime.Streams.RequestPartitions,
+					w.cfg.Streams.RequestPartitions, up.cfg.Runtime.Streams.RequestPartitions, tt.want)
 			}
 			passed := strings.Contains(strings.Join(up.workerArgs, " "), fmt.Sprintf("--request-partitions %d", tt.want))
 			if passed != (tt.want != 0) {

@@ -88,9 +88,9 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	promptTokens := estimateTokens(p.prompt)
-	if promptTokens > fe.cfg.MaxPromptTokens {
+	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
 		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
-			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens))
+			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens))
 		return
 	}
 	pinned := r.Header.Get(headerWorkerID)

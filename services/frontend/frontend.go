@@ -53,13 +53,13 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	if cfg.ID == "" {
-		cfg.ID = "fe-" + randomHex(4)
+	if cfg.Runtime.ID == "" {
+		cfg.Runtime.ID = "fe-" + randomHex(4)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	log = log.With("frontend_id", cfg.ID)
+	log = log.With("frontend_id", cfg.Runtime.ID)
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: metrics: %w", err)
@@ -68,12 +68,13 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
-	rt, err := runner.New(nc, log, reg, cfg.runtimeConfig())
+	rt, err := runner.New(nc, log, reg, cfg.Runtime)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
+	cfg.Runtime = rt.Config() // with the runtime's defaults, which the edge reads too
 	fe := &Frontend{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
+		id: cfg.Runtime.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
 		draining: make(chan struct{}), closing: make(chan struct{}),
 		openDone: runner.NewSignal(),
 		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),

@@ -171,13 +171,13 @@ func (fe *Frontend) responseAccepted(r *http.Request, q responseRequest, body []
 	items = append(items, q.input...)
 	prompt := promptText(items)
 	promptTokens := estimateTokens(prompt)
-	if promptTokens > fe.cfg.MaxPromptTokens {
+	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
 		if q.previous != "" {
 			return events.RequestAccepted{}, badParam("previous_response_id", "context_length_exceeded",
-				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.MaxPromptTokens)
+				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.Runtime.MaxPromptTokens)
 		}
 		return events.RequestAccepted{}, &paramError{apiError: apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
-			code: "prompt_too_large", message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens)}, param: "input"}
+			code: "prompt_too_large", message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens)}, param: "input"}
 	}
 	maxTokens := fe.cfg.DefaultMaxTokens
 	if q.maxOutput > 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/worker"
 	"github.com/baton-dev/baton/streams"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,7 +37,7 @@ func inProcess(tb testing.TB, mock engine.MockConfig) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	fe, err := frontend.New(s.Connect(tb), nil, prometheus.NewRegistry(), frontend.Config{HTTPAddr: "127.0.0.1:0", Streams: sc})
+	fe, err := frontend.New(s.Connect(tb), nil, prometheus.NewRegistry(), frontend.Config{HTTPAddr: "127.0.0.1:0", Runtime: runner.Config{Streams: sc}})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,11 +9,11 @@ import (
 // Why Admit refuses a request.
 var (
 	// ErrUnknownModel: no worker serves the model, nor has one since start.
-	ErrUnknownModel = errors.New("frontend: unknown model")
+	ErrUnknownModel = errors.New("runner: unknown model")
 	// ErrWorkerNotFound: the pinned worker is not in discovery for the model.
-	ErrWorkerNotFound = errors.New("frontend: pinned worker not found")
+	ErrWorkerNotFound = errors.New("runner: pinned worker not found")
 	// ErrNoWorkers: no worker of the model is routable.
-	ErrNoWorkers = errors.New("frontend: no worker is ready")
+	ErrNoWorkers = errors.New("runner: no worker is ready")
 )
 
 // Admit checks that model is served and that some worker can take a

@@ -10,9 +10,10 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
-// Config configures the runtime. Zero values mean the documented defaults
-// (CONTRACT.md names the flags and variables); the frontend maps its own
-// Config, which users set, onto it.
+// Config configures the runtime. Zero values mean the documented defaults,
+// applied once, by New (CONTRACT.md names the flags and variables); the
+// frontend's Config holds it whole (frontend.Config.Runtime), and cmd/baton
+// binds the flags straight into it.
 type Config struct {
 	ID string // the frontend's id: owner and source of what it decides; required
 
@@ -29,7 +30,11 @@ type Config struct {
 	DispatchTimeout time.Duration // wait for a worker's answer to a dispatch; default 2s
 
 	// Limits the runtime enforces.
-	MaxPromptTokens int // sent with each dispatch: the engine's bound on the prompt in its own tokens; default 32768
+	// MaxPromptTokens bounds a prompt in the engine's tokens; default 32768.
+	// It is sent with each dispatch, and the engine checks it in its own
+	// tokens; the edge refuses before dispatch a prompt of more
+	// whitespace-separated words than this, a word being at least one token.
+	MaxPromptTokens int
 	MaxChildren     int // children one request may have; Start checks the log keeps room for a cancel after them; default 1024
 
 	// SystemURL (NATS URL with system-account credentials) and SystemTLS,
@@ -74,7 +79,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with c. An empty ID is left to New.
+// Validate reports every problem with c. An empty ID is left to New (the
+// frontend draws one).
 func (c Config) Validate() error {
 	var errs []error
 	if c.ID != "" && !streams.ValidID(c.ID) {

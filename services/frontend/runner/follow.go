@@ -18,7 +18,7 @@ import (
 const maxQueued = 4096
 
 // errStopped means the follower was stopped.
-var errStopped = errors.New("frontend: follower stopped")
+var errStopped = errors.New("runner: follower stopped")
 
 // follower keeps one request's projection current from the log without a
 // consumer: the request's republished messages (from the frontend's one live

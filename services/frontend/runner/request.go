@@ -72,7 +72,7 @@ func (t *Request) takeEarly() *heldDispatch {
 }
 
 // ErrExists means a request with that id is already in the log.
-var ErrExists = errors.New("frontend: request exists")
+var ErrExists = errors.New("runner: request exists")
 
 // register adds t to the requests this frontend follows, with one reference
 // held by the caller. The follower stops when the last reference is released.

@@ -69,11 +69,11 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
-		return nil, fmt.Errorf("frontend: metrics: %w", err)
+		return nil, fmt.Errorf("runner: metrics: %w", err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, fmt.Errorf("frontend: jetstream: %w", err)
+		return nil, fmt.Errorf("runner: jetstream: %w", err)
 	}
 	rn := &Runner{
 		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
@@ -88,20 +88,23 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		presence: newPresence(),
 	}
 	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
+		return nil, fmt.Errorf("runner: %w", err)
 	}
 	if rn.live, err = newLive(nc); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
+		return nil, fmt.Errorf("runner: %w", err)
 	}
 	received := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "baton_frontend_nats_received_bytes_total",
 		Help: "Bytes this frontend received from NATS on its main connection: the live traffic of the requests it follows, history reads, watches.",
 	}, func() float64 { return float64(nc.Stats().InBytes) })
 	if err := reg.Register(received); err != nil {
-		return nil, fmt.Errorf("frontend: metrics: %w", err)
+		return nil, fmt.Errorf("runner: metrics: %w", err)
 	}
 	return rn, nil
 }
+
+// Config is the runtime's configuration with its defaults applied.
+func (rn *Runner) Config() Config { return rn.cfg }
 
 // Start provisions the streams and learns the request log's layout, opens
 // the control connection, and starts the runners and the watchers
@@ -154,7 +157,7 @@ func (rn *Runner) openControl() (*nats.Conn, error) {
 	opts.Name += " (control)"
 	ctl, err := opts.Connect()
 	if err != nil {
-		return nil, fmt.Errorf("frontend: control connection: %w", err)
+		return nil, fmt.Errorf("runner: control connection: %w", err)
 	}
 	rn.ctl = ctl
 	return ctl, nil
@@ -214,7 +217,7 @@ const lifecycleReserve = 1024
 
 // errNoRoom means the log's per-subject limit leaves no room for a cancel
 // after MaxChildren children.
-var errNoRoom = errors.New("frontend: no room for a cancel")
+var errNoRoom = errors.New("runner: no room for a cancel")
 
 // checkChildRoom makes sure that a request's events subject can always take
 // its cancel: MaxChildren children plus lifecycleReserve must fit in the
