@@ -17,8 +17,7 @@ import (
 type snapshot struct {
 	openai.Choice // what the answer renders: tokens from the client's offset on, and how they ended
 	acc           events.RequestAccepted
-	emits         []int64 // the tokens' emit times (nil: none; benchmarks)
-	worker        string  // the worker of the current attempt
+	worker        string // the worker of the current attempt
 	status        projections.Status
 	failure       *events.RequestFailed
 	cancel        *events.RequestCancelled
@@ -38,9 +37,6 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 		}
 		s.acc.Model = p.ResponseModel()
 	})
-	if n := len(s.Tokens); n > 0 {
-		s.emits = t.Emits(from, from+n)
-	}
 	return s
 }
 
@@ -194,9 +190,6 @@ func (o *output) stream(from int, start time.Time) bool {
 			if n := len(s.Tokens); n > 0 {
 				sent[i] += n
 				total += n
-				if s.emits != nil {
-					sse.Emits(s.emits)
-				}
 				sse.Delta(total, i, s.Tokens, s.Details, !started[i])
 				started[i] = true
 				m.sent(n)

@@ -62,7 +62,6 @@ type follower struct {
 	proj       *projections.Request
 	lastBySubj subjectSeqs // last stream sequence seen per stored subject
 	progress   time.Time   // when the last token was accepted
-	emits      emitTimes   // benchmarks only (--bench-emit-time)
 	timing     timing      // where the time before the first token went
 	err        error       // a catch-up failure; readers surface it
 }
@@ -340,7 +339,6 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 	changed := f.proj.Apply(e)
 	if n := f.proj.Len(); n != before {
 		f.progress = time.Now()
-		f.emits.note(e, before, n)
 		f.timing.note(e, before)
 	}
 	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {
