@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -43,7 +44,7 @@ type Frontend struct {
 
 	mu       sync.Mutex
 	open     int            // API responses being served (completions, resumes); guarded by mu
-	openDone *runner.Signal // notified when open drops to zero
+	openDone *notify.Signal // notified when open drops to zero
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -76,7 +77,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	fe := &Frontend{
 		id: cfg.Runtime.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
 		draining: make(chan struct{}), closing: make(chan struct{}),
-		openDone: runner.NewSignal(),
+		openDone: notify.NewSignal(),
 		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -39,12 +40,12 @@ type follower struct {
 	id      string
 	js      jetstream.JetStream
 	parts   streams.Partitions
-	changed *Signal // any event applied
+	changed *notify.Signal // any event applied
 	// decided is notified when an event other than a token delta is
 	// applied (and by whoever must wake the runner): the runner
 	// waits on it, not on every token, unless --migration-max-seq-len makes
 	// it count tokens; a stall is caught by its timer.
-	decided *Signal
+	decided *notify.Signal
 	subs    *live
 	stopped chan struct{} // closed by stop
 	done    chan struct{} // closed by stop once run returned
@@ -71,7 +72,7 @@ type follower struct {
 // the request log's layout: the history is read from id's partition.
 func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv,
+		id: id, js: js, parts: parts, changed: notify.NewSignal(), decided: notify.NewSignal(), subs: lv,
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), progress: time.Now(),
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,7 +18,7 @@ import (
 )
 
 // waitUntil waits for cond, re-checking it at every notification of sig.
-func waitUntil(t *testing.T, sig *Signal, what string, cond func() bool) {
+func waitUntil(t *testing.T, sig *notify.Signal, what string, cond func() bool) {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,7 +24,7 @@ const presenceTTL = 6 * time.Second
 // watches everyone's: a request whose owner's key is gone may be taken over.
 type presence struct {
 	kv      jetstream.KeyValue
-	changed *Signal
+	changed *notify.Signal
 
 	mu      sync.Mutex
 	view    *projections.Frontends
@@ -31,7 +32,7 @@ type presence struct {
 }
 
 func newPresence() *presence {
-	return &presence{changed: NewSignal(), view: projections.NewFrontends()}
+	return &presence{changed: notify.NewSignal(), view: projections.NewFrontends()}
 }
 
 // start registers id and starts renewing and watching, in goroutines on g.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -50,7 +51,7 @@ type runnerFixture struct {
 	commands   []streams.Command        // what the fake workers received
 	dispatches []events.Dispatch        // what they were sent
 	routed     map[string]chan struct{} // per request: closed at its routed command
-	changed    *Signal                  // a command or dispatch came
+	changed    *notify.Signal           // a command or dispatch came
 }
 
 func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
@@ -63,7 +64,7 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &runnerFixture{t: t, ctx: ctx, rn: rn, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: NewSignal()}
+	x := &runnerFixture{t: t, ctx: ctx, rn: rn, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: notify.NewSignal()}
 	nc := s.Connect(t)
 	for i, w := range workers {
 		rn.disc.update(func(v *projections.Discovery) bool {
