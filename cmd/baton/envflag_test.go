@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/retention"
@@ -96,6 +97,8 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				Runtime: runner.Config{
 					MigrationLimit: 3, MigrationMaxSeqLen: 100,
 					StallTimeout: 7 * time.Second, DetachTimeout: 500 * time.Millisecond,
+				},
+				Fleet: fleet.Config{
 					ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(512),
 					InhibitedDuration: 9 * time.Second, SystemURL: "nats://sys:pw@127.0.0.1:4222",
 				},
@@ -132,18 +135,18 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 			"DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD": "0.9",
 		}, func(t *testing.T, c frontend.Config) {
 			if c.HTTPAddr != "127.0.0.1:9100" || c.Runtime.MigrationLimit != 1 || c.Runtime.StallTimeout != time.Minute ||
-				c.Runtime.ActiveDecodeBlocksThreshold == nil || *c.Runtime.ActiveDecodeBlocksThreshold != 0.5 || c.Runtime.Streams.Replicas != 3 {
+				c.Fleet.ActiveDecodeBlocksThreshold == nil || *c.Fleet.ActiveDecodeBlocksThreshold != 0.5 || c.Runtime.Streams.Replicas != 3 {
 				t.Errorf("got %+v, want flag values", c)
 			}
 		}},
 		{"inhibition 0 disables", nil, map[string]string{"DYN_RUNTIME_INHIBITED_DURATION_SECS": "0"}, func(t *testing.T, c frontend.Config) {
-			if c.Runtime.InhibitedDuration >= 0 {
-				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.Runtime.InhibitedDuration)
+			if c.Fleet.InhibitedDuration >= 0 {
+				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.Fleet.InhibitedDuration)
 			}
 		}},
 		{"empty env is unset", nil, map[string]string{"DYN_HTTP_PORT": "", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": " "}, func(t *testing.T, c frontend.Config) {
-			if c.HTTPAddr != ":8000" || c.Runtime.ActivePrefillTokensThreshold != nil {
-				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.Runtime.ActivePrefillTokensThreshold)
+			if c.HTTPAddr != ":8000" || c.Fleet.ActivePrefillTokensThreshold != nil {
+				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.Fleet.ActivePrefillTokensThreshold)
 			}
 		}},
 	}
@@ -160,7 +163,7 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 }
 
 func equalConfig(a, b frontend.Config) bool {
-	ra, rb := &a.Runtime, &b.Runtime
+	ra, rb := &a.Fleet, &b.Fleet
 	eqF := (ra.ActiveDecodeBlocksThreshold == nil) == (rb.ActiveDecodeBlocksThreshold == nil) &&
 		(ra.ActiveDecodeBlocksThreshold == nil || *ra.ActiveDecodeBlocksThreshold == *rb.ActiveDecodeBlocksThreshold)
 	eqI := (ra.ActivePrefillTokensThreshold == nil) == (rb.ActivePrefillTokensThreshold == nil) &&

@@ -73,7 +73,7 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.bindEnv("client-model", "BATON_CLIENT_MODEL", nil)
 	f.StringVar(&rt.ID, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
-	f.StringVar(&rt.SystemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
+	f.StringVar(&ff.cfg.Fleet.SystemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
 	f.bindEnv("nats-system-url", "BATON_NATS_SYSTEM_URL", nil)
 	f.showDefault("nats-system-url", "off")
 	ff.sec.add(f, fc)
@@ -88,8 +88,8 @@ func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.
 	errs := ff.check()
 	cfg := ff.cfg
 	cfg.HTTPAddr = net.JoinHostPort(ff.httpHost, strconv.Itoa(ff.httpPort))
-	cfg.Runtime.ActiveDecodeBlocksThreshold = ff.decodeThreshold.Get()
-	cfg.Runtime.ActivePrefillTokensThreshold = ff.prefillThreshold.Get()
+	cfg.Fleet.ActiveDecodeBlocksThreshold = ff.decodeThreshold.Get()
+	cfg.Fleet.ActivePrefillTokensThreshold = ff.prefillThreshold.Get()
 	cfg.Runtime.NoCompaction = !ff.logCompaction
 	cfg.Runtime.Streams = sc
 	if err := ff.sec.apply(&cfg); err != nil {
@@ -141,8 +141,8 @@ func (ff *frontendFlags) check() []error {
 	if ff.cfg.Runtime.DetachTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.cfg.Runtime.DetachTimeout))
 	}
-	if ff.cfg.Runtime.SystemURL != "" {
-		if err := validateNATSURLs("--nats-system-url", ff.cfg.Runtime.SystemURL); err != nil {
+	if ff.cfg.Fleet.SystemURL != "" {
+		if err := validateNATSURLs("--nats-system-url", ff.cfg.Fleet.SystemURL); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -161,9 +161,9 @@ func frontendEnv(lookup lookupFunc, cfg *frontend.Config) []error {
 		case err != nil || n < 0:
 			errs = append(errs, fmt.Errorf("DYN_RUNTIME_INHIBITED_DURATION_SECS=%q: want a non-negative integer", raw))
 		case n == 0:
-			cfg.Runtime.InhibitedDuration = -1
+			cfg.Fleet.InhibitedDuration = -1
 		default:
-			cfg.Runtime.InhibitedDuration = time.Duration(n) * time.Second
+			cfg.Fleet.InhibitedDuration = time.Duration(n) * time.Second
 		}
 	}
 	d, ok, err := envSeconds(lookup, "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS")
@@ -256,7 +256,7 @@ func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
 	}
 	var err error
 	o.cfg, err = o.fe.config(env.lookup, o.streams.config())
-	o.cfg.Runtime.SystemTLS = o.nats.tlsConfig()
+	o.cfg.Fleet.SystemTLS = o.nats.tlsConfig()
 	return o, err
 }
 

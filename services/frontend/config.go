@@ -5,20 +5,25 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
 )
 
-// Config configures a frontend: its HTTP edge, and the request runtime it
-// runs (Runtime). Zero values mean the documented defaults (CONTRACT.md);
-// flags and DYN_* environment variables bind into it in cmd/baton. Each
-// part applies its own defaults: the edge's in New, the runtime's in
-// runner.New.
+// Config configures a frontend: its HTTP edge, the request runtime it runs
+// (Runtime) and the fleet view the runtime routes with (Fleet). Zero values
+// mean the documented defaults (CONTRACT.md); flags and DYN_* environment
+// variables bind into it in cmd/baton. Each part applies its own defaults:
+// the edge's in New, the runtime's in runner.New, the fleet's in fleet.New.
 type Config struct {
 	// Runtime configures the request runtime: the frontend's id, migration,
 	// routing, a running request's timers, the log and its lifecycle
 	// (runner.Config). Its ID names this replica in events (owner, source);
 	// default "fe-" + random.
 	Runtime runner.Config
+	// Fleet configures the fleet view and routing: local inhibition, the
+	// busy thresholds, the disconnect advisories' system account
+	// (fleet.Config).
+	Fleet fleet.Config
 
 	// HTTPAddr is the listen address of the API; default ":8000".
 	HTTPAddr string
@@ -150,7 +155,7 @@ func (c Config) withDefaults() Config {
 // Validate reports every problem with c: the runtime's fields
 // (runner.Config.Validate) and the HTTP edge's.
 func (c Config) Validate() error {
-	errs := []error{c.Runtime.Validate()}
+	errs := []error{c.Runtime.Validate(), c.Fleet.Validate()}
 	for name, d := range map[string]time.Duration{
 		"shutdown timeout":    c.ShutdownTimeout,
 		"read header timeout": c.ReadHeaderTimeout, "body timeout": c.BodyTimeout, "idle timeout": c.IdleTimeout,

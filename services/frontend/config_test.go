@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
 )
 
@@ -18,22 +19,22 @@ func TestConfigValidate(t *testing.T) {
 		want []string
 	}{
 		{name: "zero", cfg: Config{}},
-		{name: "all set and sane", cfg: Config{Runtime: runner.Config{ID: "fe-1_a", MigrationLimit: 3, MigrationMaxSeqLen: 100,
-			InhibitedDuration: -1, ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(0),
-			StallTimeout: time.Second, DetachTimeout: time.Second, DispatchTimeout: time.Second, MaxPromptTokens: 1},
+		{name: "all set and sane", cfg: Config{Fleet: fleet.Config{InhibitedDuration: -1, ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(0)},
+			Runtime: runner.Config{ID: "fe-1_a", MigrationLimit: 3, MigrationMaxSeqLen: 100,
+				StallTimeout: time.Second, DetachTimeout: time.Second, DispatchTimeout: time.Second, MaxPromptTokens: 1},
 			ShutdownTimeout: time.Second, ConsoleWindow: time.Minute, DefaultMaxTokens: 1, MaxTokensLimit: 1,
 			MaxBodyBytes: 1, ConsoleRequests: 1}},
-		{name: "threshold bounds are inclusive", cfg: Config{Runtime: runner.Config{ActiveDecodeBlocksThreshold: ptr(1.0)}}},
-		{name: "threshold zero", cfg: Config{Runtime: runner.Config{ActiveDecodeBlocksThreshold: ptr(0.0)}}},
+		{name: "threshold bounds are inclusive", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(1.0)}}},
+		{name: "threshold zero", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(0.0)}}},
 		{name: "id with a dot", cfg: Config{Runtime: runner.Config{ID: "fe.1"}}, want: []string{`frontend id "fe.1"`}},
 		{name: "id with a space", cfg: Config{Runtime: runner.Config{ID: "fe 1"}}, want: []string{`frontend id "fe 1"`}},
 		{name: "negative migration limit", cfg: Config{Runtime: runner.Config{MigrationLimit: -1}}, want: []string{"migration limit -1"}},
 		{name: "negative max seq len", cfg: Config{Runtime: runner.Config{MigrationMaxSeqLen: -2}}, want: []string{"migration max seq len -2"}},
-		{name: "decode threshold above 1", cfg: Config{Runtime: runner.Config{ActiveDecodeBlocksThreshold: ptr(1.5)}},
+		{name: "decode threshold above 1", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(1.5)}},
 			want: []string{"active decode blocks threshold 1.5"}},
-		{name: "decode threshold below 0", cfg: Config{Runtime: runner.Config{ActiveDecodeBlocksThreshold: ptr(-0.1)}},
+		{name: "decode threshold below 0", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(-0.1)}},
 			want: []string{"active decode blocks threshold -0.1"}},
-		{name: "negative prefill threshold", cfg: Config{Runtime: runner.Config{ActivePrefillTokensThreshold: ptr(-5)}},
+		{name: "negative prefill threshold", cfg: Config{Fleet: fleet.Config{ActivePrefillTokensThreshold: ptr(-5)}},
 			want: []string{"active prefill tokens threshold -5"}},
 		{name: "negative stall timeout", cfg: Config{Runtime: runner.Config{StallTimeout: -time.Second}}, want: []string{"stall timeout -1s"}},
 		{name: "negative detach timeout", cfg: Config{Runtime: runner.Config{DetachTimeout: -time.Second}}, want: []string{"detach timeout -1s"}},

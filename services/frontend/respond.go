@@ -96,7 +96,7 @@ func (o *output) wait(pch <-chan struct{}) bool {
 
 func (o *output) unary() bool {
 	for {
-		pch := o.fe.runtime.FrontendsChanged()
+		pch := o.fe.fleet.FrontendsChanged()
 		snaps := make([]snapshot, len(o.ts))
 		done := true
 		for i, t := range o.ts {
@@ -179,7 +179,7 @@ func (o *output) stream(from int, start time.Time) bool {
 	total := from
 	started, finished := make([]bool, len(o.ts)), make([]bool, len(o.ts))
 	for {
-		pch := o.fe.runtime.FrontendsChanged()
+		pch := o.fe.fleet.FrontendsChanged()
 		var failed *snapshot
 		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
@@ -358,7 +358,7 @@ func (o *output) awaitFirstToken() snapshot {
 	deadline := time.NewTimer(headerWait)
 	defer deadline.Stop()
 	for {
-		pch := o.fe.runtime.FrontendsChanged()
+		pch := o.fe.fleet.FrontendsChanged()
 		s := snapshotOf(o.ts[0], 0)
 		if s.Total > 0 || s.status.Terminal() {
 			return s

@@ -55,7 +55,7 @@ func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *ru
 	b := newRender(public, acc, sse.write)
 	fed := 0
 	for {
-		pch := fe.runtime.FrontendsChanged()
+		pch := fe.fleet.FrontendsChanged()
 		var tokens []string
 		var details []json.RawMessage
 		var o outcome
@@ -89,7 +89,7 @@ func (fe *Frontend) awaitEnd(r *http.Request, t *runner.Request, gone func()) bo
 	defer t.Leave()
 	defer t.Listen(wake)()
 	for {
-		pch := fe.runtime.FrontendsChanged()
+		pch := fe.fleet.FrontendsChanged()
 		var terminal bool
 		t.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
 		if terminal {

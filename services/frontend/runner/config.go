@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -17,12 +16,10 @@ import (
 type Config struct {
 	ID string // the frontend's id: owner and source of what it decides; required
 
-	// The migration policy (migrations.Policy) and routing.
-	MigrationLimit               int           // re-dispatches one request may have; 0: migration off
-	MigrationMaxSeqLen           int           // prompt + generated tokens past which a request stops migrating; 0: unset
-	InhibitedDuration            time.Duration // how long a worker that failed a request leaves routing; default 5s, negative: off
-	ActiveDecodeBlocksThreshold  *float64      // a worker is busy past this share of used KV blocks (0..1); nil: unset
-	ActivePrefillTokensThreshold *int          // a worker is busy past this many queued prefill tokens; nil: unset
+	// The migration policy (migrations.Policy); routing is the fleet's
+	// (fleet.Config).
+	MigrationLimit     int // re-dispatches one request may have; 0: migration off
+	MigrationMaxSeqLen int // prompt + generated tokens past which a request stops migrating; 0: unset
 
 	// Timers of a running request.
 	StallTimeout    time.Duration // silence of a worker that counts as its failure; default 30s
@@ -37,11 +34,6 @@ type Config struct {
 	MaxPromptTokens int
 	MaxChildren     int // children one request may have; Start checks the log keeps room for a cancel after them; default 1024
 
-	// SystemURL (NATS URL with system-account credentials) and SystemTLS,
-	// if set, receive disconnect advisories: the fast path for crashes.
-	SystemURL string
-	SystemTLS *tls.Config
-
 	Streams      streams.Config   // provisioning and retention of the log
 	Log          retention.Config // the log's lifecycle: the high-water mark above which new requests are refused (ErrLogFull), eviction
 	NoCompaction bool             // keep a finished request's deltas rather than fold them into its compact record (debugging; baton compact does it by hand)
@@ -49,18 +41,14 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultInhibitedDuration = 5 * time.Second
-	DefaultStallTimeout      = 30 * time.Second
-	DefaultDetachTimeout     = 120 * time.Second
-	DefaultDispatchTimeout   = 2 * time.Second
-	DefaultMaxPromptTokens   = 32768
-	DefaultMaxChildren       = 1024
+	DefaultStallTimeout    = 30 * time.Second
+	DefaultDetachTimeout   = 120 * time.Second
+	DefaultDispatchTimeout = 2 * time.Second
+	DefaultMaxPromptTokens = 32768
+	DefaultMaxChildren     = 1024
 )
 
 func (c Config) withDefaults() Config {
-	if c.InhibitedDuration == 0 {
-		c.InhibitedDuration = DefaultInhibitedDuration
-	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = DefaultStallTimeout
 	}
@@ -91,12 +79,6 @@ func (c Config) Validate() error {
 	}
 	if c.MigrationMaxSeqLen < 0 {
 		errs = append(errs, fmt.Errorf("migration max seq len %d: must not be negative", c.MigrationMaxSeqLen))
-	}
-	if t := c.ActiveDecodeBlocksThreshold; t != nil && (*t < 0 || *t > 1) {
-		errs = append(errs, fmt.Errorf("active decode blocks threshold %v: want 0 to 1", *t))
-	}
-	if t := c.ActivePrefillTokensThreshold; t != nil && *t < 0 {
-		errs = append(errs, fmt.Errorf("active prefill tokens threshold %d: must not be negative", *t))
 	}
 	for name, d := range map[string]time.Duration{
 		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout, "dispatch timeout": c.DispatchTimeout,

@@ -12,8 +12,6 @@ func TestConfigWithDefaults(t *testing.T) {
 		in   Config
 		want any
 	}{
-		{"inhibited duration", func(c Config) any { return c.InhibitedDuration }, Config{}, DefaultInhibitedDuration},
-		{"inhibition disabled stays disabled", func(c Config) any { return c.InhibitedDuration }, Config{InhibitedDuration: -1}, time.Duration(-1)},
 		{"stall timeout", func(c Config) any { return c.StallTimeout }, Config{}, DefaultStallTimeout},
 		{"detach timeout", func(c Config) any { return c.DetachTimeout }, Config{}, DefaultDetachTimeout},
 		{"dispatch timeout", func(c Config) any { return c.DispatchTimeout }, Config{}, DefaultDispatchTimeout},
@@ -22,7 +20,6 @@ func TestConfigWithDefaults(t *testing.T) {
 		{"max children", func(c Config) any { return c.MaxChildren }, Config{}, DefaultMaxChildren},
 		{"max children kept", func(c Config) any { return c.MaxChildren }, Config{MaxChildren: 3}, 3},
 		{"migration limit stays 0 (migration off)", func(c Config) any { return c.MigrationLimit }, Config{}, 0},
-		{"thresholds stay unset", func(c Config) any { return c.ActiveDecodeBlocksThreshold == nil }, Config{}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -264,7 +264,7 @@ func (rn *Runner) ensureOwner(ctx context.Context, t *Request) {
 		case owner == rn.id:
 			rn.startRunner(t)
 			return
-		case rn.presence.isAlive(owner):
+		case rn.fleet.FrontendAlive(owner):
 			return // its owner is alive and runs it
 		}
 		seq := t.f.eventsSeq()
