@@ -114,6 +114,11 @@ type Request struct {
 	// which covers the stream up to compactedThrough.
 	compacted        bool
 	compactedThrough uint64
+	// subject is the stored subject misplaced parsed last, and parsed what
+	// it parsed to: an attempt's deltas all come on one subject, so every
+	// delta after its first costs a comparison, not a parse.
+	subject string
+	parsed  streams.RequestSubject
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the tokens from the missing delta's
@@ -343,8 +348,15 @@ func (r *Request) misplaced(e events.Envelope) string {
 	if e.Stored == "" {
 		return ""
 	}
-	s, err := streams.ParseRequestSubject(e.Stored)
-	if err != nil || r.Known() && s.ID != r.Accepted.RequestID {
+	if e.Stored != r.subject {
+		s, err := streams.ParseRequestSubject(e.Stored)
+		if err != nil {
+			return IgnoredWrongSubject
+		}
+		r.subject, r.parsed = e.Stored, s
+	}
+	s := r.parsed
+	if r.Known() && s.ID != r.Accepted.RequestID {
 		return IgnoredWrongSubject
 	}
 	k, output := attemptOutput(e.Event)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +41,12 @@ type MockConfig struct {
 	// EngineErrorAfter > 0 serves that many requests; every later Generate
 	// fails at once with an error wrapping ErrFatal.
 	EngineErrorAfter int
+	// EmitTime (benchmarks only) makes each token's text the time the
+	// engine emitted it, "@<Unix ns> " (EmitTimeOf reads it back), in place
+	// of MockToken: a client then measures emit-to-read latency exactly,
+	// with nothing on baton's path but the text. The output is no longer
+	// deterministic.
+	EmitTime bool
 }
 
 func (c MockConfig) withDefaults() MockConfig {
@@ -208,7 +215,11 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 			<-ctx.Done() // stalled: alive, leased, silent
 			return Result{}, ctx.Err()
 		}
-		if err := emit(Token{Text: tokenAt(h, i)}); err != nil {
+		text := tokenAt(h, i)
+		if m.cfg.EmitTime {
+			text = "@" + strconv.FormatInt(time.Now().UnixNano(), 10) + " "
+		}
+		if err := emit(Token{Text: text}); err != nil {
 			return Result{}, err
 		}
 		// One more token takes a new block when the cache ended on a
@@ -242,6 +253,26 @@ func (m *Mock) Stats() Stats {
 	s.KVBlocksUsed = min(int(m.kvUsed.Load()), s.KVBlocksTotal)
 	s.QueuedPrefillTokens = int(m.queued.Load())
 	return s
+}
+
+// EmitTimes appends to ns the emit times that text holds, the tokens of a
+// mock engine run with MockConfig.EmitTime ("@<Unix ns> " each), and
+// returns it; other text adds nothing.
+func EmitTimes(ns []int64, text string) []int64 {
+	for {
+		_, rest, ok := strings.Cut(text, "@")
+		if !ok {
+			return ns
+		}
+		end := 0
+		for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+			end++
+		}
+		if v, err := strconv.ParseInt(rest[:end], 10, 64); err == nil {
+			ns = append(ns, v)
+		}
+		text = rest[end:]
+	}
 }
 
 // CountTokens is the mock's tokenizer: the number of whitespace-separated words.

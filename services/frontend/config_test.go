@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/services/fleet"
+	"github.com/baton-dev/baton/services/frontend/runner"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -16,37 +19,37 @@ func TestConfigValidate(t *testing.T) {
 		want []string
 	}{
 		{name: "zero", cfg: Config{}},
-		{name: "all set and sane", cfg: Config{ID: "fe-1_a", MigrationLimit: 3, MigrationMaxSeqLen: 100,
-			InhibitedDuration: -1, ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(0),
-			StallTimeout: time.Second, DetachTimeout: time.Second, ShutdownTimeout: time.Second,
-			DispatchTimeout: time.Second, ConsoleWindow: time.Minute, DefaultMaxTokens: 1, MaxTokensLimit: 1,
-			MaxPromptTokens: 1, MaxBodyBytes: 1, ConsoleRequests: 1}},
-		{name: "threshold bounds are inclusive", cfg: Config{ActiveDecodeBlocksThreshold: ptr(1.0)}},
-		{name: "threshold zero", cfg: Config{ActiveDecodeBlocksThreshold: ptr(0.0)}},
-		{name: "id with a dot", cfg: Config{ID: "fe.1"}, want: []string{`frontend id "fe.1"`}},
-		{name: "id with a space", cfg: Config{ID: "fe 1"}, want: []string{`frontend id "fe 1"`}},
-		{name: "negative migration limit", cfg: Config{MigrationLimit: -1}, want: []string{"migration limit -1"}},
-		{name: "negative max seq len", cfg: Config{MigrationMaxSeqLen: -2}, want: []string{"migration max seq len -2"}},
-		{name: "decode threshold above 1", cfg: Config{ActiveDecodeBlocksThreshold: ptr(1.5)},
+		{name: "all set and sane", cfg: Config{Fleet: fleet.Config{InhibitedDuration: -1, ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(0)},
+			Runtime: runner.Config{ID: "fe-1_a", MigrationLimit: 3, MigrationMaxSeqLen: 100,
+				StallTimeout: time.Second, DetachTimeout: time.Second, DispatchTimeout: time.Second, MaxPromptTokens: 1},
+			ShutdownTimeout: time.Second, ConsoleWindow: time.Minute, DefaultMaxTokens: 1, MaxTokensLimit: 1,
+			MaxBodyBytes: 1, ConsoleRequests: 1}},
+		{name: "threshold bounds are inclusive", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(1.0)}}},
+		{name: "threshold zero", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(0.0)}}},
+		{name: "id with a dot", cfg: Config{Runtime: runner.Config{ID: "fe.1"}}, want: []string{`frontend id "fe.1"`}},
+		{name: "id with a space", cfg: Config{Runtime: runner.Config{ID: "fe 1"}}, want: []string{`frontend id "fe 1"`}},
+		{name: "negative migration limit", cfg: Config{Runtime: runner.Config{MigrationLimit: -1}}, want: []string{"migration limit -1"}},
+		{name: "negative max seq len", cfg: Config{Runtime: runner.Config{MigrationMaxSeqLen: -2}}, want: []string{"migration max seq len -2"}},
+		{name: "decode threshold above 1", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(1.5)}},
 			want: []string{"active decode blocks threshold 1.5"}},
-		{name: "decode threshold below 0", cfg: Config{ActiveDecodeBlocksThreshold: ptr(-0.1)},
+		{name: "decode threshold below 0", cfg: Config{Fleet: fleet.Config{ActiveDecodeBlocksThreshold: ptr(-0.1)}},
 			want: []string{"active decode blocks threshold -0.1"}},
-		{name: "negative prefill threshold", cfg: Config{ActivePrefillTokensThreshold: ptr(-5)},
+		{name: "negative prefill threshold", cfg: Config{Fleet: fleet.Config{ActivePrefillTokensThreshold: ptr(-5)}},
 			want: []string{"active prefill tokens threshold -5"}},
-		{name: "negative stall timeout", cfg: Config{StallTimeout: -time.Second}, want: []string{"stall timeout -1s"}},
-		{name: "negative detach timeout", cfg: Config{DetachTimeout: -time.Second}, want: []string{"detach timeout -1s"}},
+		{name: "negative stall timeout", cfg: Config{Runtime: runner.Config{StallTimeout: -time.Second}}, want: []string{"stall timeout -1s"}},
+		{name: "negative detach timeout", cfg: Config{Runtime: runner.Config{DetachTimeout: -time.Second}}, want: []string{"detach timeout -1s"}},
 		{name: "negative shutdown timeout", cfg: Config{ShutdownTimeout: -time.Second}, want: []string{"shutdown timeout -1s"}},
-		{name: "negative dispatch timeout", cfg: Config{DispatchTimeout: -time.Second}, want: []string{"dispatch timeout -1s"}},
+		{name: "negative dispatch timeout", cfg: Config{Runtime: runner.Config{DispatchTimeout: -time.Second}}, want: []string{"dispatch timeout -1s"}},
 		{name: "negative console window", cfg: Config{ConsoleWindow: -time.Minute}, want: []string{"console window -1m0s"}},
 		{name: "negative default max tokens", cfg: Config{DefaultMaxTokens: -1}, want: []string{"size limits"}},
 		{name: "negative max tokens limit", cfg: Config{MaxTokensLimit: -1}, want: []string{"size limits"}},
-		{name: "negative max prompt tokens", cfg: Config{MaxPromptTokens: -1}, want: []string{"size limits"}},
+		{name: "negative max prompt tokens", cfg: Config{Runtime: runner.Config{MaxPromptTokens: -1}}, want: []string{"size limits"}},
 		{name: "negative max body bytes", cfg: Config{MaxBodyBytes: -1}, want: []string{"size limits"}},
 		{name: "negative console requests", cfg: Config{ConsoleRequests: -1}, want: []string{"size limits"}},
 		{name: "negative read header timeout", cfg: Config{ReadHeaderTimeout: -time.Second}, want: []string{"read header timeout -1s"}},
 		{name: "negative body timeout", cfg: Config{BodyTimeout: -time.Second}, want: []string{"body timeout -1s"}},
 		{name: "negative idle timeout", cfg: Config{IdleTimeout: -time.Second}, want: []string{"idle timeout -1s"}},
-		{name: "negative max children", cfg: Config{MaxChildren: -1}, want: []string{"max children"}},
+		{name: "negative max children", cfg: Config{Runtime: runner.Config{MaxChildren: -1}}, want: []string{"max children"}},
 		{name: "negative max connections", cfg: Config{MaxConnections: -1}, want: []string{"max connections"}},
 		{name: "negative tenant concurrency is unlimited", cfg: Config{TenantMaxConcurrent: -1}},
 		{name: "negative write timeout", cfg: Config{WriteTimeout: -time.Second}, want: []string{"tenant limits"}},
@@ -55,7 +58,7 @@ func TestConfigValidate(t *testing.T) {
 		{name: "TLS certificate without key", cfg: Config{TLSCertFile: "c.pem"}, want: []string{"TLS certificate and key go together"}},
 		{name: "TLS key without certificate", cfg: Config{TLSKeyFile: "k.pem"}, want: []string{"TLS certificate and key go together"}},
 		{name: "TLS certificate and key", cfg: Config{TLSCertFile: "c.pem", TLSKeyFile: "k.pem"}},
-		{name: "every problem is reported", cfg: Config{ID: "a.b", MigrationLimit: -1, StallTimeout: -1},
+		{name: "every problem is reported", cfg: Config{Runtime: runner.Config{ID: "a.b", MigrationLimit: -1, StallTimeout: -1}},
 			want: []string{`frontend id "a.b"`, "migration limit -1", "stall timeout -1ns"}},
 	}
 	for _, tc := range cases {
@@ -88,20 +91,11 @@ func TestConfigWithDefaults(t *testing.T) {
 	}{
 		{"http addr", func(c Config) any { return c.HTTPAddr }, Config{}, DefaultHTTPAddr},
 		{"http addr kept", func(c Config) any { return c.HTTPAddr }, Config{HTTPAddr: ":9"}, ":9"},
-		{"inhibited duration", func(c Config) any { return c.InhibitedDuration }, Config{}, DefaultInhibitedDuration},
-		{"inhibition disabled stays disabled", func(c Config) any { return c.InhibitedDuration }, Config{InhibitedDuration: -1}, time.Duration(-1)},
-		{"stall timeout", func(c Config) any { return c.StallTimeout }, Config{}, DefaultStallTimeout},
-		{"detach timeout", func(c Config) any { return c.DetachTimeout }, Config{}, DefaultDetachTimeout},
 		{"shutdown timeout", func(c Config) any { return c.ShutdownTimeout }, Config{}, DefaultShutdownTimeout},
-		{"dispatch timeout", func(c Config) any { return c.DispatchTimeout }, Config{}, DefaultDispatchTimeout},
-		{"dispatch timeout kept", func(c Config) any { return c.DispatchTimeout }, Config{DispatchTimeout: time.Minute}, time.Minute},
 		{"default max tokens", func(c Config) any { return c.DefaultMaxTokens }, Config{}, DefaultMaxTokens},
 		{"max tokens limit", func(c Config) any { return c.MaxTokensLimit }, Config{}, DefaultMaxTokensLimit},
-		{"max prompt tokens", func(c Config) any { return c.MaxPromptTokens }, Config{}, DefaultMaxPromptTokens},
 		{"max body bytes", func(c Config) any { return c.MaxBodyBytes }, Config{}, int64(DefaultMaxBodyBytes)},
 		{"console window", func(c Config) any { return c.ConsoleWindow }, Config{}, DefaultConsoleWindow},
-		{"max children", func(c Config) any { return c.MaxChildren }, Config{}, DefaultMaxChildren},
-		{"max children kept", func(c Config) any { return c.MaxChildren }, Config{MaxChildren: 3}, 3},
 		{"read header timeout", func(c Config) any { return c.ReadHeaderTimeout }, Config{}, DefaultReadHeaderTimeout},
 		{"body timeout", func(c Config) any { return c.BodyTimeout }, Config{}, DefaultBodyTimeout},
 		{"idle timeout", func(c Config) any { return c.IdleTimeout }, Config{}, DefaultIdleTimeout},
@@ -113,8 +107,6 @@ func TestConfigWithDefaults(t *testing.T) {
 		{"with keys, negative is unlimited", func(c Config) any { return c.TenantMaxConcurrent }, Config{APIKeysFile: "k", TenantMaxConcurrent: -1}, -1},
 		{"a write timeout by default", func(c Config) any { return c.WriteTimeout }, Config{}, DefaultWriteTimeout},
 		{"console requests", func(c Config) any { return c.ConsoleRequests }, Config{}, DefaultConsoleRequests},
-		{"migration limit stays 0 (migration off)", func(c Config) any { return c.MigrationLimit }, Config{}, 0},
-		{"thresholds stay unset", func(c Config) any { return c.ActiveDecodeBlocksThreshold == nil }, Config{}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

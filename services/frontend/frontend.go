@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -21,8 +23,9 @@ import (
 )
 
 // Frontend serves the HTTP API: it is the HTTP edge over a request runtime
-// (package runner), which it drives through the runtime's API and never
-// reaches into. Create it with New and run it with Run.
+// (package runner) and the fleet view the runtime routes with (package
+// fleet), which it runs and reads and never reaches into. Create it with New
+// and run it with Run.
 type Frontend struct {
 	id       string
 	cfg      Config
@@ -31,6 +34,7 @@ type Frontend struct {
 	js       jetstream.JetStream
 	parts    streams.Partitions // the request log's layout, set by Run once the runtime started
 	runtime  *runner.Runner
+	fleet    *fleet.Fleet
 	metrics  *metrics
 	gatherer prometheus.Gatherer
 	keys     *keyring // nil: the API is open
@@ -46,7 +50,7 @@ type Frontend struct {
 
 	mu       sync.Mutex     // guards open, and stopped's closing against background.Add
 	open     int            // API responses being served (completions, resumes); guarded by mu
-	openDone *runner.Signal // notified when open drops to zero
+	openDone *notify.Signal // notified when open drops to zero
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -56,13 +60,13 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	if cfg.ID == "" {
-		cfg.ID = "fe-" + randomHex(4)
+	if cfg.Runtime.ID == "" {
+		cfg.Runtime.ID = "fe-" + randomHex(4)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	log = log.With("frontend_id", cfg.ID)
+	log = log.With("frontend_id", cfg.Runtime.ID)
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: metrics: %w", err)
@@ -71,14 +75,19 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
-	rt, err := runner.New(nc, log, reg, cfg.runtimeConfig())
+	fl, err := fleet.New(nc, cfg.Runtime.ID, log, cfg.Fleet)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
+	rt, err := runner.New(nc, fl, log, reg, cfg.Runtime)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	cfg.Runtime = rt.Config() // with the runtime's defaults, which the edge reads too
 	fe := &Frontend{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
+		id: cfg.Runtime.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, fleet: fl, metrics: m,
 		draining: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
-		openDone: runner.NewSignal(),
+		openDone: notify.NewSignal(),
 		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {
@@ -124,11 +133,33 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
-	// The runtime first: the handlers and the console read the log.
-	if err := fe.runtime.Start(ctx, fe.listener.Addr().String()); err != nil {
+	// The fleet view and the runtime that routes with it: the runtime
+	// provisions the log and waits for the view, which waits for the
+	// buckets; the handlers and the console read both. A view that cannot
+	// load ends the start with its error. The fleet stops last (stopFleet).
+	startCtx, cancelStart := context.WithCancelCause(ctx)
+	defer cancelStart(nil)
+	fleetCtx, cancelFleet := context.WithCancel(context.WithoutCancel(ctx))
+	fleetDone := make(chan struct{})
+	go func() {
+		defer close(fleetDone)
+		if err := fe.fleet.Run(fleetCtx); err != nil {
+			cancelStart(fmt.Errorf("fleet: %w", err))
+		}
+	}()
+	stopFleet := func() {
+		cancelFleet()
+		<-fleetDone
+	}
+	if err := fe.runtime.Start(startCtx, fe.listener.Addr().String()); err != nil {
+		if cause := context.Cause(startCtx); ctx.Err() == nil && cause != nil {
+			err = cause
+		}
+		stopFleet()
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	defer stopFleet()
 	fe.parts = fe.runtime.Partitions()
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
@@ -174,7 +205,8 @@ func (fe *Frontend) Run(ctx context.Context) error {
 // stay resumable elsewhere); (4) delete this frontend's presence key, so
 // another replica may take its requests over at once; (5) stop the runtime's
 // runners and watchers, once the watchers of background responses let
-// their references go; (6) stop the console (cancelRun, then wait for g).
+// their references go; (6) stop the console (cancelRun, then wait for g);
+// Run stops the fleet view after it.
 func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun context.CancelFunc, g *errgroup.Group) error {
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)

@@ -214,13 +214,13 @@ func (fe *Frontend) responseAccepted(r *http.Request, q openai.ResponseRequest, 
 	items = append(items, q.Input...)
 	prompt := openai.PromptText(items)
 	promptTokens := estimateTokens(prompt)
-	if promptTokens > fe.cfg.MaxPromptTokens {
+	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
 		if q.Previous != "" {
 			return events.RequestAccepted{}, openai.BadParam("previous_response_id", "context_length_exceeded",
-				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.MaxPromptTokens)
+				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.Runtime.MaxPromptTokens)
 		}
 		return events.RequestAccepted{}, &openai.ParamError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-			Code: "prompt_too_large", Message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens), Param: "input"}
+			Code: "prompt_too_large", Message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens), Param: "input"}
 	}
 	maxTokens := fe.cfg.DefaultMaxTokens
 	if q.MaxOutput > 0 {

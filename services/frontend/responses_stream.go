@@ -30,7 +30,7 @@ func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *ru
 	b := openai.NewResponseRender(public, acc, sse.Emit)
 	fed := 0
 	for {
-		pch := fe.runtime.FrontendsChanged()
+		pch := fe.fleet.FrontendsChanged()
 		var tokens []string
 		var details []json.RawMessage
 		var o openai.ResponseOutcome
@@ -64,7 +64,7 @@ func (fe *Frontend) awaitEnd(r *http.Request, t *runner.Request, gone func()) bo
 	defer t.Leave()
 	defer t.Listen(wake)()
 	for {
-		pch := fe.runtime.FrontendsChanged()
+		pch := fe.fleet.FrontendsChanged()
 		var terminal bool
 		t.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
 		if terminal {

@@ -43,7 +43,7 @@ func inProcessWith(tb testing.TB, mock engine.MockConfig, cfg frontend.Config) s
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cfg.HTTPAddr, cfg.Streams = "127.0.0.1:0", sc
+	cfg.HTTPAddr, cfg.Runtime.Streams = "127.0.0.1:0", sc
 	fe, err := frontend.New(s.Connect(tb), nil, prometheus.NewRegistry(), cfg)
 	if err != nil {
 		tb.Fatal(err)

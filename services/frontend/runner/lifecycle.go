@@ -67,7 +67,7 @@ func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.Reques
 // requests keep their deltas (eviction still bounds the log), and the first
 // time this frontend holds back it says why.
 func (rn *Runner) everyoneReadsCompacted() bool {
-	for _, f := range rn.presence.members() {
+	for _, f := range rn.fleet.Frontends() {
 		if !f.ReadsCompacted {
 			if rn.holdBack.CompareAndSwap(false, true) {
 				rn.log.Info("not compacting finished requests: a live frontend of an earlier release does not read compact records",

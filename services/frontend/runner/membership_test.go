@@ -3,21 +3,20 @@ package runner
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
-	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
 
 // waitUntil waits for cond, re-checking it at every notification of sig.
-func waitUntil(t *testing.T, sig *Signal, what string, cond func() bool) {
+func waitUntil(t *testing.T, sig *notify.Signal, what string, cond func() bool) {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
@@ -77,66 +76,9 @@ func (x *membershipFixture) put(t *testing.T, bucket, key string, v any) uint64 
 	return rev
 }
 
-func TestDiscoveryFollowsLeasesAndLoad(t *testing.T) {
-	x := newMembershipFixture(t)
-	// A worker registered before the frontend started is in the initial state.
-	x.put(t, streams.LeasesBucket, "w1", events.Lease{WorkerID: "w1", LeaseID: "l1", Model: "m1"})
-	d := newDiscovery(slog.New(slog.DiscardHandler))
-	if err := d.start(x.ctx, x.ctx, x.js, x.g); err != nil {
-		t.Fatal(err)
-	}
-	if w, ok := d.get("w1"); !ok || w.LeaseID != "l1" || !w.Routable() {
-		t.Fatalf("got %+v, %v right after start, want w1 with lease l1, routable", w, ok)
-	}
-	if !d.hasServed("m1") || d.hasServed("m2") {
-		t.Errorf("got served m1 %v, m2 %v; want true, false", d.hasServed("m1"), d.hasServed("m2"))
-	}
-
-	steps := []struct {
-		name string
-		do   func()
-		done func() bool
-	}{
-		{name: "a second worker registers", do: func() {
-			x.put(t, streams.LeasesBucket, "w2", events.Lease{WorkerID: "w2", LeaseID: "l2", Model: "m2"})
-		}, done: func() bool { _, ok := d.get("w2"); return ok && d.hasServed("m2") }},
-		{name: "a malformed lease is skipped", do: func() {
-			x.put(t, streams.LeasesBucket, "w3", []byte("not json"))
-			x.put(t, streams.LeasesBucket, "w4", events.Lease{WorkerID: "w4", LeaseID: "l4", Model: "m1"})
-		}, done: func() bool { _, bad := d.get("w3"); _, ok := d.get("w4"); return ok && !bad }},
-		{name: "a load report", do: func() {
-			x.put(t, streams.LoadBucket, "w1", events.Load{WorkerID: "w1", ActiveRequests: 3, KVBlocksUsed: 5, KVBlocksTotal: 10})
-		}, done: func() bool { w, _ := d.get("w1"); return w.Load.ActiveRequests == 3 && w.Load.KVBlocksTotal == 10 }},
-		{name: "draining leaves routing", do: func() {
-			x.put(t, streams.LeasesBucket, "w2", events.Lease{WorkerID: "w2", LeaseID: "l2", Model: "m2", Draining: true})
-		}, done: func() bool { w, ok := d.get("w2"); return ok && !w.Routable() }},
-		{name: "not ready leaves routing with its reason", do: func() {
-			x.put(t, streams.LeasesBucket, "w4", events.Lease{WorkerID: "w4", LeaseID: "l4", Model: "m1", NotReady: true, NotReadyReason: "stalled"})
-		}, done: func() bool { w, ok := d.get("w4"); return ok && !w.Routable() && w.Reason == "stalled" }},
-		{name: "a deleted lease is gone, its model still served", do: func() {
-			if err := x.kv(t, streams.LeasesBucket).Delete(x.ctx, "w2"); err != nil {
-				t.Fatal(err)
-			}
-		}, done: func() bool { _, ok := d.get("w2"); return !ok && d.hasServed("m2") }},
-	}
-	for _, s := range steps {
-		s.do()
-		waitUntil(t, d.changed, s.name, s.done)
-	}
-	var routable []string
-	d.read(func(v *projections.Discovery) {
-		for _, w := range v.Routable("m1") {
-			routable = append(routable, w.ID)
-		}
-	})
-	if len(routable) != 1 || routable[0] != "w1" {
-		t.Errorf("got routable m1 workers %v, want [w1]", routable)
-	}
-}
-
 func startPresence(t *testing.T, x *membershipFixture, id string) *presence {
 	t.Helper()
-	p := newPresence()
+	p := &presence{}
 	err := p.start(x.ctx, x.ctx, x.js, events.FrontendPresence{FrontendID: id, Addr: "127.0.0.1:1", ClientID: 7, Server: "S1"}, x.g)
 	if err != nil {
 		t.Fatal(err)
@@ -144,9 +86,11 @@ func startPresence(t *testing.T, x *membershipFixture, id string) *presence {
 	return p
 }
 
-func TestPresenceRegistersAndWatches(t *testing.T) {
+// TestPresenceRegisters: the frontend's own key names this process, its
+// address and its NATS connection (what a disconnect advisory names).
+func TestPresenceRegisters(t *testing.T) {
 	x := newMembershipFixture(t)
-	p := startPresence(t, x, "fe-a")
+	startPresence(t, x, "fe-a")
 	e, err := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-a")
 	if err != nil {
 		t.Fatalf("got %v reading the own key, want it registered", err)
@@ -159,86 +103,11 @@ func TestPresenceRegistersAndWatches(t *testing.T) {
 	if v.PID != os.Getpid() || v.Host != host || v.Addr != "127.0.0.1:1" || v.ClientID != 7 || v.Server != "S1" {
 		t.Errorf("got %+v, want this process's pid and host, the given address and connection", v)
 	}
-	waitUntil(t, p.changed, "own key seen", func() bool { return p.isAlive("fe-a") })
-
-	steps := []struct {
-		name string
-		do   func()
-		done func() bool
-	}{
-		{name: "a peer arrives", do: func() {
-			x.put(t, streams.FrontendsBucket, "fe-b", events.FrontendPresence{FrontendID: "fe-b", ClientID: 9, Server: "S1"})
-		}, done: func() bool { return p.isAlive("fe-b") }},
-		{name: "a malformed key is no member", do: func() {
-			x.put(t, streams.FrontendsBucket, "fe-c", []byte("{"))
-			x.put(t, streams.FrontendsBucket, "fe-d", events.FrontendPresence{FrontendID: "fe-d", ClientID: 9, Server: "S2"})
-		}, done: func() bool { return p.isAlive("fe-d") && !p.isAlive("fe-c") }},
-		{name: "the peer leaves", do: func() {
-			if err := x.kv(t, streams.FrontendsBucket).Delete(x.ctx, "fe-b"); err != nil {
-				t.Fatal(err)
-			}
-		}, done: func() bool { return !p.isAlive("fe-b") }},
-	}
-	for _, s := range steps {
-		s.do()
-		waitUntil(t, p.changed, s.name, s.done)
-	}
-	cases := []struct {
-		client uint64
-		server string
-		want   []string
-	}{
-		{7, "S1", []string{"fe-a"}},
-		{9, "S2", []string{"fe-d"}},
-		{9, "S1", nil}, // fe-b left
-		{7, "S2", nil},
-	}
-	for _, tc := range cases {
-		var got []string
-		for _, f := range p.connectedAs(tc.client, tc.server) {
-			got = append(got, f.FrontendID)
-		}
-		if len(got) != len(tc.want) || (len(got) == 1 && got[0] != tc.want[0]) {
-			t.Errorf("connectedAs(%d, %s): got %v, want %v", tc.client, tc.server, got, tc.want)
-		}
-	}
-	if got := len(p.known()); got != 3 { // fe-a, fe-d alive; fe-b departed
-		t.Errorf("got %d known frontends, want 3", got)
-	}
-}
-
-func TestPresenceExpire(t *testing.T) {
-	cases := []struct {
-		name     string
-		renewed  bool // the key was written again after the revision seen
-		wantKept bool
-	}{
-		{name: "at the revision seen: deleted"},
-		{name: "renewed since: alive after all", renewed: true, wantKept: true},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			x := newMembershipFixture(t)
-			p := startPresence(t, x, "fe-a")
-			rev := x.put(t, streams.FrontendsBucket, "fe-b", events.FrontendPresence{FrontendID: "fe-b"})
-			if tc.renewed {
-				x.put(t, streams.FrontendsBucket, "fe-b", events.FrontendPresence{FrontendID: "fe-b"})
-			}
-			err := p.expire(x.ctx, projections.Frontend{FrontendPresence: events.FrontendPresence{FrontendID: "fe-b"}, Revision: rev})
-			if err != nil {
-				t.Fatalf("got %v, want nil", err)
-			}
-			_, gerr := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-b")
-			if kept := gerr == nil; kept != tc.wantKept {
-				t.Errorf("got key kept %v (%v), want %v", kept, gerr, tc.wantKept)
-			}
-		})
-	}
 }
 
 func TestPresenceRevoke(t *testing.T) {
 	x := newMembershipFixture(t)
-	if err := newPresence().revoke(x.ctx); err != nil {
+	if err := (&presence{}).revoke(x.ctx); err != nil {
 		t.Errorf("got %v revoking a presence never started, want nil", err)
 	}
 	p := startPresence(t, x, "fe-a")
@@ -248,5 +117,4 @@ func TestPresenceRevoke(t *testing.T) {
 	if _, err := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-a"); err == nil {
 		t.Error("got the key after revoke, want it deleted")
 	}
-	waitUntil(t, p.changed, "own key gone", func() bool { return !p.isAlive("fe-a") })
 }
