@@ -32,66 +32,34 @@ func waitUntil(t *testing.T, sig *notify.Signal, what string, cond func() bool) 
 	}
 }
 
-type membershipFixture struct {
-	js  jetstream.JetStream
-	ctx context.Context
-	g   *errgroup.Group
-}
-
-func newMembershipFixture(t *testing.T) *membershipFixture {
+// startPresence registers frontend id's presence on a new embedded
+// JetStream, and returns it with the frontends bucket.
+func startPresence(t *testing.T, id string) (*presence, jetstream.KeyValue) {
+	t.Helper()
 	js := natstest.Start(t).Provision(t)
 	ctx, cancel := context.WithCancel(t.Context())
-	g := &errgroup.Group{}
+	var g errgroup.Group
 	t.Cleanup(func() {
 		cancel()
-		if err := g.Wait(); err != nil {
-			t.Errorf("watchers: %v", err)
-		}
+		_ = g.Wait()
 	})
-	return &membershipFixture{js: js, ctx: ctx, g: g}
-}
-
-func (x *membershipFixture) kv(t *testing.T, bucket string) jetstream.KeyValue {
-	t.Helper()
-	kv, err := x.js.KeyValue(x.ctx, bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
-}
-
-func (x *membershipFixture) put(t *testing.T, bucket, key string, v any) uint64 {
-	t.Helper()
-	data, ok := v.([]byte)
-	if !ok {
-		var err error
-		if data, err = json.Marshal(v); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rev, err := x.kv(t, bucket).Put(x.ctx, key, data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rev
-}
-
-func startPresence(t *testing.T, x *membershipFixture, id string) *presence {
-	t.Helper()
 	p := &presence{}
-	err := p.start(x.ctx, x.ctx, x.js, events.FrontendPresence{FrontendID: id, Addr: "127.0.0.1:1", ClientID: 7, Server: "S1"}, x.g)
+	err := p.start(ctx, ctx, js, events.FrontendPresence{FrontendID: id, Addr: "127.0.0.1:1", ClientID: 7, Server: "S1"}, &g)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p
+	kv, err := js.KeyValue(ctx, streams.FrontendsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, kv
 }
 
 // TestPresenceRegisters: the frontend's own key names this process, its
 // address and its NATS connection (what a disconnect advisory names).
 func TestPresenceRegisters(t *testing.T) {
-	x := newMembershipFixture(t)
-	startPresence(t, x, "fe-a")
-	e, err := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-a")
+	_, kv := startPresence(t, "fe-a")
+	e, err := kv.Get(t.Context(), "fe-a")
 	if err != nil {
 		t.Fatalf("got %v reading the own key, want it registered", err)
 	}
@@ -106,15 +74,14 @@ func TestPresenceRegisters(t *testing.T) {
 }
 
 func TestPresenceRevoke(t *testing.T) {
-	x := newMembershipFixture(t)
-	if err := (&presence{}).revoke(x.ctx); err != nil {
+	if err := (&presence{}).revoke(t.Context()); err != nil {
 		t.Errorf("got %v revoking a presence never started, want nil", err)
 	}
-	p := startPresence(t, x, "fe-a")
-	if err := p.revoke(x.ctx); err != nil {
+	p, kv := startPresence(t, "fe-a")
+	if err := p.revoke(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-a"); err == nil {
+	if _, err := kv.Get(t.Context(), "fe-a"); err == nil {
 		t.Error("got the key after revoke, want it deleted")
 	}
 }
