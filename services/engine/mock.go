@@ -215,11 +215,7 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 			<-ctx.Done() // stalled: alive, leased, silent
 			return Result{}, ctx.Err()
 		}
-		text := tokenAt(h, i)
-		if m.cfg.EmitTime {
-			text = "@" + strconv.FormatInt(time.Now().UnixNano(), 10) + " "
-		}
-		if err := emit(Token{Text: text}); err != nil {
+		if err := emit(Token{Text: m.text(h, i)}); err != nil {
 			return Result{}, err
 		}
 		// One more token takes a new block when the cache ended on a
@@ -239,6 +235,15 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		}
 	}
 	return Result{FinishReason: FinishLength}, nil
+}
+
+// text is token i's text of the prompt whose hash is h: MockToken's, or
+// with MockConfig.EmitTime the time it is emitted.
+func (m *Mock) text(h uint64, i int) string {
+	if m.cfg.EmitTime {
+		return "@" + strconv.FormatInt(time.Now().UnixNano(), 10) + " "
+	}
+	return tokenAt(h, i)
 }
 
 // Stats reports the simulated load: each active request holds
