@@ -73,7 +73,20 @@ func fillLog(t *testing.T, f *frontend, prefix string, n, bg int, onFull func(),
 		}()
 	}
 	if onFull != nil {
+		returned := make(chan struct{})
+		go func() {
+			wg.Wait()
+			close(returned)
+		}()
 		waitFor(t, 60*time.Second, "the log to reach its limit", func() bool {
+			select {
+			case <-returned: // every stream ended before the log was full
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("every stream ended with the log at %.3f, short of its limit: %d of %d admitted (%v)",
+					f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"), len(ids), n+bg, ids)
+			default:
+			}
 			return f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS") >= 0.99
 		})
 		onFull()
@@ -164,6 +177,13 @@ func TestFullLogDrainsByItself(t *testing.T) {
 
 	// A full log that nothing changes: requests whose owner and workers are
 	// gone (killed as the log reached its limit), so that nobody ends them.
+	// It starts below the eviction mark, so that the streams are admitted
+	// rather than refused together at a moment the log is above its
+	// high-water mark (compactions and evictions of the first fill still
+	// move it).
+	waitFor(t, 30*time.Second, "the log below its eviction mark", func() bool {
+		return f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS") < 0.8
+	})
 	fillLog(t, f, "b", 24, 0, func() {
 		f.signal(syscall.SIGKILL)
 		s.workers["w1"].signal(syscall.SIGKILL)
