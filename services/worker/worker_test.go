@@ -93,8 +93,21 @@ func (e *env) startEngine(nc *nats.Conn, eng engine.Engine, cfg worker.Config) *
 			e.t.Error("worker did not stop")
 		}
 	})
-	e.waitFor("lease of "+w.ID(), func() bool { _, ok := e.lease(w.ID()); return ok })
+	e.waitRegistered(w)
 	return r
+}
+
+// waitRegistered waits until w holds its lease. The lease is in the bucket
+// before the worker holds it: it appends its registered event in between,
+// so wait for both (CI once looked at /health in that window and saw the
+// lease "lost", and once closed the connection in it, so that Run failed
+// with "register: connection closed").
+func (e *env) waitRegistered(w *worker.Worker) {
+	e.t.Helper()
+	e.waitFor("lease of "+w.ID(), func() bool {
+		_, ok := e.lease(w.ID())
+		return ok && w.Status().Lease == "live"
+	})
 }
 
 // stop cancels the worker and returns Run's result.
