@@ -40,6 +40,11 @@ type MockConfig struct {
 	// EngineErrorAfter > 0 serves that many requests; every later Generate
 	// fails at once with an error wrapping ErrFatal.
 	EngineErrorAfter int
+	// HoldAtToken > 0 pauses every generation before the token at that
+	// offset of its output until Release is called, so that a test can hold
+	// requests in flight at a known point for as long as its setup takes.
+	// A generation that starts past the offset is not held.
+	HoldAtToken int
 }
 
 func (c MockConfig) withDefaults() MockConfig {
@@ -79,7 +84,7 @@ func (c MockConfig) Validate() error {
 	if c.SpeedupRatio < 0 || math.IsNaN(c.SpeedupRatio) {
 		errs = append(errs, fmt.Errorf("mock speedup ratio %v: want a positive number", c.SpeedupRatio))
 	}
-	if c.CrashAfterTokens < 0 || c.StallAfterTokens < 0 || c.EngineErrorAfter < 0 {
+	if c.CrashAfterTokens < 0 || c.StallAfterTokens < 0 || c.EngineErrorAfter < 0 || c.HoldAtToken < 0 {
 		errs = append(errs, errors.New("mock fault thresholds must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -96,6 +101,9 @@ type Mock struct {
 	emitted atomic.Int64 // tokens emitted, all requests
 	started atomic.Int64 // Generate calls
 	aborts  aborts
+
+	released    chan struct{} // closed by Release: HoldAtToken holds no more
+	releaseOnce sync.Once
 
 	mu     sync.Mutex
 	active map[*mockRequest]struct{}
@@ -124,8 +132,14 @@ func NewMock(cfg MockConfig) (*Mock, error) {
 		ttft:   scale(cfg.TTFT, cfg.SpeedupRatio),
 		itl:    scale(time.Duration(float64(time.Second)/cfg.TokensPerSec), cfg.SpeedupRatio),
 		active: map[*mockRequest]struct{}{},
+
+		released: make(chan struct{}),
 	}, nil
 }
+
+// Release lets every generation held at HoldAtToken go on, and every later
+// one pass the offset without pausing. It is safe to call more than once.
+func (m *Mock) Release() { m.releaseOnce.Do(func() { close(m.released) }) }
 
 func scale(d time.Duration, speedup float64) time.Duration {
 	v := float64(d) / speedup
@@ -202,6 +216,13 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		}
 		if err := wait(d); err != nil {
 			return Result{}, err
+		}
+		if h := m.cfg.HoldAtToken; h > 0 && i == h {
+			select {
+			case <-ctx.Done():
+				return Result{}, ctx.Err()
+			case <-m.released:
+			}
 		}
 		total := m.emitted.Add(1)
 		if lim := m.cfg.StallAfterTokens; lim > 0 && total > int64(lim) {
