@@ -304,10 +304,13 @@ func TestWorkerSecondSIGTERM(t *testing.T) {
 // starts. The worker shuts down gracefully and exits 1; both its requests
 // (the failed one, and the healthy one in flight beside it, handed off at the
 // end of the 1 s budget) migrate to w2 and complete with the exact text.
+// w1's engine holds the healthy one at token 10, so that however long the
+// setup takes on a loaded machine it is still in flight when the drain ends
+// (at 100 tokens/s it had 3 s to outlive the setup and the drain).
 func TestEngineErrorExitsOne(t *testing.T) {
 	t.Parallel()
 	s, fe, _ := faultStack(t, faultOpts{workers: 2, advisory: true,
-		perWorker:    map[string][]string{"w1": {"--mock-engine-error-after", "1"}},
+		perWorker:    map[string][]string{"w1": {"--mock-engine-error-after", "1", "--mock-hold-at-token", "10"}},
 		frontendArgs: []string{"--migration-limit", "3"}})
 	// Two pinned streams make w2 the more loaded worker, so both requests
 	// below are routed to w1.
