@@ -55,7 +55,7 @@ type workerFlags struct {
 var passThrough = []string{
 	"model", "lease-ttl", "max-concurrent-requests",
 	"mock-tokens-per-sec", "mock-ttft", "mock-kv-blocks", "mock-block-size", "mock-speedup-ratio",
-	"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after",
+	"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after", "mock-hold-at-token",
 }
 
 func addWorkerFlags(f *flagSet) *workerFlags {
