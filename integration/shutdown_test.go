@@ -235,14 +235,17 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 
 // TestWorkerSecondSIGTERM: a second SIGTERM during a (30 s) drain ends the
 // worker at once with 128+15; its requests then migrate through normal
-// failure detection (the disconnect advisory) and complete on w2.
+// failure detection (the disconnect advisory) and complete on w2. w1's
+// engine holds them at token 5, so that they are still in flight at the
+// second signal however long the setup takes (at 100 tokens/s they had 3 s
+// for it and for the drain to be seen).
 func TestWorkerSecondSIGTERM(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	fe := s.frontend(nil, "--migration-limit", "3", "--nats-system-url", s.sysURL())
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=30"}
 	wargs := []string{"--mock-tokens-per-sec", "100", "--mock-ttft", "10ms"}
-	w1 := s.worker("w1", wargs...)
+	w1 := s.worker("w1", append(wargs, "--mock-hold-at-token", "5")...)
 	s.worker("w2", wargs...)
 	fe.waitRoutable(t, "w1", "w2")
 	// Four pinned streams on w2 make the router put the three below on w1.
