@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -43,8 +44,8 @@ type scaleCase struct {
 // open stream (what their collections marked, from GODEBUG=gctrace=1), then
 // delivered against offered
 // tokens/s while every stream is open, the emit-to-client latency of every
-// token (the worker stamps deltas with --bench-emit-time and the frontend
-// passes the stamp as an SSE comment), the machine's CPU headroom, and how
+// token (the workers' mock engines write each token's emit time as its
+// text, --bench-emit-time, which the client reads back), the machine's CPU headroom, and how
 // the frontend spread the streams: the streams each worker carried, and the
 // migrations, inhibitions and unanswered dispatches of the run.
 //
@@ -121,8 +122,9 @@ func runScale(b *testing.B, sc scaleCase) {
 	s := newStackArgs(b, natsArgs...)
 	// A dispatch that times out on a saturated machine is tried again on
 	// another worker, as a deployment would configure it.
-	// The connection cap (--max-connections) is raised above the workload.
-	feArgs := []string{"--migration-limit", "3", "--max-connections", strconv.Itoa(sc.streams + 1000)}
+	// The connection cap (--max-connections) is raised above the workload,
+	// which comes from one address: the per-address cap is off.
+	feArgs := []string{"--migration-limit", "3", "--max-connections", strconv.Itoa(sc.streams + 1000), "--max-connections-per-address", "0"}
 	if sc.logOff {
 		// Nothing of a log-off request is stored, so there is nothing to
 		// compact: the baseline writes nothing to the log.
@@ -363,6 +365,7 @@ func scaleStream(client *http.Client, url, id string, tokens int, open, delivere
 		return nil, 0, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
 	}
 	lat := make([]time.Duration, 0, tokens)
+	emits := make([]int64, 0, tokens)
 	rd := bufio.NewReaderSize(resp.Body, 4096)
 	got, started, done := 0, false, false
 	defer func() {
@@ -388,15 +391,6 @@ func scaleStream(client *http.Client, url, id string, tokens int, open, delivere
 			line, long = append(long, line...), nil
 		}
 		switch {
-		case bytes.HasPrefix(line, []byte(": emit ")):
-			now := time.Now().UnixNano()
-			for f := range strings.FieldsSeq(string(line[len(": emit "):])) {
-				if v, err := strconv.ParseInt(f, 10, 64); err == nil && v > 0 {
-					lat = append(lat, time.Duration(now-v))
-				} else {
-					unstamped.Add(1)
-				}
-			}
 		case bytes.HasPrefix(line, []byte("id: ")):
 			if off, err := strconv.Atoi(string(bytes.TrimSpace(line[4:]))); err == nil && off > got {
 				delivered.Add(int64(off - got))
@@ -410,8 +404,17 @@ func scaleStream(client *http.Client, url, id string, tokens int, open, delivere
 			done = true
 		case bytes.HasPrefix(line, []byte(`data: {"error"`)):
 			return lat, got, fmt.Errorf("error event: %s", bytes.TrimSpace(line))
+		case bytes.HasPrefix(line, []byte("data: ")):
+			// The tokens' texts are their emit times (--bench-emit-time).
+			now := time.Now().UnixNano()
+			n := len(emits)
+			emits = engine.EmitTimes(emits, string(line))
+			for _, v := range emits[n:] {
+				lat = append(lat, time.Duration(now-v))
+			}
 		}
 	}
+	unstamped.Add(int64(max(got-len(emits), 0)))
 	if !done {
 		return lat, got, fmt.Errorf("stream ended without [DONE] after %d tokens (%v)", got, readErr)
 	}

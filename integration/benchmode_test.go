@@ -1,10 +1,7 @@
 package integration
 
 import (
-	"io"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -13,50 +10,45 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// TestBenchEmitTime checks the benchmark's latency probe: a worker run with
-// --bench-emit-time stamps its deltas, and the frontend passes each token's
-// stamp to the SSE client as a comment line before the token's event; a
-// worker without the flag adds nothing to the stream.
+// TestBenchEmitTime checks the benchmark's latency probe, measured at the
+// ends: a worker run with --bench-emit-time has its mock engine write each
+// token's emit time as its text, which reaches the client as any text does;
+// a worker without the flag answers the mock's deterministic text.
 func TestBenchEmitTime(t *testing.T) {
 	s := newStack(t)
 	fe := s.frontend(nil)
 	s.worker("stamped", "--bench-emit-time", "--mock-tokens-per-sec", "500")
 	s.worker("plain", "--mock-tokens-per-sec", "500")
 	fe.waitRoutable(t, "stamped", "plain")
-	for _, tc := range []struct {
-		worker string
-		want   int // emit times in the stream
-	}{{"stamped", 40}, {"plain", 0}} {
-		t.Run(tc.worker, func(t *testing.T) {
+	const n = 40
+	for _, worker := range []string{"stamped", "plain"} {
+		t.Run(worker, func(t *testing.T) {
+			prompt := "emit " + worker
 			before := time.Now().UnixNano()
-			resp := post(t, fe.url+"/v1/completions", map[string]any{"model": "mock", "prompt": "emit " + tc.worker, "max_tokens": 40, "stream": true},
-				map[string]string{"X-Worker-Id": tc.worker})
-			defer resp.Body.Close()
-			body, err := io.ReadAll(resp.Body)
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := postStream(t, fe.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": n},
+				map[string]string{"X-Worker-Id": worker}, nil)
 			after := time.Now().UnixNano()
-			var emits []int64
-			for line := range strings.Lines(string(body)) {
-				if rest, ok := strings.CutPrefix(line, ": emit "); ok {
-					for f := range strings.FieldsSeq(rest) {
-						v, err := strconv.ParseInt(f, 10, 64)
-						if err != nil || v < before || v > after {
-							t.Errorf("emit time %q: want a Unix ns time within the request (%d..%d)", f, before, after)
-						}
-						emits = append(emits, v)
-					}
-				}
+			if !res.done {
+				t.Fatalf("stream did not end with [DONE]: %q", res.errorBody)
 			}
-			if len(emits) != tc.want {
-				t.Errorf("%d emit times in the stream, want %d:\n%s", len(emits), tc.want, body)
+			checkIDs(t, res, 0)
+			emits := engine.EmitTimes(nil, res.text)
+			if worker == "plain" {
+				if want := engine.MockText(prompt, 0, n); res.text != want || len(emits) != 0 {
+					t.Errorf("got %q (%d emit times), want the mock's text %q", res.text, len(emits), want)
+				}
+				return
+			}
+			if len(emits) != n {
+				t.Errorf("%d emit times in the text, want %d: %q", len(emits), n, res.text)
+			}
+			for _, v := range emits {
+				if v < before || v > after {
+					t.Errorf("emit time %d: want a Unix ns time within the request (%d..%d)", v, before, after)
+				}
 			}
 			if !slices.IsSorted(emits) {
 				t.Errorf("emit times out of order: %v", emits)
-			}
-			if !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
-				t.Errorf("stream did not end with [DONE]:\n%s", body)
 			}
 		})
 	}

@@ -163,7 +163,7 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	}
 	// What w1 stored on its own subjects of the victim's attempts is junk
 	// (attempt 0 was routed to w2, attempt 1 to nobody): the frontend's
-	// guard purges it (services/retention/junk.go).
+	// guard purges it (services/retention/guard.go).
 	fnc, err := nats.Connect(c.natsURL, nats.UserInfo("frontend", "frontend-password-0123"))
 	if err != nil {
 		t.Fatal(err)

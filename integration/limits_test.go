@@ -104,6 +104,17 @@ func rawConn(t *testing.T, url string) net.Conn {
 	return c
 }
 
+// startedConn is a raw connection that sent the first bytes of a request
+// (so that the first-byte deadline does not close it) and no more.
+func startedConn(t *testing.T, url string) net.Conn {
+	t.Helper()
+	c := rawConn(t, url)
+	if _, err := c.Write([]byte("GET ")); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // closedWithin reads from c until the server closes it, and fails unless
 // that happens within limit. It returns what was read.
 func closedWithin(t *testing.T, c net.Conn, limit time.Duration, what string) string {
@@ -189,7 +200,7 @@ func TestMaxConnections(t *testing.T) {
 	noKeepAlive := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 	held := make([]net.Conn, 0, 4)
 	for range 4 {
-		held = append(held, rawConn(t, f.url))
+		held = append(held, startedConn(t, f.url))
 	}
 	resp, err := noKeepAlive.Get(f.url + "/v1/models")
 	if err != nil {
@@ -207,7 +218,7 @@ func TestMaxConnections(t *testing.T) {
 	}
 	// Fill the headroom, then one more: answered 503 and closed at once.
 	for range 16 {
-		held = append(held, rawConn(t, f.url))
+		held = append(held, startedConn(t, f.url))
 	}
 	c := rawConn(t, f.url)
 	fmt.Fprintf(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -227,6 +238,50 @@ func TestMaxConnections(t *testing.T) {
 	})
 }
 
+// TestMaxConnectionsPerAddress: with --max-connections-per-address 3, one
+// address holds three connections and its fourth is answered 503
+// too_many_connections while another address (127.0.0.2) is served; a
+// connection that sends nothing is closed after the first-byte deadline (2
+// s), well before the header timeout (10 s). Formerly one client with no
+// key held every slot with silent connections (issue 32).
+func TestMaxConnectionsPerAddress(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil, "--max-connections-per-address", "3")
+	host := strings.TrimPrefix(f.url, "http://")
+	dial := func(from string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", host)
+		if err != nil {
+			t.Fatalf("dial from %s: %v", from, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	for range 3 {
+		dial("127.0.0.1").Write([]byte("GET ")) // its first bytes: held for the header timeout
+	}
+	c := dial("127.0.0.1")
+	fmt.Fprintf(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+	if got := closedWithin(t, c, 5*time.Second, "a fourth connection from 127.0.0.1"); !strings.HasPrefix(got, "HTTP/1.1 503") || !strings.Contains(got, "too_many_connections") {
+		t.Errorf("a fourth connection from 127.0.0.1: got %q, want 503 too_many_connections", got)
+	}
+	other := dial("127.0.0.2")
+	fmt.Fprintf(other, "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if got := closedWithin(t, other, 5*time.Second, "a connection from 127.0.0.2"); !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Errorf("127.0.0.2 while 127.0.0.1 holds its limit: got %q, want 200", got)
+	}
+	silent := dial("127.0.0.3")
+	began := time.Now()
+	if got := closedWithin(t, silent, 5*time.Second, "a silent connection"); got != "" {
+		t.Errorf("a silent connection was answered %q, want closed", got)
+	}
+	if took := time.Since(began); took < 1500*time.Millisecond {
+		t.Errorf("a silent connection closed after %v, before the first-byte deadline of 2 s", took)
+	}
+	t.Logf("a silent connection closed after %v", time.Since(began))
+}
+
 // TestIdleConnectionFlood: at a low file limit (256), 600 idle connections
 // formerly made accept fail for everyone. With --max-connections below the
 // limit the frontend keeps answering: a probe is answered while the flood
@@ -236,7 +291,9 @@ func TestIdleConnectionFlood(t *testing.T) {
 	s := newStack(t)
 	port := freePort(t)
 	url := "http://127.0.0.1:" + strconv.Itoa(port)
-	p := startShell(t, "frontend-lowfd", fmt.Sprintf("ulimit -n 256 && exec %q frontend --nats %s --http-port %d --max-connections 100 --read-header-timeout 3s",
+	// The flood comes from one address: the per-address cap is off, so that
+	// the test measures the global one.
+	p := startShell(t, "frontend-lowfd", fmt.Sprintf("ulimit -n 256 && exec %q frontend --nats %s --http-port %d --max-connections 100 --max-connections-per-address 0 --read-header-timeout 3s",
 		batonBin, s.natsURL, port))
 	waitFor(t, 20*time.Second, "the frontend to serve", func() bool {
 		resp, err := http.Get(url + "/live")

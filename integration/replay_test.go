@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -197,5 +198,83 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 	out, errOut, code = runTool(t, script, "-qec", view, "/dev/null")
 	if code != 0 || !strings.Contains(out, "ce-type: baton.request.accepted.v1") || !strings.Contains(out, "ce-type: baton.request.attached.v1") {
 		t.Errorf("nats stream view: exit %d, stderr %q, stdout:\n%s", code, errOut, out)
+	}
+}
+
+// TestReplayRendersWhatTheClientGot: `baton replay --json` of a response of
+// the Responses API shows the response object its client got, and of a chat
+// its chat completion, each equal to what the HTTP API answered, before and
+// after the request's compaction (the record and the carry for older
+// readers, which the text timeline labels as such). Formerly a response's
+// replay showed a text_completion named cmpl-….
+//
+// No field is ignored: the frontend and the replay render the same fold of
+// the same events with one renderer (openai.Response), so even the times
+// (created, created_at, completed_at) come from the log, not the clock.
+func TestReplayRendersWhatTheClientGot(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil, "--log-compaction=false")
+	s.worker("w1", "--mock-speedup-ratio", "20")
+	f.waitRoutable(t, "w1")
+	api := apiClient{url: f.url}
+	decode := func(what string, b []byte) map[string]any {
+		t.Helper()
+		var v map[string]any
+		if err := json.Unmarshal(b, &v); err != nil {
+			t.Fatalf("%s: %v: %s", what, err, b)
+		}
+		return v
+	}
+
+	resp := api.do(t, "POST", "/v1/responses", []byte(`{"model":"mock","input":"replay what the client got","instructions":"be brief"}`), nil)
+	resp.want(t, "POST /v1/responses", 200, "")
+	respGot := decode("the response", resp.body)
+	respID, _ := respGot["id"].(string)
+	if respGot["object"] != "response" || respGot["status"] != "completed" || !strings.HasPrefix(respID, "resp_") {
+		t.Fatalf("POST /v1/responses answered %s", resp.body)
+	}
+	if get := decode("GET", api.get(t, "/v1/responses/"+respID).body); !reflect.DeepEqual(get, respGot) {
+		t.Fatalf("GET /v1/responses/%s differs from the create's answer:\n got %v\nwant %v", respID, get, respGot)
+	}
+	const chatID = "replay-chat"
+	chat := api.do(t, "POST", "/v1/chat/completions", []byte(`{"model":"mock","max_tokens":30,"messages":[{"role":"user","content":"replay what the client got"}]}`),
+		map[string]string{"X-Request-Id": chatID})
+	chat.want(t, "POST /v1/chat/completions", 200, "")
+	chatGot := decode("the chat completion", chat.body)
+	if chatGot["object"] != "chat.completion" {
+		t.Fatalf("POST /v1/chat/completions answered %s", chat.body)
+	}
+
+	check := func(when string) {
+		t.Helper()
+		for _, c := range []struct {
+			id   string
+			want map[string]any
+		}{{respID, respGot}, {chatID, chatGot}} {
+			out, errOut, code := runTool(t, batonBin, "replay", "--json", c.id, "--nats", s.natsURL)
+			if code != 0 {
+				t.Fatalf("%s: baton replay --json %s: exit %d: %s", when, c.id, code, errOut)
+			}
+			var doc struct {
+				Response map[string]any `json:"response"`
+			}
+			if err := json.Unmarshal([]byte(out), &doc); err != nil {
+				t.Fatalf("%s: baton replay --json %s: %v\n%s", when, c.id, err, out)
+			}
+			if !reflect.DeepEqual(doc.Response, c.want) {
+				got, _ := json.Marshal(doc.Response)
+				want, _ := json.Marshal(c.want)
+				t.Errorf("%s: baton replay --json %s shows\n %s\nwant what its client got\n %s", when, c.id, got, want)
+			}
+		}
+	}
+	check("with every delta")
+	if out, errOut, code := runTool(t, batonBin, "compact", "--nats", s.natsURL, respID, chatID); code != 0 {
+		t.Fatalf("baton compact: exit %d\n%s%s", code, out, errOut)
+	}
+	check("compacted")
+	out, errOut, code := runTool(t, batonBin, "replay", respID, "--nats", s.natsURL)
+	if code != 0 || !strings.Contains(out, "carry for older readers: tokens 0-") || !strings.Contains(out, "in one record: attempt 0: tokens 0-") {
+		t.Errorf("the compacted response's replay (exit %d) does not tell the carry from the attempt's work:\n%s%s", code, out, errOut)
 	}
 }

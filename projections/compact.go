@@ -89,9 +89,13 @@ func CarryID(id string, i int) string { return events.ID(id, carrySuffix, i) }
 const carrySuffix = "carried"
 
 // isCarry reports whether evid is the id of an event of this request's
-// carry (CarryID), without building one.
-func (r *Request) isCarry(evid string) bool {
-	id := r.Accepted.RequestID
+// carry (CarryID).
+func (r *Request) isCarry(evid string) bool { return IsCarry(r.Accepted.RequestID, evid) }
+
+// IsCarry reports whether evid is the id of an event of request id's carry
+// (CarryID), without building one: what a compaction wrote again for
+// readers that predate compact records, not what an attempt produced.
+func IsCarry(id, evid string) bool {
 	rest, ok := strings.CutPrefix(evid, id)
 	return ok && id != "" && len(rest) > len(carrySuffix)+1 && rest[0] == '.' &&
 		rest[1:1+len(carrySuffix)] == carrySuffix && rest[1+len(carrySuffix)] == '.'

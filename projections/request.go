@@ -64,6 +64,10 @@ type Migration struct {
 // A Request is not safe for concurrent use.
 type Request struct {
 	lastSeq uint64
+	// acceptedSeq is the stream sequence of the accepted event (0 when it
+	// was applied as this process appended it): an end in the ends place
+	// whose Through is below it is an earlier request's of the same id.
+	acceptedSeq uint64
 	// covered is the last sequence of what a compact record of this state
 	// covers: every event folded but a compaction's carry (CarryID), which
 	// the record's purge must leave for the readers that fold it.
@@ -110,6 +114,11 @@ type Request struct {
 	// which covers the stream up to compactedThrough.
 	compacted        bool
 	compactedThrough uint64
+	// subject is the stored subject misplaced parsed last, and parsed what
+	// it parsed to: an attempt's deltas all come on one subject, so every
+	// delta after its first costs a comparison, not a parse.
+	subject string
+	parsed  streams.RequestSubject
 	// Skipped counts deltas that arrived ahead of a gap and were not applied.
 	// It is not a loss: when an append fails (a leader election, a
 	// reconnect), the worker re-sends the tokens from the missing delta's
@@ -192,6 +201,10 @@ const (
 	// event does not name. NATS permissions let a worker write only the
 	// subjects that name it, so this is another worker's write.
 	IgnoredNotRouted = "ignored (not the routed worker)"
+	// IgnoredStaleEnd: an end in the ends place (events.RequestEnded) that
+	// its owner wrote before this request's accepted event was stored: an
+	// earlier request's of the same id.
+	IgnoredStaleEnd = "ignored (the end of an earlier request of this id)"
 	// IgnoredWrongSubject: an event on a subject where its type does not
 	// belong (a decision on a tokens subject, an attempt's output on the
 	// events subject or another attempt's subject, another request's).
@@ -210,6 +223,9 @@ func (r *Request) Apply(e events.Envelope) (changed bool) {
 // Fold is Apply that also says why an event changed nothing: one of the
 // Ignored and NoEffect reasons (empty when it changed something).
 func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
+	if ev, ok := e.Event.(events.RequestEnded); ok {
+		return r.applyEnded(e, ev) // its Seq is the ends place's, not this log's
+	}
 	if e.Seq != 0 {
 		if e.Seq <= r.lastSeq {
 			return false, IgnoredReplayed
@@ -228,11 +244,15 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 	switch ev := e.Event.(type) {
 	case events.RequestAccepted:
 		if r.Known() {
+			if r.acceptedSeq == 0 {
+				r.acceptedSeq = e.Seq // the stored copy of what this process appended
+			}
 			return false, NoEffectApplied
 		}
 		r.Accepted = ev
 		r.Owner = ev.Frontend
 		r.Status = StatusPending
+		r.acceptedSeq = e.Seq
 	case events.RequestRouted:
 		switch {
 		case r.Status.Terminal():
@@ -328,8 +348,15 @@ func (r *Request) misplaced(e events.Envelope) string {
 	if e.Stored == "" {
 		return ""
 	}
-	s, err := streams.ParseRequestSubject(e.Stored)
-	if err != nil || r.Known() && s.ID != r.Accepted.RequestID {
+	if e.Stored != r.subject {
+		s, err := streams.ParseRequestSubject(e.Stored)
+		if err != nil {
+			return IgnoredWrongSubject
+		}
+		r.subject, r.parsed = e.Stored, s
+	}
+	s := r.parsed
+	if r.Known() && s.ID != r.Accepted.RequestID {
 		return IgnoredWrongSubject
 	}
 	k, output := attemptOutput(e.Event)
@@ -508,4 +535,58 @@ func (r *Request) PromptTokens() int {
 		return len(r.PromptIDs)
 	}
 	return r.Accepted.PromptTokens
+}
+
+// applyEnded applies ev, a request's end from the ends place (stored on
+// streams.RequestEnd, which only frontends may write, or appended by this
+// process): the end it carries, as if it had been stored in the log just
+// after Through. Its reader yields it there (streams.ReadRequest). An end
+// before the request is known, or older than its accepted event, changes
+// nothing.
+func (r *Request) applyEnded(e events.Envelope, ev events.RequestEnded) (bool, string) {
+	switch {
+	case e.Stored != "" && !streams.IsEndSubject(e.Stored), ev.RequestID != r.Accepted.RequestID && r.Known():
+		return false, IgnoredWrongSubject
+	case !r.Known():
+		return false, NoEffect
+	case ev.Through < r.acceptedSeq:
+		return false, IgnoredStaleEnd
+	}
+	end := ev.End()
+	if end == nil {
+		return false, NoEffect
+	}
+	return r.Fold(events.Envelope{ID: e.ID, Source: e.Source, Subject: e.Subject, Time: e.Time, Event: end})
+}
+
+// AcceptedSeq is the stream sequence of the request's accepted event (0
+// while only this process's own append of it was applied).
+func (r *Request) AcceptedSeq() uint64 { return r.acceptedSeq }
+
+// End returns the request's end as the ends place stores it (an
+// events.RequestEnded of frontend, through the last sequence folded), and
+// false while the request runs.
+func (r *Request) End(frontend string) (events.RequestEnded, bool) {
+	ev := events.RequestEnded{RequestID: r.Accepted.RequestID, Frontend: frontend, Through: r.lastSeq}
+	switch r.Status {
+	case StatusFailed:
+		if r.Failure == nil {
+			return ev, false
+		}
+		f := *r.Failure
+		ev.Failed = &f
+	case StatusCancelled:
+		c := events.RequestCancelled{RequestID: ev.RequestID, Mode: events.CancelKill}
+		if r.Cancel != nil {
+			c = *r.Cancel
+		}
+		ev.Cancelled = &c
+	case StatusCompleted:
+		k := max(len(r.Attempts)-1, 0)
+		ev.Completed = &events.RequestCompleted{RequestID: ev.RequestID, Attempt: k, FinishReason: r.FinishReason,
+			PromptTokens: r.EnginePromptTokens, CompletionTokens: r.EngineCompletionTokens}
+	default:
+		return ev, false
+	}
+	return ev, true
 }

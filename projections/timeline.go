@@ -27,6 +27,12 @@ type TimelineEntry struct {
 	// Len is the number of tokens accepted once this event was applied, so a
 	// reader can show the text as it grew.
 	Len int `json:"len"`
+	// Carry is set for an event of a compaction's carry (CarryID): the
+	// answer written again as one delta and a completion on the last
+	// attempt's subject for readers that predate compact records, not what
+	// that attempt produced (the compact record's entry says what each
+	// attempt did).
+	Carry bool `json:"carry,omitempty"`
 }
 
 // Replay folds a request's stored events, in stream order, into its state
@@ -45,11 +51,16 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 	timeline = make([]TimelineEntry, 0, len(envs))
 	for _, e := range envs {
 		applied, note := r.Fold(e)
-		timeline = append(timeline, TimelineEntry{
+		entry := TimelineEntry{
 			Seq: e.Seq, Time: e.Time, Since: e.Time.Sub(start).Seconds(), Subject: SubjectKind(e),
 			Type: e.Type(), ID: e.ID, Source: e.Source, Applied: applied, Note: note,
-			Summary: Describe(e), Event: e.Event, Len: r.Len(),
-		})
+			Summary: Describe(e), Event: e.Event, Len: r.Len(), Carry: r.isCarry(e.ID),
+		}
+		if _, ok := e.Event.(events.RequestCompacted); ok && applied {
+			// The deltas are gone: the record says what each attempt produced.
+			entry.Summary += ": " + attemptRanges(r)
+		}
+		timeline = append(timeline, entry)
 	}
 	if !r.Known() {
 		return nil, nil, false
@@ -62,6 +73,9 @@ func Replay(envs []events.Envelope) (r *Request, timeline []TimelineEntry, ok bo
 // attempt k, routed to worker, produces. For an envelope whose subject is
 // unknown it names the kind from the event: "events" or "tokens.<k>".
 func SubjectKind(e events.Envelope) string {
+	if _, ok := e.Event.(events.RequestEnded); ok {
+		return "end" // baton.ends.<slot>.<id>, beside the request log
+	}
 	if s, err := streams.ParseRequestSubject(e.Stored); err == nil {
 		return s.Tail()
 	}
@@ -122,8 +136,14 @@ func Describe(e events.Envelope) string {
 	case events.RequestRouted:
 		return fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
 	case events.TokensGenerated:
+		if IsCarry(ev.RequestID, e.ID) {
+			return CarryPrefix + TokenRange(ev.Offset, len(ev.Tokens), 1)
+		}
 		return fmt.Sprintf("attempt %d: %s", ev.Attempt, TokenRange(ev.Offset, len(ev.Tokens), 1))
 	case events.RequestCompleted:
+		if IsCarry(ev.RequestID, e.ID) {
+			return fmt.Sprintf("%scompleted, finish reason %s, %d completion tokens", CarryPrefix, ev.FinishReason, ev.CompletionTokens)
+		}
 		return fmt.Sprintf("attempt %d completed: finish reason %s, %d completion tokens",
 			ev.Attempt, ev.FinishReason, ev.CompletionTokens)
 	case events.AttemptFailed:
@@ -160,6 +180,12 @@ func Describe(e events.Envelope) string {
 		return "child request " + ev.ChildID
 	case events.ResponseDeleted:
 		return "response deleted: every reader answers 404 for it"
+	case events.RequestEnded:
+		inner := ""
+		if end := ev.End(); end != nil {
+			inner = Describe(events.Envelope{Event: end})
+		}
+		return fmt.Sprintf("ended in the ends place by frontend %s, after sequence %d of the log: %s", ev.Frontend, ev.Through, inner)
 	case events.RequestCompacted:
 		return fmt.Sprintf("compacted: %d tokens, the history through sequence %d in one record", ev.Tokens, ev.Through)
 	case events.WorkerRegistered:
@@ -175,6 +201,32 @@ func Describe(e events.Envelope) string {
 		return ""
 	}
 	return fmt.Sprintf("%+v", e.Event)
+}
+
+// CarryPrefix begins the summary of an event of a compaction's carry
+// (IsCarry), which is no attempt's work.
+const CarryPrefix = "carry for older readers: "
+
+// attemptRanges says which tokens each of r's attempts produced: from its
+// start to where it was cut, or to where the next one started, the last
+// one to the end ("attempt 0: tokens 0-59 (60), attempt 1: tokens 60-199
+// (140)").
+func attemptRanges(r *Request) string {
+	if len(r.Attempts) == 0 {
+		return "no attempts"
+	}
+	parts := make([]string, 0, len(r.Attempts))
+	for i, a := range r.Attempts {
+		end := r.Len()
+		switch {
+		case a.Closed:
+			end = a.Cut
+		case i+1 < len(r.Attempts):
+			end = r.Attempts[i+1].StartOffset
+		}
+		parts = append(parts, fmt.Sprintf("attempt %d: %s", a.Attempt, TokenRange(a.StartOffset, max(0, end-a.StartOffset), 1)))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // TokenRange describes n tokens at offset, received in deltas deltas.

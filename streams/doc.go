@@ -9,7 +9,9 @@
 //
 // Invariants: provisioning never weakens an existing stream's retention, nor
 // changes the number of partitions; streams with limits discard new messages
-// (per subject), never a live request's oldest tokens; appends that may be
+// (per subject), never a live request's oldest tokens, except the ends place
+// (BATON_ENDS, ends.go), which discards its oldest end so that an end always
+// fits; appends that may be
 // retried carry the CloudEvents id as Nats-Msg-Id so retries deduplicate; all of a request is in
 // one stream, so its sequences are ordered.
 package streams

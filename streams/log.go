@@ -280,8 +280,42 @@ const batchSize = 1000
 // events.Unreadable, which folds step over with its reason. It returns
 // ErrNotFound (as the iterator's error) when nothing is stored at or after
 // from.
+//
+// The request's end in the ends place (ReadEnd), if any, is yielded in its
+// position: after the stored events up to its Through and before any later
+// one (with Seq 0: its sequence is not the request log's). It is not
+// yielded for a request of which the log holds nothing (from 1).
 func ReadRequest(ctx context.Context, js jetstream.JetStream, p Partitions, id string, from uint64) iter.Seq2[events.Envelope, error] {
-	return readSubject(ctx, js, p.StreamOf(id), RequestAll(id), from)
+	stored := readSubject(ctx, js, p.StreamOf(id), RequestAll(id), from)
+	return func(yield func(events.Envelope, error) bool) {
+		end, _ := ReadEnd(ctx, js, id) // an ends place that does not answer: the log's word stands
+		var through uint64
+		if end != nil {
+			through = end.Event.(events.RequestEnded).Through
+		}
+		yieldEnd := func() bool {
+			e := *end
+			end = nil
+			return yield(e, nil)
+		}
+		any := false
+		for e, err := range stored {
+			if errors.Is(err, ErrNotFound) && end != nil && from > 1 {
+				yieldEnd()
+				return
+			}
+			if err == nil && end != nil && e.Seq > through && !yieldEnd() {
+				return
+			}
+			if !yield(e, err) || err != nil {
+				return
+			}
+			any = true
+		}
+		if end != nil && any {
+			yieldEnd()
+		}
+	}
 }
 
 func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64) iter.Seq2[events.Envelope, error] {

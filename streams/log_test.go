@@ -223,8 +223,10 @@ func TestProvisionKeepsFirstDefinition(t *testing.T) {
 	// A second component with other limits is refused, naming each one.
 	_, err := streams.Provision(ctx, js, second)
 	var de *streams.DefinitionError
-	if !errors.As(err, &de) || len(de.Diffs) != 2 || !strings.Contains(err.Error(), "max_age: the server has 1h0m0s, this component 1m0s") {
-		t.Errorf("provision with other limits: got %v, want a DefinitionError naming max_age and max_msgs_per_subject", err)
+	// BATON_ENDS keeps the request log's max age too.
+	if !errors.As(err, &de) || len(de.Diffs) != 3 || !strings.Contains(err.Error(), "max_age: the server has 1h0m0s, this component 1m0s") ||
+		!strings.Contains(err.Error(), "BATON_ENDS max_age") {
+		t.Errorf("provision with other limits: got %v, want a DefinitionError naming max_age (of BATON_REQUESTS and BATON_ENDS) and max_msgs_per_subject", err)
 	}
 	st, err := js.Stream(ctx, streams.RequestsStream)
 	if err != nil {

@@ -251,6 +251,9 @@ func provision(ctx context.Context, js jetstream.JetStream, cfg Config) (p Parti
 			return 0, false, err
 		}
 	}
+	if _, err := ensureStream(ctx, js, cfg.EndsConfig()); err != nil {
+		return 0, false, err
+	}
 	if _, err := verify(ctx, js, cfg); err != nil {
 		return 0, false, err
 	}

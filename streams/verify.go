@@ -43,9 +43,9 @@ func (e *DefinitionError) Error() string {
 var ErrMissing = errors.New("streams: not provisioned yet")
 
 // Definitions are the streams a log of layout p consists of, as this
-// configuration defines them: the request partitions, BATON_WORKERS, and the
+// configuration defines them: the request partitions, BATON_WORKERS, the
 // streams behind the buckets (as nats.go creates them for the bucket's
-// KeyValueConfig).
+// KeyValueConfig), and last the ends place (BATON_ENDS).
 func (c Config) Definitions(p Partitions) []jetstream.StreamConfig {
 	var out []jetstream.StreamConfig
 	for k := range p.n() {
@@ -55,7 +55,7 @@ func (c Config) Definitions(p Partitions) []jetstream.StreamConfig {
 	for _, kc := range c.buckets() {
 		out = append(out, bucketStream(kc))
 	}
-	return out
+	return append(out, c.EndsConfig())
 }
 
 func (c Config) buckets() []jetstream.KeyValueConfig {
@@ -175,7 +175,8 @@ func WaitProvisioned(ctx context.Context, js jetstream.JetStream, cfg Config, wa
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("streams: config: %w", err)
 	}
-	defs := cfg.Definitions(1)[1:] // BATON_WORKERS and the buckets
+	defs := cfg.Definitions(1)
+	defs = defs[1 : len(defs)-1] // BATON_WORKERS and the buckets: a worker does not read the ends place
 	var next time.Time
 	for {
 		err := Retry(ctx, func(ctx context.Context) error {

@@ -54,7 +54,7 @@ func TestProvisionRefusesForeignDefinitions(t *testing.T) {
 	workers := cfg.WorkersConfig()
 	unbounded := workers
 	unbounded.MaxBytes, unbounded.MaxMsgSize = 0, 0
-	capture := cfg.Definitions(1)[len(cfg.Definitions(1))-1] // KV_baton_frontends
+	capture := cfg.Definitions(1)[len(cfg.Definitions(1))-2] // KV_baton_frontends (BATON_ENDS is last)
 	capture.Subjects = append(capture.Subjects, "baton.live.requests.>")
 	for _, tc := range []struct {
 		name  string

@@ -6,15 +6,17 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/baton-dev/baton/services/retention"
-	"github.com/baton-dev/baton/streams"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/streams"
 )
 
 func envOf(m map[string]string) lookupFunc {
@@ -34,13 +36,13 @@ func ptr[T any](v T) *T { return &v }
 // flagDefaults fills in what the flags set when not given: the limits and
 // the stream retention, at their documented defaults.
 func flagDefaults(c *frontend.Config) {
-	c.DispatchTimeout = frontend.DefaultDispatchTimeout
+	c.Runtime.DispatchTimeout = runner.DefaultDispatchTimeout
 	c.DefaultMaxTokens = frontend.DefaultMaxTokens
 	c.MaxTokensLimit = frontend.DefaultMaxTokensLimit
-	c.MaxPromptTokens = frontend.DefaultMaxPromptTokens
+	c.Runtime.MaxPromptTokens = runner.DefaultMaxPromptTokens
 	c.MaxBodyBytes = frontend.DefaultMaxBodyBytes
-	if c.MaxChildren == 0 {
-		c.MaxChildren = frontend.DefaultMaxChildren
+	if c.Runtime.MaxChildren == 0 {
+		c.Runtime.MaxChildren = runner.DefaultMaxChildren
 	}
 	c.ReadHeaderTimeout = frontend.DefaultReadHeaderTimeout
 	if c.BodyTimeout == 0 {
@@ -52,20 +54,24 @@ func flagDefaults(c *frontend.Config) {
 	if c.MaxConnections == 0 {
 		c.MaxConnections = frontend.DefaultMaxConnections
 	}
+	if c.MaxConnectionsPerAddress == 0 {
+		c.MaxConnectionsPerAddress = frontend.DefaultMaxConnectionsPerAddress
+	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = frontend.DefaultWriteTimeout
 	}
 	c.ConsoleWindow = frontend.DefaultConsoleWindow
 	c.ConsoleRequests = frontend.DefaultConsoleRequests
 	c.ConsoleLostWorkers = frontend.DefaultConsoleLostWorkers
-	if c.Streams.Replicas == 0 {
-		c.Streams.Replicas = 1
+	sc := &c.Runtime.Streams
+	if sc.Replicas == 0 {
+		sc.Replicas = 1
 	}
-	c.Streams.RequestsMaxAge = streams.DefaultRequestsMaxAge
-	c.Streams.RequestsMaxBytes = streams.DefaultRequestsMaxBytes
-	c.Streams.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
-	c.Streams.MaxMsgSize = streams.DefaultMaxMsgSize
-	c.Log.HighWater = retention.DefaultHighWater
+	sc.RequestsMaxAge = streams.DefaultRequestsMaxAge
+	sc.RequestsMaxBytes = streams.DefaultRequestsMaxBytes
+	sc.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
+	sc.MaxMsgSize = streams.DefaultMaxMsgSize
+	c.Runtime.Log.HighWater = retention.DefaultHighWater
 }
 
 func TestFrontendFlagsAndEnv(t *testing.T) {
@@ -76,7 +82,7 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 		check func(t *testing.T, c frontend.Config)
 	}{
 		{"defaults", nil, nil, func(t *testing.T, c frontend.Config) {
-			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second}
+			want := frontend.Config{HTTPAddr: ":8000", Runtime: runner.Config{StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second}}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
@@ -90,30 +96,42 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 			"BATON_NATS_SYSTEM_URL": "nats://sys:pw@127.0.0.1:4222",
 		}, func(t *testing.T, c frontend.Config) {
 			want := frontend.Config{
-				HTTPAddr: ":9000", MigrationLimit: 3, MigrationMaxSeqLen: 100,
-				StallTimeout: 7 * time.Second, DetachTimeout: 500 * time.Millisecond,
-				ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(512),
-				InhibitedDuration: 9 * time.Second, ShutdownTimeout: 2 * time.Second,
-				SystemURL: "nats://sys:pw@127.0.0.1:4222",
+				HTTPAddr: ":9000", ShutdownTimeout: 2 * time.Second,
+				Runtime: runner.Config{
+					MigrationLimit: 3, MigrationMaxSeqLen: 100,
+					StallTimeout: 7 * time.Second, DetachTimeout: 500 * time.Millisecond,
+				},
+				Fleet: fleet.Config{
+					ActiveDecodeBlocksThreshold: ptr(0.9), ActivePrefillTokensThreshold: ptr(512),
+					InhibitedDuration: 9 * time.Second, SystemURL: "nats://sys:pw@127.0.0.1:4222",
+				},
 			}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}
 		}},
+		{"per-address cap off", []string{"--max-connections-per-address", "0"}, map[string]string{"BATON_MAX_CONNECTIONS_PER_ADDRESS": "7"},
+			func(t *testing.T, c frontend.Config) {
+				if c.MaxConnectionsPerAddress != -1 {
+					t.Errorf("got max connections per address %d, want -1 (none)", c.MaxConnectionsPerAddress)
+				}
+			}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
 			func(t *testing.T, c frontend.Config) {
-				if c.Log.HighWater != 0.75 || !c.NoCompaction {
-					t.Errorf("got high water %v, no compaction %v; want 0.75, true", c.Log.HighWater, c.NoCompaction)
+				if c.Runtime.Log.HighWater != 0.75 || !c.Runtime.NoCompaction {
+					t.Errorf("got high water %v, no compaction %v; want 0.75, true", c.Runtime.Log.HighWater, c.Runtime.NoCompaction)
 				}
 			}},
 		{"security env", nil, map[string]string{
 			"BATON_MAX_CHILDREN": "7", "BATON_BODY_TIMEOUT": "3s", "BATON_IDLE_TIMEOUT": "4s",
 			"BATON_MAX_CONNECTIONS": "50", "BATON_TENANT_MAX_CONCURRENT": "2", "BATON_TENANT_RPS": "2.5",
+			"BATON_MAX_CONNECTIONS_PER_ADDRESS": "9",
 		}, func(t *testing.T, c frontend.Config) {
-			want := frontend.Config{HTTPAddr: ":8000", StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second,
-				MaxChildren: 7, BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
-				TenantMaxConcurrent: 2, TenantRPS: 2.5}
+			want := frontend.Config{HTTPAddr: ":8000",
+				Runtime:     runner.Config{StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second, MaxChildren: 7},
+				BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
+				TenantMaxConcurrent: 2, TenantRPS: 2.5, MaxConnectionsPerAddress: 9}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)
@@ -126,19 +144,19 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 			"DYN_HTTP_PORT": "9000", "DYN_MIGRATION_LIMIT": "3", "DYN_STALL_TIMEOUT_SECS": "7",
 			"DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD": "0.9",
 		}, func(t *testing.T, c frontend.Config) {
-			if c.HTTPAddr != "127.0.0.1:9100" || c.MigrationLimit != 1 || c.StallTimeout != time.Minute ||
-				c.ActiveDecodeBlocksThreshold == nil || *c.ActiveDecodeBlocksThreshold != 0.5 || c.Streams.Replicas != 3 {
+			if c.HTTPAddr != "127.0.0.1:9100" || c.Runtime.MigrationLimit != 1 || c.Runtime.StallTimeout != time.Minute ||
+				c.Fleet.ActiveDecodeBlocksThreshold == nil || *c.Fleet.ActiveDecodeBlocksThreshold != 0.5 || c.Runtime.Streams.Replicas != 3 {
 				t.Errorf("got %+v, want flag values", c)
 			}
 		}},
 		{"inhibition 0 disables", nil, map[string]string{"DYN_RUNTIME_INHIBITED_DURATION_SECS": "0"}, func(t *testing.T, c frontend.Config) {
-			if c.InhibitedDuration >= 0 {
-				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.InhibitedDuration)
+			if c.Fleet.InhibitedDuration >= 0 {
+				t.Errorf("got InhibitedDuration %v, want negative (disabled)", c.Fleet.InhibitedDuration)
 			}
 		}},
 		{"empty env is unset", nil, map[string]string{"DYN_HTTP_PORT": "", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD": " "}, func(t *testing.T, c frontend.Config) {
-			if c.HTTPAddr != ":8000" || c.ActivePrefillTokensThreshold != nil {
-				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.ActivePrefillTokensThreshold)
+			if c.HTTPAddr != ":8000" || c.Fleet.ActivePrefillTokensThreshold != nil {
+				t.Errorf("got %q %v, want :8000 and nil", c.HTTPAddr, c.Fleet.ActivePrefillTokensThreshold)
 			}
 		}},
 	}
@@ -155,12 +173,13 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 }
 
 func equalConfig(a, b frontend.Config) bool {
-	eqF := (a.ActiveDecodeBlocksThreshold == nil) == (b.ActiveDecodeBlocksThreshold == nil) &&
-		(a.ActiveDecodeBlocksThreshold == nil || *a.ActiveDecodeBlocksThreshold == *b.ActiveDecodeBlocksThreshold)
-	eqI := (a.ActivePrefillTokensThreshold == nil) == (b.ActivePrefillTokensThreshold == nil) &&
-		(a.ActivePrefillTokensThreshold == nil || *a.ActivePrefillTokensThreshold == *b.ActivePrefillTokensThreshold)
-	a.ActiveDecodeBlocksThreshold, b.ActiveDecodeBlocksThreshold = nil, nil
-	a.ActivePrefillTokensThreshold, b.ActivePrefillTokensThreshold = nil, nil
+	ra, rb := &a.Fleet, &b.Fleet
+	eqF := (ra.ActiveDecodeBlocksThreshold == nil) == (rb.ActiveDecodeBlocksThreshold == nil) &&
+		(ra.ActiveDecodeBlocksThreshold == nil || *ra.ActiveDecodeBlocksThreshold == *rb.ActiveDecodeBlocksThreshold)
+	eqI := (ra.ActivePrefillTokensThreshold == nil) == (rb.ActivePrefillTokensThreshold == nil) &&
+		(ra.ActivePrefillTokensThreshold == nil || *ra.ActivePrefillTokensThreshold == *rb.ActivePrefillTokensThreshold)
+	ra.ActiveDecodeBlocksThreshold, rb.ActiveDecodeBlocksThreshold = nil, nil
+	ra.ActivePrefillTokensThreshold, rb.ActivePrefillTokensThreshold = nil, nil
 	return eqF && eqI && a == b
 }
 
@@ -217,8 +236,8 @@ func TestUpPassesWorkerFlags(t *testing.T) {
 	if strings.Contains(got, "migration") {
 		t.Errorf("got worker args %q, want no frontend flags", got)
 	}
-	if o.cfg.HTTPAddr != "127.0.0.1:8100" || o.cfg.MigrationLimit != 2 || o.workers != 3 {
-		t.Errorf("got addr %q limit %d workers %d, want 127.0.0.1:8100 2 3", o.cfg.HTTPAddr, o.cfg.MigrationLimit, o.workers)
+	if o.cfg.HTTPAddr != "127.0.0.1:8100" || o.cfg.Runtime.MigrationLimit != 2 || o.workers != 3 {
+		t.Errorf("got addr %q limit %d workers %d, want 127.0.0.1:8100 2 3", o.cfg.HTTPAddr, o.cfg.Runtime.MigrationLimit, o.workers)
 	}
 }
 
@@ -250,9 +269,9 @@ func TestRequestPartitionsFlag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if fe.cfg.Streams.RequestPartitions != tt.want || w.cfg.Streams.RequestPartitions != tt.want || up.cfg.Streams.RequestPartitions != tt.want {
-				t.Errorf("got partitions %d, %d, %d (frontend, worker, up); want %d", fe.cfg.Streams.RequestPartitions,
-					w.cfg.Streams.RequestPartitions, up.cfg.Streams.RequestPartitions, tt.want)
+			if fe.cfg.Runtime.Streams.RequestPartitions != tt.want || w.cfg.Streams.RequestPartitions != tt.want || up.cfg.Runtime.Streams.RequestPartitions != tt.want {
+				t.Errorf("got partitions %d, %d, %d (frontend, worker, up); want %d", fe.cfg.Runtime.Streams.RequestPartitions,
+					w.cfg.Streams.RequestPartitions, up.cfg.Runtime.Streams.RequestPartitions, tt.want)
 			}
 			passed := strings.Contains(strings.Join(up.workerArgs, " "), fmt.Sprintf("--request-partitions %d", tt.want))
 			if passed != (tt.want != 0) {
@@ -383,6 +402,7 @@ func TestBadConfigExits2(t *testing.T) {
 		{"keys file line without secret", []string{"frontend", "--api-keys-file", keys}, nil, "line 3: want TENANT SECRET"},
 		{"tls cert without key", []string{"frontend", "--tls-cert", keys}, nil, "--tls-cert and --tls-key"},
 		{"zero max connections", []string{"frontend", "--max-connections", "0"}, nil, "--max-connections"},
+		{"negative max connections per address", []string{"frontend", "--max-connections-per-address", "-1"}, nil, "--max-connections-per-address -1: must not be negative"},
 		{"negative tenant rps", []string{"up", "--tenant-rps", "-1"}, nil, "--tenant-rps"},
 		{"worker users without a user", []string{"nats", "--worker-users", workers}, nil, "--worker-users needs --user"},
 		{"bad worker users", []string{"nats", "--user", "u", "--password", "p", "--worker-users", keys}, nil, "worker users"},
@@ -419,10 +439,16 @@ func TestHelpExits0(t *testing.T) {
 	}
 	env, stdout, _ := testEnv(nil)
 	run([]string{"frontend", "--help"}, env)
-	for _, want := range []string{"--http-port", "DYN_HTTP_PORT", "default 8000", "DYN_RUNTIME_INHIBITED_DURATION_SECS", "DYN_STALL_TIMEOUT_SECS in seconds"} {
+	for _, want := range []string{"--http-port", "DYN_HTTP_PORT", "default 8000", "DYN_RUNTIME_INHIBITED_DURATION_SECS", "DYN_STALL_TIMEOUT_SECS in seconds",
+		"--max-connections-per-address", "BATON_MAX_CONNECTIONS_PER_ADDRESS, default 256"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("frontend --help lacks %q", want)
 		}
+	}
+	env, stdout, _ = testEnv(nil)
+	run([]string{"up", "--help"}, env)
+	if !strings.Contains(stdout.String(), "--max-connections-per-address") {
+		t.Error("up --help lacks --max-connections-per-address")
 	}
 }
 

@@ -4,14 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/baton-dev/baton/streams"
 	"log/slog"
 	"net"
 	"strconv"
 	"time"
 
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/streams"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -23,103 +24,74 @@ event log, so any replica can resume any request. Runs until SIGINT/SIGTERM,
 then lets open streams continue for the graceful shutdown timeout.`
 
 // frontendFlags are the frontend's flags, shared by `baton frontend` and
-// `baton up`.
+// `baton up`. They bind straight into cfg; only the flags that are not one
+// field of it (the listen address, the optional thresholds, the inverted
+// compaction switch, the security flags) are kept apart until config.
 type frontendFlags struct {
-	httpPort           int
-	httpHost           string
-	migrationLimit     int
-	migrationMaxSeqLen int
-	decodeThreshold    *optional[float64]
-	prefillThreshold   *optional[int]
-	stallTimeout       time.Duration
-	detachTimeout      time.Duration
-	id                 string
-	systemURL          string
-	defaultMaxTokens   int
-	maxTokensLimit     int
-	maxPromptTokens    int
-	maxBodyBytes       int64
-	dispatchTimeout    time.Duration
-	sec                securityFlags
-	consoleWindow      time.Duration
-	consoleRequests    int
-	consoleLostWorkers time.Duration
-	logHighWater       float64
-	logCompaction      bool
-	clientModel        bool
+	cfg              frontend.Config
+	httpPort         int
+	httpHost         string
+	decodeThreshold  *optional[float64]
+	prefillThreshold *optional[int]
+	logCompaction    bool
+	sec              securityFlags
 }
 
 func addFrontendFlags(f *flagSet) *frontendFlags {
 	ff := &frontendFlags{}
+	rt, fc := &ff.cfg.Runtime, &ff.cfg
 	f.IntVar(&ff.httpPort, "http-port", 8000, "HTTP API `port`: /v1, /health, /live, /metrics")
 	f.bindEnv("http-port", "DYN_HTTP_PORT", nil)
 	f.StringVar(&ff.httpHost, "http-host", "", "HTTP listen `address`")
 	f.showDefault("http-host", "all interfaces")
-	f.IntVar(&ff.migrationLimit, "migration-limit", 0, "max times one request may be re-dispatched to another worker; 0 disables migration")
+	f.IntVar(&rt.MigrationLimit, "migration-limit", 0, "max times one request may be re-dispatched to another worker; 0 disables migration")
 	f.bindEnv("migration-limit", "DYN_MIGRATION_LIMIT", nil)
-	f.IntVar(&ff.migrationMaxSeqLen, "migration-max-seq-len", 0, "disable migration for a request once prompt + generated `tokens` strictly exceed this; 0 unset")
+	f.IntVar(&rt.MigrationMaxSeqLen, "migration-max-seq-len", 0, "disable migration for a request once prompt + generated `tokens` strictly exceed this; 0 unset")
 	f.bindEnv("migration-max-seq-len", "DYN_MIGRATION_MAX_SEQ_LEN", nil)
 	f.showDefault("migration-max-seq-len", "unset")
 	ff.decodeThreshold = optionalFloat(f, "active-decode-blocks-threshold", "a worker is busy when used / total KV blocks exceeds this `fraction` (0-1)")
 	f.bindEnv("active-decode-blocks-threshold", "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", nil)
 	ff.prefillThreshold = optionalInt(f, "active-prefill-tokens-threshold", "a worker is busy when its queued prefill `tokens` exceed this")
 	f.bindEnv("active-prefill-tokens-threshold", "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", nil)
-	f.DurationVar(&ff.stallTimeout, "stall-timeout", frontend.DefaultStallTimeout, "a request whose worker produces nothing for this `duration` is a worker failure")
+	f.DurationVar(&rt.StallTimeout, "stall-timeout", runner.DefaultStallTimeout, "a request whose worker produces nothing for this `duration` is a worker failure")
 	f.bindEnvSeconds("stall-timeout", "DYN_STALL_TIMEOUT_SECS")
-	f.DurationVar(&ff.detachTimeout, "detach-timeout", frontend.DefaultDetachTimeout, "how long a request with no attached client keeps generating, waiting for a resume")
+	f.DurationVar(&rt.DetachTimeout, "detach-timeout", runner.DefaultDetachTimeout, "how long a request with no attached client keeps generating, waiting for a resume")
 	f.bindEnvSeconds("detach-timeout", "DYN_DETACH_TIMEOUT_SECS")
-	f.IntVar(&ff.defaultMaxTokens, "default-max-tokens", frontend.DefaultMaxTokens, "max_tokens of a request that does not set it")
-	f.IntVar(&ff.maxTokensLimit, "max-tokens-limit", frontend.DefaultMaxTokensLimit, "largest max_tokens accepted (400 beyond)")
-	f.IntVar(&ff.maxPromptTokens, "max-prompt-tokens", frontend.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond); checked again in the model server's tokens where an OpenAI engine's server reports them")
-	f.Int64Var(&ff.maxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body accepted, in `bytes` (413 beyond)")
-	f.DurationVar(&ff.dispatchTimeout, "dispatch-timeout", frontend.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
-	f.DurationVar(&ff.consoleWindow, "console-window", frontend.DefaultConsoleWindow, "how far back the console starts reading the log; a `duration`")
-	f.IntVar(&ff.consoleRequests, "console-requests", frontend.DefaultConsoleRequests, "recent requests the console keeps (and 4x as many feed events)")
-	f.DurationVar(&ff.consoleLostWorkers, "console-lost-workers", frontend.DefaultConsoleLostWorkers, "how long the console lists a worker that was lost (its lease ended without its deregistering); a `duration`")
-	f.Float64Var(&ff.logHighWater, "log-high-water", retention.DefaultHighWater, "`fraction` of --stream-max-bytes above which new requests get 503 log_full (the rest is the reserve of requests in flight); eviction of finished requests starts 0.1 below it")
+	f.IntVar(&fc.DefaultMaxTokens, "default-max-tokens", frontend.DefaultMaxTokens, "max_tokens of a request that does not set it")
+	f.IntVar(&fc.MaxTokensLimit, "max-tokens-limit", frontend.DefaultMaxTokensLimit, "largest max_tokens accepted (400 beyond)")
+	f.IntVar(&rt.MaxPromptTokens, "max-prompt-tokens", runner.DefaultMaxPromptTokens, "largest prompt accepted, in whitespace-separated words (413 beyond); checked again in the model server's tokens where an OpenAI engine's server reports them")
+	f.Int64Var(&fc.MaxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body accepted, in `bytes` (413 beyond)")
+	f.DurationVar(&rt.DispatchTimeout, "dispatch-timeout", runner.DefaultDispatchTimeout, "how long a worker may take to accept a dispatch before it counts as failed; a `duration`")
+	f.DurationVar(&fc.ConsoleWindow, "console-window", frontend.DefaultConsoleWindow, "how far back the console starts reading the log; a `duration`")
+	f.IntVar(&fc.ConsoleRequests, "console-requests", frontend.DefaultConsoleRequests, "recent requests the console keeps (and 4x as many feed events)")
+	f.DurationVar(&fc.ConsoleLostWorkers, "console-lost-workers", frontend.DefaultConsoleLostWorkers, "how long the console lists a worker that was lost (its lease ended without its deregistering); a `duration`")
+	f.Float64Var(&rt.Log.HighWater, "log-high-water", retention.DefaultHighWater, "`fraction` of --stream-max-bytes above which new requests get 503 log_full (the rest is the reserve of requests in flight); eviction of finished requests starts 0.1 below it")
 	f.bindEnv("log-high-water", "BATON_LOG_HIGH_WATER", nil)
 	f.BoolVar(&ff.logCompaction, "log-compaction", true, "fold a finished request's token deltas into one compact record (false keeps every delta until eviction; baton compact does it by hand)")
 	f.bindEnv("log-compaction", "BATON_LOG_COMPACTION", nil)
-	f.BoolVar(&ff.clientModel, "client-model", false, "answers name the model as the client sent it, not as the upstream server that produced them streamed it")
+	f.BoolVar(&fc.ClientModel, "client-model", false, "answers name the model as the client sent it, not as the upstream server that produced them streamed it")
 	f.bindEnv("client-model", "BATON_CLIENT_MODEL", nil)
-	f.StringVar(&ff.id, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
+	f.StringVar(&rt.ID, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
-	f.StringVar(&ff.systemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
+	f.StringVar(&ff.cfg.Fleet.SystemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
 	f.bindEnv("nats-system-url", "BATON_NATS_SYSTEM_URL", nil)
 	f.showDefault("nats-system-url", "off")
-	ff.sec.add(f)
+	ff.sec.add(f, fc)
 	f.documentEnv("DYN_RUNTIME_INHIBITED_DURATION_SECS", "seconds a worker that failed on the request path leaves this frontend's routing set; 0 disables", "5")
 	f.documentEnv("DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS", "seconds open streams may continue after SIGTERM/SIGINT before the frontend closes them", "5")
 	return ff
 }
 
-// config builds the frontend's Config from the parsed flags and the
-// environment-only variables, and validates it.
+// config completes the frontend's Config from the parsed flags, the
+// streams' Config and the environment-only variables, and validates it.
 func (ff *frontendFlags) config(lookup lookupFunc, sc streams.Config) (frontend.Config, error) {
 	errs := ff.check()
-	cfg := frontend.Config{
-		ID:                           ff.id,
-		HTTPAddr:                     net.JoinHostPort(ff.httpHost, strconv.Itoa(ff.httpPort)),
-		MigrationLimit:               ff.migrationLimit,
-		MigrationMaxSeqLen:           ff.migrationMaxSeqLen,
-		ActiveDecodeBlocksThreshold:  ff.decodeThreshold.Get(),
-		ActivePrefillTokensThreshold: ff.prefillThreshold.Get(),
-		StallTimeout:                 ff.stallTimeout,
-		DetachTimeout:                ff.detachTimeout,
-		SystemURL:                    ff.systemURL,
-		DefaultMaxTokens:             ff.defaultMaxTokens,
-		MaxTokensLimit:               ff.maxTokensLimit,
-		MaxPromptTokens:              ff.maxPromptTokens,
-		MaxBodyBytes:                 ff.maxBodyBytes,
-		DispatchTimeout:              ff.dispatchTimeout,
-		ConsoleWindow:                ff.consoleWindow,
-		ConsoleRequests:              ff.consoleRequests,
-		ConsoleLostWorkers:           ff.consoleLostWorkers,
-		Log:                          retention.Config{HighWater: ff.logHighWater},
-		NoCompaction:                 !ff.logCompaction,
-		ClientModel:                  ff.clientModel,
-	}
-	cfg.Streams = sc
+	cfg := ff.cfg
+	cfg.HTTPAddr = net.JoinHostPort(ff.httpHost, strconv.Itoa(ff.httpPort))
+	cfg.Fleet.ActiveDecodeBlocksThreshold = ff.decodeThreshold.Get()
+	cfg.Fleet.ActivePrefillTokensThreshold = ff.prefillThreshold.Get()
+	cfg.Runtime.NoCompaction = !ff.logCompaction
+	cfg.Runtime.Streams = sc
 	if err := ff.sec.apply(&cfg); err != nil {
 		errs = append(errs, err)
 	}
@@ -139,38 +111,38 @@ func (ff *frontendFlags) check() []error {
 	if ff.httpPort < 0 || ff.httpPort > 65535 {
 		errs = append(errs, fmt.Errorf("--http-port %d out of range", ff.httpPort))
 	}
-	if ff.stallTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--stall-timeout %v: must be positive", ff.stallTimeout))
+	if ff.cfg.Runtime.StallTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--stall-timeout %v: must be positive", ff.cfg.Runtime.StallTimeout))
 	}
 	for name, v := range map[string]int64{
-		"--default-max-tokens": int64(ff.defaultMaxTokens), "--max-tokens-limit": int64(ff.maxTokensLimit),
-		"--max-prompt-tokens": int64(ff.maxPromptTokens), "--max-body-bytes": ff.maxBodyBytes,
-		"--console-requests": int64(ff.consoleRequests),
+		"--default-max-tokens": int64(ff.cfg.DefaultMaxTokens), "--max-tokens-limit": int64(ff.cfg.MaxTokensLimit),
+		"--max-prompt-tokens": int64(ff.cfg.Runtime.MaxPromptTokens), "--max-body-bytes": ff.cfg.MaxBodyBytes,
+		"--console-requests": int64(ff.cfg.ConsoleRequests),
 	} {
 		if v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %d: must be positive", name, v))
 		}
 	}
-	if ff.defaultMaxTokens > ff.maxTokensLimit {
-		errs = append(errs, fmt.Errorf("--default-max-tokens %d exceeds --max-tokens-limit %d", ff.defaultMaxTokens, ff.maxTokensLimit))
+	if ff.cfg.DefaultMaxTokens > ff.cfg.MaxTokensLimit {
+		errs = append(errs, fmt.Errorf("--default-max-tokens %d exceeds --max-tokens-limit %d", ff.cfg.DefaultMaxTokens, ff.cfg.MaxTokensLimit))
 	}
-	if ff.dispatchTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--dispatch-timeout %v: must be positive", ff.dispatchTimeout))
+	if ff.cfg.Runtime.DispatchTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--dispatch-timeout %v: must be positive", ff.cfg.Runtime.DispatchTimeout))
 	}
-	if ff.consoleWindow <= 0 {
-		errs = append(errs, fmt.Errorf("--console-window %v: must be positive", ff.consoleWindow))
+	if ff.cfg.ConsoleWindow <= 0 {
+		errs = append(errs, fmt.Errorf("--console-window %v: must be positive", ff.cfg.ConsoleWindow))
 	}
-	if ff.consoleLostWorkers <= 0 {
-		errs = append(errs, fmt.Errorf("--console-lost-workers %v: must be positive", ff.consoleLostWorkers))
+	if ff.cfg.ConsoleLostWorkers <= 0 {
+		errs = append(errs, fmt.Errorf("--console-lost-workers %v: must be positive", ff.cfg.ConsoleLostWorkers))
 	}
-	if ff.logHighWater <= 0 || ff.logHighWater > 1 {
-		errs = append(errs, fmt.Errorf("--log-high-water %v: want a fraction above 0, at most 1", ff.logHighWater))
+	if ff.cfg.Runtime.Log.HighWater <= 0 || ff.cfg.Runtime.Log.HighWater > 1 {
+		errs = append(errs, fmt.Errorf("--log-high-water %v: want a fraction above 0, at most 1", ff.cfg.Runtime.Log.HighWater))
 	}
-	if ff.detachTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.detachTimeout))
+	if ff.cfg.Runtime.DetachTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--detach-timeout %v: must be positive", ff.cfg.Runtime.DetachTimeout))
 	}
-	if ff.systemURL != "" {
-		if err := validateNATSURLs("--nats-system-url", ff.systemURL); err != nil {
+	if ff.cfg.Fleet.SystemURL != "" {
+		if err := validateNATSURLs("--nats-system-url", ff.cfg.Fleet.SystemURL); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -189,9 +161,9 @@ func frontendEnv(lookup lookupFunc, cfg *frontend.Config) []error {
 		case err != nil || n < 0:
 			errs = append(errs, fmt.Errorf("DYN_RUNTIME_INHIBITED_DURATION_SECS=%q: want a non-negative integer", raw))
 		case n == 0:
-			cfg.InhibitedDuration = -1
+			cfg.Fleet.InhibitedDuration = -1
 		default:
-			cfg.InhibitedDuration = time.Duration(n) * time.Second
+			cfg.Fleet.InhibitedDuration = time.Duration(n) * time.Second
 		}
 	}
 	d, ok, err := envSeconds(lookup, "DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS")
@@ -284,7 +256,7 @@ func parseFrontend(env *environment, args []string) (*frontendOptions, error) {
 	}
 	var err error
 	o.cfg, err = o.fe.config(env.lookup, o.streams.config())
-	o.cfg.SystemTLS = o.nats.tlsConfig()
+	o.cfg.Fleet.SystemTLS = o.nats.tlsConfig()
 	return o, err
 }
 

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/baton-dev/baton/services/ratelog"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -37,6 +38,7 @@ var commands = []command{
 	{"worker", "a worker serving requests on an engine (mock)", runWorker},
 	{"replay", "a request's timeline and output, rebuilt from the event log alone (--json)", runReplay},
 	{"compact", "fold finished requests' token deltas into their compact records by hand", runCompact},
+	{"evict", "remove requests from the event log by hand, cancelling the running ones first", runEvict},
 	{"events", "pretty-print the event log (--follow, --request ID, --worker ID)", runEvents},
 	{"provision", "create the event log's streams and buckets, or verify them (--update to change them)", runProvision},
 }
@@ -171,8 +173,11 @@ func addCommonFlags(f *flagSet) *commonFlags {
 	return c
 }
 
-// logger returns a text logger on stderr.
+// logger returns a text logger on stderr. Its warnings and errors are
+// rate-limited (package ratelog): a message repeated within
+// ratelog.DefaultInterval is counted, not written, and the next line of it
+// says how many were dropped.
 func (c *commonFlags) logger(w io.Writer, component string) *slog.Logger {
 	h := slog.NewTextHandler(w, &slog.HandlerOptions{Level: c.logLevel})
-	return slog.New(h).With("component", component)
+	return slog.New(ratelog.New(h, slog.LevelWarn, ratelog.DefaultInterval)).With("component", component)
 }

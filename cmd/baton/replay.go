@@ -18,8 +18,13 @@ stream sequence, the subject (events, or tokens.<attempt>) and what happened.
 Consecutive token deltas of one attempt are shown as one line; deltas the fold
 ignored (a zombie worker writing after its attempt was fenced, a duplicate)
 are marked. Then a summary (status, attempts, migrations, owner, tokens,
-finish reason) and the output text exactly as clients received it.
---json prints {"request": state, "timeline": [every event], "output": text}.
+finish reason) and the output text exactly as clients received it. Once a
+request is compacted, its deltas are gone: the record's line says which tokens
+each attempt produced, and the answer a compaction writes again for older
+readers is shown as their carry, not as an attempt's work.
+--json prints {"stream", "request": state, "timeline": [every event], "output":
+text, "response": the answer its client got (a response's object, a chat or
+text completion)}.
 With API keys, a tenant's request is <tenant>:<its X-Request-Id> (alice:r1).
 Exits 1 if the request is not in the log.`
 

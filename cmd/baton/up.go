@@ -234,8 +234,8 @@ func (o *upOptions) startNATS(env *environment, log *slog.Logger) (*server.Serve
 	if err != nil {
 		return nil, fmt.Errorf("start nats: %w", err)
 	}
-	if o.cfg.SystemURL == "" {
-		o.cfg.SystemURL = natsserver.SysURL(ns.ClientURL(), nsCfg.SysUser, nsCfg.SysPassword)
+	if o.cfg.Fleet.SystemURL == "" {
+		o.cfg.Fleet.SystemURL = natsserver.SysURL(ns.ClientURL(), nsCfg.SysUser, nsCfg.SysPassword)
 	}
 	return ns, nil
 }

@@ -182,7 +182,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.showDefault("system-port", "off")
 	f.StringVar(&o.systemHost, "system-host", "127.0.0.1", "status server listen `address`; 0.0.0.0 or :: for every interface (a Prometheus on another host)")
 	f.bindEnv("system-host", "DYN_SYSTEM_HOST", nil)
-	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: stamp each token delta with its emit time, which frontends pass to SSE clients as a comment line")
+	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: the mock engine writes each token's emit time as its text, \"@<unix ns> \", so that a client measures emit-to-read latency (the output is no longer the mock's deterministic one)")
 	f.BoolVar(&o.benchOff, "bench-log-off", false, "benchmarks only: send token deltas over core NATS instead of the log (nothing is durable: no resume, replay or migration), for the log-off baseline")
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
@@ -190,7 +190,11 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	}
 	switch o.engine {
 	case "mock":
+		o.w.mock.EmitTime = o.benchEmit
 	case "openai":
+		if o.benchEmit {
+			return nil, usagef("--bench-emit-time: the mock engine's, not --engine openai's")
+		}
 		if o.openai.Model == "" {
 			o.openai.Model = o.w.model
 		}
@@ -226,7 +230,6 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		HealthCheck:           o.w.healthCheck,
 		CanaryWait:            o.w.canaryWait,
 		HealthCheckTimeout:    o.w.healthTimeout,
-		BenchEmitTime:         o.benchEmit,
 		BenchLogOff:           o.benchOff,
 	}
 	if o.systemPort != 0 {

@@ -389,7 +389,9 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 	h.gen[slot]++
 	h.mu.Unlock()
 	inc := &feInc{slot: slot, id: fmt.Sprintf("fe%d-r%d", slot+1, gen), url: "http://127.0.0.1:" + strconv.Itoa(port)}
-	p, err := h.start(fmt.Sprintf("frontend-%d", slot+1), nil, "frontend", "--nats", h.natsURLs(),
+	// Every client is on loopback, one address: the per-address cap is off
+	// (by its variable, which a previous release ignores).
+	p, err := h.start(fmt.Sprintf("frontend-%d", slot+1), []string{"BATON_MAX_CONNECTIONS_PER_ADDRESS=0"}, "frontend", "--nats", h.natsURLs(),
 		"--nats-system-url", h.sysURLs(), "--replicas", "3", "--request-partitions", strconv.Itoa(h.parts().Count()), "--http-port", strconv.Itoa(port),
 		"--frontend-id", inc.id, "--migration-limit", strconv.Itoa(h.cfg.migrationLimit),
 		"--detach-timeout", "5m")

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,12 @@ type MockConfig struct {
 	// requests in flight at a known point for as long as its setup takes.
 	// A generation that starts past the offset is not held.
 	HoldAtToken int
+	// EmitTime (benchmarks only) makes each token's text the time the
+	// engine emitted it, "@<Unix ns> " (EmitTimes reads it back), in place
+	// of MockToken: a client then measures emit-to-read latency exactly,
+	// with nothing on baton's path but the text. The output is no longer
+	// deterministic.
+	EmitTime bool
 }
 
 func (c MockConfig) withDefaults() MockConfig {
@@ -217,19 +224,15 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		if err := wait(d); err != nil {
 			return Result{}, err
 		}
-		if h := m.cfg.HoldAtToken; h > 0 && i == h {
-			select {
-			case <-ctx.Done():
-				return Result{}, ctx.Err()
-			case <-m.released:
-			}
+		if err := m.hold(ctx, i); err != nil {
+			return Result{}, err
 		}
 		total := m.emitted.Add(1)
 		if lim := m.cfg.StallAfterTokens; lim > 0 && total > int64(lim) {
 			<-ctx.Done() // stalled: alive, leased, silent
 			return Result{}, ctx.Err()
 		}
-		if err := emit(Token{Text: tokenAt(h, i)}); err != nil {
+		if err := emit(Token{Text: m.text(h, i)}); err != nil {
 			return Result{}, err
 		}
 		// One more token takes a new block when the cache ended on a
@@ -251,6 +254,29 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 	return Result{FinishReason: FinishLength}, nil
 }
 
+// hold waits before the token at offset i until Release when the script
+// holds generations there (MockConfig.HoldAtToken), or ctx is done.
+func (m *Mock) hold(ctx context.Context, i int) error {
+	if at := m.cfg.HoldAtToken; at <= 0 || i != at {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.released:
+		return nil
+	}
+}
+
+// text is token i's text of the prompt whose hash is h: MockToken's, or
+// with MockConfig.EmitTime the time it is emitted.
+func (m *Mock) text(h uint64, i int) string {
+	if m.cfg.EmitTime {
+		return "@" + strconv.FormatInt(time.Now().UnixNano(), 10) + " "
+	}
+	return tokenAt(h, i)
+}
+
 // Stats reports the simulated load: each active request holds
 // ceil((prefill + generated) / BlockSize) KV blocks; a request that has not
 // emitted its first token counts its prefill as queued.
@@ -263,6 +289,26 @@ func (m *Mock) Stats() Stats {
 	s.KVBlocksUsed = min(int(m.kvUsed.Load()), s.KVBlocksTotal)
 	s.QueuedPrefillTokens = int(m.queued.Load())
 	return s
+}
+
+// EmitTimes appends to ns the emit times that text holds, the tokens of a
+// mock engine run with MockConfig.EmitTime ("@<Unix ns> " each), and
+// returns it; other text adds nothing.
+func EmitTimes(ns []int64, text string) []int64 {
+	for {
+		_, rest, ok := strings.Cut(text, "@")
+		if !ok {
+			return ns
+		}
+		end := 0
+		for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+			end++
+		}
+		if v, err := strconv.ParseInt(rest[:end], 10, 64); err == nil {
+			ns = append(ns, v)
+		}
+		text = rest[end:]
+	}
 }
 
 // CountTokens is the mock's tokenizer: the number of whitespace-separated words.

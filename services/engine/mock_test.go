@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -427,4 +428,47 @@ func TestMockKVBlocksOnBoundaries(t *testing.T) {
 			t.Errorf("after the end: %+v, want nothing held", got)
 		}
 	})
+}
+
+// TestMockEmitTime: with EmitTime each token's text is the time it was
+// emitted, which EmitTimes reads back, one per token and in order.
+func TestMockEmitTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, err := engine.NewMock(engine.MockConfig{EmitTime: true, TTFT: time.Millisecond, TokensPerSec: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var text strings.Builder
+		start := time.Now().UnixNano()
+		_, err = m.Generate(context.Background(), engine.Request{Prompt: "p", MaxTokens: 5}, func(tok engine.Token) error {
+			text.WriteString(tok.Text)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := engine.EmitTimes(nil, text.String())
+		want := []int64{start + 1e6, start + 2e6, start + 3e6, start + 4e6, start + 5e6}
+		if !slices.Equal(got, want) {
+			t.Errorf("got emit times %v, want %v (text %q)", got, want, text.String())
+		}
+	})
+}
+
+func TestEmitTimes(t *testing.T) {
+	for _, tc := range []struct {
+		name, text string
+		want       []int64
+	}{
+		{"none", "a plain answer ", nil},
+		{"tokens", "@12 @34 ", []int64{12, 34}},
+		{"in an SSE line", `data: {"choices":[{"text":"@5 @6 "}]}`, []int64{5, 6}},
+		{"an @ without digits", "mail@ @7 ", []int64{7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := engine.EmitTimes(nil, tc.text); !slices.Equal(got, tc.want) {
+				t.Errorf("got %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
@@ -88,9 +89,9 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	promptTokens := estimateTokens(p.prompt)
-	if promptTokens > fe.cfg.MaxPromptTokens {
+	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
 		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
-			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens))
+			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens))
 		return
 	}
 	pinned := r.Header.Get(headerWorkerID)
@@ -182,16 +183,16 @@ func (fe *Frontend) admit(model, endpoint, pinned string) *apiError {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, runner.ErrUnknownModel):
+	case errors.Is(err, fleet.ErrUnknownModel):
 		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
 			message: fmt.Sprintf("The model '%s' does not exist or no worker serves it", model)}
-	case errors.Is(err, runner.ErrWorkerNotFound):
+	case errors.Is(err, fleet.ErrWorkerNotFound):
 		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found",
 			message: fmt.Sprintf("worker '%s' (%s) is not in discovery for model '%s'", pinned, headerWorkerID, model)}
-	case errors.Is(err, runner.ErrNoWorkers):
+	case errors.Is(err, fleet.ErrNoWorkers):
 		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "no_workers",
 			message: fmt.Sprintf("Service temporarily unavailable: no worker is ready for model '%s', please retry later", model)}
-	default: // runner.ErrAllBusy
+	default: // fleet.ErrAllBusy
 		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "all_workers_busy", message: busyMessage}
 	}
 }
@@ -258,6 +259,12 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		writeLookupError(w, public, err)
 		return
 	}
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		t.Release()
+		return
+	}
+	defer release()
 	id := public
 	var n int
 	t.View(func(p *projections.Request) { n = p.Len() })
@@ -321,9 +328,9 @@ func stateOf(p *projections.Request) RequestState {
 // worker serves. A model whose workers are all not ready or draining cannot
 // answer now, so it is not listed (a request for it still gets 503, not 404).
 func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
-	models := fe.runtime.Models()
+	models := fe.fleet.Models()
 	ready := map[string]bool{}
-	for _, wk := range fe.runtime.Workers() {
+	for _, wk := range fe.fleet.Workers() {
 		if wk.Routable() {
 			ready[wk.Model] = true
 		}
@@ -339,7 +346,7 @@ func (fe *Frontend) handleModels(w http.ResponseWriter, r *http.Request) {
 
 // handleWorkers serves GET /v1/workers: the discovery view.
 func (fe *Frontend) handleWorkers(w http.ResponseWriter, r *http.Request) {
-	ws := fe.runtime.Workers()
+	ws := fe.fleet.Workers()
 	if fe.keys != nil && tenantOf(r) != streams.AdminTenant {
 		ws = redactWorkers(ws)
 	}
@@ -354,7 +361,7 @@ func (fe *Frontend) handleLive(w http.ResponseWriter, r *http.Request) {
 // handleHealth serves GET /health: healthy while connected, not draining, and
 // at least one worker is routable.
 func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
-	ws := fe.runtime.Workers()
+	ws := fe.fleet.Workers()
 	instances := make([]map[string]any, 0, len(ws))
 	routable := 0
 	for _, wk := range ws {

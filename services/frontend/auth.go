@@ -317,7 +317,7 @@ func (fe *Frontend) checkParent(ctx context.Context, tenant, parent string) *api
 	if !mayAccess(tenant, p.Accepted) {
 		return missing
 	}
-	if len(p.Children) >= fe.cfg.MaxChildren {
+	if len(p.Children) >= fe.cfg.Runtime.MaxChildren {
 		return badRequest("too_many_children", "parent request %s has %d children, the limit (--max-children)", parent, len(p.Children))
 	}
 	return nil

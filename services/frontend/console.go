@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,7 +40,7 @@ var consoleAssets embed.FS
 // console asks for them and stopped with the frontend.
 type consoleView struct {
 	fe      *Frontend
-	changed *runner.Signal
+	changed *notify.Signal
 
 	startMu   sync.Mutex
 	ctx       context.Context            // the frontend's lifetime while run runs; guarded by startMu
@@ -122,7 +122,7 @@ type feedEntry struct {
 }
 
 func newConsoleView(fe *Frontend) *consoleView {
-	return &consoleView{fe: fe, changed: runner.NewSignal(), caughtUp: make(chan struct{}),
+	return &consoleView{fe: fe, changed: notify.NewSignal(), caughtUp: make(chan struct{}),
 		recent: projections.NewRecent(fe.cfg.ConsoleRequests), limit: 4 * fe.cfg.ConsoleRequests,
 		cursor: newCursor(fe.parts)}
 }

@@ -51,10 +51,10 @@ type consoleState struct {
 
 func (fe *Frontend) consoleState() consoleState {
 	now := time.Now()
-	live := fe.runtime.Workers()
+	live := fe.fleet.Workers()
 	return consoleState{Now: now, Frontend: fe.id, Requests: fe.console.requests("", "", consoleRows),
-		Frontends: consoleFrontends(fe.runtime.Frontends()), Workers: live,
-		LostWorkers: recentlyLost(fe.runtime.LostWorkers(), live, now.Add(-fe.cfg.ConsoleLostWorkers))}
+		Frontends: consoleFrontends(fe.fleet.Frontends()), Workers: live,
+		LostWorkers: recentlyLost(fe.fleet.LostWorkers(), live, now.Add(-fe.cfg.ConsoleLostWorkers))}
 }
 
 // recentlyLost returns the lost workers that departed at or after since and
@@ -98,7 +98,7 @@ func (fe *Frontend) handleConsoleEvents(w http.ResponseWriter, r *http.Request) 
 	var lastState time.Time
 	stateDue := true
 	for {
-		feedCh, discCh, presCh := fe.console.changed.C(), fe.runtime.WorkersChanged(), fe.runtime.FrontendsChanged()
+		feedCh, discCh, presCh := fe.console.changed.C(), fe.fleet.WorkersChanged(), fe.fleet.FrontendsChanged()
 		for _, e := range fe.console.since(&cur) {
 			if writeEvent(w, e.ID, "feed", e) != nil {
 				return
@@ -240,7 +240,7 @@ func (fe *Frontend) timeline(ctx context.Context, id string) result {
 // handleFrontends serves GET /v1/console/frontends: the live frontends, from
 // their presence keys, so a console can reconnect to another.
 func (fe *Frontend) handleFrontends(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "self": fe.id, "data": consoleFrontends(fe.runtime.Frontends())})
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "self": fe.id, "data": consoleFrontends(fe.fleet.Frontends())})
 }
 
 // withCORS lets a console served by one frontend call the others (it fails
@@ -289,7 +289,7 @@ func (fe *Frontend) frontendOrigin(origin, reqHost string) bool {
 		ip := net.ParseIP(h)
 		return h == "localhost" || (ip != nil && ip.IsLoopback())
 	}
-	fronts := consoleFrontends(fe.runtime.KnownFrontends())
+	fronts := consoleFrontends(fe.fleet.KnownFrontends())
 	if fe.listener != nil { // itself, before its own presence key comes back from the watch
 		fronts = append(fronts, consoleFrontend{ID: fe.id, Addr: fe.listener.Addr().String()})
 	}
@@ -348,7 +348,7 @@ func (c *clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	type key struct{ model, state string }
 	counts := map[key]int{}
-	for _, w := range c.fe.runtime.Workers() {
+	for _, w := range c.fe.fleet.Workers() {
 		counts[key{w.Model, w.State}]++
 	}
 	for k, n := range counts {

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -258,7 +259,7 @@ func TestConsoleEventsEndAtShutdown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	fe, err := frontend.New(s.Connect(t), nil, prometheus.NewRegistry(), frontend.Config{
-		HTTPAddr: "127.0.0.1:0", Streams: streams.Config{MemoryStorage: true}, ShutdownTimeout: 30 * time.Second})
+		HTTPAddr: "127.0.0.1:0", Runtime: runner.Config{Streams: streams.Config{MemoryStorage: true}}, ShutdownTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

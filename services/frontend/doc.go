@@ -1,8 +1,9 @@
 // Package frontend is baton's OpenAI-compatible HTTP API: the HTTP edge of a
 // frontend. It parses and admits requests, authenticates callers, applies
-// the tenants' limits, renders requests as OpenAI responses and SSE
-// streams, serves the console, and orders the shutdown ("stop answering,
-// then stop the runtime").
+// the tenants' limits, writes requests as OpenAI responses and SSE streams
+// (rendered by package openai, which does no I/O: the chat, completions and
+// Responses APIs' wire format), serves the console, and orders the shutdown
+// ("stop answering, then stop the runtime").
 //
 // Everything that keeps a request alive once it is in the log (following
 // it, running the migration decisions, taking it over, discovery, presence,

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -21,8 +23,9 @@ import (
 )
 
 // Frontend serves the HTTP API: it is the HTTP edge over a request runtime
-// (package runner), which it drives through the runtime's API and never
-// reaches into. Create it with New and run it with Run.
+// (package runner) and the fleet view the runtime routes with (package
+// fleet), which it runs and reads and never reaches into. Create it with New
+// and run it with Run.
 type Frontend struct {
 	id       string
 	cfg      Config
@@ -31,6 +34,7 @@ type Frontend struct {
 	js       jetstream.JetStream
 	parts    streams.Partitions // the request log's layout, set by Run once the runtime started
 	runtime  *runner.Runner
+	fleet    *fleet.Fleet
 	metrics  *metrics
 	gatherer prometheus.Gatherer
 	keys     *keyring // nil: the API is open
@@ -39,11 +43,14 @@ type Frontend struct {
 
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
+	stopped  chan struct{} // closed when Run ends: background responses stop counting
 	listener net.Listener
 
-	mu       sync.Mutex
+	background sync.WaitGroup // countUntilEnd's watchers of background responses
+
+	mu       sync.Mutex     // guards open, and stopped's closing against background.Add
 	open     int            // API responses being served (completions, resumes); guarded by mu
-	openDone *runner.Signal // notified when open drops to zero
+	openDone *notify.Signal // notified when open drops to zero
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -53,13 +60,13 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	if cfg.ID == "" {
-		cfg.ID = "fe-" + randomHex(4)
+	if cfg.Runtime.ID == "" {
+		cfg.Runtime.ID = "fe-" + randomHex(4)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	log = log.With("frontend_id", cfg.ID)
+	log = log.With("frontend_id", cfg.Runtime.ID)
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: metrics: %w", err)
@@ -68,14 +75,19 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
-	rt, err := runner.New(nc, log, reg, cfg.runtimeConfig())
+	fl, err := fleet.New(nc, cfg.Runtime.ID, log, cfg.Fleet)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("frontend: %w", err)
 	}
+	rt, err := runner.New(nc, fl, log, reg, cfg.Runtime)
+	if err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	cfg.Runtime = rt.Config() // with the runtime's defaults, which the edge reads too
 	fe := &Frontend{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, metrics: m,
-		draining: make(chan struct{}), closing: make(chan struct{}),
-		openDone: runner.NewSignal(),
+		id: cfg.Runtime.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, fleet: fl, metrics: m,
+		draining: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
+		openDone: notify.NewSignal(),
 		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {
@@ -110,7 +122,8 @@ func (fe *Frontend) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
 	}
-	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), plainTCP: fe.cfg.TLSCertFile == ""}
+	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), perAddress: max(0, fe.cfg.MaxConnectionsPerAddress),
+		plainTCP: fe.cfg.TLSCertFile == ""}
 	return l.Addr(), nil
 }
 
@@ -120,11 +133,33 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
-	// The runtime first: the handlers and the console read the log.
-	if err := fe.runtime.Start(ctx, fe.listener.Addr().String()); err != nil {
+	// The fleet view and the runtime that routes with it: the runtime
+	// provisions the log and waits for the view, which waits for the
+	// buckets; the handlers and the console read both. A view that cannot
+	// load ends the start with its error. The fleet stops last (stopFleet).
+	startCtx, cancelStart := context.WithCancelCause(ctx)
+	defer cancelStart(nil)
+	fleetCtx, cancelFleet := context.WithCancel(context.WithoutCancel(ctx))
+	fleetDone := make(chan struct{})
+	go func() {
+		defer close(fleetDone)
+		if err := fe.fleet.Run(fleetCtx); err != nil {
+			cancelStart(fmt.Errorf("fleet: %w", err))
+		}
+	}()
+	stopFleet := func() {
+		cancelFleet()
+		<-fleetDone
+	}
+	if err := fe.runtime.Start(startCtx, fe.listener.Addr().String()); err != nil {
+		if cause := context.Cause(startCtx); ctx.Err() == nil && cause != nil {
+			err = cause
+		}
+		stopFleet()
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	defer stopFleet()
 	fe.parts = fe.runtime.Partitions()
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
@@ -149,6 +184,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 
 	select {
 	case err := <-serveErr:
+		fe.stopCounting()
 		fe.runtime.Stop()
 		cancelRun()
 		_ = g.Wait()
@@ -168,7 +204,9 @@ func (fe *Frontend) Run(ctx context.Context) error {
 // budget without cancelling it (the requests keep generating in the log and
 // stay resumable elsewhere); (4) delete this frontend's presence key, so
 // another replica may take its requests over at once; (5) stop the runtime's
-// runners and watchers; (6) stop the console (cancelRun, then wait for g).
+// runners and watchers, once the watchers of background responses let
+// their references go; (6) stop the console (cancelRun, then wait for g);
+// Run stops the fleet view after it.
 func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun context.CancelFunc, g *errgroup.Group) error {
 	close(fe.draining)
 	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), fe.cfg.ShutdownTimeout)
@@ -184,6 +222,7 @@ func (fe *Frontend) shutdown(ctx context.Context, srv *http.Server, cancelRun co
 		fe.log.Warn("deregister", "err", perr)
 	}
 	rcancel()
+	fe.stopCounting()
 	fe.runtime.Stop()
 	cancelRun()
 	_ = g.Wait()
@@ -202,7 +241,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/models", fe.handleModels)
 	mux.HandleFunc("GET /v1/workers", fe.handleWorkers)
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
-	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.concurrent(fe.handleResume)))
+	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	fe.registerResponses(mux)
 	mux.HandleFunc("GET /health", fe.handleHealth)
@@ -220,6 +259,15 @@ func (fe *Frontend) Handler() http.Handler {
 	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's rate; then the body, read within its timeout.
 	return limitConnections(fe.withCORS(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
+}
+
+// stopCounting ends the watchers of background responses (countUntilEnd)
+// and waits for them.
+func (fe *Frontend) stopCounting() {
+	fe.mu.Lock()
+	close(fe.stopped)
+	fe.mu.Unlock()
+	fe.background.Wait()
 }
 
 // counted counts h's responses as open, so that a shutdown keeps accepting
@@ -269,9 +317,12 @@ func (fe *Frontend) isDraining() bool {
 	}
 }
 
-func (fe *Frontend) isClosing() bool {
+func (fe *Frontend) isClosing() bool { return isClosed(fe.closing) }
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
 	select {
-	case <-fe.closing:
+	case <-ch:
 		return true
 	default:
 		return false

@@ -3,178 +3,20 @@ package frontend
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/streams"
 )
-
-// ProbeHeadroom is how many connections past Config.MaxConnections are
-// still accepted, for /live and /health only: a probe still gets an answer
-// when the API is full. Such a connection must send its request within
-// overflowDeadline, and is closed after its answer.
-const ProbeHeadroom = 16
-
-const overflowDeadline = 2 * time.Second
-
-// limitListener counts open connections. Up to max it accepts them as they
-// are; up to max+ProbeHeadroom it marks them overflow (see overflowConn);
-// beyond that it answers 503 and closes them at once, so that a flood of
-// idle connections cannot exhaust the file descriptors of the process.
-type limitListener struct {
-	net.Listener
-	max       int64
-	open      atomic.Int64
-	lingering atomic.Int64
-	plainTCP  bool // write an HTTP 503 before closing a rejected connection
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		n := l.open.Add(1)
-		lc := &limitConn{Conn: c, l: l}
-		switch {
-		case n <= l.max:
-			return lc, nil
-		case n <= l.max+ProbeHeadroom:
-			lc.overflow = true
-			lc.limit = time.Now().Add(overflowDeadline)
-			_ = c.SetReadDeadline(lc.limit)
-			return lc, nil
-		}
-		if l.lingering.Add(1) <= maxLingering {
-			go l.reject(lc)
-			continue
-		}
-		// Too many lingering already: answer and close here, so that the
-		// descriptors in use stay bounded however fast connections come.
-		l.lingering.Add(-1)
-		l.answer(lc)
-		lc.Close()
-	}
-}
-
-var rejectResponse = func() []byte {
-	body := fmt.Sprintf(`{"error":{"message":%q,"type":"service_unavailable","code":"too_many_connections"}}`, tooManyConnections)
-	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n" +
-		"Connection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-}()
-
-const tooManyConnections = "Service temporarily unavailable: too many open connections, please retry later"
-
-// reject answers 503 on a connection past the headroom and closes it. It
-// answers once the client has begun its request (or after a second of
-// silence), not at once: to an HTTP client, an answer that comes before its
-// request is an unsolicited response on an idle connection (Go's Transport
-// logs it and fails the request instead of reading the 503). It then
-// lingers (up to a second) reading what the client sent, so that the close
-// does not reset the connection before the client reads the answer. At most
-// maxLingering connections linger at once; Accept closes the rest at once.
-func (l *limitListener) reject(c *limitConn) {
-	defer l.lingering.Add(-1)
-	defer c.Close()
-	if !l.plainTCP {
-		return // a TLS connection is just closed
-	}
-	_ = c.Conn.SetReadDeadline(time.Now().Add(time.Second))
-	var first [1]byte
-	if _, err := c.Conn.Read(first[:]); errors.Is(err, io.EOF) {
-		return // the client went without asking
-	}
-	if !l.answer(c) {
-		return
-	}
-	if tc, ok := c.Conn.(*net.TCPConn); ok {
-		_ = tc.CloseWrite()
-	}
-	_ = c.Conn.SetReadDeadline(time.Now().Add(time.Second))
-	_, _ = io.Copy(io.Discard, io.LimitReader(c.Conn, 64<<10))
-}
-
-// answer writes the 503 on a plain TCP connection (a TLS one is just closed).
-func (l *limitListener) answer(c *limitConn) bool {
-	if !l.plainTCP {
-		return false
-	}
-	_ = c.Conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
-	_, err := c.Write(rejectResponse)
-	return err == nil
-}
-
-const maxLingering = 64
-
-// limitConn is a counted connection. An overflow connection's read
-// deadlines never reach past its limit, whatever the server asks for.
-type limitConn struct {
-	net.Conn
-	l        *limitListener
-	once     sync.Once
-	overflow bool
-	limit    time.Time
-}
-
-func (c *limitConn) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
-	return c.Conn.Close()
-}
-
-func (c *limitConn) SetReadDeadline(t time.Time) error {
-	if c.overflow && (t.IsZero() || t.After(c.limit)) {
-		t = c.limit
-	}
-	return c.Conn.SetReadDeadline(t)
-}
-
-func (c *limitConn) SetDeadline(t time.Time) error {
-	if err := c.SetReadDeadline(t); err != nil {
-		return err
-	}
-	return c.Conn.SetWriteDeadline(t)
-}
-
-type overflowKey struct{}
-
-// connContext marks the requests of an overflow connection.
-func connContext(ctx context.Context, c net.Conn) context.Context {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	if lc, ok := c.(*limitConn); ok && lc.overflow {
-		return context.WithValue(ctx, overflowKey{}, true)
-	}
-	return ctx
-}
-
-// probePath reports whether path is a probe, answered on overflow connections.
-func probePath(path string) bool { return path == "/live" || path == "/health" }
-
-// limitConnections answers 503 to everything but the probes on an
-// overflow connection, and closes it after the answer.
-func limitConnections(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if over, _ := r.Context().Value(overflowKey{}).(bool); over {
-			w.Header().Set("Connection", "close")
-			if !probePath(r.URL.Path) {
-				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusServiceUnavailable, "service_unavailable", "too_many_connections", tooManyConnections)
-				return
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
 
 // readBody reads a request's whole body (up to limit+1 bytes, so that the
 // handler still sees what is too large) within the body timeout, then
@@ -362,12 +204,77 @@ func (fe *Frontend) concurrent(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant := tenantOf(r)
 		if !fe.limits.acquire(tenant) {
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusTooManyRequests, "requests", "concurrency_limit_exceeded",
-				fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.cfg.TenantMaxConcurrent))
+			fe.writeConcurrencyLimit(w)
 			return
 		}
 		defer fe.limits.release(tenant)
 		h(w, r)
 	}
+}
+
+// writeConcurrencyLimit answers 429 to a tenant at its maximum of open
+// responses.
+func (fe *Frontend) writeConcurrencyLimit(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusTooManyRequests, "requests", "concurrency_limit_exceeded",
+		fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.cfg.TenantMaxConcurrent))
+}
+
+// countUnlessBackground takes one of the caller's concurrent slots for a
+// reader of request t (answering 429 when none is left, and returning
+// false), unless t runs in the background: a background response counts
+// once, from its create until it ends (countUntilEnd), not again for each
+// reader. The caller gives the slot back with the returned release.
+func (fe *Frontend) countUnlessBackground(w http.ResponseWriter, r *http.Request, t *runner.Request) (release func(), ok bool) {
+	var background bool
+	t.View(func(p *projections.Request) { background = p.Accepted.Background })
+	if background {
+		return func() {}, true
+	}
+	tenant := tenantOf(r)
+	if !fe.limits.acquire(tenant) {
+		fe.writeConcurrencyLimit(w)
+		return nil, false
+	}
+	return func() { fe.limits.release(tenant) }, true
+}
+
+// countUntilEnd keeps the slot of tenant its caller took for background
+// response t until t ends (completed, failed or cancelled, whichever
+// frontend stored the end), whether or not a client reads it, or until the
+// frontend stops. It takes its own reference to t.
+func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string) {
+	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
+	held, err := fe.runtime.Attach(ctx, t.ID()) // t is followed here: a new reference
+	cancel()
+	fe.mu.Lock()
+	if err != nil || isClosed(fe.stopped) { // a handler cut at the end of a shutdown
+		fe.mu.Unlock()
+		if err == nil {
+			held.Release()
+		}
+		fe.limits.release(tenant)
+		return
+	}
+	fe.background.Add(1)
+	fe.mu.Unlock()
+	go func() {
+		defer fe.background.Done()
+		defer fe.limits.release(tenant)
+		defer held.Release()
+		wake := make(chan struct{}, 1)
+		defer held.Listen(wake)()
+		for {
+			var terminal bool
+			held.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
+			if terminal {
+				return
+			}
+			select {
+			case <-wake:
+			case <-fe.stopped:
+				return
+			}
+		}
+	}()
 }

@@ -19,6 +19,7 @@ type apiError struct {
 	typ     string
 	code    string
 	message string
+	param   string // the request field at fault, if one is: the body's "param"
 }
 
 func (e *apiError) Error() string { return e.message }
@@ -36,8 +37,21 @@ func writeError(w http.ResponseWriter, status int, typ, code, message string) {
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) {
-	writeError(w, e.status, e.typ, e.code, e.message)
+	if e.param == "" {
+		writeError(w, e.status, e.typ, e.code, e.message)
+		return
+	}
+	body := openai.ErrorBody(e.typ, e.code, e.message)
+	body["param"] = e.param
+	writeJSON(w, e.status, map[string]any{"error": body})
 }
+
+// sampling are the sampling parameters checked on chat and completions, as
+// on /v1/responses, with OpenAI's ranges: a number from min to max.
+var sampling = []struct {
+	name     string
+	min, max float64
+}{{"temperature", 0, 2}, {"top_p", 0, 1}}
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -57,7 +71,10 @@ type completionRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage *bool `json:"include_usage"`
 	} `json:"stream_options"`
-	N *int `json:"n"`
+	N           *int     `json:"n"`
+	Temperature *float64 `json:"temperature"`
+	TopP        *float64 `json:"top_p"`
+	Seed        *int64   `json:"seed"`
 }
 
 // parsed is a validated request.
@@ -128,6 +145,13 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 		}
 		p.n = *req.N
 	}
+	for i, v := range []*float64{req.Temperature, req.TopP} {
+		if s := sampling[i]; v != nil && (*v < s.min || *v > s.max) {
+			e := badRequest("invalid_value", "'%s' must be a number from %g to %g, got %g", s.name, s.min, s.max, *v)
+			e.param = s.name
+			return p, e
+		}
+	}
 	p.stream = req.Stream != nil && *req.Stream
 	if req.StreamOptions != nil && req.StreamOptions.IncludeUsage != nil {
 		p.includeUsage = *req.StreamOptions.IncludeUsage
@@ -140,7 +164,18 @@ func (fe *Frontend) parseRequest(endpoint string, body []byte) (parsed, *apiErro
 // (2.5, 1e3, 99999999999999999999) is as wrong as a string.
 func (fe *Frontend) typeError(e *json.UnmarshalTypeError) *apiError {
 	got := strings.TrimPrefix(e.Value, "number ")
+	for _, s := range sampling {
+		if e.Field == s.name {
+			err := badRequest("invalid_type", "'%s' must be a number from %g to %g, got %s", s.name, s.min, s.max, got)
+			err.param = s.name
+			return err
+		}
+	}
 	switch e.Field {
+	case "seed":
+		err := badRequest("invalid_type", "'seed' must be an integer, got %s", got)
+		err.param = "seed"
+		return err
 	case "max_tokens", "max_completion_tokens":
 		return badRequest("invalid_type", "'%s' must be an integer from 1 to %d, got %s", e.Field, fe.cfg.MaxTokensLimit, got)
 	case "n":

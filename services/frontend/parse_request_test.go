@@ -138,6 +138,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{`, `null`, `[]`, `{"max_tokens":-1}`,
 		`{"model":"m","prompt":"a","max_tokens":1e3}`, `{"model":"m","prompt":"a","max_tokens":99999999999999999999}`,
 		`{"model":"m","prompt":"a","stream_options":"x"}`, `{"model":"m","prompt":"a","n":2.5}`,
+		`{"model":"m","prompt":"a","temperature":0.7,"top_p":0.9,"seed":42}`, `{"model":"m","prompt":"a","temperature":"1"}`,
+		`{"model":"m","prompt":"a","top_p":1e308}`, `{"model":"m","prompt":"a","seed":[1]}`,
 	} {
 		f.Add(s, true)
 		f.Add(s, false)
@@ -149,6 +151,27 @@ func FuzzParseRequest(f *testing.F) {
 			endpoint = events.EndpointChat
 		}
 		p, err := fe.parseRequest(endpoint, []byte(body))
+		if err == nil {
+			// An accepted sampling parameter is a number in OpenAI's range.
+			var s struct {
+				Temperature any `json:"temperature"`
+				TopP        any `json:"top_p"`
+				Seed        any `json:"seed"`
+			}
+			_ = json.Unmarshal([]byte(body), &s)
+			for _, v := range []struct {
+				name     string
+				got      any
+				min, max float64
+			}{{"temperature", s.Temperature, 0, 2}, {"top_p", s.TopP, 0, 1}} {
+				if f, ok := v.got.(float64); v.got != nil && (!ok || f < v.min || f > v.max) {
+					t.Fatalf("accepted %s %v", v.name, v.got)
+				}
+			}
+			if _, ok := s.Seed.(float64); s.Seed != nil && !ok {
+				t.Fatalf("accepted seed %v", s.Seed)
+			}
+		}
 		if err != nil {
 			if err.status < 400 || err.status >= 500 || err.message == "" || err.code == "" {
 				t.Fatalf("bad rejection %+v", err)

@@ -1,8 +1,10 @@
 package frontend
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -112,6 +114,76 @@ func TestParseRequestEdges(t *testing.T) {
 				t.Errorf("got message %q, want it to contain %q", err.message, tc.wantMsg)
 			}
 		})
+	}
+}
+
+// TestParseRequestSampling: temperature, top_p and seed must be numbers in
+// OpenAI's ranges on chat and completions, as on /v1/responses; anything
+// else is a 400 whose body names the param (formerly any JSON was accepted).
+func TestParseRequestSampling(t *testing.T) {
+	fe := testFrontend()
+	cases := []struct {
+		name, param, value string
+		wantCode           string // "" accepts
+		wantMsg            string
+	}{
+		{name: "temperature an object", param: "temperature", value: `{"a":1}`, wantCode: "invalid_type", wantMsg: "'temperature' must be a number from 0 to 2, got object"},
+		{name: "temperature an array", param: "temperature", value: `[1]`, wantCode: "invalid_type", wantMsg: "got array"},
+		{name: "temperature a string", param: "temperature", value: `"10"`, wantCode: "invalid_type", wantMsg: "got string"},
+		{name: "temperature a boolean", param: "temperature", value: `true`, wantCode: "invalid_type", wantMsg: "got bool"},
+		{name: "temperature 1e308", param: "temperature", value: `1e308`, wantCode: "invalid_value", wantMsg: "'temperature' must be a number from 0 to 2, got 1e+308"},
+		{name: "temperature past float64", param: "temperature", value: `1e999`, wantCode: "invalid_type", wantMsg: "got 1e999"},
+		{name: "temperature negative", param: "temperature", value: `-0.1`, wantCode: "invalid_value", wantMsg: "got -0.1"},
+		{name: "temperature over 2", param: "temperature", value: `2.01`, wantCode: "invalid_value", wantMsg: "got 2.01"},
+		{name: "temperature 0", param: "temperature", value: `0`},
+		{name: "temperature 2", param: "temperature", value: `2`},
+		{name: "temperature null", param: "temperature", value: `null`},
+		{name: "top_p an object", param: "top_p", value: `{"a":1}`, wantCode: "invalid_type", wantMsg: "'top_p' must be a number from 0 to 1, got object"},
+		{name: "top_p an array", param: "top_p", value: `[1]`, wantCode: "invalid_type", wantMsg: "got array"},
+		{name: "top_p a string", param: "top_p", value: `"10"`, wantCode: "invalid_type", wantMsg: "got string"},
+		{name: "top_p a boolean", param: "top_p", value: `true`, wantCode: "invalid_type", wantMsg: "got bool"},
+		{name: "top_p 1e308", param: "top_p", value: `1e308`, wantCode: "invalid_value", wantMsg: "got 1e+308"},
+		{name: "top_p over 1", param: "top_p", value: `1.5`, wantCode: "invalid_value", wantMsg: "'top_p' must be a number from 0 to 1, got 1.5"},
+		{name: "top_p negative", param: "top_p", value: `-1`, wantCode: "invalid_value", wantMsg: "got -1"},
+		{name: "top_p 0.9", param: "top_p", value: `0.9`},
+		{name: "seed an object", param: "seed", value: `{"a":1}`, wantCode: "invalid_type", wantMsg: "'seed' must be an integer, got object"},
+		{name: "seed an array", param: "seed", value: `[1]`, wantCode: "invalid_type", wantMsg: "got array"},
+		{name: "seed a string", param: "seed", value: `"10"`, wantCode: "invalid_type", wantMsg: "got string"},
+		{name: "seed a boolean", param: "seed", value: `true`, wantCode: "invalid_type", wantMsg: "got bool"},
+		{name: "seed 1e308", param: "seed", value: `1e308`, wantCode: "invalid_type", wantMsg: "got 1e308"},
+		{name: "seed a fraction", param: "seed", value: `1.5`, wantCode: "invalid_type", wantMsg: "got 1.5"},
+		{name: "seed past int64", param: "seed", value: `9223372036854775808`, wantCode: "invalid_type", wantMsg: "got 9223372036854775808"},
+		{name: "seed negative", param: "seed", value: `-7`},
+		{name: "seed the largest int64", param: "seed", value: `9223372036854775807`},
+		{name: "seed null", param: "seed", value: `null`},
+	}
+	for _, endpoint := range []string{events.EndpointChat, events.EndpointCompletions} {
+		for _, tc := range cases {
+			t.Run(endpoint+"/"+tc.name, func(t *testing.T) {
+				body := `{"model":"m","prompt":"a","messages":[{"role":"user","content":"hi"}],"` + tc.param + `":` + tc.value + `}`
+				_, err := fe.parseRequest(endpoint, []byte(body))
+				if tc.wantCode == "" {
+					if err != nil {
+						t.Fatalf("got %d %s %q, want accepted", err.status, err.code, err.message)
+					}
+					return
+				}
+				if err == nil {
+					t.Fatalf("got accepted, want 400 %s", tc.wantCode)
+				}
+				if err.status != http.StatusBadRequest || err.code != tc.wantCode || err.param != tc.param || !strings.Contains(err.message, tc.wantMsg) {
+					t.Errorf("got %d %s param %q %q, want 400 %s param %q containing %q", err.status, err.code, err.param, err.message, tc.wantCode, tc.param, tc.wantMsg)
+				}
+				rec := httptest.NewRecorder()
+				writeAPIError(rec, err)
+				var got struct {
+					Error struct{ Message, Type, Code, Param string }
+				}
+				if jerr := json.Unmarshal(rec.Body.Bytes(), &got); jerr != nil || got.Error.Param != tc.param || got.Error.Code != tc.wantCode || got.Error.Type != "invalid_request_error" {
+					t.Errorf("got body %s, want OpenAI's error shape with param %q", rec.Body, tc.param)
+				}
+			})
+		}
 	}
 }
 

@@ -17,8 +17,7 @@ import (
 type snapshot struct {
 	openai.Choice // what the answer renders: tokens from the client's offset on, and how they ended
 	acc           events.RequestAccepted
-	emits         []int64 // the tokens' emit times (nil: none; benchmarks)
-	worker        string  // the worker of the current attempt
+	worker        string // the worker of the current attempt
 	status        projections.Status
 	failure       *events.RequestFailed
 	cancel        *events.RequestCancelled
@@ -38,9 +37,6 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 		}
 		s.acc.Model = p.ResponseModel()
 	})
-	if n := len(s.Tokens); n > 0 {
-		s.emits = t.Emits(from, from+n)
-	}
 	return s
 }
 
@@ -100,7 +96,7 @@ func (o *output) wait(pch <-chan struct{}) bool {
 
 func (o *output) unary() bool {
 	for {
-		pch := o.fe.runtime.FrontendsChanged()
+		pch := o.fe.fleet.FrontendsChanged()
 		snaps := make([]snapshot, len(o.ts))
 		done := true
 		for i, t := range o.ts {
@@ -183,7 +179,7 @@ func (o *output) stream(from int, start time.Time) bool {
 	total := from
 	started, finished := make([]bool, len(o.ts)), make([]bool, len(o.ts))
 	for {
-		pch := o.fe.runtime.FrontendsChanged()
+		pch := o.fe.fleet.FrontendsChanged()
 		var failed *snapshot
 		done, completion, prompt := true, 0, o.acc.PromptTokens
 		for i, t := range o.ts {
@@ -194,9 +190,6 @@ func (o *output) stream(from int, start time.Time) bool {
 			if n := len(s.Tokens); n > 0 {
 				sent[i] += n
 				total += n
-				if s.emits != nil {
-					sse.Emits(s.emits)
-				}
 				sse.Delta(total, i, s.Tokens, s.Details, !started[i])
 				started[i] = true
 				m.sent(n)
@@ -365,7 +358,7 @@ func (o *output) awaitFirstToken() snapshot {
 	deadline := time.NewTimer(headerWait)
 	defer deadline.Stop()
 	for {
-		pch := o.fe.runtime.FrontendsChanged()
+		pch := o.fe.fleet.FrontendsChanged()
 		s := snapshotOf(o.ts[0], 0)
 		if s.Total > 0 || s.status.Terminal() {
 			return s

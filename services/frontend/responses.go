@@ -2,7 +2,6 @@ package frontend
 
 import (
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,20 +10,23 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 )
 
 // OpenAI's Responses API over the request runtime: a response is a request
 // of endpoint events.EndpointResponses, accepted, routed, migrated,
-// cancelled and compacted like any other; only its rendering differs
-// (responses_render.go). See responses_parse.go and responses_render.go for
-// the OpenAI reference pages followed.
+// cancelled and compacted like any other; only its parsing and rendering
+// differ, which the openai package does (openai/responses_parse.go and
+// openai/responses_render.go, with the OpenAI reference pages followed).
 
 // registerResponses adds the Responses API's routes to mux.
 func (fe *Frontend) registerResponses(mux *http.ServeMux) {
-	mux.HandleFunc("POST /v1/responses", fe.counted(fe.concurrent(fe.handleResponseCreate)))
-	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.concurrent(fe.handleResponseGet)))
+	// A create and a read count against the tenant's concurrency in the
+	// handler, which knows whether the response runs in the background.
+	mux.HandleFunc("POST /v1/responses", fe.counted(fe.handleResponseCreate))
+	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.handleResponseGet))
 	mux.HandleFunc("POST /v1/responses/{id}/cancel", fe.handleResponseCancel)
 	mux.HandleFunc("DELETE /v1/responses/{id}", fe.handleResponseDelete)
 	mux.HandleFunc("GET /v1/responses/{id}/input_items", fe.handleInputItems)
@@ -49,7 +51,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
 		return
 	}
-	q, perr := parseResponseRequest(body, fe.cfg.MaxTokensLimit)
+	q, perr := openai.ParseResponseRequest(body, fe.cfg.MaxTokensLimit)
 	if perr != nil {
 		writeParamError(w, perr)
 		return
@@ -66,10 +68,18 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	}
 	w.Header().Set(headerRequestID, public)
 	bodySHA := fmt.Sprintf("%x", sha256.Sum256(body))
+	// The headers of chat, checked as chat checks them: Last-Event-ID
+	// (the sequence number a retried stream resumes after), then, for a new
+	// response, X-Worker-Id and X-Parent-Request-Id.
+	after, perr := responseAfter(r)
+	if perr != nil {
+		writeParamError(w, perr)
+		return
+	}
 	if clientID {
 		// Idempotent retry: a known id answers with the response it names.
 		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveRetry(w, r, t, public, q, bodySHA)
+			fe.serveRetry(w, r, t, public, q, bodySHA, after)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
@@ -82,31 +92,53 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
-	if apiErr := fe.admit(q.model, events.EndpointResponses, ""); apiErr != nil {
+	acc.PinnedWorker = r.Header.Get(headerWorkerID)
+	if apiErr := fe.admit(q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
-	t, err := fe.runtime.Accept(r.Context(), acc)
-	if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
-		if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveRetry(w, r, t, public, q, bodySHA)
-			return
-		}
+	var apiErr *apiError
+	if acc.ParentID, apiErr = fe.parentOf(r, tenant); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
+	// One of the tenant's concurrent slots: a response in the background
+	// keeps it until it ends, another while this handler runs.
+	if !fe.limits.acquire(tenant) {
+		fe.writeConcurrencyLimit(w)
+		return
+	}
+	t, err := fe.runtime.Accept(r.Context(), acc)
 	if err != nil {
+		fe.limits.release(tenant)
+		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
+			if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
+				fe.serveRetry(w, r, t, public, q, bodySHA, after)
+				return
+			}
+		}
 		writeRecordError(w, "the response", err)
 		return
 	}
 	defer t.Release()
+	if q.Background {
+		fe.countUntilEnd(t, tenant)
+	} else {
+		defer fe.limits.release(tenant)
+	}
+	if acc.ParentID != "" {
+		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
+	}
 	fe.metrics.active.WithLabelValues(acc.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
-	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q))
+	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q, after))
 }
 
 // serveRetry answers a create under the id of request t, which exists:
 // with that response if it is the caller's, of the same body, and not
-// deleted; otherwise a 404 or a 409. It releases t.
-func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q responseRequest, bodySHA string) {
+// deleted (a stream with its events after sequence number after); otherwise
+// a 404, a 409, or a 400 for an after past the end. It releases t.
+func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, bodySHA string, after int) {
 	defer t.Release()
 	if apiErr := reuseError(t, tenantOf(r), public, events.EndpointResponses, bodySHA); apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -119,16 +151,27 @@ func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner
 			message: fmt.Sprintf("response %s was deleted: use a new %s", public, headerRequestID)})
 		return
 	}
+	if q.Stream && after >= 0 {
+		if perr := pastTheEnd(t, public, after, headerLastEventID); perr != nil {
+			writeParamError(w, perr)
+			return
+		}
+	}
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		return
+	}
+	defer release()
 	t.Claim()
-	fe.serveResponse(w, r, t, public, q)
+	fe.serveResponse(w, r, t, public, q, after)
 }
 
 // serveResponse answers a create of response t, new or retried (q is the
 // request as sent), and reports whether it ended in success: a background
-// response at once with its object, otherwise its stream or, once it
-// ended, its object.
-func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q responseRequest) bool {
-	if q.background && !q.stream {
+// response at once with its object, otherwise its stream (its events after
+// sequence number after; -1: all) or, once it ended, its object.
+func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, after int) bool {
+	if q.Background && !q.Stream {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return true
 	}
@@ -142,8 +185,8 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 		return writeUnary(w, s)
 	}
 	gone := func() { fe.onClientGone(t) }
-	if q.stream {
-		return fe.streamResponse(w, r, t, public, -1, gone)
+	if q.Stream {
+		return fe.streamResponse(w, r, t, public, after, gone)
 	}
 	ok := fe.awaitEnd(r, t, gone)
 	if ok {
@@ -156,82 +199,56 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 // sent): its rendering on chat for engines, with the turns of its previous
 // response read from the log, and its prompt text. The caller sets the id,
 // time and tenant.
-func (fe *Frontend) responseAccepted(r *http.Request, q responseRequest, body []byte) (events.RequestAccepted, *paramError) {
-	var items []inputItem
-	if q.instructions != "" {
-		items = append(items, inputItem{Type: "message", Role: "system", Text: q.instructions})
+func (fe *Frontend) responseAccepted(r *http.Request, q openai.ResponseRequest, body []byte) (events.RequestAccepted, *openai.ParamError) {
+	var items []openai.InputItem
+	if q.Instructions != "" {
+		items = append(items, openai.InputItem{Type: "message", Role: "system", Text: q.Instructions})
 	}
-	if q.previous != "" {
-		turns, err := fe.previousTurns(r, q.previous)
+	if q.Previous != "" {
+		turns, err := fe.previousTurns(r, q.Previous)
 		if err != nil {
 			return events.RequestAccepted{}, err
 		}
 		items = append(items, turns...)
 	}
-	items = append(items, q.input...)
-	prompt := promptText(items)
+	items = append(items, q.Input...)
+	prompt := openai.PromptText(items)
 	promptTokens := estimateTokens(prompt)
-	if promptTokens > fe.cfg.MaxPromptTokens {
-		if q.previous != "" {
-			return events.RequestAccepted{}, badParam("previous_response_id", "context_length_exceeded",
-				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.MaxPromptTokens)
+	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
+		if q.Previous != "" {
+			return events.RequestAccepted{}, openai.BadParam("previous_response_id", "context_length_exceeded",
+				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.Runtime.MaxPromptTokens)
 		}
-		return events.RequestAccepted{}, &paramError{apiError: apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
-			code: "prompt_too_large", message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.MaxPromptTokens)}, param: "input"}
+		return events.RequestAccepted{}, &openai.ParamError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Code: "prompt_too_large", Message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens), Param: "input"}
 	}
 	maxTokens := fe.cfg.DefaultMaxTokens
-	if q.maxOutput > 0 {
-		maxTokens = q.maxOutput
+	if q.MaxOutput > 0 {
+		maxTokens = q.MaxOutput
 	}
-	chat := q.chat
-	chat["model"] = mustMarshal(q.model)
-	chat["messages"] = mustMarshal(chatMessages(items))
-	chat["max_tokens"] = mustMarshal(maxTokens)
 	return events.RequestAccepted{
-		Model: q.model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
-		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.stream, Frontend: fe.id,
-		Resumable:  q.background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		Background: q.background, ClientModel: fe.cfg.ClientModel,
-		EngineEndpoint: events.EndpointChat, EngineBody: mustMarshal(chat),
+		Model: q.Model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
+		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.Stream, Frontend: fe.id,
+		Resumable:  q.Background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
+		Background: q.Background, ClientModel: fe.cfg.ClientModel,
+		EngineEndpoint: events.EndpointChat, EngineBody: q.EngineBody(items, maxTokens),
 	}, nil
 }
 
 // previousTurns is the conversation that response prev (the caller's)
-// ended: its context and input as it was sent to the engine (less its
-// instructions, which do not carry over), then its output.
-func (fe *Frontend) previousTurns(r *http.Request, prev string) ([]inputItem, *paramError) {
+// ended, read from the log (openai.PreviousTurns).
+func (fe *Frontend) previousTurns(r *http.Request, prev string) ([]openai.InputItem, *openai.ParamError) {
 	p, err := fe.loadResponse(r, prev)
 	if err != nil {
 		if errors.Is(err, streams.ErrNotFound) {
-			return nil, &paramError{apiError: apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "previous_response_not_found",
-				message: fmt.Sprintf("Previous response with id '%s' not found.", prev)}, param: "previous_response_id"}
+			return nil, &openai.ParamError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "previous_response_not_found",
+				Message: fmt.Sprintf("Previous response with id '%s' not found.", prev), Param: "previous_response_id"}
 		}
-		return nil, &paramError{apiError: *serverError("log_unavailable", err), param: "previous_response_id"}
+		return nil, &openai.ParamError{Status: http.StatusInternalServerError, Type: "server_error", Code: "log_unavailable",
+			Message: err.Error(), Param: "previous_response_id"}
 	}
 	if !p.Status.Terminal() {
-		return nil, badParam("previous_response_id", "previous_response_in_progress", "previous response '%s' has not finished yet", prev)
+		return nil, openai.BadParam("previous_response_id", "previous_response_in_progress", "previous response '%s' has not finished yet", prev)
 	}
-	var sent struct {
-		Messages []chatMessage `json:"messages"`
-	}
-	_ = json.Unmarshal(p.Accepted.EngineBody, &sent)
-	var prevReq struct {
-		Instructions string `json:"instructions"`
-	}
-	_ = json.Unmarshal(p.Accepted.Body, &prevReq)
-	msgs := sent.Messages
-	if prevReq.Instructions != "" && len(msgs) > 0 {
-		msgs = msgs[1:]
-	}
-	items := itemsOfMessages(msgs)
-	b := newRender(prev, p.Accepted, nil)
-	b.feed(p.Tokens(0), p.Details(0))
-	for _, it := range b.items {
-		if it.kind == "function_call" {
-			items = append(items, inputItem{Type: "function_call", CallID: it.callID, Name: it.name, Arguments: string(it.text)})
-		} else {
-			items = append(items, inputItem{Type: "message", Role: "assistant", Text: string(it.text)})
-		}
-	}
-	return items, nil
+	return openai.PreviousTurns(prev, p), nil
 }

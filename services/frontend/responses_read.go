@@ -8,9 +8,11 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
 )
@@ -64,10 +66,18 @@ func writeResponseLookupError(w http.ResponseWriter, public string, err error) {
 	writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 }
 
-// responseObject is t's response object now.
+// writeParamError answers with OpenAI's error shape and its param.
+func writeParamError(w http.ResponseWriter, e *openai.ParamError) {
+	if e.Status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, e.Status, map[string]any{"error": e.Body()})
+}
+
+// responseObject is t's response object now, named public.
 func responseObject(public string, t *runner.Request) map[string]any {
 	var obj map[string]any
-	t.View(func(p *projections.Request) { obj, _ = renderResponse(public, p, nil) })
+	t.View(func(p *projections.Request) { obj = openai.Response(p, public) })
 	return obj
 }
 
@@ -80,14 +90,10 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		writeParamError(w, perr)
 		return
 	}
-	after := -1
-	if v := r.URL.Query().Get("starting_after"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			writeParamError(w, badParam("starting_after", "invalid_value", "'starting_after' must be a sequence number (a whole number), got %q", v))
-			return
-		}
-		after = n
+	after, perr := responseAfter(r)
+	if perr != nil {
+		writeParamError(w, perr)
+		return
 	}
 	t, err := fe.attachResponse(r, public)
 	if err != nil {
@@ -95,35 +101,73 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer t.Release()
+	release, ok := fe.countUnlessBackground(w, r, t)
+	if !ok {
+		return
+	}
+	defer release()
 	t.Claim() // a response whose owner is gone is taken over by whoever reads it
 	if !stream {
 		fe.catchUp(r, t)
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return
 	}
-	n := 1 << 62 // events so far: counted only for a starting_after to check
-	var model string
-	t.View(func(p *projections.Request) {
-		if model = p.Accepted.Model; after >= 0 {
-			_, n = renderResponse(public, p, nil)
+	if after >= 0 {
+		name := "starting_after"
+		if r.URL.Query().Get(name) == "" {
+			name = headerLastEventID
 		}
-	})
-	if after >= n {
-		writeParamError(w, badParam("starting_after", "invalid_value",
-			"'starting_after' %d is past the last event of response %s (sequence number %d so far)", after, public, n-1))
-		return
+		if perr := pastTheEnd(t, public, after, name); perr != nil {
+			writeParamError(w, perr)
+			return
+		}
 	}
+	var model string
+	t.View(func(p *projections.Request) { model = p.Accepted.Model })
 	fe.metrics.resumes.WithLabelValues(model).Inc()
 	fe.streamResponse(w, r, t, public, after, func() { fe.onClientGone(t) })
 }
 
+// responseAfter reads where a client resumes a response's events: after
+// sequence number ?starting_after=N, or else after Last-Event-ID (the id of
+// the last event it read, as for chat); -1 when it names none.
+func responseAfter(r *http.Request) (int, *openai.ParamError) {
+	name, param, v := headerLastEventID, "", r.Header.Get(headerLastEventID)
+	if q := r.URL.Query().Get("starting_after"); q != "" {
+		name, param, v = "starting_after", "starting_after", q
+	}
+	if v == "" {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n < 0 {
+		return -1, openai.BadParam(param, "invalid_value", "'%s' must be a sequence number (a whole number), got %q", name, v)
+	}
+	return n, nil
+}
+
+// pastTheEnd refuses an after (read from name) at or past the last event of
+// response t so far.
+func pastTheEnd(t *runner.Request, public string, after int, name string) *openai.ParamError {
+	var n int
+	t.View(func(p *projections.Request) { n = openai.ResponseEvents(p) })
+	if after < n {
+		return nil
+	}
+	param := ""
+	if name == "starting_after" {
+		param = name
+	}
+	return openai.BadParam(param, "invalid_value", "'%s' %d is past the last event of response %s (sequence number %d so far)", name, after, public, n-1)
+}
+
 // streamWanted reads stream=true from the query, or from a JSON body (the
 // openai-go SDK's GetStreaming sends it so).
-func streamWanted(r *http.Request) (bool, *paramError) {
+func streamWanted(r *http.Request) (bool, *openai.ParamError) {
 	if v := r.URL.Query().Get("stream"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return false, badParam("stream", "invalid_value", "'stream' must be true or false, got %q", v)
+			return false, openai.BadParam("stream", "invalid_value", "'stream' must be true or false, got %q", v)
 		}
 		return b, nil
 	}
@@ -132,7 +176,7 @@ func streamWanted(r *http.Request) (bool, *paramError) {
 		Stream bool `json:"stream"`
 	}
 	if len(body) > 0 && json.Unmarshal(body, &q) != nil {
-		return false, badParam("", "invalid_json", "request body must be a JSON object")
+		return false, openai.BadParam("", "invalid_json", "request body must be a JSON object")
 	}
 	return q.Stream, nil
 }
@@ -217,7 +261,7 @@ func (fe *Frontend) handleInputItems(w http.ResponseWriter, r *http.Request) {
 	if v := qs.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 100 {
-			writeParamError(w, badParam("limit", "invalid_value", "'limit' must be an integer from 1 to 100, got %q", v))
+			writeParamError(w, openai.BadParam("limit", "invalid_value", "'limit' must be an integer from 1 to 100, got %q", v))
 			return
 		}
 		limit = n
@@ -227,7 +271,7 @@ func (fe *Frontend) handleInputItems(w http.ResponseWriter, r *http.Request) {
 		order = "desc"
 	}
 	if order != "asc" && order != "desc" {
-		writeParamError(w, badParam("order", "invalid_value", "'order' must be asc or desc, got %q", order))
+		writeParamError(w, openai.BadParam("order", "invalid_value", "'order' must be asc or desc, got %q", order))
 		return
 	}
 	p, err := fe.loadResponse(r, public)
@@ -235,48 +279,5 @@ func (fe *Frontend) handleInputItems(w http.ResponseWriter, r *http.Request) {
 		writeResponseLookupError(w, public, err)
 		return
 	}
-	q, _ := parseResponseRequest(p.Accepted.Body, 1<<30)
-	data := make([]map[string]any, 0, len(q.input))
-	for i, it := range q.input {
-		data = append(data, inputItemJSON(public, i, it))
-	}
-	if order == "desc" {
-		for i, j := 0, len(data)-1; i < j; i, j = i+1, j-1 {
-			data[i], data[j] = data[j], data[i]
-		}
-	}
-	if after := qs.Get("after"); after != "" {
-		for i, d := range data {
-			if d["id"] == after {
-				data = data[i+1:]
-				break
-			}
-		}
-	}
-	more := len(data) > limit
-	if more {
-		data = data[:limit]
-	}
-	list := map[string]any{"object": "list", "data": data, "has_more": more, "first_id": nil, "last_id": nil}
-	if len(data) > 0 {
-		list["first_id"], list["last_id"] = data[0]["id"], data[len(data)-1]["id"]
-	}
-	writeJSON(w, http.StatusOK, list)
-}
-
-// inputItemJSON is input item i of response public in OpenAI's shape.
-func inputItemJSON(public string, i int, it inputItem) map[string]any {
-	id := "item_" + public + "_" + strconv.Itoa(i)
-	switch it.Type {
-	case "function_call":
-		return map[string]any{"id": id, "type": it.Type, "status": "completed", "call_id": it.CallID, "name": it.Name, "arguments": it.Arguments}
-	case "function_call_output":
-		return map[string]any{"id": id, "type": it.Type, "status": "completed", "call_id": it.CallID, "output": it.Output}
-	}
-	part := "input_text"
-	if it.Role == "assistant" {
-		part = "output_text"
-	}
-	return map[string]any{"id": id, "type": "message", "status": "completed", "role": it.Role,
-		"content": []map[string]any{{"type": part, "text": it.Text}}}
+	writeJSON(w, http.StatusOK, openai.InputItemList(public, p.Accepted, order, qs.Get("after"), limit))
 }

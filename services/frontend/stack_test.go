@@ -23,6 +23,13 @@ import (
 // same parts as separate processes).
 func inProcess(tb testing.TB, mock engine.MockConfig) string {
 	tb.Helper()
+	return inProcessWith(tb, mock, frontend.Config{})
+}
+
+// inProcessWith is inProcess with a frontend configured as cfg (its
+// address and streams are the stack's).
+func inProcessWith(tb testing.TB, mock engine.MockConfig, cfg frontend.Config) string {
+	tb.Helper()
 	s := natstest.Start(tb)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -36,7 +43,8 @@ func inProcess(tb testing.TB, mock engine.MockConfig) string {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	fe, err := frontend.New(s.Connect(tb), nil, prometheus.NewRegistry(), frontend.Config{HTTPAddr: "127.0.0.1:0", Streams: sc})
+	cfg.HTTPAddr, cfg.Runtime.Streams = "127.0.0.1:0", sc
+	fe, err := frontend.New(s.Connect(tb), nil, prometheus.NewRegistry(), cfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -104,7 +112,8 @@ func TestInProcessStream(t *testing.T) {
 // for profiling the hot path: go test -bench InProcess -cpuprofile cpu.out.
 func BenchmarkInProcessStreams(b *testing.B) {
 	const streamsPerRound, tokens = 100, 256
-	url := inProcess(b, engine.MockConfig{SpeedupRatio: 1e9})
+	// Every stream comes from loopback: no per-address cap.
+	url := inProcessWith(b, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{MaxConnectionsPerAddress: -1})
 	start := time.Now()
 	total := 0
 	for i := 0; b.Loop(); i++ {

@@ -50,9 +50,12 @@ type Doc struct {
 	Request  projections.State `json:"request"`
 	Timeline []replayEntry     `json:"timeline"`
 	Output   string            `json:"output"`
-	// Response is the non-streaming answer a client gets for a completed
-	// request (tool calls, logprobs, finish reason and usage included),
-	// rendered from the log as a frontend renders it.
+	// Response is the answer its client gets from a frontend, rendered from
+	// the log as a frontend renders it (openai.Response): for a response of
+	// the Responses API, its response object as it stands, named by its
+	// client's id; for a completed chat or text completion of one choice,
+	// its non-streaming answer (tool calls, logprobs, finish reason and
+	// usage included).
 	Response map[string]any `json:"response,omitempty"`
 }
 
@@ -67,8 +70,8 @@ func BuildReplay(envs []events.Envelope) (doc Doc, ok bool) {
 		return Doc{}, false
 	}
 	doc = Doc{Request: r.State(), Timeline: timeline, Output: r.Text()}
-	if r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1 {
-		doc.Response = openai.Response(r)
+	if r.Accepted.Endpoint == events.EndpointResponses || (r.Status == projections.StatusCompleted && r.Accepted.Choices <= 1) {
+		doc.Response = openai.Response(r, "")
 	}
 	return doc, true
 }
@@ -83,14 +86,15 @@ type timelineLine struct {
 }
 
 // coalesce groups consecutive token deltas of one attempt that the fold
-// treated alike into one line; other entries stay one line each.
+// treated alike into one line (a compaction's carry apart); other entries
+// stay one line each.
 func coalesce(entries []replayEntry) []timelineLine {
 	var out []timelineLine
 	for _, e := range entries {
 		tg, isDelta := e.Event.(events.TokensGenerated)
 		if isDelta && len(out) > 0 {
 			prev := &out[len(out)-1]
-			if p, ok := prev.last.Event.(events.TokensGenerated); ok && p.Attempt == tg.Attempt && prev.last.Note == e.Note {
+			if p, ok := prev.last.Event.(events.TokensGenerated); ok && p.Attempt == tg.Attempt && prev.last.Note == e.Note && prev.last.Carry == e.Carry {
 				prev.last = e
 				prev.deltas++
 				prev.tokens += len(tg.Tokens)
@@ -136,6 +140,13 @@ func (l timelineLine) format(seqWidth, subjectWidth int) string {
 	what := l.first.Summary
 	if tg, ok := l.first.Event.(events.TokensGenerated); ok {
 		what = fmt.Sprintf("attempt %d: %s", tg.Attempt, tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas))
+		if l.first.Carry {
+			// The answer written again by a compaction, on the last
+			// attempt's subject: not what that attempt produced (formerly
+			// "attempt 1: tokens 0-199 (200)" for an attempt that began at
+			// token 60). The record's line says what each attempt did.
+			what = projections.CarryPrefix + tokenRangeDeltas(l.from, l.to, l.tokens, l.deltas)
+		}
 	}
 	if l.first.Note != "" {
 		what += "  [" + l.first.Note + "]"
@@ -233,10 +244,17 @@ func migrationsLine(st projections.State) string {
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
 }
 
-// toolCallsOf lists the tool calls of a chat response, as name(arguments).
+// toolCallsOf lists the tool calls of an answer (a chat completion's, or a
+// response object's function calls), as name(arguments).
 func toolCallsOf(resp map[string]any) string {
-	choices, _ := resp["choices"].([]map[string]any)
 	var out []string
+	items, _ := resp["output"].([]map[string]any)
+	for _, it := range items {
+		if it["type"] == "function_call" {
+			out = append(out, fmt.Sprintf("%v(%v)", it["name"], it["arguments"]))
+		}
+	}
+	choices, _ := resp["choices"].([]map[string]any)
 	for _, c := range choices {
 		msg, _ := c["message"].(map[string]any)
 		calls, _ := msg["tool_calls"].([]map[string]any)

@@ -1,11 +1,14 @@
 package logtool
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/histories"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
 )
 
 func TestBuildReplay(t *testing.T) {
@@ -154,5 +157,113 @@ func TestWriteReplayColumnsAlign(t *testing.T) {
 	a, b := lines[0].format(seqWidth, subjectWidth), lines[1].format(seqWidth, subjectWidth)
 	if i, j := strings.Index(a, "accepted"), strings.Index(b, "completed"); i != j {
 		t.Errorf("the type columns start at %d and %d:\n%s\n%s", i, j, a, b)
+	}
+}
+
+// TestBuildReplayResponse: the replay of a response of the Responses API
+// shows the response object its client got (formerly a text_completion
+// named cmpl-…), its function calls on the tool-calls line.
+func TestBuildReplayResponse(t *testing.T) {
+	const id = "alice:resp_1"
+	call := json.RawMessage(`{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get","arguments":"{}"}}]}`)
+	envs := histories.Envelopes([]histories.Stored{
+		{Event: events.RequestAccepted{RequestID: id, Tenant: "alice", Model: "mock", Endpoint: events.EndpointResponses,
+			Body: json.RawMessage(`{"model":"mock","input":"weather?"}`), MaxTokens: 8, Created: 100}},
+		{Event: events.RequestRouted{RequestID: id, WorkerID: "w1"}},
+		{Event: events.TokensGenerated{RequestID: id, Tokens: []string{"sunny ", ""}, Details: []json.RawMessage{nil, call}}},
+		{Event: events.RequestCompleted{RequestID: id, FinishReason: "tool_calls"}},
+	})
+	doc, ok := BuildReplay(envs)
+	if !ok {
+		t.Fatal("got not found, want a replay")
+	}
+	r := doc.Response
+	if r["object"] != "response" || r["id"] != "resp_1" || r["status"] != "completed" {
+		t.Fatalf("got response %v, want the response object resp_1, completed", r)
+	}
+	if out, _ := r["output"].([]map[string]any); len(out) != 2 || out[0]["type"] != "message" || out[1]["type"] != "function_call" {
+		t.Errorf("got output %v, want a message and a function call", r["output"])
+	}
+	var b strings.Builder
+	if err := WriteReplay(&b, doc); err != nil {
+		t.Fatal(err)
+	}
+	if want := "tool calls  get({})\n"; !strings.Contains(b.String(), want) {
+		t.Errorf("replay text lacks %q:\n%s", want, b.String())
+	}
+}
+
+// compacted is histories.Migrated's log once compacted: its lifecycle
+// events, the carry for older readers on the last attempt's subject (under
+// projections.CarryID), and the compact record.
+func compacted(t *testing.T) []events.Envelope {
+	t.Helper()
+	const id = "r1"
+	h := histories.Migrated()
+	p := projections.NewRequest()
+	for _, e := range histories.Envelopes(h) {
+		p.Apply(e)
+	}
+	rec, err := p.Compact()
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempt, worker, carry := p.Carry()
+	var kept []histories.Stored
+	for _, s := range h {
+		if s.Subject == streams.RequestEvents(id) {
+			kept = append(kept, s)
+		}
+	}
+	first := len(kept)
+	for _, ev := range carry {
+		kept = append(kept, histories.Stored{Subject: streams.RequestTokens(id, attempt, worker), Source: "baton/frontend/fe-2", Event: ev})
+	}
+	kept = append(kept, histories.Stored{Subject: streams.RequestEvents(id), Source: "baton/frontend/fe-2", Event: rec})
+	envs := histories.Envelopes(kept)
+	for i := range carry {
+		envs[first+i].ID = projections.CarryID(id, i)
+	}
+	return envs
+}
+
+// TestReplayTellsTheCarry: the replay of a compacted request labels the
+// carry as what it is, and its record's line says what each attempt
+// produced. Formerly the carry read "attempt 1: tokens 0-9 (10)" for an
+// attempt that began at token 5, as if it had produced the whole answer.
+func TestReplayTellsTheCarry(t *testing.T) {
+	doc, ok := BuildReplay(compacted(t))
+	if !ok {
+		t.Fatal("got not found, want a replay")
+	}
+	if want := "t0 t1 t2 t3 t4 t5 t6 t7 t8 t9 "; doc.Output != want || doc.Request.Status != "completed" {
+		t.Fatalf("got %s, output %q; want completed, %q", doc.Request.Status, doc.Output, want)
+	}
+	var got []string
+	for _, l := range coalesce(doc.Timeline) {
+		got = append(got, strings.Join(strings.Fields(l.String()), " "))
+	}
+	want := []string{
+		"+0.000s #1 events accepted model mock (completions), 2 prompt tokens, max_tokens 10, owner fe-1, streaming",
+		"+0.010s #2 events routed attempt 0 → worker w1, from token 0",
+		"+0.020s #3 events migrated ongoing_request migration: attempt 0 (worker w1) cut at token 5 by frontend fe-1: worker_lost",
+		"+0.030s #4 events routed attempt 1 → worker w2, from token 5",
+		"+0.040s #5 events attached attached to frontend fe-2 (client at token 7)",
+		"+0.050s #6 tokens.1 tokens carry for older readers: tokens 0-9 (10)",
+		"+0.060s #7 tokens.1 completed carry for older readers: completed, finish reason length, 10 completion tokens",
+		"+0.070s #8 events compacted compacted: 10 tokens, the history through sequence 15 in one record: attempt 0: tokens 0-4 (5), attempt 1: tokens 5-9 (5)",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("line %d:\n got %s\nwant %s", i, got[i], want[i])
+		}
+	}
+	for _, e := range doc.Timeline {
+		if wantCarry := e.Seq == 6 || e.Seq == 7; e.Carry != wantCarry {
+			t.Errorf("seq %d: got carry %v, want %v", e.Seq, e.Carry, wantCarry)
+		}
 	}
 }

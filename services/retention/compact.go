@@ -69,7 +69,7 @@ func Compact(ctx context.Context, log *streams.Log, p streams.Partitions, id str
 // tokens: a worker writes only an attempt routed to it (a held dispatch
 // stores nothing until its decision is stored), a frontend fences only
 // such an attempt, and a compaction carries on the last one. What a worker
-// writes beside them is junk, which the guard purges (junk.go) and
+// writes beside them is junk, which the Guard purges (guard.go) and
 // eviction removes with the request.
 func Subjects(r *projections.Request) []string {
 	var subjects []string

@@ -1,21 +1,38 @@
 // Package retention keeps the request log within its means: a request's
 // events are hot while it runs, compact once it is finished, and evicted,
-// oldest finished first, when the log needs room.
+// oldest finished first, when the log needs room; what a worker writes
+// outside its attempts is purged, and the worker quarantined. It has three
+// parts, which every frontend runs:
 //
-//   - Compact folds a finished request's history into one record on its
-//     events subject (events.RequestCompacted, written by a frontend), then
-//     purges its tokens subjects. Every reader folds the record to the state
-//     the deltas folded to, so every rendering is unchanged.
-//   - A Monitor reads how full each request partition is, refuses new
-//     requests above the high-water mark (Admit: ErrLogFull), reports it to
-//     /health and as baton_log_used_ratio{stream}, and evicts the oldest
-//     finished requests (every subject purged) while a partition is above
-//     its eviction mark. A request in flight is never evicted: the room
-//     between the high-water mark and the limit is its reserve.
+//   - Compaction (Compact) folds a finished request's history into one
+//     record on its events subject (events.RequestCompacted, written by a
+//     frontend), then purges its tokens subjects. Every reader folds the
+//     record to the state the deltas folded to, so every rendering is
+//     unchanged.
+//   - A Monitor, of admission and eviction, reads how full each request
+//     partition is, refuses new requests above the high-water mark (Admit:
+//     ErrLogFull), reports it to /health and as
+//     baton_log_used_ratio{stream}, and evicts the oldest finished requests
+//     (every subject purged) while a partition is above its eviction mark.
+//     A request in flight is never evicted: the room between the
+//     high-water mark and the limit is its reserve.
+//   - A Guard, the junk guard, looks at what the workers wrote to each
+//     partition after each reading of its own, purges their junk (written
+//     outside the attempts routed to them, or after their request ended),
+//     and quarantines a worker whose junk is large or many (Fleet.Junk);
+//     while a worker is quarantined it sweeps what it writes. It reads
+//     through the Monitor (UsageReader), so admission answers from its
+//     readings too, and on a goroutine of its own, so its questions never
+//     hold up eviction, nor eviction its readings.
 //
 // Invariants: a request is never partly evicted (its subjects are purged in
 // one call, and a reader that finds no accepted event answers 404); only
 // terminal requests and subjects no reader folds are evicted; compaction
 // writes with the expected sequence of the events subject, so two frontends
-// compacting one request store one record.
+// compacting one request store one record; of a live worker's writes the
+// guard purges only junk, which no reader folds into an answer (a subject no
+// reader folds, one of a request that does not exist, of an attempt not
+// routed to the subject's worker, or written after its request's end was
+// recorded), and of a quarantined worker's everything but what a request in
+// flight, or finished and not compacted, may still need.
 package retention

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
-	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
@@ -13,241 +11,13 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// A worker's credential lets it write its own tokens subjects of any
-// request (streams.WorkerTokens): NATS cannot tell a routed attempt's
-// output from junk written to a request the worker was never given, or to
-// one long over. Junk is ignored by every fold, but it is stored, and the
-// request log is shared: one worker could fill it and so refuse every
-// other worker's requests. The monitor guards against that (docs/security.md,
-// "A worker that floods the log"):
-//
-//   - on sight: after every reading it looks at what one live worker, in
-//     turn, wrote since it was last looked at, four of its messages spread
-//     over that span, one get each (without the headers); when the
-//     partition grew fast, at what every live worker wrote since the
-//     previous reading (then read five times as often), up to 16 messages
-//     each: honest writes around a flood do not hide it;
-//   - junk found is purged at once, and a worker found writing junk of any
-//     size (a large message, or many) is quarantined: Fleet.Junk takes it out
-//     of routing for QuarantineFor, its requests move to other workers;
-//   - while it is quarantined, its tokens subjects are swept at every
-//     reading: junk per request while some request still needs the worker's
-//     earlier output, everything it wrote in one purge once none does.
-
-// Fleet is what the monitor knows of the workers, from the frontend's
-// discovery view.
-type Fleet interface {
-	// Workers are the live workers (not quarantined) whose writes are checked.
-	Workers() []string
-	// Quarantined are the workers out of service for junk, whose tokens
-	// subjects are swept.
-	Quarantined() []string
-	// Junk takes worker out of service for QuarantineFor: it wrote to the
-	// request log outside its attempts, as why says.
-	Junk(ctx context.Context, worker, why string)
-}
-
-// Guard's marks.
-const (
-	// QuarantineFor is how long a worker found writing junk stays out of
-	// routing (events.WorkerLost.QuarantineMS).
-	QuarantineFor = 10 * time.Minute
-	// checksPerReading is how many live workers' writes each reading of a
-	// partition looks at, in turn, while it grows slowly: junk that fills
-	// the log slower than eviction empties it is found in turn, or evicted
-	// oldest first with the finished requests.
-	checksPerReading = 1
-	// fastGrowth: a partition that grew by this fraction of its max bytes
-	// since the last reading (filling the eviction band in ten readings)
-	// has up to fastChecks live workers' writes looked at, from the
-	// previous reading on (lookFrom), and is read fastReadings times as
-	// often (Run).
-	fastGrowth = 0.01
-	fastChecks = 16
-	// checkBack and checkBackBytes bound how far back from the end of the
-	// stream a check looks for a worker's first message there: the server
-	// reads the stream from that sequence on until one of the worker's
-	// messages comes, the stream's writes held meanwhile (about 2 ms when
-	// none of 4,096 is the worker's; a fraction of a millisecond for a
-	// worker that serves requests; BenchmarkWorkerLookup in streams). A
-	// flood is recent by nature, and the stream's last blocks are the ones
-	// in the server's cache: a look further back reads blocks from disk.
-	checkBack      = 1 << 12
-	checkBackBytes = 4 << 20
-	// While a partition grows fast, checkSamples bounds the messages one
-	// check of a worker looks at, and readingSamples those of all the
-	// checks after one reading (which checks up to fastChecks workers,
-	// every fastReadings of an Interval): at least minSamples each, and
-	// minSamples else (a flood that began just before a reading is met
-	// there), of which only the first and the large ones are judged. Each
-	// look is a get without the message's headers, and a subject found
-	// honest is not asked about again for honestFor: every frontend's
-	// guard asks its questions, and an idle frontend's NATS traffic is
-	// mostly their answers (TestLiveTrafficOnlyWhereRead).
-	checkSamples   = 16
-	readingSamples = 64
-	minSamples     = 4
-	// junkLarge: one junk message this large quarantines its worker at once.
-	junkLarge = 64 << 10
-	// junkMany: this many junk messages of one worker quarantine it. An
-	// honest worker writes junk only by accident: the few deltas it had in
-	// flight when its request ended and was evicted under it.
-	junkMany = 64
-	// lateMany: this many messages a worker wrote to its own attempts
-	// after their requests ended quarantine it. An honest worker cut off
-	// from NATS (a partition, SIGSTOP) while its request migrated away
-	// and ended sends what its connection buffered when it comes back:
-	// its whole append window (1,024) and the repairs of it, which are
-	// purged but are no reason to take it out of service.
-	lateMany = 4096
-	// sweepMax bounds the subjects one sweep of a worker looks at.
-	sweepMax = 512
-	// parallel is how many questions about junk are asked at once.
-	parallel = 16
-	// routedCache bounds the routed decisions the guard remembers, and the
-	// subjects it found honest.
-	routedCache = 4096
-	// honestFor is how long a tokens subject found not junk (its request in
-	// flight, its attempt routed to the worker) is taken as such without
-	// asking again: what its worker writes there once the request ended is
-	// purged with the request's compaction or eviction.
-	honestFor = 10 * time.Second
-)
-
-// SetFleet tells the monitor the workers to guard the log against, before
-// Run. Without one nothing is checked.
-func (m *Monitor) SetFleet(f Fleet) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.fleet = f
-}
-
-// guard checks and sweeps the workers' writes to stream, whose reading
-// went from before to u, growing fast (growsFast) or not.
-func (m *Monitor) guard(ctx context.Context, before, u streams.Usage, fast bool) {
-	m.mu.Lock()
-	f := m.fleet
-	m.mu.Unlock()
-	if f == nil {
-		return
-	}
-	q := f.Quarantined()
-	m.mu.Lock()
-	for key := range m.swept {
-		if stream, w, _ := strings.Cut(key, " "); stream == u.Stream && !slices.Contains(q, w) {
-			delete(m.swept, key) // out of quarantine: its output counts again
-			delete(m.sweptTo, key)
-		}
-	}
-	m.mu.Unlock()
-	for _, w := range q {
-		m.sweep(ctx, u.Stream, w, u.LastSeq)
-	}
-	ws := f.Workers()
-	if len(ws) == 0 {
-		return
-	}
-	n := min(checksPerReading, len(ws))
-	if fast {
-		n = min(len(ws), fastChecks)
-	}
-	start := m.turn % len(ws)
-	m.turn += n
-	for i := range n {
-		if ctx.Err() != nil {
-			return
-		}
-		w := ws[(start+i)%len(ws)]
-		key := u.Stream + " " + w
-		samples := minSamples
-		if fast {
-			samples = max(minSamples, min(checkSamples, readingSamples/n))
-		}
-		m.checked[key] = m.check(ctx, u.Stream, w, f, max(m.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples, fast)
-	}
-	if len(m.checked) > 2*len(ws)*len(m.partitions().Streams())+fastChecks {
-		for key := range m.checked { // workers gone: looked at from lookFrom if they come back
-			if _, w, _ := strings.Cut(key, " "); !slices.Contains(ws, w) {
-				delete(m.checked, key)
-			}
-		}
-	}
-}
-
-// lookFrom is the earliest a check looks for a worker's messages in a
-// partition whose reading went from before to u (it looks from where the
-// worker's last check ended, if later): checkBack messages before its end,
-// or fewer when its messages are large (checkBackBytes of them at their
-// mean size), so that the server reads only the stream's last blocks,
-// which are in its cache. While the partition grows fast it looks at
-// least as far back as the previous reading, whatever that spans: a flood
-// that came and went between two readings, followed by honest writes, is
-// still looked at.
-func lookFrom(before, u streams.Usage, fast bool) uint64 {
-	n := uint64(checkBack)
-	if u.Msgs > 0 && u.Bytes > 0 {
-		n = min(n, max(4, checkBackBytes/(u.Bytes/u.Msgs+1)))
-	}
-	from := max(u.FirstSeq, 1)
-	if u.LastSeq >= n {
-		from = max(from, u.LastSeq-n+1)
-	}
-	if fast && before.LastSeq > 0 {
-		from = max(min(from, before.LastSeq+1), u.FirstSeq)
-	}
-	return from
-}
-
-// check looks at what worker wrote to stream from sequence from to to
-// (the partition's last at the reading): up to samples of its messages,
-// each its first at or after an even step of that span, so that honest
-// writes before a flood do not hide it. It judges each of them, or, unless
-// judgeAll, the first and the large ones (a small message's judgement
-// costs gets of its request's events, and what fills the log slowly can
-// wait). If one is junk, it is purged and, when the worker's junk is large
-// or many, the worker is quarantined. It returns where the worker's next
-// check starts after: to, or before the sequence a get failed at.
-func (m *Monitor) check(ctx context.Context, stream, worker string, f Fleet, from, to uint64, samples int, judgeAll bool) uint64 {
-	if from > to {
-		return to
-	}
-	step := max(1, (to-from+1)/uint64(samples))
-	now := time.Now()
-	for i, seq := uint64(0), from; i < uint64(samples) && seq <= to; i++ {
-		msg, ok, err := streams.NextOfWorkerBare(ctx, m.js, stream, worker, seq)
-		if err != nil {
-			return seq - 1 // looked at again from there
-		}
-		if !ok {
-			break // nothing of the worker's after seq
-		}
-		seq = max(msg.Sequence+1, from+(i+1)*step)
-		if now.Before(m.honest[msg.Subject]) || (i > 0 && !judgeAll && len(msg.Data) < junkLarge) {
-			continue
-		}
-		why, running := m.judge(ctx, stream, msg.Subject, msg.Sequence)
-		if why == "" {
-			if running {
-				if len(m.honest) >= routedCache {
-					clear(m.honest)
-				}
-				m.honest[msg.Subject] = now.Add(honestFor)
-			}
-			continue
-		}
-		if full, err := streams.MsgAt(ctx, m.js, stream, msg.Sequence); err == nil && full != nil {
-			msg = full // its headers count towards its size
-		}
-		m.judgeJunk(ctx, stream, worker, f, msg, why)
-		break
-	}
-	return to
-}
+// What the Guard makes of a worker's message: junk or not (judge, classify),
+// and what it does with junk (judgeJunk, quarantine, purgeAll, sweep).
 
 // judgeJunk deals with msg, junk of worker's for why: a large one
 // quarantines it at once; a small one is junk at all, or an honest
 // worker's late delta, as the count of its junk says.
-func (m *Monitor) judgeJunk(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, why string) {
+func (g *Guard) judgeJunk(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, why string) {
 	size := len(msg.Data)
 	for k, vs := range msg.Header {
 		for _, v := range vs {
@@ -255,48 +25,48 @@ func (m *Monitor) judgeJunk(ctx context.Context, stream, worker string, f Fleet,
 		}
 	}
 	if size >= junkLarge {
-		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
+		g.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
 		return
 	}
-	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
+	subjects, err := streams.WorkerSubjects(ctx, g.js, stream, worker)
 	if err != nil {
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, _ := m.classify(ctx, stream, keys, lastOfSubject)
+	junk, _ := g.classify(ctx, stream, keys, lastOfSubject)
 	many, late := 0, 0
 	for _, subj := range junk {
-		if m.ownAttempt(ctx, stream, subj, worker) {
+		if g.ownAttempt(ctx, stream, subj, worker) {
 			late += int(subjects[subj]) // after its request ended: purged, counted apart
 		} else {
 			many += int(subjects[subj])
 		}
 	}
 	if many >= junkMany || late >= lateMany {
-		m.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many+late, why))
+		g.quarantine(ctx, f, stream, worker, fmt.Sprintf("%d messages, the last %s", many+late, why))
 		return
 	}
-	m.purgeAll(ctx, stream, junk)
+	g.purgeAll(ctx, stream, junk)
 }
 
 // ownAttempt reports whether subject, a tokens subject of worker's, is
 // that of an attempt routed to worker: what it wrote there is junk only
 // for having come after the request ended.
-func (m *Monitor) ownAttempt(ctx context.Context, stream, subject, worker string) bool {
+func (g *Guard) ownAttempt(ctx context.Context, stream, subject, worker string) bool {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil || rs.Worker != worker {
 		return false
 	}
-	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
+	routed, err := g.routedWorker(ctx, stream, rs.ID, rs.Attempt)
 	return err == nil && routed == worker
 }
 
-func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {
+func (g *Guard) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {
 	why = "wrote to the request log outside its attempts: " + why
-	m.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
-	m.quarantined.WithLabelValues(stream).Inc()
+	g.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
+	g.quarantined.WithLabelValues(stream).Inc()
 	f.Junk(ctx, worker, why)
-	m.sweep(ctx, stream, worker, 0)
+	g.sweep(ctx, stream, worker, 0)
 }
 
 // junkWhy says why the message at seq of a worker's tokens subject is junk,
@@ -307,20 +77,20 @@ func (m *Monitor) quarantine(ctx context.Context, f Fleet, stream, worker, why s
 // the subject's last message; seq anyOfEnded also counts as junk what a
 // worker wrote to a request that ended before (a quarantined worker's
 // sweep: nothing of it is needed any more but the carry).
-func (m *Monitor) junkWhy(ctx context.Context, stream, subject string, seq uint64) string {
-	why, _ := m.judge(ctx, stream, subject, seq)
+func (g *Guard) junkWhy(ctx context.Context, stream, subject string, seq uint64) string {
+	why, _ := g.judge(ctx, stream, subject, seq)
 	return why
 }
 
 // judge is junkWhy, and reports whether a subject found not junk is so
 // for as long as its request runs (its request in flight, its attempt
 // routed to the subject's worker), rather than only up to seq.
-func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64) (why string, running bool) {
+func (g *Guard) judge(ctx context.Context, stream, subject string, seq uint64) (why string, running bool) {
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil {
 		return "on " + subject + ", a subject no reader folds", false
 	}
-	last, err := streams.LastOnSubject(ctx, m.js, stream, streams.RequestEvents(rs.ID))
+	last, err := streams.LastOnSubject(ctx, g.js, stream, streams.RequestEvents(rs.ID))
 	if err != nil {
 		return "", false
 	}
@@ -330,7 +100,7 @@ func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64)
 	switch last.Header.Get(events.HeaderType) {
 	case events.TypeRequestCompacted, events.TypeRequestFailed:
 		if seq == lastOfSubject {
-			lm, err := streams.LastOnSubject(ctx, m.js, stream, subject)
+			lm, err := streams.LastOnSubject(ctx, g.js, stream, subject)
 			if err != nil || lm == nil {
 				return "", false
 			}
@@ -343,7 +113,7 @@ func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64)
 	}
 	// In flight (or finished, not compacted): only the attempt's routed
 	// worker writes its tokens subject, and only once it was routed.
-	routed, err := m.routedWorker(ctx, stream, rs.ID, rs.Attempt)
+	routed, err := g.routedWorker(ctx, stream, rs.ID, rs.Attempt)
 	if err != nil {
 		return "", false
 	}
@@ -358,17 +128,17 @@ func (m *Monitor) judge(ctx context.Context, stream, subject string, seq uint64)
 // frontend writes. A decision does not change once stored, so what was
 // found is kept (a bounded cache: the guard asks about the same running
 // request at reading after reading).
-func (m *Monitor) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
+func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
 	key := fmt.Sprintf("%s %d", id, attempt)
-	m.mu.Lock()
-	w, ok := m.routed[key]
-	m.mu.Unlock()
+	g.mu.Lock()
+	w, ok := g.routed[key]
+	g.mu.Unlock()
 	if ok {
 		return w, nil
 	}
 	subject := streams.RequestEvents(id)
 	for seq := uint64(1); ; {
-		msg, err := streams.NextOnSubject(ctx, m.js, stream, subject, seq)
+		msg, err := streams.NextOnSubject(ctx, g.js, stream, subject, seq)
 		if err != nil || msg == nil {
 			return "", err
 		}
@@ -381,12 +151,12 @@ func (m *Monitor) routedWorker(ctx context.Context, stream, id string, attempt i
 		if err != nil || !ok || r.Attempt != attempt {
 			continue
 		}
-		m.mu.Lock()
-		if len(m.routed) >= routedCache {
-			clear(m.routed)
+		g.mu.Lock()
+		if len(g.routed) >= routedCache {
+			clear(g.routed)
 		}
-		m.routed[key] = r.WorkerID
-		m.mu.Unlock()
+		g.routed[key] = r.WorkerID
+		g.mu.Unlock()
 		return r.WorkerID, nil
 	}
 }
@@ -402,17 +172,17 @@ const (
 // in flight, or finished and not compacted, and its text may be the
 // worker's). It asks about several at once: under a flood each answer
 // waits its turn behind the junk being stored.
-func (m *Monitor) classify(ctx context.Context, stream string, subjects []string, seq uint64) (junk, held []string) {
+func (g *Guard) classify(ctx context.Context, stream string, subjects []string, seq uint64) (junk, held []string) {
 	why := make([]string, len(subjects))
-	var g errgroup.Group
-	g.SetLimit(parallel)
+	var eg errgroup.Group
+	eg.SetLimit(parallel)
 	for i, subj := range subjects {
-		g.Go(func() error {
-			why[i] = m.junkWhy(ctx, stream, subj, seq)
+		eg.Go(func() error {
+			why[i] = g.junkWhy(ctx, stream, subj, seq)
 			return nil
 		})
 	}
-	_ = g.Wait()
+	_ = eg.Wait()
 	for i, subj := range subjects {
 		if why[i] != "" {
 			junk = append(junk, subj)
@@ -426,21 +196,21 @@ func (m *Monitor) classify(ctx context.Context, stream string, subjects []string
 // purgeAll purges each of subjects from stream, several at once. One
 // literal subject a purge: a purge with a wildcard filter reads the whole
 // stream.
-func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string) {
-	var g errgroup.Group
-	g.SetLimit(parallel)
+func (g *Guard) purgeAll(ctx context.Context, stream string, subjects []string) {
+	var eg errgroup.Group
+	eg.SetLimit(parallel)
 	for _, subj := range subjects {
-		g.Go(func() error {
-			n, err := streams.PurgeSubject(ctx, m.js, stream, subj)
+		eg.Go(func() error {
+			n, err := streams.PurgeSubject(ctx, g.js, stream, subj)
 			if err != nil {
-				m.log.Debug("purge junk", "stream", stream, "subject", subj, "err", err)
+				g.log.Debug("purge junk", "stream", stream, "subject", subj, "err", err)
 				return nil
 			}
-			m.junkPurged.WithLabelValues(stream).Add(float64(n))
+			g.junkPurged.WithLabelValues(stream).Add(float64(n))
 			return nil
 		})
 	}
-	_ = g.Wait()
+	_ = eg.Wait()
 }
 
 // sweep purges quarantined worker's junk from stream, whose last sequence
@@ -452,47 +222,47 @@ func (m *Monitor) purgeAll(ctx context.Context, stream string, subjects []string
 // a sweep purged all the junk it listed, the next one starts only when the
 // worker wrote again since (one get from that reading's last sequence): a
 // quarantined worker that stopped writing costs the log nothing more.
-func (m *Monitor) sweep(ctx context.Context, stream, worker string, to uint64) {
+func (g *Guard) sweep(ctx context.Context, stream, worker string, to uint64) {
 	key := stream + " " + worker
-	if from := m.sweptTo[key]; from > 0 {
-		if _, ok, err := streams.NextOfWorkerBare(ctx, m.js, stream, worker, from+1); err == nil && !ok {
+	if from := g.sweptTo[key]; from > 0 {
+		if _, ok, err := streams.NextOfWorkerBare(ctx, g.js, stream, worker, from+1); err == nil && !ok {
 			return
 		}
-		delete(m.sweptTo, key)
+		delete(g.sweptTo, key)
 	}
-	m.mu.Lock()
-	clear := m.swept[key]
-	m.mu.Unlock()
+	g.mu.Lock()
+	clear := g.swept[key]
+	g.mu.Unlock()
 	if clear {
-		if n, err := streams.PurgeWorker(ctx, m.js, stream, worker); err == nil {
-			m.junkPurged.WithLabelValues(stream).Add(float64(n))
-			m.sweptTo[key] = to
+		if n, err := streams.PurgeWorker(ctx, g.js, stream, worker); err == nil {
+			g.junkPurged.WithLabelValues(stream).Add(float64(n))
+			g.sweptTo[key] = to
 		}
 		return
 	}
-	subjects, err := streams.WorkerSubjects(ctx, m.js, stream, worker)
+	subjects, err := streams.WorkerSubjects(ctx, g.js, stream, worker)
 	if err != nil {
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, held := m.classify(ctx, stream, keys, anyOfEnded)
+	junk, held := g.classify(ctx, stream, keys, anyOfEnded)
 	if len(held) > 0 || len(keys) < len(subjects) {
-		m.purgeAll(ctx, stream, junk)
+		g.purgeAll(ctx, stream, junk)
 		if len(keys) == len(subjects) {
-			m.sweptTo[key] = to // what is held is needed until its request is compacted
+			g.sweptTo[key] = to // what is held is needed until its request is compacted
 		}
 		return
 	}
 	// None of its output is needed: everything it wrote, and writes from
 	// now on, goes in one purge a reading.
-	if n, err := streams.PurgeWorker(ctx, m.js, stream, worker); err == nil {
-		m.junkPurged.WithLabelValues(stream).Add(float64(n))
-		m.sweptTo[key] = to
+	if n, err := streams.PurgeWorker(ctx, g.js, stream, worker); err == nil {
+		g.junkPurged.WithLabelValues(stream).Add(float64(n))
+		g.sweptTo[key] = to
 	}
-	m.mu.Lock()
-	m.swept[key] = true
-	m.mu.Unlock()
-	m.log.Info("quarantined worker's output no longer needed: purging all it writes", "worker_id", worker, "stream", stream)
+	g.mu.Lock()
+	g.swept[key] = true
+	g.mu.Unlock()
+	g.log.Info("quarantined worker's output no longer needed: purging all it writes", "worker_id", worker, "stream", stream)
 }
 
 // sortedKeys returns up to n keys of subjects, sorted.

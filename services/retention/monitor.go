@@ -103,19 +103,14 @@ const RetryAfter = time.Second
 // Full, Health) are safe for concurrent use and do no I/O: they answer from
 // the last reading, which Run refreshes every Interval.
 type Monitor struct {
-	js          jetstream.JetStream
-	parts       streams.Partitions
-	cfg         Config
-	log         *slog.Logger
-	used        *prometheus.GaugeVec
-	evicted     *prometheus.CounterVec
-	junkPurged  *prometheus.CounterVec
-	quarantined *prometheus.CounterVec
-	purges      *Pacer
-	turn        int                  // the next live worker guard checks (guardLoop's goroutine only)
-	checked     map[string]uint64    // "stream worker": the partition's last sequence at the worker's last check (guardLoop's)
-	sweptTo     map[string]uint64    // "stream worker": a quarantined worker's junk purged through this sequence (guardLoop's)
-	honest      map[string]time.Time // tokens subject: found not junk, taken as such until then (guardLoop's)
+	js      jetstream.JetStream
+	parts   streams.Partitions
+	cfg     Config
+	log     *slog.Logger
+	used    *prometheus.GaugeVec
+	evicted *prometheus.CounterVec
+	purges  *Pacer
+	ends    endsState // what eviction knows of requests' ends (ends.go)
 
 	mu       sync.Mutex
 	usage    map[string]streams.Usage // by stream
@@ -123,9 +118,6 @@ type Monitor struct {
 	refused  map[string]time.Time     // by stream: when an append was last refused at the limit
 	changed  chan struct{}            // closed and replaced when a partition crosses a mark
 	fullSeen map[string]bool          // by stream: above the high-water mark at the last reading
-	fleet    Fleet
-	swept    map[string]bool   // "stream worker": a quarantined worker none of whose output is needed there
-	routed   map[string]string // "request attempt": the worker it was routed to (routedWorker)
 }
 
 // NewMonitor returns a Monitor of the request log, with its metrics
@@ -142,21 +134,14 @@ func NewMonitor(js jetstream.JetStream, reg prometheus.Registerer, log *slog.Log
 		evicted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_log_evicted_requests_total", Help: "Finished requests whose history this frontend evicted to make room.",
 		}, []string{"stream"}),
-		junkPurged: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_log_junk_purged_messages_total", Help: "Messages this frontend purged from a request stream as junk: written by a worker outside its attempts.",
-		}, []string{"stream"}),
-		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
-		}, []string{"stream"}),
 		usage: map[string]streams.Usage{}, refused: map[string]time.Time{}, fullSeen: map[string]bool{},
-		changed: make(chan struct{}), swept: map[string]bool{}, routed: map[string]string{},
-		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{},
+		changed: make(chan struct{}),
 	}
 	m.purges = NewPacer()
 	m.purges.skipped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "baton_log_compaction_purges_skipped_total", Help: "Compactions whose purge this frontend skipped because 1,024 purges of the stream were waiting: the compact record is stored, the deltas stay until eviction.",
 	}, []string{"stream"})
-	for _, c := range []prometheus.Collector{m.used, m.evicted, m.junkPurged, m.quarantined, m.purges.skipped} {
+	for _, c := range []prometheus.Collector{m.used, m.evicted, m.purges.skipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("retention: register metrics: %w", err)
 		}
@@ -185,12 +170,8 @@ func (m *Monitor) partitions() streams.Partitions {
 func (m *Monitor) HighWater() float64 { return m.cfg.HighWater }
 
 // Run reads the partitions' usage every Interval and evicts while one is
-// above its eviction mark, until ctx is done. It returns nil then. The
-// junk guard runs beside it on readings of its own (guardLoop).
+// above its eviction mark, until ctx is done. It returns nil then.
 func (m *Monitor) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(func() { m.guardLoop(ctx) })
 	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -200,7 +181,7 @@ func (m *Monitor) Run(ctx context.Context) error {
 				continue // the next reading tries again; the last one stands
 			}
 			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
-				m.evict(ctx, u)
+				m.evictChanged(ctx, u)
 			}
 		}
 		select {
@@ -211,55 +192,15 @@ func (m *Monitor) Run(ctx context.Context) error {
 	}
 }
 
-// fastReadings is how many times more often the guard reads a partition
-// that grows fast.
-const fastReadings = 5
-
-// growsFast reports whether a partition grew by more than fastGrowth of its
-// max bytes from reading before to u.
-func growsFast(before, u streams.Usage) bool {
-	return u.MaxBytes > 0 && before.LastSeq > 0 && u.Bytes > before.Bytes &&
-		float64(u.Bytes-before.Bytes) > fastGrowth*float64(u.MaxBytes)
-}
-
-// guardLoop reads every partition's usage each Interval, or fastReadings
-// times as often while one grows fast (a flood, or a burst of work), and
-// runs guard on each, until ctx is done: on a goroutine of its own, with
-// readings of its own, so that its questions (slow under a flood) never
-// hold up eviction or the readings admission answers from, and so that an
-// eviction that takes long (a log full of junk) does not leave the guard
-// without fresh readings. Its readings are admission's too.
-func (m *Monitor) guardLoop(ctx context.Context) {
-	t := time.NewTimer(m.cfg.Interval)
-	defer t.Stop()
-	seen := map[string]streams.Usage{}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		fast := false
-		for _, stream := range m.partitions().Streams() {
-			u, err := m.refresh(ctx, stream)
-			if err != nil {
-				continue
-			}
-			grows := growsFast(seen[stream], u)
-			fast = fast || grows
-			m.guard(ctx, seen[stream], u, grows)
-			seen[stream] = u
-		}
-		next := m.cfg.Interval
-		if fast {
-			next = max(m.cfg.Interval/fastReadings, time.Millisecond)
-		}
-		t.Reset(next)
-	}
-}
-
 func (m *Monitor) evictAt() float64 { return max(m.cfg.HighWater-evictBelowHigh, m.cfg.HighWater/2) }
 func (m *Monitor) evictTo() float64 { return max(m.evictAt()-evictBand, m.evictAt()/2) }
+
+// Read reads stream's usage and records it, as Run does between readings
+// of its own: admission answers from the last reading, whoever took it
+// (the Guard's UsageReader).
+func (m *Monitor) Read(ctx context.Context, stream string) (streams.Usage, error) {
+	return m.refresh(ctx, stream)
+}
 
 // refresh reads stream's usage and records it.
 func (m *Monitor) refresh(ctx context.Context, stream string) (streams.Usage, error) {
@@ -358,11 +299,11 @@ func (m *Monitor) Health() string {
 // enough, from the stream's first message on, every request folded, where
 // a subject no reader folds (a malformed one, or a worker's junk) is
 // purged too. Each pass looks at most at maxScan messages. A request in
-// flight is skipped: it keeps its history.
-func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
+// flight is skipped: it keeps its history. It returns the requests evicted.
+func (m *Monitor) evict(ctx context.Context, u streams.Usage) int {
 	stream, err := m.js.Stream(ctx, u.Stream)
 	if err != nil {
-		return
+		return 0
 	}
 	n, below, err := m.evictEnded(ctx, stream, u)
 	if err != nil { // a server without batched gets (before 2.11): one at a time
@@ -379,6 +320,7 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) {
 		m.log.Debug("evicted finished requests", "stream", u.Stream, "requests", n)
 		_, _ = m.refresh(ctx, u.Stream)
 	}
+	return n
 }
 
 // evictEnded is evict's first pass: the compacted and failed requests,
@@ -490,9 +432,13 @@ func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id stri
 	if last, err := st.GetLastMsgForSubject(ctx, streams.RequestEvents(id)); err == nil {
 		switch last.Header.Get(events.HeaderType) {
 		case events.TypeRequestCompacted, events.TypeRequestFailed:
-			_, err := streams.Evict(ctx, m.js, p, id)
+			err := m.evictOne(ctx, p, id)
 			return err == nil, err
 		}
+	}
+	if m.endedElsewhere(ctx, p.StreamOf(id), id) {
+		err := m.evictOne(ctx, p, id)
+		return err == nil, err
 	}
 	if !fold {
 		return false, nil
@@ -510,6 +456,6 @@ func (m *Monitor) evictRequest(ctx context.Context, st jetstream.Stream, id stri
 	if r.Known() && !r.Status.Terminal() {
 		return false, nil
 	}
-	_, err := streams.Evict(ctx, m.js, p, id)
+	err := m.evictOne(ctx, p, id)
 	return err == nil, err
 }

@@ -39,11 +39,6 @@ type Config struct {
 	LoadInterval          time.Duration  // minimum spacing of load reports whose number of active requests is unchanged; default 100ms
 	Streams               streams.Config // provisioning of streams and buckets
 	Host                  string         // reported host name; default os.Hostname()
-	// BenchEmitTime stamps each token delta with the time the engine emitted
-	// its first token (the header streams.HeaderBenchEmit), for benchmarks
-	// that measure emit-to-client latency. Off in production: off, a delta
-	// carries nothing more.
-	BenchEmitTime bool
 	// BenchLogOff sends token deltas and outcomes over core NATS instead of
 	// appending them to the log, for the benchmark's log-off baseline:
 	// nothing the worker generates is durable (no resume, replay or

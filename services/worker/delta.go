@@ -80,8 +80,6 @@ type deltas struct {
 	sentArr   []sentDelta       // the array sent slides along
 	retryAt   time.Time         // when a repair may try again
 	backoff   time.Duration
-	stampEmit bool          // record emit times (Config.BenchEmitTime)
-	emit      int64         // when the first pending token was emitted (Unix ns)
 	started   time.Time     // when the engine was called (newDeltas)
 	ttft      time.Duration // from started to the engine's first token
 	// full: the log refused an append at a limit (streams.ErrStreamFull):
@@ -95,7 +93,6 @@ type sentDelta struct {
 	offset, end int
 	repair      bool   // a re-send: its range and id are fixed from its first try
 	id          string // the event id of a repair
-	emit        int64  // the streams.HeaderBenchEmit of an original delta
 	future      jetstream.PubAckFuture
 	err         error
 }
@@ -117,9 +114,6 @@ func (d *deltas) add(t engine.Token) {
 	}
 	if d.details != nil {
 		d.details = append(d.details, t.Details)
-	}
-	if d.stampEmit && d.pending() == 0 {
-		d.emit = time.Now().UnixNano()
 	}
 	d.tokens = append(d.tokens, t.Text)
 }
@@ -194,9 +188,6 @@ func (d *deltas) message(s *sentDelta, once bool) (*nats.Msg, error) {
 	if once {
 		delete(h, events.HeaderMsgID)
 	}
-	if s.emit != 0 { // a repair's first token is its original's
-		h[streams.HeaderBenchEmit] = []string{strconv.FormatInt(s.emit, 10)}
-	}
 	if s.offset == 0 && d.ttft > 0 { // the attempt's first delta
 		h[streams.HeaderUpstreamTTFT] = []string{strconv.FormatInt(max(d.ttft.Microseconds(), 1), 10)}
 	}
@@ -253,7 +244,7 @@ func (d *deltas) flush() {
 	if d.repairing() {
 		return
 	}
-	s := d.pushSent(sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit})
+	s := d.pushSent(sentDelta{offset: d.flushed, end: len(d.tokens)})
 	d.flushed = len(d.tokens)
 	d.appendAsync(s)
 }
@@ -367,7 +358,7 @@ func (d *deltas) settle(ctx context.Context) error {
 		d.ack(s)
 	}
 	if d.pending() > 0 {
-		s := sentDelta{offset: d.flushed, end: len(d.tokens), emit: d.emit}
+		s := sentDelta{offset: d.flushed, end: len(d.tokens)}
 		if err := d.appendSync(ctx, &s); err != nil {
 			return fmt.Errorf("tokens at offset %d: %w", d.start+s.offset, err)
 		}

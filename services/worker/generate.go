@@ -170,7 +170,6 @@ func (w *Worker) generate(j *job) {
 	w.notifyLoad()
 
 	out = newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
-	out.stampEmit = w.cfg.BenchEmitTime
 	res, genErr := w.produce(j.ctx, j.cancel, d, j.routed, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
 		// Nothing more of this attempt can be stored, its end included:

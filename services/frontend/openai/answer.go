@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 )
 
 // Choice is what the answer of one choice is made of: a request's tokens,
@@ -27,6 +28,31 @@ func (c Choice) UsageTokens() int {
 		return c.Usage
 	}
 	return c.Total
+}
+
+// Response is request p's answer as its client gets it from a frontend,
+// rendered from its projection alone, for every endpoint, so that a
+// frontend and tools such as baton replay say the same:
+//   - a response (events.EndpointResponses): its response object as it
+//     stands, whatever its status, as GET /v1/responses/{id} answers it,
+//     named public: the id its reader knows it by ("": its client's own);
+//   - a chat or text completion: the non-streaming answer of a completed
+//     request of one choice (chat.completion or text_completion), named by
+//     its client's id whatever public says.
+func Response(p *projections.Request, public string) map[string]any {
+	acc := p.Accepted
+	if acc.Endpoint == events.EndpointResponses {
+		if public == "" {
+			public = openaiID(acc)
+		}
+		obj, _ := renderResponse(public, p, nil)
+		return obj
+	}
+	acc.Model = p.ResponseModel()
+	return Answer(acc, []Choice{{
+		Tokens: p.Tokens(0), Details: p.Details(0), FinishReason: p.FinishReason, Total: p.Len(), PromptTokens: p.PromptTokens(),
+		Usage: p.CompletionTokens(),
+	}})
 }
 
 // Answer is the non-streaming response of acc with one choice per entry of

@@ -1,9 +1,11 @@
 package openai
 
 import (
+	"encoding/json"
 	"testing"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 )
 
 func TestFailureBody(t *testing.T) {
@@ -72,6 +74,64 @@ func TestAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := jsonOf(t, Answer(tc.acc, tc.choices)); got != tc.want {
 				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestResponse: one renderer answers for every endpoint, from the
+// projection alone: a response's replay formerly showed a text_completion
+// named cmpl-…, not the response object its client got.
+func TestResponse(t *testing.T) {
+	fold := func(endpoint, body string) *projections.Request {
+		p := projections.NewRequest()
+		for i, ev := range []events.Event{
+			events.RequestAccepted{RequestID: "alice:r1", Tenant: "alice", Model: "m", Endpoint: endpoint, Body: json.RawMessage(body), PromptTokens: 3, MaxTokens: 8, Created: 100},
+			events.RequestRouted{RequestID: "alice:r1", WorkerID: "w1"},
+			events.TokensGenerated{RequestID: "alice:r1", Tokens: []string{"a", "b"}},
+			events.RequestCompleted{RequestID: "alice:r1", FinishReason: "stop", CompletionTokens: 2},
+		} {
+			p.Apply(events.Envelope{Seq: uint64(i + 1), Event: ev})
+		}
+		return p
+	}
+	text := func(obj map[string]any) any { // a response's output text
+		out, _ := obj["output"].([]map[string]any)
+		if len(out) == 0 {
+			return nil
+		}
+		parts, _ := out[0]["content"].([]map[string]any)
+		if len(parts) == 0 {
+			return nil
+		}
+		return parts[0]["text"]
+	}
+	cases := []struct {
+		name, endpoint, body, public string
+		wantObject, wantID           string
+	}{
+		{name: "chat", endpoint: events.EndpointChat, wantObject: "chat.completion", wantID: "chatcmpl-r1"},
+		{name: "chat: public does not rename it", endpoint: events.EndpointChat, public: "alice:r1", wantObject: "chat.completion", wantID: "chatcmpl-r1"},
+		{name: "completions", endpoint: events.EndpointCompletions, wantObject: "text_completion", wantID: "cmpl-r1"},
+		{name: "response, named by its client's id", endpoint: events.EndpointResponses, body: `{"model":"m","input":"hi"}`, wantObject: "response", wantID: "r1"},
+		{name: "response, named as its reader knows it", endpoint: events.EndpointResponses, body: `{"model":"m","input":"hi"}`, public: "alice:r1", wantObject: "response", wantID: "alice:r1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := fold(tc.endpoint, tc.body)
+			got := Response(p, tc.public)
+			if got["object"] != tc.wantObject || got["id"] != tc.wantID {
+				t.Fatalf("got object %v id %v, want %s %s", got["object"], got["id"], tc.wantObject, tc.wantID)
+			}
+			if tc.endpoint != events.EndpointResponses {
+				return
+			}
+			want, _ := renderResponse(tc.wantID, p, nil)
+			if g, w := jsonOf(t, got), jsonOf(t, want); g != w {
+				t.Errorf("got  %s\nwant %s (the frontend's rendering)", g, w)
+			}
+			if got["status"] != "completed" || text(got) != "ab" {
+				t.Errorf("got status %v, text %v; want completed, ab", got["status"], text(got))
 			}
 		})
 	}

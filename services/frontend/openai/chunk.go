@@ -6,21 +6,7 @@ import (
 	"strings"
 
 	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/projections"
 )
-
-// Response is the non-streaming answer to request p as a client gets it
-// from a frontend (for a completed request), rebuilt from the log: the
-// same rendering as the frontend's, for tools such as baton replay (for a
-// response, its response object, named by its internal id).
-func Response(p *projections.Request) map[string]any {
-	acc := p.Accepted
-	acc.Model = p.ResponseModel()
-	return Answer(acc, []Choice{{
-		Tokens: p.Tokens(0), Details: p.Details(0), FinishReason: p.FinishReason, Total: p.Len(), PromptTokens: p.PromptTokens(),
-		Usage: p.CompletionTokens(),
-	}})
-}
 
 // rendered is what a run of tokens said, merged: text, and what the engine
 // said beyond it (tool-call deltas, logprobs, reasoning, refusal; see

@@ -94,22 +94,6 @@ func (s *SSE) chunk(id int, choice map[string]any, usage map[string]any) {
 	s.event(id, data)
 }
 
-// Emits writes the emit times of the next event's tokens as an SSE comment
-// (": emit <unix ns> ..."), which clients ignore; only a worker run for a
-// benchmark records them.
-func (s *SSE) Emits(ns []int64) {
-	if s.err != nil {
-		return
-	}
-	s.buf = append(s.buf[:0], ": emit"...)
-	for _, v := range ns {
-		s.buf = append(s.buf, ' ')
-		s.buf = strconv.AppendInt(s.buf, v, 10)
-	}
-	s.buf = append(s.buf, '\n')
-	_, s.err = s.w.Write(s.buf)
-}
-
 // Delta writes the chunk of choice index carrying tokens and their details
 // (see chunk.go); first names the role of a chat choice.
 func (s *SSE) Delta(id, index int, tokens []string, details []json.RawMessage, first bool) {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -25,8 +26,8 @@ func TestAPI(t *testing.T) {
 		want                error
 	}{
 		{name: "served", model: "m"},
-		{name: "unknown model", model: "x", want: ErrUnknownModel},
-		{name: "pinned to a worker not in discovery", model: "m", pinned: "w9", want: ErrWorkerNotFound},
+		{name: "unknown model", model: "x", want: fleet.ErrUnknownModel},
+		{name: "pinned to a worker not in discovery", model: "m", pinned: "w9", want: fleet.ErrWorkerNotFound},
 		{name: "pinned", model: "m", pinned: "w1"},
 	} {
 		if got := rn.Admit(tc.model, events.EndpointCompletions, tc.pinned); !errors.Is(got, tc.want) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 )
@@ -30,7 +31,11 @@ func (rn *Runner) Cancel(ctx context.Context, id, mode, reason, tenant string) e
 			continue
 		}
 		if !p.Status.Terminal() {
-			if err := rn.appendCancel(ctx, cur, mode, reason, tenant); err != nil {
+			err := rn.appendCancel(ctx, cur, mode, reason, tenant)
+			if errors.Is(err, streams.ErrStreamFull) && mode == events.CancelKill {
+				err = rn.storeKill(ctx, p, reason, tenant) // a kill is an end: it always fits
+			}
+			if err != nil {
 				errs = append(errs, err)
 			} else {
 				rn.commandCancel(p, mode, reason)

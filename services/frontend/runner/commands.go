@@ -171,7 +171,7 @@ func (rn *Runner) check(ctx context.Context, subject string, data []byte) stream
 		return streams.CheckReply{}
 	}
 	cmd := attemptCommand(p, c.Attempt)
-	if cmd != nil || !c.Detach || p.Owner == "" || rn.presence.isAlive(p.Owner) {
+	if cmd != nil || !c.Detach || p.Owner == "" || rn.fleet.FrontendAlive(p.Owner) {
 		return streams.CheckReply{Command: cmd, Owner: p.Owner}
 	}
 	reason := "detached: frontend " + p.Owner + " is gone and no client re-attached"

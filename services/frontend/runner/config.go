@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"time"
@@ -10,18 +9,17 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
-// Config configures the runtime. Zero values mean the documented defaults
-// (CONTRACT.md names the flags and variables); the frontend maps its own
-// Config, which users set, onto it.
+// Config configures the runtime. Zero values mean the documented defaults,
+// applied once, by New (CONTRACT.md names the flags and variables); the
+// frontend's Config holds it whole (frontend.Config.Runtime), and cmd/baton
+// binds the flags straight into it.
 type Config struct {
 	ID string // the frontend's id: owner and source of what it decides; required
 
-	// The migration policy (migrations.Policy) and routing.
-	MigrationLimit               int           // re-dispatches one request may have; 0: migration off
-	MigrationMaxSeqLen           int           // prompt + generated tokens past which a request stops migrating; 0: unset
-	InhibitedDuration            time.Duration // how long a worker that failed a request leaves routing; default 5s, negative: off
-	ActiveDecodeBlocksThreshold  *float64      // a worker is busy past this share of used KV blocks (0..1); nil: unset
-	ActivePrefillTokensThreshold *int          // a worker is busy past this many queued prefill tokens; nil: unset
+	// The migration policy (migrations.Policy); routing is the fleet's
+	// (fleet.Config).
+	MigrationLimit     int // re-dispatches one request may have; 0: migration off
+	MigrationMaxSeqLen int // prompt + generated tokens past which a request stops migrating; 0: unset
 
 	// Timers of a running request.
 	StallTimeout    time.Duration // silence of a worker that counts as its failure; default 30s
@@ -29,13 +27,12 @@ type Config struct {
 	DispatchTimeout time.Duration // wait for a worker's answer to a dispatch; default 2s
 
 	// Limits the runtime enforces.
-	MaxPromptTokens int // sent with each dispatch: the engine's bound on the prompt in its own tokens; default 32768
+	// MaxPromptTokens bounds a prompt in the engine's tokens; default 32768.
+	// It is sent with each dispatch, and the engine checks it in its own
+	// tokens; the edge refuses before dispatch a prompt of more
+	// whitespace-separated words than this, a word being at least one token.
+	MaxPromptTokens int
 	MaxChildren     int // children one request may have; Start checks the log keeps room for a cancel after them; default 1024
-
-	// SystemURL (NATS URL with system-account credentials) and SystemTLS,
-	// if set, receive disconnect advisories: the fast path for crashes.
-	SystemURL string
-	SystemTLS *tls.Config
 
 	Streams      streams.Config   // provisioning and retention of the log
 	Log          retention.Config // the log's lifecycle: the high-water mark above which new requests are refused (ErrLogFull), eviction
@@ -44,18 +41,14 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultInhibitedDuration = 5 * time.Second
-	DefaultStallTimeout      = 30 * time.Second
-	DefaultDetachTimeout     = 120 * time.Second
-	DefaultDispatchTimeout   = 2 * time.Second
-	DefaultMaxPromptTokens   = 32768
-	DefaultMaxChildren       = 1024
+	DefaultStallTimeout    = 30 * time.Second
+	DefaultDetachTimeout   = 120 * time.Second
+	DefaultDispatchTimeout = 2 * time.Second
+	DefaultMaxPromptTokens = 32768
+	DefaultMaxChildren     = 1024
 )
 
 func (c Config) withDefaults() Config {
-	if c.InhibitedDuration == 0 {
-		c.InhibitedDuration = DefaultInhibitedDuration
-	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = DefaultStallTimeout
 	}
@@ -74,7 +67,8 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports every problem with c. An empty ID is left to New.
+// Validate reports every problem with c. An empty ID is left to New (the
+// frontend draws one).
 func (c Config) Validate() error {
 	var errs []error
 	if c.ID != "" && !streams.ValidID(c.ID) {
@@ -85,12 +79,6 @@ func (c Config) Validate() error {
 	}
 	if c.MigrationMaxSeqLen < 0 {
 		errs = append(errs, fmt.Errorf("migration max seq len %d: must not be negative", c.MigrationMaxSeqLen))
-	}
-	if t := c.ActiveDecodeBlocksThreshold; t != nil && (*t < 0 || *t > 1) {
-		errs = append(errs, fmt.Errorf("active decode blocks threshold %v: want 0 to 1", *t))
-	}
-	if t := c.ActivePrefillTokensThreshold; t != nil && *t < 0 {
-		errs = append(errs, fmt.Errorf("active prefill tokens threshold %d: must not be negative", *t))
 	}
 	for name, d := range map[string]time.Duration{
 		"stall timeout": c.StallTimeout, "detach timeout": c.DetachTimeout, "dispatch timeout": c.DispatchTimeout,

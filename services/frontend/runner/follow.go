@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -18,7 +19,7 @@ import (
 const maxQueued = 4096
 
 // errStopped means the follower was stopped.
-var errStopped = errors.New("frontend: follower stopped")
+var errStopped = errors.New("runner: follower stopped")
 
 // follower keeps one request's projection current from the log without a
 // consumer: the request's republished messages (from the frontend's one live
@@ -39,12 +40,12 @@ type follower struct {
 	id      string
 	js      jetstream.JetStream
 	parts   streams.Partitions
-	changed *Signal // any event applied
+	changed *notify.Signal // any event applied
 	// decided is notified when an event other than a token delta is
 	// applied (and by whoever must wake the runner): the runner
 	// waits on it, not on every token, unless --migration-max-seq-len makes
 	// it count tokens; a stall is caught by its timer.
-	decided *Signal
+	decided *notify.Signal
 	subs    *live
 	stopped chan struct{} // closed by stop
 	done    chan struct{} // closed by stop once run returned
@@ -62,7 +63,6 @@ type follower struct {
 	proj       *projections.Request
 	lastBySubj subjectSeqs // last stream sequence seen per stored subject
 	progress   time.Time   // when the last token was accepted
-	emits      emitTimes   // benchmarks only (--bench-emit-time)
 	timing     timing      // where the time before the first token went
 	err        error       // a catch-up failure; readers surface it
 }
@@ -72,7 +72,7 @@ type follower struct {
 // the request log's layout: the history is read from id's partition.
 func follow(ctx context.Context, lv *live, js jetstream.JetStream, parts streams.Partitions, id string, history bool) (*follower, error) {
 	f := &follower{
-		id: id, js: js, parts: parts, changed: NewSignal(), decided: NewSignal(), subs: lv,
+		id: id, js: js, parts: parts, changed: notify.NewSignal(), decided: notify.NewSignal(), subs: lv,
 		stopped: make(chan struct{}), done: make(chan struct{}),
 		proj: projections.NewRequest(), progress: time.Now(),
 	}
@@ -169,6 +169,15 @@ func (f *follower) applyLive(m *nats.Msg) (changed, ok bool) {
 		return false, false
 	}
 	return f.applyLiveLocked(l), true
+}
+
+// readAgain has run read the log past what was applied (an end was stored
+// in the ends place), without waiting for it.
+func (f *follower) readAgain() {
+	f.qmu.Lock()
+	f.overflow = true
+	f.qmu.Unlock()
+	f.poke()
 }
 
 // poke has run do what was queued: it starts run unless it runs (it then
@@ -340,7 +349,6 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 	changed := f.proj.Apply(e)
 	if n := f.proj.Len(); n != before {
 		f.progress = time.Now()
-		f.emits.note(e, before, n)
 		f.timing.note(e, before)
 	}
 	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {

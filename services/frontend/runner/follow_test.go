@@ -267,3 +267,42 @@ func TestSubjectSeqs(t *testing.T) {
 		t.Errorf("got %d subjects, want %d", got, want)
 	}
 }
+
+// TestFollowerReadsAnEndFromTheEndsPlace: a follower that does not own the
+// request learns its end when the owner stores it in the ends place (the
+// log had no room for it): the end is applied after what the owner had
+// folded, and a token the log stored later is not read.
+func TestFollowerReadsAnEndFromTheEndsPlace(t *testing.T) {
+	x, s := newFollowFixture(t)
+	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
+	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+	x.tokens(0, "a ")
+	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.stop()
+	x.tokens(1, "b ") // stored after the owner's decision: not read
+	if err := f.waitFor(x.ctx, textIs("a b ")); err != nil {
+		t.Fatal(err)
+	}
+	failed := events.RequestFailed{RequestID: "r1", Code: "log_full", Status: 503, Offset: 1}
+	end := events.RequestEnded{RequestID: "r1", Frontend: "fe-1", Through: 3, Failed: &failed}
+	if ok, err := streams.StoreEnd(x.ctx, x.log, "r1.ended", end, 1); !ok || err != nil {
+		t.Fatalf("store the end: %v %v", ok, err)
+	}
+	if err := f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status == projections.StatusFailed }); err != nil {
+		t.Fatalf("the end never reached the follower: %v", err)
+	}
+	// A fresh read of the log alone folds the owner's view: one token.
+	g, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.stop()
+	g.view(func(p *projections.Request) {
+		if p.Status != projections.StatusFailed || p.Text() != "a " || p.Failure.Code != "log_full" {
+			t.Errorf("a fresh follower folds %s %q %+v, want failed after \"a \" with log_full", p.Status, p.Text(), p.Failure)
+		}
+	})
+}

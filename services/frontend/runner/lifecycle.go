@@ -50,6 +50,7 @@ func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.Reques
 	t.f.apply(rn.events.Envelope(events.ID(t.id, "failed"), t.id, ev))
 	t.f.changed.Notify()
 	rn.log.Error("request log full: request ended", "request_id", t.id, "code", ev.Code)
+	rn.storeEnd(ctx, t) // where deltas cannot crowd it out; the log gets it too once there is room
 	deadline := time.Now().Add(logFullPatience)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		rn.waitStep(ctx, time.Now().Add(logFullRetry), nil, nil, nil)
@@ -66,7 +67,7 @@ func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.Reques
 // requests keep their deltas (eviction still bounds the log), and the first
 // time this frontend holds back it says why.
 func (rn *Runner) everyoneReadsCompacted() bool {
-	for _, f := range rn.presence.members() {
+	for _, f := range rn.fleet.Frontends() {
 		if !f.ReadsCompacted {
 			if rn.holdBack.CompareAndSwap(false, true) {
 				rn.log.Info("not compacting finished requests: a live frontend of an earlier release does not read compact records",
@@ -81,10 +82,11 @@ func (rn *Runner) everyoneReadsCompacted() bool {
 // compact stores the compact record of t, a finished request this frontend
 // owns, and purges its deltas (retention.Compact). A decision stored
 // meanwhile makes it read the log and try again; it gives up after three
-// tries, leaving the deltas for eviction.
-func (rn *Runner) compact(ctx context.Context, t *Request) {
+// tries, leaving the deltas for eviction. It reports whether the log holds
+// the record (stored now or before).
+func (rn *Runner) compact(ctx context.Context, t *Request) bool {
 	if rn.cfg.NoCompaction || !rn.everyoneReadsCompacted() {
-		return
+		return false
 	}
 	for range 3 {
 		var plan *retention.Plan
@@ -101,20 +103,23 @@ func (rn *Runner) compact(ctx context.Context, t *Request) {
 			}
 		})
 		if !owned || errors.Is(err, retention.ErrNotFinished) {
-			return
+			return false
 		}
 		if err == nil {
 			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through, rn.room.Purges())
 		}
 		if err == nil || errors.Is(err, retention.ErrPurgeSkipped) { // counted by the Pacer
-			return
+			return true
 		}
 		if !errors.Is(err, streams.ErrConflict) {
-			if ctx.Err() == nil {
+			if errors.Is(err, streams.ErrStreamFull) {
+				rn.room.Refused(t.id)
+			} else if ctx.Err() == nil {
 				rn.log.Warn("compact finished request", "request_id", t.id, "err", err)
 			}
-			return
+			return false
 		}
 		rn.catchUp(ctx, t)
 	}
+	return false
 }

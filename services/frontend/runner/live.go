@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -44,6 +45,7 @@ type live struct {
 	followers map[string][]*follower
 
 	slots [streams.Slots]liveSlot
+	ends  *nats.Subscription // the ends place's republished ends (streams.EndsLive), rare: one for every request
 }
 
 // liveSlot is the subscription of one hash slot.
@@ -55,7 +57,29 @@ type liveSlot struct {
 }
 
 func newLive(nc *nats.Conn) (*live, error) {
-	return &live{nc: nc, followers: map[string][]*follower{}}, nil
+	l := &live{nc: nc, followers: map[string][]*follower{}}
+	sub, err := nc.Subscribe(streams.EndsLive(), l.deliverEnd)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to %s: %w", streams.EndsLive(), err)
+	}
+	l.ends = sub
+	return l, nil
+}
+
+// deliverEnd tells the followers of a request whose end was stored in the
+// ends place to read the log, which yields the end in its position
+// (streams.ReadRequest).
+func (l *live) deliverEnd(m *nats.Msg) {
+	id, ok := streams.RequestIDOfEnd(m.Subject)
+	if !ok {
+		return
+	}
+	l.mu.RLock()
+	fs := l.followers[id]
+	l.mu.RUnlock()
+	for _, f := range fs {
+		f.readAgain()
+	}
 }
 
 func (l *live) deliver(m *nats.Msg) {
@@ -145,6 +169,7 @@ func (l *live) remove(f *follower) {
 
 // close ends every subscription.
 func (l *live) close() error {
+	_ = l.ends.Unsubscribe()
 	for k := range l.slots {
 		s := &l.slots[k]
 		s.mu.Lock()

@@ -2,14 +2,12 @@ package runner
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -19,28 +17,21 @@ import (
 // streams.Session renews it at a third of that.
 const presenceTTL = 6 * time.Second
 
-// presence keeps this frontend's key alive in the frontends bucket and
-// watches everyone's: a request whose owner's key is gone may be taken over.
+// presence keeps this frontend's key alive in the frontends bucket: while
+// it lives, no other frontend takes this one's requests over. The fleet view
+// (Fleet.FrontendAlive) watches everyone's keys.
 type presence struct {
-	kv      jetstream.KeyValue
-	changed *Signal
-
 	mu      sync.Mutex
-	view    *projections.Frontends
-	session *streams.Session[events.FrontendPresence] // this frontend's key
+	session *streams.Session[events.FrontendPresence]
 }
 
-func newPresence() *presence {
-	return &presence{changed: NewSignal(), view: projections.NewFrontends()}
-}
-
-// start registers id and starts renewing and watching, in goroutines on g.
+// start registers v and renews it until ctx is done, in a goroutine on g;
+// startCtx bounds the registration.
 func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, v events.FrontendPresence, g *errgroup.Group) error {
 	kv, err := js.KeyValue(startCtx, streams.FrontendsBucket)
 	if err != nil {
 		return fmt.Errorf("open bucket %s: %w", streams.FrontendsBucket, err)
 	}
-	p.kv = kv
 	v.PID = os.Getpid()
 	v.Host, _ = os.Hostname()
 	// By fiat, not exclusive: the frontend's id is its own, and a key
@@ -50,11 +41,6 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 	if err != nil {
 		return fmt.Errorf("register frontend %s: %w", v.FrontendID, err)
 	}
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		s.Close()
-		return fmt.Errorf("watch %s: %w", streams.FrontendsBucket, err)
-	}
 	p.mu.Lock()
 	p.session = s
 	p.mu.Unlock()
@@ -63,46 +49,6 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 		s.Close() // after revoke, or without deleting the key if Run ends otherwise
 		return nil
 	})
-	g.Go(func() error {
-		streams.Watch(ctx, w, func(e jetstream.KeyValueEntry) {
-			p.mu.Lock()
-			changed := p.view.Apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
-				Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()})
-			p.mu.Unlock()
-			if changed {
-				p.changed.Notify() // membership changed; renewals wake nobody
-			}
-		}, nil)
-		return nil
-	})
-	return nil
-}
-
-// isAlive reports whether frontend id holds a live key.
-func (p *presence) isAlive(id string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.view.Alive(id)
-}
-
-// connectedAs returns the frontends whose NATS connection is client id on
-// server.
-func (p *presence) connectedAs(client uint64, server string) []projections.Frontend {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.view.ConnectedAs(client, server)
-}
-
-// expire deletes the key of a frontend whose connection closed, if it still
-// holds the given revision, so its requests can be taken over at once.
-func (p *presence) expire(ctx context.Context, e projections.Frontend) error {
-	err := p.kv.Delete(ctx, e.FrontendID, jetstream.LastRevision(e.Revision))
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		if errors.Is(streams.Translate(err), streams.ErrRevisionMismatch) {
-			return nil // renewed meanwhile: alive after all
-		}
-		return fmt.Errorf("expire frontend %s: %w", e.FrontendID, err)
-	}
 	return nil
 }
 
@@ -118,18 +64,4 @@ func (p *presence) revoke(ctx context.Context) error {
 		return fmt.Errorf("deregister frontend: %w", err)
 	}
 	return nil
-}
-
-// members returns the live frontends.
-func (p *presence) members() []projections.Frontend {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.view.Members()
-}
-
-// known returns the live frontends and those that departed.
-func (p *presence) known() []projections.Frontend {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return append(p.view.Members(), p.view.Departed()...)
 }

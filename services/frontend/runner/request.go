@@ -72,7 +72,7 @@ func (t *Request) takeEarly() *heldDispatch {
 }
 
 // ErrExists means a request with that id is already in the log.
-var ErrExists = errors.New("frontend: request exists")
+var ErrExists = errors.New("runner: request exists")
 
 // register adds t to the requests this frontend follows, with one reference
 // held by the caller. The follower stops when the last reference is released.
@@ -264,7 +264,7 @@ func (rn *Runner) ensureOwner(ctx context.Context, t *Request) {
 		case owner == rn.id:
 			rn.startRunner(t)
 			return
-		case rn.presence.isAlive(owner):
+		case rn.fleet.FrontendAlive(owner):
 			return // its owner is alive and runs it
 		}
 		seq := t.f.eventsSeq()

@@ -11,6 +11,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
 )
@@ -35,12 +36,12 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		// every token: a stall has its own timer), and discovery's members
 		// while an attempt runs (not its load reports, which only choosing
 		// a worker needs).
-		fch, dch, tch := t.f.decided.C(), rn.disc.changed.C(), t.f.changed.C()
+		fch, dch, tch := t.f.decided.C(), rn.fleet.WorkersChanged(), t.f.changed.C()
 		if rn.cfg.MigrationMaxSeqLen > 0 {
 			fch = tch // every token counts towards the limit
 		}
 		if mem.Watch.Active {
-			dch = rn.disc.members.C()
+			dch = rn.fleet.MembersChanged()
 		}
 		obs := migrations.Observation{DetachedSince: rn.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
 		lch := rn.room.Changed()
@@ -52,7 +53,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			relayed.note(p)
 			obs.LastProgress = progress
 			if cur, ok := p.Current(); ok {
-				w, present := rn.disc.get(cur.WorkerID)
+				w, present := rn.fleet.Worker(cur.WorkerID)
 				// A quarantined worker's output is not to be waited for.
 				present = present && w.State != projections.WorkerQuarantined
 				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
@@ -74,7 +75,9 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		rn.report(model, endpoint, a.Report)
 		switch a.Kind {
 		case migrations.Stop:
-			rn.compact(ctx, t)
+			if !rn.compact(ctx, t) {
+				rn.storeEnd(ctx, t) // not the last word of its events subject: eviction finds it there
+			}
 			return
 		case migrations.Wait:
 			rn.waitStep(ctx, a.Until, fch, dch, lch)
@@ -169,9 +172,9 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		}
 		rn.abandon(h)
 	}
-	w, done, err := rn.pickWorker(d, a.Pinned, a.Exclude)
+	w, done, err := rn.fleet.Pick(d, a.Pinned, a.Exclude)
 	if err != nil {
-		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, ErrAllBusy), Err: err.Error()}, nil
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, fleet.ErrAllBusy), Err: err.Error()}, nil
 	}
 	if w.HoldsUntilRouted {
 		return rn.routeHeld(ctx, t, rn.sendHeld(ctx, w, done, d))
@@ -308,7 +311,7 @@ func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldD
 	if a.Kind != migrations.DispatchNext {
 		return nil
 	}
-	w, done, err := rn.pickWorker(a.Dispatch, a.Pinned, a.Exclude)
+	w, done, err := rn.fleet.Pick(a.Dispatch, a.Pinned, a.Exclude)
 	if err != nil {
 		return nil
 	}
@@ -340,31 +343,6 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	})
 }
 
-// pickWorker chooses the worker of dispatch d and reserves it in the
-// router (done ends the reservation; nil on error), so that concurrent
-// dispatches see each other's choices.
-func (rn *Runner) pickWorker(d events.Dispatch, pinned string, exclude []string) (projections.Worker, func(), error) {
-	model := d.Model
-	if pinned != "" {
-		w, ok := rn.disc.get(pinned)
-		if !ok || !w.Routable() || w.Model != model {
-			return projections.Worker{}, nil, fmt.Errorf("%w: %s", errNotPinned, pinned)
-		}
-		return w, rn.router.track(w.ID), nil
-	}
-	var cands []projections.Worker
-	rn.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
-	cands, err := capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
-	if err != nil {
-		return projections.Worker{}, nil, err
-	}
-	skip := make(map[string]bool, len(exclude))
-	for _, id := range exclude {
-		skip[id] = true
-	}
-	return rn.router.reserve(cands, skip, d.Attempt > 0)
-}
-
 // sendDispatch sends d to workerID and waits for its answer; it sets the
 // frontend's prompt limit on it.
 func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
@@ -393,7 +371,7 @@ func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Actio
 	if a.AppendFence {
 		rn.appendFence(ctx, a.Fence)
 	}
-	if w, ok := rn.disc.get(a.Fence.WorkerID); ok && a.Inhibit && rn.router.inhibit(w, a.InhibitFor) {
+	if w, ok := rn.fleet.Worker(a.Fence.WorkerID); ok && a.Inhibit && rn.fleet.Inhibit(w, a.InhibitFor) {
 		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()
 	}
 	rn.waitClosed(ctx, t, a.Fence.Attempt)

@@ -12,9 +12,12 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
@@ -37,11 +40,14 @@ type fakeWorker struct {
 }
 
 // runnerFixture is a runtime whose runner is driven directly (no HTTP, no
-// Run), with workers injected into its discovery and faked on core NATS.
+// Run), routing with a running fleet view whose workers' leases the fixture
+// puts, and faked on core NATS.
 type runnerFixture struct {
 	t   *testing.T
 	ctx context.Context
 	rn  *Runner
+	fl  *fleet.Fleet
+	js  jetstream.JetStream
 	reg *prometheus.Registry
 	log *streams.Log
 	wg  sync.WaitGroup // fake workers' writes in flight
@@ -50,7 +56,7 @@ type runnerFixture struct {
 	commands   []streams.Command        // what the fake workers received
 	dispatches []events.Dispatch        // what they were sent
 	routed     map[string]chan struct{} // per request: closed at its routed command
-	changed    *Signal                  // a command or dispatch came
+	changed    *notify.Signal           // a command or dispatch came
 }
 
 func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
@@ -59,17 +65,27 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	reg := prometheus.NewRegistry()
-	rn, err := New(s.Connect(t), nil, reg, Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}})
+	fl, err := fleet.New(s.Connect(t), "fe", nil, fleet.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &runnerFixture{t: t, ctx: ctx, rn: rn, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: NewSignal()}
+	fctx, stopFleet := context.WithCancel(context.Background())
+	fleetDone := make(chan error, 1)
+	go func() { fleetDone <- fl.Run(fctx) }()
+	t.Cleanup(func() {
+		stopFleet()
+		if err := <-fleetDone; err != nil {
+			t.Errorf("fleet: %v", err)
+		}
+	})
+	rn, err := New(s.Connect(t), fl, nil, reg, Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &runnerFixture{t: t, ctx: ctx, rn: rn, fl: fl, js: js, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: notify.NewSignal()}
 	nc := s.Connect(t)
-	for i, w := range workers {
-		rn.disc.update(func(v *projections.Discovery) bool {
-			return v.ApplyLease(projections.LeaseUpdate{Key: w.id, Revision: uint64(i + 1),
-				Lease: &events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m", HoldsUntilRouted: w.holds}})
-		})
+	for _, w := range workers {
+		x.put(streams.LeasesBucket, w.id, events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m", HoldsUntilRouted: w.holds})
 		if _, err := nc.Subscribe(streams.DispatchSubject(w.id), func(m *nats.Msg) { x.serve(w, m) }); err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +96,50 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	x.waitFleet("every worker", func() bool {
+		for _, w := range workers {
+			if _, ok := fl.Worker(w.id); !ok {
+				return false
+			}
+		}
+		return true
+	})
 	return x
+}
+
+// put writes v as key's value in bucket.
+func (x *runnerFixture) put(bucket, key string, v any) {
+	kv, err := x.js.KeyValue(x.ctx, bucket)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	data, _ := json.Marshal(v)
+	if _, err := kv.Put(x.ctx, key, data); err != nil {
+		x.t.Fatal(err)
+	}
+}
+
+// waitFleet waits until the fleet view satisfies cond.
+func (x *runnerFixture) waitFleet(what string, cond func() bool) {
+	x.t.Helper()
+	for {
+		ch := x.fl.WorkersChanged()
+		if cond() {
+			return
+		}
+		select {
+		case <-ch:
+		case <-x.ctx.Done():
+			x.t.Fatalf("the fleet view never saw %s", what)
+		}
+	}
+}
+
+// busy reports one active request of worker id, so that another worker is
+// the least loaded, tried first.
+func (x *runnerFixture) busy(id string) {
+	x.put(streams.LoadBucket, id, events.Load{WorkerID: id, ActiveRequests: 1})
+	x.waitFleet(id+"'s load", func() bool { w, _ := x.fl.Worker(id); return w.Load.ActiveRequests == 1 })
 }
 
 func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
@@ -237,14 +296,11 @@ func (x *runnerFixture) counter(name, label, value string) float64 {
 // worker with no migration and no inhibition.
 func TestRunnerRefusalIsNoMigration(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", refuse: streams.RefusedBusy}, fakeWorker{id: "w2"})
-	x.rn.router.active["w2"] = 1 // w1 is the less loaded: tried first
+	x.busy("w2") // w1 is the less loaded: tried first
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 0 || st.Worker != "w2" || len(st.Attempts) != 2 ||
 		st.Attempts[0].WorkerID != "w1" || st.Attempts[0].CloseReason != "refused_busy" {
 		t.Fatalf("state %+v: want w1 refused, then completed on w2 with no migration", st)
-	}
-	if w, _ := x.rn.disc.get("w1"); x.rn.router.isInhibited(w) {
-		t.Error("w1 inhibited after a refusal")
 	}
 	if got := x.migrations(events.MigrationNewRequest) + x.migrations(events.MigrationOngoingRequest); got != 0 {
 		t.Errorf("migrations counted %v, want 0", got)
@@ -260,7 +316,7 @@ func TestRunnerRefusalIsNoMigration(t *testing.T) {
 func TestRunnerDispatchUnanswered(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", silent: true}, fakeWorker{id: "w2"})
 	x.rn.cfg.DispatchTimeout = 100 * time.Millisecond
-	x.rn.router.active["w2"] = 1 // w1 is the less loaded: tried first
+	x.busy("w2") // w1 is the less loaded: tried first
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest || st.Worker != "w2" {
 		t.Fatalf("state %+v: want one new_request migration, completed on w2", st)
@@ -290,7 +346,7 @@ func TestRunnerDispatchUnanswered(t *testing.T) {
 func TestRunnerUpstreamUnavailable(t *testing.T) {
 	fail := &events.AttemptFailed{Reason: "engine_error", Class: events.FailureUnavailable, Status: 429, RetryAfterMS: 60_000}
 	x := newRunnerFixture(t, fakeWorker{id: "w1", fail: fail}, fakeWorker{id: "w2"})
-	x.rn.router.active["w2"] = 1
+	x.busy("w2")
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest ||
 		st.Migrations[0].FromWorker != "w1" || st.Worker != "w2" {
@@ -298,9 +354,6 @@ func TestRunnerUpstreamUnavailable(t *testing.T) {
 	}
 	if got := x.migrations(events.MigrationNewRequest); got != 1 {
 		t.Errorf("new_request migrations counted %v, want 1", got)
-	}
-	if w, _ := x.rn.disc.get("w1"); !x.rn.router.isInhibited(w) {
-		t.Error("w1 not inhibited after its upstream was unavailable")
 	}
 	if got := x.counter("baton_frontend_worker_inhibitions_total", "worker_id", "w1"); got != 1 {
 		t.Errorf("inhibitions of w1 counted %v, want 1", got)
@@ -312,14 +365,14 @@ func TestRunnerUpstreamUnavailable(t *testing.T) {
 func TestRunnerClientError(t *testing.T) {
 	fail := &events.AttemptFailed{Reason: "engine_error", Class: events.FailureClient, Status: 422, Code: "context_length_exceeded", Message: "too long"}
 	x := newRunnerFixture(t, fakeWorker{id: "w1", fail: fail}, fakeWorker{id: "w2"})
-	x.rn.router.active["w2"] = 1
+	x.busy("w2")
 	st := x.run("r")
 	if st.Status != "failed" || st.Failure == nil || st.Failure.Status != 422 || st.Failure.Code != "context_length_exceeded" ||
 		len(st.Migrations) != 0 || len(st.Attempts) != 1 || st.Attempts[0].WorkerID != "w1" {
 		t.Fatalf("state %+v failure %+v: want failed with 422 context_length_exceeded and no migration", st, st.Failure)
 	}
-	if w, _ := x.rn.disc.get("w1"); x.rn.router.isInhibited(w) {
-		t.Error("w1 inhibited after the upstream rejected the request itself")
+	if got := x.counter("baton_frontend_worker_inhibitions_total", "worker_id", "w1"); got != 0 {
+		t.Errorf("inhibitions of w1 counted %v after the upstream rejected the request itself, want 0", got)
 	}
 }
 

@@ -8,11 +8,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
-	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -33,12 +31,13 @@ type Runner struct {
 	parts    streams.Partitions // the request log's layout, set by Start before anything reads it
 	events   *streams.Log
 	metrics  *metrics
-	disc     *discovery
-	presence *presence
-	router   *router
+	fleet    Fleet    // the workers to route to, the frontends that own requests
+	presence presence // this frontend's own key
 	policy   migrations.Policy
 	room     *retention.Monitor // how full the request log is; evicts finished requests
+	guard    *retention.Guard   // purges workers' junk from the request log, quarantines who writes it
 	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
+	ended    pendingEnds        // ends the ends place did not take yet (ends.go)
 
 	launch  chan *Request // requests whose runner runRunners should start
 	claims  chan *Request // requests runRunners should take over if their owner is gone
@@ -54,9 +53,10 @@ type Runner struct {
 	requests map[string]*Request
 }
 
-// New builds the runtime of frontend cfg.ID on connection nc; reg receives
-// its metrics.
-func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Runner, error) {
+// New builds the runtime of frontend cfg.ID on connection nc, routing with
+// fl; reg receives its metrics. The caller runs fl (Start waits until it is
+// ready).
+func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Runner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: config: %w", err)
 	}
@@ -69,39 +69,46 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
-		return nil, fmt.Errorf("frontend: metrics: %w", err)
+		return nil, fmt.Errorf("runner: metrics: %w", err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
-		return nil, fmt.Errorf("frontend: jetstream: %w", err)
+		return nil, fmt.Errorf("runner: jetstream: %w", err)
 	}
 	rn := &Runner{
 		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
-		disc: newDiscovery(log), router: newRouter(cfg, time.Now),
+		fleet: fl,
 		policy: migrations.Policy{
 			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
 			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
 		},
 		requests: map[string]*Request{},
 		launch:   make(chan *Request), claims: make(chan *Request), stopped: make(chan struct{}),
-		presence: newPresence(),
 	}
 	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	// The guard reads at the monitor's pace, and through it: admission
+	// answers from its readings too.
+	if rn.guard, err = retention.NewGuard(js, rn.room, reg, log, retention.GuardConfig{Interval: cfg.Log.Interval}); err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
 	}
 	if rn.live, err = newLive(nc); err != nil {
-		return nil, fmt.Errorf("frontend: %w", err)
+		return nil, fmt.Errorf("runner: %w", err)
 	}
 	received := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "baton_frontend_nats_received_bytes_total",
 		Help: "Bytes this frontend received from NATS on its main connection: the live traffic of the requests it follows, history reads, watches.",
 	}, func() float64 { return float64(nc.Stats().InBytes) })
 	if err := reg.Register(received); err != nil {
-		return nil, fmt.Errorf("frontend: metrics: %w", err)
+		return nil, fmt.Errorf("runner: metrics: %w", err)
 	}
 	return rn, nil
 }
+
+// Config is the runtime's configuration with its defaults applied.
+func (rn *Runner) Config() Config { return rn.cfg }
 
 // Start provisions the streams and learns the request log's layout, opens
 // the control connection, and starts the runners and the watchers
@@ -129,6 +136,11 @@ func (rn *Runner) Start(ctx context.Context, addr string) error {
 		return nil
 	})
 	rn.g.Go(func() error { return rn.room.Run(runCtx) })
+	rn.g.Go(func() error { return rn.guard.Run(runCtx) })
+	rn.g.Go(func() error {
+		rn.retryEnds(runCtx)
+		return nil
+	})
 	if err := rn.startWatchers(ctx, runCtx, &rn.g, addr); err != nil {
 		rn.cancelRun()
 		return err
@@ -154,7 +166,7 @@ func (rn *Runner) openControl() (*nats.Conn, error) {
 	opts.Name += " (control)"
 	ctl, err := opts.Connect()
 	if err != nil {
-		return nil, fmt.Errorf("frontend: control connection: %w", err)
+		return nil, fmt.Errorf("runner: control connection: %w", err)
 	}
 	rn.ctl = ctl
 	return ctl, nil
@@ -170,7 +182,9 @@ func (rn *Runner) provision(ctx context.Context) error {
 	rn.parts = parts
 	rn.events.SetPartitions(parts)
 	rn.room.SetPartitions(parts)
-	rn.room.SetFleet(fleet{rn})
+	rn.guard.SetPartitions(parts)
+	rn.guard.SetFleet(rn.fleet.GuardView())
+	rn.room.SetEnds(rn)
 	rn.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }
@@ -183,20 +197,18 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	if err := streams.Retry(pctx, rn.checkChildRoom); err != nil {
 		return err
 	}
-	err := streams.Retry(pctx, func(tctx context.Context) error { return rn.disc.start(runCtx, tctx, rn.js, g) })
-	if err != nil {
-		return err
+	select { // the fleet's Run loads the view
+	case <-rn.fleet.Ready():
+	case <-pctx.Done():
+		return fmt.Errorf("load the fleet view: %w", pctx.Err())
 	}
-	err = streams.Retry(pctx, func(tctx context.Context) error {
+	err := streams.Retry(pctx, func(tctx context.Context) error {
 		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
 			FrontendID: rn.id, Addr: addr,
 			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(), ReadsCompacted: true,
 		}, g)
 	})
 	if err != nil {
-		return err
-	}
-	if err := rn.watchDisconnects(runCtx, g); err != nil {
 		return err
 	}
 	if err := rn.answerChecks(runCtx, g); err != nil {
@@ -214,7 +226,7 @@ const lifecycleReserve = 1024
 
 // errNoRoom means the log's per-subject limit leaves no room for a cancel
 // after MaxChildren children.
-var errNoRoom = errors.New("frontend: no room for a cancel")
+var errNoRoom = errors.New("runner: no room for a cancel")
 
 // checkChildRoom makes sure that a request's events subject can always take
 // its cancel: MaxChildren children plus lifecycleReserve must fit in the
@@ -236,42 +248,6 @@ func (rn *Runner) checkChildRoom(ctx context.Context) error {
 
 // Partitions is the request log's layout, known once Start returned.
 func (rn *Runner) Partitions() streams.Partitions { return rn.parts }
-
-// Workers returns the discovery view's workers.
-func (rn *Runner) Workers() []projections.Worker {
-	var ws []projections.Worker
-	rn.disc.read(func(v *projections.Discovery) { ws = v.Workers() })
-	return ws
-}
-
-// LostWorkers returns the workers the discovery view saw leave without
-// deregistering (projections.Discovery.Lost), since this frontend started.
-func (rn *Runner) LostWorkers() []projections.Worker {
-	var ws []projections.Worker
-	rn.disc.read(func(v *projections.Discovery) { ws = v.Lost() })
-	return ws
-}
-
-// Models returns the models the discovery view's workers serve.
-func (rn *Runner) Models() []string {
-	var models []string
-	rn.disc.read(func(v *projections.Discovery) { models = v.Models() })
-	return models
-}
-
-// WorkersChanged returns a channel closed at the next change of the
-// discovery view, load reports included.
-func (rn *Runner) WorkersChanged() <-chan struct{} { return rn.disc.changed.C() }
-
-// Frontends returns the live frontends, from their presence keys.
-func (rn *Runner) Frontends() []projections.Frontend { return rn.presence.members() }
-
-// KnownFrontends returns the live frontends and those that departed.
-func (rn *Runner) KnownFrontends() []projections.Frontend { return rn.presence.known() }
-
-// FrontendsChanged returns a channel closed at the next change of the
-// frontends' membership: a request's owner may have gone (Request.Claim).
-func (rn *Runner) FrontendsChanged() <-chan struct{} { return rn.presence.changed.C() }
 
 func clientID(nc *nats.Conn) uint64 {
 	id, _ := nc.GetClientID()

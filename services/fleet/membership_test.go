@@ -1,15 +1,15 @@
-package runner
+package fleet
 
 import (
 	"context"
 	"encoding/json"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,7 +17,7 @@ import (
 )
 
 // waitUntil waits for cond, re-checking it at every notification of sig.
-func waitUntil(t *testing.T, sig *Signal, what string, cond func() bool) {
+func waitUntil(t *testing.T, sig *notify.Signal, what string, cond func() bool) {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
@@ -134,32 +134,16 @@ func TestDiscoveryFollowsLeasesAndLoad(t *testing.T) {
 	}
 }
 
-func startPresence(t *testing.T, x *membershipFixture, id string) *presence {
-	t.Helper()
-	p := newPresence()
-	err := p.start(x.ctx, x.ctx, x.js, events.FrontendPresence{FrontendID: id, Addr: "127.0.0.1:1", ClientID: 7, Server: "S1"}, x.g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func TestPresenceRegistersAndWatches(t *testing.T) {
+// TestFrontendsFollowTheBucket: the view holds every live presence key,
+// by the connection it names, and the departed ones.
+func TestFrontendsFollowTheBucket(t *testing.T) {
 	x := newMembershipFixture(t)
-	p := startPresence(t, x, "fe-a")
-	e, err := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-a")
-	if err != nil {
-		t.Fatalf("got %v reading the own key, want it registered", err)
-	}
-	var v events.FrontendPresence
-	if err := json.Unmarshal(e.Value(), &v); err != nil {
+	x.put(t, streams.FrontendsBucket, "fe-a", events.FrontendPresence{FrontendID: "fe-a", Addr: "127.0.0.1:1", ClientID: 7, Server: "S1"})
+	p := newFrontends()
+	if err := p.start(x.ctx, x.ctx, x.js, x.g); err != nil {
 		t.Fatal(err)
 	}
-	host, _ := os.Hostname()
-	if v.PID != os.Getpid() || v.Host != host || v.Addr != "127.0.0.1:1" || v.ClientID != 7 || v.Server != "S1" {
-		t.Errorf("got %+v, want this process's pid and host, the given address and connection", v)
-	}
-	waitUntil(t, p.changed, "own key seen", func() bool { return p.isAlive("fe-a") })
+	waitUntil(t, p.changed, "the first key seen", func() bool { return p.isAlive("fe-a") })
 
 	steps := []struct {
 		name string
@@ -207,7 +191,7 @@ func TestPresenceRegistersAndWatches(t *testing.T) {
 	}
 }
 
-func TestPresenceExpire(t *testing.T) {
+func TestFrontendsExpire(t *testing.T) {
 	cases := []struct {
 		name     string
 		renewed  bool // the key was written again after the revision seen
@@ -219,7 +203,10 @@ func TestPresenceExpire(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			x := newMembershipFixture(t)
-			p := startPresence(t, x, "fe-a")
+			p := newFrontends()
+			if err := p.start(x.ctx, x.ctx, x.js, x.g); err != nil {
+				t.Fatal(err)
+			}
 			rev := x.put(t, streams.FrontendsBucket, "fe-b", events.FrontendPresence{FrontendID: "fe-b"})
 			if tc.renewed {
 				x.put(t, streams.FrontendsBucket, "fe-b", events.FrontendPresence{FrontendID: "fe-b"})
@@ -234,19 +221,4 @@ func TestPresenceExpire(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestPresenceRevoke(t *testing.T) {
-	x := newMembershipFixture(t)
-	if err := newPresence().revoke(x.ctx); err != nil {
-		t.Errorf("got %v revoking a presence never started, want nil", err)
-	}
-	p := startPresence(t, x, "fe-a")
-	if err := p.revoke(x.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := x.kv(t, streams.FrontendsBucket).Get(x.ctx, "fe-a"); err == nil {
-		t.Error("got the key after revoke, want it deleted")
-	}
-	waitUntil(t, p.changed, "own key gone", func() bool { return !p.isAlive("fe-a") })
 }

@@ -1,4 +1,4 @@
-package runner
+package fleet
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,11 +21,11 @@ import (
 type discovery struct {
 	log     *slog.Logger
 	leases  jetstream.KeyValue
-	changed *Signal // any change, load reports included
+	changed *notify.Signal // any change, load reports included
 	// members is notified on every change but a load report: a worker came,
 	// left, drained or renewed its lease. A runner watching a running
 	// attempt needs nothing else, and load reports come often.
-	members *Signal
+	members *notify.Signal
 
 	stop  context.CancelFunc // ends the watches (they also end with Run's context)
 	mu    sync.Mutex
@@ -36,7 +37,7 @@ type discovery struct {
 }
 
 func newDiscovery(log *slog.Logger) *discovery {
-	return &discovery{log: log, changed: NewSignal(), members: NewSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
+	return &discovery{log: log, changed: notify.NewSignal(), members: notify.NewSignal(), view: projections.NewDiscovery(), served: map[string]bool{}}
 }
 
 // hasServed reports whether any worker has served model since start.

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"bytes"
@@ -21,47 +21,55 @@ import (
 //   - https://platform.openai.com/docs/guides/structured-outputs (text.format
 //     json_schema, which chat takes as response_format).
 
-// paramError is a 400 invalid_request_error naming the field at fault.
-type paramError struct {
-	apiError
-	param string
+// ParamError is a request error in OpenAI's shape that names the field at
+// fault (Param, "" for the body as a whole): a 400 invalid_request_error
+// unless Status says otherwise.
+type ParamError struct {
+	Status  int
+	Type    string
+	Code    string
+	Message string
+	Param   string
 }
 
-func badParam(param, code, format string, args ...any) *paramError {
-	return &paramError{apiError: *badRequest(code, format, args...), param: param}
-}
+func (e *ParamError) Error() string { return e.Message }
 
-// writeParamError answers with OpenAI's error shape and its param.
-func writeParamError(w http.ResponseWriter, e *paramError) {
-	body := errorBody(e.typ, e.code, e.message)
+// Body is the error object of e: ErrorBody's, with its param (null when
+// e names none).
+func (e *ParamError) Body() map[string]any {
+	body := ErrorBody(e.Type, e.Code, e.Message)
 	body["param"] = nil
-	if e.param != "" {
-		body["param"] = e.param
+	if e.Param != "" {
+		body["param"] = e.Param
 	}
-	if e.status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "1")
-	}
-	writeJSON(w, e.status, map[string]any{"error": body})
+	return body
 }
 
-// responseRequest is a validated POST /v1/responses body.
-type responseRequest struct {
-	model        string
-	input        []inputItem // as the client sent them (a string is one user message)
-	instructions string
-	maxOutput    int // 0: not set
-	stream       bool
-	background   bool
-	store        bool
-	previous     string // previous_response_id
+// BadParam is a 400 invalid_request_error about param, with code and the
+// message format makes of args.
+func BadParam(param, code, format string, args ...any) *ParamError {
+	return &ParamError{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: code,
+		Message: fmt.Sprintf(format, args...), Param: param}
+}
+
+// ResponseRequest is a validated POST /v1/responses body.
+type ResponseRequest struct {
+	Model        string
+	Input        []InputItem // as the client sent them (a string is one user message)
+	Instructions string
+	MaxOutput    int // max_output_tokens, 0: not set
+	Stream       bool
+	Background   bool
+	Store        bool
+	Previous     string // previous_response_id
 	// chat holds the fields carried to the chat request as they are:
 	// temperature, top_p, tools (rewritten), tool_choice (rewritten),
 	// parallel_tool_calls, response_format (from text.format), user.
 	chat map[string]json.RawMessage
 }
 
-// inputItem is one item of a response's input, in the Responses shape.
-type inputItem struct {
+// InputItem is one item of a response's input, in the Responses shape.
+type InputItem struct {
 	Type      string `json:"type"`
 	Role      string `json:"role,omitempty"`
 	Text      string `json:"-"` // a message's text
@@ -71,48 +79,48 @@ type inputItem struct {
 	Output    string `json:"output,omitempty"`
 }
 
-// parseResponseRequest decodes and validates body; maxTokens bounds
+// ParseResponseRequest decodes and validates body; maxTokens bounds
 // max_output_tokens.
-func parseResponseRequest(body []byte, maxTokens int) (responseRequest, *paramError) {
+func ParseResponseRequest(body []byte, maxTokens int) (ResponseRequest, *ParamError) {
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&fields); err != nil {
-		return responseRequest{}, badParam("", "invalid_json", "request body is not a JSON object: %v", err)
+		return ResponseRequest{}, BadParam("", "invalid_json", "request body is not a JSON object: %v", err)
 	}
 	if dec.More() {
-		return responseRequest{}, badParam("", "invalid_json", "request body has data after the JSON object")
+		return ResponseRequest{}, BadParam("", "invalid_json", "request body has data after the JSON object")
 	}
-	q := responseRequest{store: true, chat: map[string]json.RawMessage{}}
-	if err := decodeField(fields, "model", &q.model); err != nil {
+	q := ResponseRequest{Store: true, chat: map[string]json.RawMessage{}}
+	if err := decodeField(fields, "model", &q.Model); err != nil {
 		return q, err
 	}
-	if q.model == "" {
-		return q, badParam("model", "missing_required_parameter", "'model' is required")
+	if q.Model == "" {
+		return q, BadParam("model", "missing_required_parameter", "'model' is required")
 	}
 	items, err := parseInput(fields["input"])
 	if err != nil {
 		return q, err
 	}
-	q.input = items
+	q.Input = items
 	for _, f := range []struct {
 		name string
 		dst  any
 	}{
-		{"instructions", &q.instructions}, {"stream", &q.stream}, {"background", &q.background},
-		{"store", &q.store}, {"previous_response_id", &q.previous}, {"max_output_tokens", &q.maxOutput},
+		{"instructions", &q.Instructions}, {"stream", &q.Stream}, {"background", &q.Background},
+		{"store", &q.Store}, {"previous_response_id", &q.Previous}, {"max_output_tokens", &q.MaxOutput},
 	} {
 		if err := decodeField(fields, f.name, f.dst); err != nil {
 			return q, err
 		}
 	}
-	if _, set := fields["max_output_tokens"]; set && present(fields["max_output_tokens"]) && (q.maxOutput < 1 || q.maxOutput > maxTokens) {
-		return q, badParam("max_output_tokens", "invalid_value", "'max_output_tokens' must be an integer from 1 to %d, got %d", maxTokens, q.maxOutput)
+	if _, set := fields["max_output_tokens"]; set && present(fields["max_output_tokens"]) && (q.MaxOutput < 1 || q.MaxOutput > maxTokens) {
+		return q, BadParam("max_output_tokens", "invalid_value", "'max_output_tokens' must be an integer from 1 to %d, got %d", maxTokens, q.MaxOutput)
 	}
-	if q.background && !q.store {
-		return q, badParam("background", "invalid_value", "a background response must be stored: 'store' false and 'background' true cannot go together")
+	if q.Background && !q.Store {
+		return q, BadParam("background", "invalid_value", "a background response must be stored: 'store' false and 'background' true cannot go together")
 	}
-	if len(q.input) == 0 && q.previous == "" {
-		return q, badParam("input", "missing_required_parameter", "'input' is required")
+	if len(q.Input) == 0 && q.Previous == "" {
+		return q, BadParam("input", "missing_required_parameter", "'input' is required")
 	}
 	if err := q.parseSampling(fields); err != nil {
 		return q, err
@@ -136,13 +144,13 @@ func parseResponseRequest(body []byte, maxTokens int) (responseRequest, *paramEr
 func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
 
 // decodeField decodes fields[name] into dst, if present and not null.
-func decodeField(fields map[string]json.RawMessage, name string, dst any) *paramError {
+func decodeField(fields map[string]json.RawMessage, name string, dst any) *ParamError {
 	raw, ok := fields[name]
 	if !ok || !present(raw) {
 		return nil
 	}
 	if err := json.Unmarshal(raw, dst); err != nil {
-		return badParam(name, "invalid_type", "invalid type for '%s': expected %s, got %s", name, kindOf(dst), jsonType(raw))
+		return BadParam(name, "invalid_type", "invalid type for '%s': expected %s, got %s", name, kindOf(dst), jsonType(raw))
 	}
 	return nil
 }
@@ -180,19 +188,19 @@ func jsonType(raw json.RawMessage) string {
 }
 
 // parseInput reads input: a string (one user message) or a list of items.
-func parseInput(raw json.RawMessage) ([]inputItem, *paramError) {
+func parseInput(raw json.RawMessage) ([]InputItem, *ParamError) {
 	if !present(raw) {
 		return nil, nil
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return []inputItem{{Type: "message", Role: "user", Text: s}}, nil
+		return []InputItem{{Type: "message", Role: "user", Text: s}}, nil
 	}
 	var list []map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &list); err != nil {
-		return nil, badParam("input", "invalid_type", "'input' must be a string or an array of input items, got %s", jsonType(raw))
+		return nil, BadParam("input", "invalid_type", "'input' must be a string or an array of input items, got %s", jsonType(raw))
 	}
-	out := make([]inputItem, 0, len(list))
+	out := make([]InputItem, 0, len(list))
 	for i, f := range list {
 		it, err := parseItem(f, fmt.Sprintf("input[%d]", i))
 		if err != nil {
@@ -203,15 +211,15 @@ func parseInput(raw json.RawMessage) ([]inputItem, *paramError) {
 	return out, nil
 }
 
-func parseItem(f map[string]json.RawMessage, at string) (inputItem, *paramError) {
-	var it inputItem
-	str := func(name string, dst *string, required bool) *paramError {
+func parseItem(f map[string]json.RawMessage, at string) (InputItem, *ParamError) {
+	var it InputItem
+	str := func(name string, dst *string, required bool) *ParamError {
 		if err := decodeField(f, name, dst); err != nil {
-			err.param = at + "." + name
+			err.Param = at + "." + name
 			return err
 		}
 		if required && *dst == "" {
-			return badParam(at+"."+name, "missing_required_parameter", "'%s.%s' is required", at, name)
+			return BadParam(at+"."+name, "missing_required_parameter", "'%s.%s' is required", at, name)
 		}
 		return nil
 	}
@@ -220,7 +228,7 @@ func parseItem(f map[string]json.RawMessage, at string) (inputItem, *paramError)
 	}
 	if it.Type == "" {
 		if _, ok := f["role"]; !ok {
-			return it, badParam(at+".type", "missing_required_parameter", "'%s.type' is required (or a message's 'role')", at)
+			return it, BadParam(at+".type", "missing_required_parameter", "'%s.type' is required (or a message's 'role')", at)
 		}
 		it.Type = "message"
 	}
@@ -232,7 +240,7 @@ func parseItem(f map[string]json.RawMessage, at string) (inputItem, *paramError)
 		switch it.Role {
 		case "user", "system", "developer", "assistant":
 		default:
-			return it, badParam(at+".role", "invalid_value", "'%s.role' %q is not one of user, system, developer, assistant", at, it.Role)
+			return it, BadParam(at+".role", "invalid_value", "'%s.role' %q is not one of user, system, developer, assistant", at, it.Role)
 		}
 		text, err := itemText(f["content"], at+".content")
 		if err != nil {
@@ -263,15 +271,15 @@ func parseItem(f map[string]json.RawMessage, at string) (inputItem, *paramError)
 		}
 		it.Output = out
 	default:
-		return it, badParam(at+".type", "invalid_value", "'%s.type' %q is not supported (message, function_call, function_call_output)", at, it.Type)
+		return it, BadParam(at+".type", "invalid_value", "'%s.type' %q is not supported (message, function_call, function_call_output)", at, it.Type)
 	}
 	return it, nil
 }
 
 // itemText reads a message's content: a string or a list of text parts.
-func itemText(raw json.RawMessage, at string) (string, *paramError) {
+func itemText(raw json.RawMessage, at string) (string, *ParamError) {
 	if !present(raw) {
-		return "", badParam(at, "missing_required_parameter", "'%s' is required", at)
+		return "", BadParam(at, "missing_required_parameter", "'%s' is required", at)
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
@@ -282,17 +290,17 @@ func itemText(raw json.RawMessage, at string) (string, *paramError) {
 		Text *string `json:"text"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", badParam(at, "invalid_type", "'%s' must be a string or an array of text parts, got %s", at, jsonType(raw))
+		return "", BadParam(at, "invalid_type", "'%s' must be a string or an array of text parts, got %s", at, jsonType(raw))
 	}
 	var b strings.Builder
 	for i, p := range parts {
 		switch p.Type {
 		case "input_text", "output_text", "text":
 		default:
-			return "", badParam(fmt.Sprintf("%s[%d].type", at, i), "invalid_value", "content part type %q is not supported (input_text, output_text)", p.Type)
+			return "", BadParam(fmt.Sprintf("%s[%d].type", at, i), "invalid_value", "content part type %q is not supported (input_text, output_text)", p.Type)
 		}
 		if p.Text == nil {
-			return "", badParam(fmt.Sprintf("%s[%d].text", at, i), "missing_required_parameter", "'%s[%d].text' is required", at, i)
+			return "", BadParam(fmt.Sprintf("%s[%d].text", at, i), "missing_required_parameter", "'%s[%d].text' is required", at, i)
 		}
 		b.WriteString(*p.Text)
 	}
@@ -301,7 +309,7 @@ func itemText(raw json.RawMessage, at string) (string, *paramError) {
 
 // parseSampling carries temperature, top_p, parallel_tool_calls, user and
 // metadata (checked, not carried) over.
-func (q *responseRequest) parseSampling(fields map[string]json.RawMessage) *paramError {
+func (q *ResponseRequest) parseSampling(fields map[string]json.RawMessage) *ParamError {
 	for _, n := range []struct {
 		name     string
 		min, max float64
@@ -312,7 +320,7 @@ func (q *responseRequest) parseSampling(fields map[string]json.RawMessage) *para
 		}
 		if present(fields[n.name]) {
 			if v < n.min || v > n.max {
-				return badParam(n.name, "invalid_value", "'%s' must be from %g to %g, got %g", n.name, n.min, n.max, v)
+				return BadParam(n.name, "invalid_value", "'%s' must be from %g to %g, got %g", n.name, n.min, n.max, v)
 			}
 			q.chat[n.name] = fields[n.name]
 		}
@@ -333,22 +341,22 @@ func (q *responseRequest) parseSampling(fields map[string]json.RawMessage) *para
 	}
 	var meta map[string]string
 	if err := decodeField(fields, "metadata", &meta); err != nil {
-		err.message = "'metadata' must be an object of string values"
+		err.Message = "'metadata' must be an object of string values"
 		return err
 	}
 	if len(meta) > 16 {
-		return badParam("metadata", "invalid_value", "'metadata' has %d keys, more than 16", len(meta))
+		return BadParam("metadata", "invalid_value", "'metadata' has %d keys, more than 16", len(meta))
 	}
 	return nil
 }
 
 // parseTools checks function tools and rewrites them, and tool_choice, in
 // chat's shape.
-func (q *responseRequest) parseTools(fields map[string]json.RawMessage) *paramError {
+func (q *ResponseRequest) parseTools(fields map[string]json.RawMessage) *ParamError {
 	if present(fields["tools"]) {
 		var tools []map[string]json.RawMessage
 		if err := json.Unmarshal(fields["tools"], &tools); err != nil {
-			return badParam("tools", "invalid_type", "'tools' must be an array of tools, got %s", jsonType(fields["tools"]))
+			return BadParam("tools", "invalid_type", "'tools' must be an array of tools, got %s", jsonType(fields["tools"]))
 		}
 		out := make([]map[string]any, 0, len(tools))
 		for i, t := range tools {
@@ -359,15 +367,15 @@ func (q *responseRequest) parseTools(fields map[string]json.RawMessage) *paramEr
 				d *string
 			}{{"type", &typ}, {"name", &name}, {"description", &desc}} {
 				if err := decodeField(t, f.n, f.d); err != nil {
-					err.param = at + "." + f.n
+					err.Param = at + "." + f.n
 					return err
 				}
 			}
 			if typ != "function" {
-				return badParam(at+".type", "invalid_value", "'%s.type' %q is not supported (only function tools)", at, typ)
+				return BadParam(at+".type", "invalid_value", "'%s.type' %q is not supported (only function tools)", at, typ)
 			}
 			if name == "" {
-				return badParam(at+".name", "missing_required_parameter", "'%s.name' is required", at)
+				return BadParam(at+".name", "missing_required_parameter", "'%s.name' is required", at)
 			}
 			fn := map[string]any{"name": name}
 			if desc != "" {
@@ -376,14 +384,14 @@ func (q *responseRequest) parseTools(fields map[string]json.RawMessage) *paramEr
 			if raw := t["parameters"]; present(raw) {
 				var schema map[string]any
 				if json.Unmarshal(raw, &schema) != nil {
-					return badParam(at+".parameters", "invalid_type", "'%s.parameters' must be a JSON Schema object, got %s", at, jsonType(raw))
+					return BadParam(at+".parameters", "invalid_type", "'%s.parameters' must be a JSON Schema object, got %s", at, jsonType(raw))
 				}
 				fn["parameters"] = raw
 			}
 			if raw := t["strict"]; present(raw) {
 				var strict bool
 				if json.Unmarshal(raw, &strict) != nil {
-					return badParam(at+".strict", "invalid_type", "'%s.strict' must be a boolean, got %s", at, jsonType(raw))
+					return BadParam(at+".strict", "invalid_type", "'%s.strict' must be a boolean, got %s", at, jsonType(raw))
 				}
 				fn["strict"] = strict
 			}
@@ -400,7 +408,7 @@ func (q *responseRequest) parseTools(fields map[string]json.RawMessage) *paramEr
 	var mode string
 	if json.Unmarshal(raw, &mode) == nil {
 		if mode != "none" && mode != "auto" && mode != "required" {
-			return badParam("tool_choice", "invalid_value", "'tool_choice' %q is not one of none, auto, required", mode)
+			return BadParam("tool_choice", "invalid_value", "'tool_choice' %q is not one of none, auto, required", mode)
 		}
 		q.chat["tool_choice"] = raw
 		return nil
@@ -410,14 +418,14 @@ func (q *responseRequest) parseTools(fields map[string]json.RawMessage) *paramEr
 		Name string `json:"name"`
 	}
 	if json.Unmarshal(raw, &named) != nil || named.Type != "function" || named.Name == "" {
-		return badParam("tool_choice", "invalid_value", `'tool_choice' must be none, auto, required or {"type": "function", "name": ...}`)
+		return BadParam("tool_choice", "invalid_value", `'tool_choice' must be none, auto, required or {"type": "function", "name": ...}`)
 	}
 	q.chat["tool_choice"] = mustMarshal(map[string]any{"type": "function", "function": map[string]string{"name": named.Name}})
 	return nil
 }
 
 // parseFormat rewrites text.format as chat's response_format.
-func (q *responseRequest) parseFormat(raw json.RawMessage) *paramError {
+func (q *ResponseRequest) parseFormat(raw json.RawMessage) *ParamError {
 	if !present(raw) {
 		return nil
 	}
@@ -425,14 +433,14 @@ func (q *responseRequest) parseFormat(raw json.RawMessage) *paramError {
 		Format map[string]json.RawMessage `json:"format"`
 	}
 	if err := json.Unmarshal(raw, &text); err != nil {
-		return badParam("text", "invalid_type", "'text' must be an object such as {\"format\": {\"type\": \"text\"}}")
+		return BadParam("text", "invalid_type", "'text' must be an object such as {\"format\": {\"type\": \"text\"}}")
 	}
 	if text.Format == nil {
 		return nil
 	}
 	var typ string
 	if err := decodeField(text.Format, "type", &typ); err != nil {
-		err.param = "text.format.type"
+		err.Param = "text.format.type"
 		return err
 	}
 	switch typ {
@@ -443,19 +451,19 @@ func (q *responseRequest) parseFormat(raw json.RawMessage) *paramError {
 		return nil
 	case "json_schema":
 	default:
-		return badParam("text.format.type", "invalid_value", "'text.format.type' %q is not one of text, json_object, json_schema", typ)
+		return BadParam("text.format.type", "invalid_value", "'text.format.type' %q is not one of text, json_object, json_schema", typ)
 	}
 	var name string
 	if err := decodeField(text.Format, "name", &name); err != nil {
-		err.param = "text.format.name"
+		err.Param = "text.format.name"
 		return err
 	}
 	if name == "" {
-		return badParam("text.format.name", "missing_required_parameter", "'text.format.name' is required")
+		return BadParam("text.format.name", "missing_required_parameter", "'text.format.name' is required")
 	}
 	var schema map[string]any
 	if json.Unmarshal(text.Format["schema"], &schema) != nil {
-		return badParam("text.format.schema", "invalid_type", "'text.format.schema' must be a JSON Schema object")
+		return BadParam("text.format.schema", "invalid_type", "'text.format.schema' must be a JSON Schema object")
 	}
 	js := map[string]json.RawMessage{"name": text.Format["name"], "schema": text.Format["schema"]}
 	for _, k := range []string{"description", "strict"} {

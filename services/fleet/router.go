@@ -1,4 +1,4 @@
-package runner
+package fleet
 
 import (
 	"errors"
@@ -12,13 +12,11 @@ import (
 
 // Routing errors.
 var (
-	errNoWorkers = errors.New("frontend: no worker serves this model")
-	// ErrAllBusy: every routable worker is over a load threshold.
-	ErrAllBusy   = errors.New("frontend: all workers are busy")
-	errNotPinned = errors.New("frontend: pinned worker is not in discovery")
+	errNoWorkers = errors.New("fleet: no worker serves this model")
+	errNotPinned = errors.New("fleet: pinned worker is not in discovery")
 	// errNotCapable: workers are routable, but none of their engines can
 	// serve the request's endpoint or continue it after a migration.
-	errNotCapable = errors.New("frontend: no routable worker's engine can run this request")
+	errNotCapable = errors.New("fleet: no routable worker's engine can run this request")
 )
 
 // router picks a worker for a dispatch: the least loaded routable worker of

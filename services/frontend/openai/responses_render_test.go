@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
@@ -47,7 +47,7 @@ func (r emitted) data() string { return r.json }
 
 func allEvents(p *projections.Request) []emitted {
 	var out []emitted
-	renderResponse("resp_1", p, func(e respEvent) { out = append(out, emitted{e.seq, e.typ, string(e.data())}) })
+	renderResponse("resp_1", p, func(e ResponseEvent) { out = append(out, emitted{e.seq, e.typ, string(e.data())}) })
 	return out
 }
 
@@ -152,12 +152,34 @@ func TestResponseStatus(t *testing.T) {
 func TestTextDeltaBytes(t *testing.T) {
 	for _, text := range []string{"", "plain ", "<b>&\"quoted\"\n", "\u2028 \u00e9 \U0001F600", "\xff\xfe bad", "tab\t\x01"} {
 		d := &textDelta{itemID: "msg_resp_1_0", index: 3, delta: text}
-		fast := respEvent{seq: 42, typ: "response.output_text.delta", text: d}
-		slow := respEvent{seq: 42, typ: "response.output_text.delta", body: func() map[string]any {
+		fast := ResponseEvent{seq: 42, typ: "response.output_text.delta", text: d}
+		slow := ResponseEvent{seq: 42, typ: "response.output_text.delta", body: func() map[string]any {
 			return map[string]any{"item_id": d.itemID, "output_index": d.index, "content_index": 0, "delta": d.delta, "logprobs": []any{}}
 		}}
 		if got, want := string(fast.data()), string(slow.data()); got != want {
 			t.Errorf("%q:\n got %s\nwant %s", text, got, want)
 		}
+	}
+}
+
+// TestPreviousTurns: a finished response's conversation, for a later
+// response's previous_response_id, is its input as the engine got it less
+// its instructions, then its output (text, and function calls as such).
+func TestPreviousTurns(t *testing.T) {
+	body := `{"model":"m","instructions":"be brief","input":"weather?"}`
+	q, perr := ParseResponseRequest([]byte(body), 100)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	items := append([]InputItem{{Type: "message", Role: "system", Text: q.Instructions}}, q.Input...)
+	call := json.RawMessage(`{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"get","arguments":"{}"}}]}`)
+	p, _ := foldResponse(t, body, []string{"let me see", ""}, []json.RawMessage{nil, call}, []int{2}, "tool_calls")
+	p.Accepted.EngineBody = q.EngineBody(items, 64)
+	got, _ := json.Marshal(PreviousTurns("resp_1", p))
+	if want := `[{"type":"message","role":"user"},{"type":"message","role":"assistant"},{"type":"function_call","call_id":"c1","name":"get","arguments":"{}"}]`; string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if turns := PreviousTurns("resp_1", p); turns[0].Text != "weather?" || turns[1].Text != "let me see" {
+		t.Errorf("got texts %q, %q; want the input and the output", turns[0].Text, turns[1].Text)
 	}
 }

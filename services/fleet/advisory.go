@@ -1,4 +1,4 @@
-package runner
+package fleet
 
 import (
 	"context"
@@ -36,16 +36,16 @@ type disconnectAdvisory struct {
 // milliseconds instead of at the lease TTL; a crashed frontend's presence key
 // is deleted likewise, so its requests can be taken over at once. It needs a system-account connection
 // (Config.SystemURL); without one, detection falls back to the TTL.
-func (rn *Runner) watchDisconnects(ctx context.Context, g *errgroup.Group) error {
-	if rn.cfg.SystemURL == "" {
+func (f *Fleet) watchDisconnects(ctx context.Context, g *errgroup.Group) error {
+	if f.cfg.SystemURL == "" {
 		return nil
 	}
-	opts := []nats.Option{nats.Name("baton-frontend-" + rn.id + "-sys"),
+	opts := []nats.Option{nats.Name("baton-frontend-" + f.id + "-sys"),
 		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond)}
-	if rn.cfg.SystemTLS != nil {
-		opts = append(opts, nats.Secure(rn.cfg.SystemTLS))
+	if f.cfg.SystemTLS != nil {
+		opts = append(opts, nats.Secure(f.cfg.SystemTLS))
 	}
-	sys, err := nats.Connect(rn.cfg.SystemURL, opts...)
+	sys, err := nats.Connect(f.cfg.SystemURL, opts...)
 	if err != nil {
 		return fmt.Errorf("connect system account: %w", err)
 	}
@@ -55,7 +55,7 @@ func (rn *Runner) watchDisconnects(ctx context.Context, g *errgroup.Group) error
 			return
 		}
 		var lost []projections.Worker
-		rn.disc.read(func(v *projections.Discovery) {
+		f.disc.read(func(v *projections.Discovery) {
 			for _, w := range v.Workers() {
 				if w.ClientID == a.Client.ID && w.Server == a.Server.ID {
 					lost = append(lost, w)
@@ -64,19 +64,19 @@ func (rn *Runner) watchDisconnects(ctx context.Context, g *errgroup.Group) error
 		})
 		for _, w := range lost {
 			g.Go(func() error {
-				rn.declareLost(ctx, w, "disconnected: "+a.Reason)
+				f.declareLost(ctx, w, "disconnected: "+a.Reason)
 				return nil
 			})
 		}
-		for _, p := range rn.presence.connectedAs(a.Client.ID, a.Server.ID) {
-			if p.FrontendID == rn.id {
+		for _, p := range f.fronts.connectedAs(a.Client.ID, a.Server.ID) {
+			if p.FrontendID == f.id {
 				continue
 			}
 			g.Go(func() error {
 				ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 				defer cancel()
-				if err := rn.presence.expire(ctx, p); err != nil {
-					rn.log.Warn("expire frontend", "frontend", p.FrontendID, "err", err)
+				if err := f.fronts.expire(ctx, p); err != nil {
+					f.log.Warn("expire frontend", "frontend", p.FrontendID, "err", err)
 				}
 				return nil
 			})
@@ -101,24 +101,24 @@ func (rn *Runner) watchDisconnects(ctx context.Context, g *errgroup.Group) error
 // declareLost revokes worker w's lease and records that it was lost. Every
 // frontend may do this for the same worker: the revocation expects the lease's
 // revision and the event's id is deterministic, so only one of each lands.
-func (rn *Runner) declareLost(ctx context.Context, w projections.Worker, reason string) {
+func (f *Fleet) declareLost(ctx context.Context, w projections.Worker, reason string) {
 	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
-	revoked, err := rn.disc.revoke(ctx, w)
+	revoked, err := f.disc.revoke(ctx, w)
 	if err != nil {
-		rn.log.Warn("revoke lease", "worker_id", w.ID, "err", err)
+		f.log.Warn("revoke lease", "worker_id", w.ID, "err", err)
 		return
 	}
 	if !revoked {
 		return // it deregistered in order, registered again, or another frontend declared it lost
 	}
 	ev := events.WorkerLost{WorkerID: w.ID, LeaseID: w.LeaseID, Reason: reason}
-	env := rn.events.Envelope(events.ID(w.ID, w.LeaseID, "lost"), w.ID, ev)
-	if _, err := rn.events.Append(ctx, streams.WorkerEvents(w.ID), env, -1); err != nil {
-		rn.log.Warn("record worker lost", "worker_id", w.ID, "err", err)
+	env := f.events.Envelope(events.ID(w.ID, w.LeaseID, "lost"), w.ID, ev)
+	if _, err := f.events.Append(ctx, streams.WorkerEvents(w.ID), env, -1); err != nil {
+		f.log.Warn("record worker lost", "worker_id", w.ID, "err", err)
 		return
 	}
-	rn.log.Info("worker lost", "worker_id", w.ID, "lease_id", w.LeaseID, "reason", reason)
+	f.log.Info("worker lost", "worker_id", w.ID, "lease_id", w.LeaseID, "reason", reason)
 }
 
 // quarantine takes worker id out of service for writing junk to the
@@ -127,29 +127,33 @@ func (rn *Runner) declareLost(ctx context.Context, w projections.Worker, reason 
 // lease it registers next), then its lease revoked so that its attempts
 // move at once. Every frontend that finds the junk may do this: the
 // event's id is deterministic, so one lands.
-func (rn *Runner) quarantine(ctx context.Context, id, why string) {
+func (f *Fleet) quarantine(ctx context.Context, id, why string) {
 	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
-	w, known := rn.disc.get(id)
+	w, known := f.disc.get(id)
 	ev := events.WorkerLost{WorkerID: id, LeaseID: w.LeaseID, Reason: why, QuarantineMS: retention.QuarantineFor.Milliseconds()}
-	env := rn.events.Envelope(events.ID(id, w.LeaseID, "quarantined"), id, ev)
-	if _, err := rn.events.Append(ctx, streams.WorkerEvents(id), env, -1); err != nil {
-		rn.log.Warn("record worker quarantined", "worker_id", id, "err", err)
+	env := f.events.Envelope(events.ID(id, w.LeaseID, "quarantined"), id, ev)
+	if _, err := f.events.Append(ctx, streams.WorkerEvents(id), env, -1); err != nil {
+		f.log.Warn("record worker quarantined", "worker_id", id, "err", err)
 	}
 	if known {
-		if _, err := rn.disc.revoke(ctx, w); err != nil {
-			rn.log.Warn("revoke lease", "worker_id", id, "err", err)
+		if _, err := f.disc.revoke(ctx, w); err != nil {
+			f.log.Warn("revoke lease", "worker_id", id, "err", err)
 		}
 	}
-	rn.log.Warn("worker quarantined", "worker_id", id, "lease_id", w.LeaseID, "for", retention.QuarantineFor, "why", why)
+	f.log.Warn("worker quarantined", "worker_id", id, "lease_id", w.LeaseID, "for", retention.QuarantineFor, "why", why)
 }
 
-// fleet is the runner's discovery view as the retention monitor sees it.
-type fleet struct{ rn *Runner }
+// GuardView is the view as the request log's junk guard sees it
+// (retention.Fleet): the workers whose writes it checks, those quarantined,
+// and the quarantine of one found writing junk.
+func (f *Fleet) GuardView() retention.Fleet { return guardView{f} }
 
-func (f fleet) Workers() []string {
+type guardView struct{ f *Fleet }
+
+func (g guardView) Workers() []string {
 	var ids []string
-	f.rn.disc.read(func(v *projections.Discovery) {
+	g.f.disc.read(func(v *projections.Discovery) {
 		for _, w := range v.Workers() {
 			if w.State != projections.WorkerQuarantined {
 				ids = append(ids, w.ID)
@@ -159,10 +163,10 @@ func (f fleet) Workers() []string {
 	return ids
 }
 
-func (f fleet) Quarantined() []string {
+func (g guardView) Quarantined() []string {
 	var ids []string
-	f.rn.disc.read(func(v *projections.Discovery) { ids = v.Quarantined(time.Now()) })
+	g.f.disc.read(func(v *projections.Discovery) { ids = v.Quarantined(time.Now()) })
 	return ids
 }
 
-func (f fleet) Junk(ctx context.Context, id, why string) { f.rn.quarantine(ctx, id, why) }
+func (g guardView) Junk(ctx context.Context, id, why string) { g.f.quarantine(ctx, id, why) }

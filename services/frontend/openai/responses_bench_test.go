@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"strconv"
@@ -20,7 +20,7 @@ func BenchmarkRenderResponse(b *testing.B) {
 	})
 	b.Run("events", func(b *testing.B) {
 		for b.Loop() {
-			renderResponse("resp_1", p, func(e respEvent) { _ = e.data() })
+			renderResponse("resp_1", p, func(e ResponseEvent) { _ = e.data() })
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
@@ -45,10 +45,11 @@ import (
 // For an answer of text alone, token i is event 4+i and the terminal event
 // of n tokens is 4+n+3.
 
-// respEvent is one event of a response's stream. Its JSON is built only
-// when asked for (data), and only during the call that emits it: the body
-// reads the renderer's state, which moves on after the call.
-type respEvent struct {
+// ResponseEvent is one event of a response's stream, as a ResponseRender
+// emits it (ResponseSSE writes it). Its JSON is built only when asked for,
+// and only during the call that emits it: the body reads the renderer's
+// state, which moves on after the call.
+type ResponseEvent struct {
 	seq  int
 	typ  string
 	body func() map[string]any // without type and sequence_number
@@ -63,11 +64,11 @@ type textDelta struct {
 }
 
 // data is the event's JSON.
-func (e respEvent) data() []byte { return e.appendData(nil) }
+func (e ResponseEvent) data() []byte { return e.appendData(nil) }
 
 // appendData appends the event's JSON to b: as encoding/json writes the
 // map of its body (keys sorted, HTML escaped), a text delta without it.
-func (e respEvent) appendData(b []byte) []byte {
+func (e ResponseEvent) appendData(b []byte) []byte {
 	if d := e.text; d != nil {
 		b = append(b, `{"content_index":0,"delta":`...)
 		b = appendJSONString(b, []byte(d.delta))
@@ -114,23 +115,26 @@ func textPart(text string) map[string]any {
 	return map[string]any{"type": "output_text", "text": text, "annotations": []any{}, "logprobs": []any{}}
 }
 
-// respRender renders one response; feed it the tokens in order.
-type respRender struct {
+// ResponseRender renders one response's events and object as its tokens
+// are fed to it, in order (see the rule above). A ResponseRender is used by
+// one goroutine.
+type ResponseRender struct {
 	public string // the response id the client knows
 	acc    events.RequestAccepted
 	fields map[string]json.RawMessage // the client's body
 	max    int                        // max_output_tokens, 0 if unset
-	emit   func(respEvent)
+	emit   func(ResponseEvent)
 	seq    int
 	items  []*outItem
 	open   *outItem
 	n      int // tokens fed
 }
 
-// newRender starts rendering the response of acc, known as public; emit
-// receives every event (nil: none are kept).
-func newRender(public string, acc events.RequestAccepted, emit func(respEvent)) *respRender {
-	b := &respRender{public: public, acc: acc, emit: emit}
+// NewResponseRender starts rendering the response of acc, known to its
+// reader as public, and emits its first two events; emit receives every
+// event (nil: none are kept).
+func NewResponseRender(public string, acc events.RequestAccepted, emit func(ResponseEvent)) *ResponseRender {
+	b := &ResponseRender{public: public, acc: acc, emit: emit}
 	_ = json.Unmarshal(acc.Body, &b.fields)
 	_ = json.Unmarshal(b.fields["max_output_tokens"], &b.max)
 	b.event("response.created", func() map[string]any { return map[string]any{"response": b.object(b.initialStatus(), nil)} })
@@ -138,7 +142,7 @@ func newRender(public string, acc events.RequestAccepted, emit func(respEvent)) 
 	return b
 }
 
-func (b *respRender) initialStatus() string {
+func (b *ResponseRender) initialStatus() string {
 	if b.acc.Background {
 		return "queued"
 	}
@@ -147,15 +151,15 @@ func (b *respRender) initialStatus() string {
 
 // event emits the next event, of type typ, whose body is built by body
 // if the emitter asks for it.
-func (b *respRender) event(typ string, body func() map[string]any) {
+func (b *ResponseRender) event(typ string, body func() map[string]any) {
 	if b.emit != nil {
-		b.emit(respEvent{seq: b.seq, typ: typ, body: body})
+		b.emit(ResponseEvent{seq: b.seq, typ: typ, body: body})
 	}
 	b.seq++
 }
 
-// feed renders the next tokens and their details (nil, or one per token).
-func (b *respRender) feed(tokens []string, details []json.RawMessage) {
+// Feed renders the next tokens and their details (nil, or one per token).
+func (b *ResponseRender) Feed(tokens []string, details []json.RawMessage) {
 	for i, t := range tokens {
 		b.n++
 		if t != "" {
@@ -172,7 +176,7 @@ func (b *respRender) feed(tokens []string, details []json.RawMessage) {
 	}
 }
 
-func (b *respRender) start(kind string) *outItem {
+func (b *ResponseRender) start(kind string) *outItem {
 	b.closeOpen("completed")
 	it := &outItem{kind: kind, index: len(b.items), status: "in_progress"}
 	prefix := "msg_"
@@ -185,7 +189,7 @@ func (b *respRender) start(kind string) *outItem {
 	return it
 }
 
-func (b *respRender) text(t string) {
+func (b *ResponseRender) text(t string) {
 	it := b.open
 	if it == nil || it.kind != "message" {
 		it = b.start("message")
@@ -198,12 +202,12 @@ func (b *respRender) text(t string) {
 	}
 	it.text = append(it.text, t...)
 	if b.emit != nil {
-		b.emit(respEvent{seq: b.seq, typ: "response.output_text.delta", text: &textDelta{itemID: it.id, index: it.index, delta: t}})
+		b.emit(ResponseEvent{seq: b.seq, typ: "response.output_text.delta", text: &textDelta{itemID: it.id, index: it.index, delta: t}})
 	}
 	b.seq++
 }
 
-func (b *respRender) call(c toolCallDelta) {
+func (b *ResponseRender) call(c toolCallDelta) {
 	it := b.open
 	if it == nil || it.kind != "function_call" || it.toolIndex != c.Index {
 		it = b.start("function_call")
@@ -227,7 +231,7 @@ func (b *respRender) call(c toolCallDelta) {
 }
 
 // closeOpen writes the closing events of the open item, with status.
-func (b *respRender) closeOpen(status string) {
+func (b *ResponseRender) closeOpen(status string) {
 	it := b.open
 	if it == nil {
 		return
@@ -252,10 +256,11 @@ func (b *respRender) closeOpen(status string) {
 	})
 }
 
-// outcome is how a response ended, from its projection.
-type outcome struct {
-	status     string // the response's status
-	terminal   bool
+// ResponseOutcome is a response's status as its projection says, and how
+// it ended once it did (Terminal).
+type ResponseOutcome struct {
+	Status     string // the response's status: queued, in_progress, completed, incomplete, cancelled, failed
+	Terminal   bool   // the response ended: Finish writes its closing events
 	incomplete map[string]any
 	err        map[string]any
 	usage      map[string]any
@@ -263,35 +268,37 @@ type outcome struct {
 	model      string // the model the answer names (projections.Request.ResponseModel)
 }
 
-// outcomeOf is p's status as a response (b reads max_output_tokens).
-func (b *respRender) outcomeOf(p *projections.Request) outcome {
-	o := outcome{model: p.ResponseModel()}
+// Outcome is p's status as a response (b reads its max_output_tokens).
+// It reads p only, so a caller can take it under p's lock and Finish
+// after.
+func (b *ResponseRender) Outcome(p *projections.Request) ResponseOutcome {
+	o := ResponseOutcome{model: p.ResponseModel()}
 	switch p.Status {
 	case projections.StatusPending:
-		o.status = "queued"
+		o.Status = "queued"
 	case projections.StatusRunning:
-		o.status = "in_progress"
+		o.Status = "in_progress"
 	case projections.StatusCompleted:
-		o.status, o.terminal = "completed", true
+		o.Status, o.Terminal = "completed", true
 		switch {
 		case p.FinishReason == "cancelled":
-			o.status = "cancelled"
+			o.Status = "cancelled"
 		case p.FinishReason == "length" && b.max > 0:
 			// The client's max_output_tokens ended it; baton's own default
 			// budget (--default-max-tokens) ending it counts as completed.
-			o.status, o.incomplete = "incomplete", map[string]any{"reason": "max_output_tokens"}
+			o.Status, o.incomplete = "incomplete", map[string]any{"reason": "max_output_tokens"}
 		}
 	case projections.StatusCancelled:
-		o.status, o.terminal = "cancelled", true
+		o.Status, o.Terminal = "cancelled", true
 	case projections.StatusFailed:
-		o.status, o.terminal = "failed", true
+		o.Status, o.Terminal = "failed", true
 		if p.Failure != nil {
 			o.err = map[string]any{"code": p.Failure.Code, "message": p.Failure.Message}
 		}
 	default:
-		o.status = "queued"
+		o.Status = "queued"
 	}
-	if o.terminal {
+	if o.Terminal {
 		in, out := p.PromptTokens(), p.CompletionTokens()
 		o.usage = map[string]any{
 			"input_tokens": in, "input_tokens_details": map[string]any{"cached_tokens": 0},
@@ -303,25 +310,25 @@ func (b *respRender) outcomeOf(p *projections.Request) outcome {
 	return o
 }
 
-// finish writes the closing events of a response that ended as o.
-func (b *respRender) finish(o outcome) {
+// Finish emits the closing events of a response that ended as o.
+func (b *ResponseRender) Finish(o ResponseOutcome) {
 	item := "completed"
-	if o.status != "completed" {
+	if o.Status != "completed" {
 		item = "incomplete"
 	}
 	b.closeOpen(item)
 	typ := "response.completed"
-	switch o.status {
+	switch o.Status {
 	case "failed":
 		typ = "response.failed"
 	case "incomplete", "cancelled":
 		typ = "response.incomplete"
 	}
-	b.event(typ, func() map[string]any { return map[string]any{"response": b.object(o.status, &o)} })
+	b.event(typ, func() map[string]any { return map[string]any{"response": b.object(o.Status, &o)} })
 }
 
 // object is the response object with the output rendered so far.
-func (b *respRender) object(status string, o *outcome) map[string]any {
+func (b *ResponseRender) object(status string, o *ResponseOutcome) map[string]any {
 	raw := func(name string, def any) any {
 		if v, ok := b.fields[name]; ok && present(v) {
 			return v
@@ -364,21 +371,28 @@ func (b *respRender) object(status string, o *outcome) map[string]any {
 		if o.usage != nil {
 			obj["usage"] = o.usage
 		}
-		if o.completed > 0 && o.status == "completed" {
+		if o.completed > 0 && o.Status == "completed" {
 			obj["completed_at"] = o.completed
 		}
 	}
 	return obj
 }
 
-// renderResponse renders p, known to its client as public, whole: every
+// ResponseEvents is the number of events of response p's stream so far:
+// the sequence number of its next event.
+func ResponseEvents(p *projections.Request) int {
+	_, n := renderResponse("", p, nil)
+	return n
+}
+
+// renderResponse renders p, known to its reader as public, whole: every
 // event (to emit, if not nil), and the response object as it stands.
-func renderResponse(public string, p *projections.Request, emit func(respEvent)) (map[string]any, int) {
-	b := newRender(public, p.Accepted, emit)
-	b.feed(p.Tokens(0), p.Details(0))
-	o := b.outcomeOf(p)
-	if o.terminal {
-		b.finish(o)
+func renderResponse(public string, p *projections.Request, emit func(ResponseEvent)) (map[string]any, int) {
+	b := NewResponseRender(public, p.Accepted, emit)
+	b.Feed(p.Tokens(0), p.Details(0))
+	o := b.Outcome(p)
+	if o.Terminal {
+		b.Finish(o)
 	}
-	return b.object(o.status, &o), b.seq
+	return b.object(o.Status, &o), b.seq
 }

@@ -1,4 +1,7 @@
-package runner
+// Package notify is the broadcast of "something changed" that baton's
+// services share: the request runtime's followers, the fleet view and the
+// HTTP edge's counters.
+package notify
 
 import (
 	"slices"
@@ -8,7 +11,7 @@ import (
 // Signal is a broadcast of "something changed": waiters take the current
 // channel with C and are woken when Notify closes it; listeners get a poke
 // on their own channel. Notifications coalesce. It is safe for concurrent
-// use; the HTTP edge uses it too, for its own counters and views.
+// use.
 //
 // A signal nobody waits on or listens to holds nothing but its lock: every
 // followed request has two (thousands of streams at once), and most of

@@ -1,0 +1,326 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// fillLog is the load that fills a small request log to its limit: n
+// streaming completions and bg background responses of tenant alice, of
+// many tokens each, on fast workers. It returns the internal ids of the
+// requests the log accepted and waits until every stream has returned.
+// With onFull, once the log is at its limit it calls onFull, which may kill
+// the frontend (the streams' outcomes are then not checked).
+func fillLog(t *testing.T, f *frontend, prefix string, n, bg int, onFull func(), killed bool) []string {
+	t.Helper()
+	alice := apiClient{f.url, aliceKey}
+	var mu sync.Mutex
+	var ids []string
+	var wg sync.WaitGroup
+	for i := range bg {
+		id := fmt.Sprintf("%s-bg-%d", prefix, i)
+		body, _ := json.Marshal(map[string]any{"model": "mock", "input": "fill the log in the background " + id,
+			"background": true, "max_output_tokens": 20000})
+		res := alice.do(t, "POST", "/v1/responses", body, map[string]string{"X-Request-Id": id})
+		switch {
+		case res.status == 200:
+			mu.Lock()
+			ids = append(ids, "alice:"+id)
+			mu.Unlock()
+		case res.status == 503 && res.code == "log_full":
+		default:
+			t.Errorf("background response %s: %d %s", id, res.status, res.body)
+		}
+	}
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("%s-st-%d", prefix, i)
+			r := alice.stream(t, map[string]any{"model": "mock", "prompt": "fill the log " + id, "max_tokens": 20000},
+				map[string]string{"X-Request-Id": id}, nil)
+			switch {
+			case r.status == 503 && strings.Contains(r.errorBody, "log_full"):
+				return // refused at admission
+			case killed:
+			case r.status != 200:
+				t.Errorf("stream %s: %d %s", id, r.status, r.errorBody)
+			case r.done:
+				t.Errorf("stream %s completed 20,000 tokens in a log that cannot hold them", id)
+			case !strings.Contains(r.errorBody, "log_full") && !strings.Contains(r.errorBody, "request_cancelled"):
+				t.Errorf("stream %s ended with %q, want a log_full error event (or a kill's)", id, r.errorBody)
+			}
+			mu.Lock()
+			ids = append(ids, "alice:"+id)
+			mu.Unlock()
+		}()
+	}
+	if onFull != nil {
+		waitFor(t, 60*time.Second, "the log to reach its limit", func() bool {
+			return f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS") >= 0.99
+		})
+		onFull()
+	}
+	wg.Wait()
+	return ids
+}
+
+// logState folds request id from the log alone (the ends place included),
+// as every reader does: found false once it was evicted.
+func logState(t *testing.T, js jetstream.JetStream, id string) (p *projections.Request, found bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p = projections.NewRequest()
+	for e, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
+		if errors.Is(err, streams.ErrNotFound) {
+			return nil, false
+		}
+		if err != nil {
+			t.Fatalf("read %s: %v", id, err)
+		}
+		p.Apply(e)
+	}
+	return p, p.Known()
+}
+
+// TestFullLogDrainsByItself is issue 32's wedge: streams and background
+// responses fill a 2 MB request log to its limit, each of them fails with
+// log_full, and their ends cannot be stored in the log. They go to the
+// ends place instead, so every request ends (or is evicted) without
+// intervention, /health is healthy again within 30 s of the load ending,
+// and another tenant is served. Then the log is filled again and its
+// frontend and workers are killed, leaving a full log of requests nobody
+// owns: the idle CPU of each process over that full, unchanging log is
+// measured (and held under 5% of a core).
+func TestFullLogDrainsByItself(t *testing.T) {
+	s := newStack(t)
+	keys := filepath.Join(s.dir, "keys")
+	writeKeys(t, keys, "alice "+aliceKey, "bob "+bobKey, "admin "+adminKey)
+	args := []string{"--api-keys-file", keys, "--tenant-max-concurrent", "0", "--stream-max-bytes", "2000000"}
+	f := s.frontend(nil, args...)
+	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	s.worker("w2", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	waitRoutableAs(t, apiClient{f.url, adminKey}, "w1", "w2")
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	// A kill of a running request at the limit is an end too: it is stored
+	// (in the ends place), not refused.
+	ids := fillLog(t, f, "a", 24, 8, func() {
+		res := apiClient{f.url, aliceKey}.do(t, "POST", "/v1/requests/a-st-0/cancel", []byte(`{"mode":"kill"}`), nil)
+		if res.status != 200 {
+			t.Errorf("a kill at the limit: %d %s", res.status, res.body)
+		}
+	}, false)
+	ended := time.Now()
+	if len(ids) == 0 {
+		t.Fatal("the log accepted no request")
+	}
+	waitFor(t, 30*time.Second, "every request to end in the log, or be evicted", func() bool {
+		for _, id := range ids {
+			if p, found := logState(t, js, id); found && !p.Status.Terminal() {
+				return false
+			}
+		}
+		return true
+	})
+	evicted := 0
+	for _, id := range ids {
+		if _, found := logState(t, js, id); !found {
+			evicted++
+		}
+	}
+	waitFor(t, 30*time.Second-time.Since(ended), "/health to be healthy again", func() bool {
+		code, _ := health(t, f)
+		return code == 200
+	})
+	t.Logf("%d requests filled the log; all ended, %d evicted; healthy %v after the load ended", len(ids), evicted, time.Since(ended).Round(10*time.Millisecond))
+	res := apiClient{f.url, bobKey}.stream(t, map[string]any{"model": "mock", "prompt": "another tenant", "max_tokens": 5}, nil, nil)
+	if !res.done {
+		t.Fatalf("another tenant after the drain: %d %s", res.status, res.errorBody)
+	}
+
+	// A full log that nothing changes: requests whose owner and workers are
+	// gone (killed as the log reached its limit), so that nobody ends them.
+	fillLog(t, f, "b", 24, 0, func() {
+		f.signal(syscall.SIGKILL)
+		s.workers["w1"].signal(syscall.SIGKILL)
+		s.workers["w2"].signal(syscall.SIGKILL)
+	}, true)
+	g := s.frontend(nil, args...)
+	w3 := s.worker("w3", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
+	waitRoutableAs(t, apiClient{g.url, adminKey}, "w3")
+	time.Sleep(3 * time.Second) // let eviction do what it can, then measure what is left
+	ratio := g.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS")
+	procs := map[string]int{"nats": s.nats.pid(), "frontend": g.pid(), "worker": w3.pid()}
+	before := map[string]time.Duration{}
+	for name, pid := range procs {
+		before[name] = cpuTime(t, pid)
+	}
+	const window = 5 * time.Second
+	start := time.Now()
+	time.Sleep(window)
+	took := time.Since(start)
+	for name, pid := range procs {
+		share := float64(cpuTime(t, pid)-before[name]) / float64(took)
+		t.Logf("idle CPU over a full, unchanging log (used ratio %.3f): %s %.1f%% of a core", ratio, name, 100*share)
+		if share > 0.05 {
+			t.Errorf("%s used %.1f%% of a core over a full, unchanging log, want under 5%%", name, 100*share)
+		}
+	}
+	if after := g.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"); after < 0.8 {
+		t.Logf("the log drained to %.3f meanwhile: the measurement is of a log below its eviction mark", after)
+	}
+}
+
+// cpuTime is a process's user + system CPU time, from /proc/<pid>/stat.
+func cpuTime(t *testing.T, pid int) time.Duration {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatalf("read stat of %d: %v", pid, err)
+	}
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
+// TestEvictByHand: `baton evict` removes a finished request and a running
+// one. The running one is cancelled first: its client's stream ends (an
+// error event, no [DONE]) rather than hanging, its worker stops writing
+// (nothing of it is stored after the purge), and both answer 404.
+func TestEvictByHand(t *testing.T) {
+	s := newStack(t)
+	f := s.frontend(nil)
+	s.worker("w1", "--mock-tokens-per-sec", "50", "--mock-ttft", "5ms")
+	f.waitRoutable(t, "w1")
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+
+	done := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "finished", "max_tokens": 5},
+		map[string]string{"X-Request-Id": "ev-done"}, nil)
+	if !done.done {
+		t.Fatalf("the finished request: %d %s", done.status, done.errorBody)
+	}
+	started := make(chan struct{})
+	var once sync.Once
+	result := make(chan sseResult, 1)
+	go func() {
+		result <- postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "running", "max_tokens": 5000},
+			map[string]string{"X-Request-Id": "ev-run"}, func(e sseEvent) {
+				if n, _ := strconv.Atoi(e.id); n >= 5 {
+					once.Do(func() { close(started) })
+				}
+			})
+	}()
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the running request never streamed")
+	}
+	out, errOut, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "ev-done", "ev-run")
+	if code != 0 || !strings.Contains(out, "evicted ev-done") || !strings.Contains(out, "evicted ev-run (it was running: cancelled first") {
+		t.Fatalf("baton evict: exit %d\n%s%s", code, out, errOut)
+	}
+	select {
+	case r := <-result:
+		if r.done || r.errorBody == "" {
+			t.Errorf("the running request's stream after its eviction: done %v, error %q: want an error event", r.done, r.errorBody)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the running request's stream hangs after its eviction")
+	}
+	for _, id := range []string{"ev-done", "ev-run"} {
+		resp, err := http.Get(f.url + "/v1/requests/" + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 404 {
+			t.Errorf("GET /v1/requests/%s after its eviction: %d, want 404", id, resp.StatusCode)
+		}
+	}
+	time.Sleep(time.Second) // what a worker still writing would store meanwhile
+	if _, found := logState(t, js, "ev-run"); found {
+		t.Error("the evicted running request is in the log again")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, err := range streams.ReadRequest(ctx, js, 1, "ev-run", 1) {
+		if !errors.Is(err, streams.ErrNotFound) {
+			t.Errorf("the evicted running request's subjects hold messages (a worker still writing?): %v", err)
+		}
+		break
+	}
+	if _, errOut, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "ev-never"); code != 1 || !strings.Contains(errOut, "not found") {
+		t.Errorf("baton evict of an unknown id: exit %d, %s; want 1, not found", code, errOut)
+	}
+	if _, _, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "--tenant", "alice"); code != 2 {
+		t.Errorf("baton evict --tenant without --before: exit %d, want 2", code)
+	}
+	// The frontend carries on: a new request is served.
+	if r := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "after", "max_tokens": 3}, nil, nil); !r.done {
+		t.Errorf("a request after the evictions: %d %s", r.status, r.errorBody)
+	}
+}
+
+// TestEvictTenant: `baton evict --tenant T --before TIME` evicts that
+// tenant's requests begun before TIME, and no other tenant's, nor a later
+// one of its own.
+func TestEvictTenant(t *testing.T) {
+	s, f, _ := keyedStack(t)
+	nc, err := nats.Connect(s.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	for _, c := range []struct{ key, id string }{{aliceKey, "t1"}, {aliceKey, "t2"}, {bobKey, "t1"}} {
+		if r := (apiClient{f.url, c.key}).stream(t, map[string]any{"model": "mock", "prompt": "tenant " + c.id, "max_tokens": 3},
+			map[string]string{"X-Request-Id": c.id}, nil); !r.done {
+			t.Fatalf("%s: %d %s", c.id, r.status, r.errorBody)
+		}
+	}
+	cutoff := time.Now()
+	time.Sleep(20 * time.Millisecond) // a request begun after the cutoff, by the log's clock
+	if r := (apiClient{f.url, aliceKey}).stream(t, map[string]any{"model": "mock", "prompt": "later", "max_tokens": 3},
+		map[string]string{"X-Request-Id": "t3"}, nil); !r.done {
+		t.Fatalf("t3: %d %s", r.status, r.errorBody)
+	}
+	out, errOut, code := runTool(t, batonBin, "evict", "--nats", s.natsURL, "--tenant", "alice", "--before", cutoff.UTC().Format(time.RFC3339Nano))
+	if code != 0 || !strings.Contains(out, "2 requests of alice") {
+		t.Fatalf("baton evict --tenant alice: exit %d\n%s%s", code, out, errOut)
+	}
+	for id, want := range map[string]bool{"alice:t1": false, "alice:t2": false, "bob:t1": true, "alice:t3": true} {
+		if _, found := logState(t, js, id); found != want {
+			t.Errorf("%s in the log after evicting alice's earlier requests: %v, want %v", id, found, want)
+		}
+	}
+}

@@ -1,0 +1,11 @@
+package ratelog
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the package if a test leaves a goroutine behind: Handler
+// starts none.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
