@@ -121,8 +121,11 @@ func TestDocsDebugging(t *testing.T) {
 	natsURL := "nats://127.0.0.1:" + strconv.Itoa(natsPort)
 	subst := strings.NewReplacer("nats://127.0.0.1:4222", natsURL, "127.0.0.1:4222", "127.0.0.1:"+strconv.Itoa(natsPort),
 		"--http-port 8001", "--http-port "+strconv.Itoa(portB), ".baton/", dataDir+"/")
+	// The workers hold a request at token 160 until the test opens the gate
+	// (below, once fe-a has taken the story's request over).
 	args := append(strings.Fields(strings.TrimPrefix(setup[0][0], "baton ")),
-		"--http-port", strconv.Itoa(portA), "--nats-port", strconv.Itoa(natsPort), "--data-dir", dataDir)
+		"--http-port", strconv.Itoa(portA), "--nats-port", strconv.Itoa(natsPort), "--data-dir", dataDir,
+		"--mock-hold-at-token", "160")
 	up := start(t, "up", nil, args...)
 	feA := &frontend{proc: up, url: "http://127.0.0.1:" + strconv.Itoa(portA)}
 	feA.waitRoutable(t, "up-w1", "up-w2")
@@ -132,7 +135,10 @@ func TestDocsDebugging(t *testing.T) {
 	feB.waitRoutable(t, "up-w1", "up-w2")
 
 	// The story: on fe-b, the worker killed at 40 tokens, fe-b at 120, the
-	// rest on fe-a.
+	// rest on fe-a. The surviving worker holds the request at token 160
+	// until fe-a owns it: with 0.8 s of tokens left after fe-b's kill, a
+	// loaded machine could end the request before the takeover, which the
+	// doc's examples show.
 	const id, prompt, maxTokens = "story-1", "tell me a story about a river", 200
 	var killWorker, killFrontend sync.Once
 	killed := ""
@@ -162,6 +168,20 @@ func TestDocsDebugging(t *testing.T) {
 	if first.done || killed == "" {
 		t.Fatalf("the first stream completed (%v) or no worker was killed (%q): the kills came too late", first.done, killed)
 	}
+	ws, err := feA.workers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	survivor := 0
+	for _, w := range ws {
+		if w.ID != killed && w.State == "ready" {
+			survivor = w.PID
+		}
+	}
+	if survivor == 0 {
+		t.Fatalf("no worker but %s is ready on fe-a: %+v", killed, ws)
+	}
+	releaseWhenOwned(feA, id, "fe-a", survivor)
 	rest := resume(t, feA, id, lastID(first))
 	joined(t, first, rest, prompt, maxTokens)
 

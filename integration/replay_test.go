@@ -64,22 +64,34 @@ func natsCLI(t *testing.T) string {
 // TestReplayMigratedAndResumed: a request migrates (its worker is killed),
 // then its frontend is killed and the client resumes on the other frontend.
 // `baton replay` rebuilds both facts and the exact output from the log alone;
-// `baton events` and the nats CLI show the same events.
+// `baton events` and the nats CLI show the same events. The workers hold the
+// request at token 100 until frontend-2 has taken it over (it had 0.9 s to
+// do so, a thin margin on a loaded machine: a request that ends first is
+// not taken over).
 func TestReplayMigratedAndResumed(t *testing.T) {
-	s, f1, f2 := twoFrontends(t)
+	s, f1, f2 := twoFrontendsWorkers(t, []string{"--mock-hold-at-token", "100"})
 	const id, maxTokens = "replayed", 150
 	prompt := "replay a request that migrated and resumed"
 	var killWorker, killFrontend sync.Once
+	killed := ""
 	first := postStream(t, f1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": maxTokens},
 		map[string]string{"X-Request-Id": id, "X-Resumable": "true"}, func(e sseEvent) {
 			n, _ := strconv.Atoi(e.id)
 			if n >= 20 {
-				killWorker.Do(func() { s.workers[f1.servingWorker(t, id)].signal(syscall.SIGKILL) })
+				killWorker.Do(func() {
+					killed = f1.servingWorker(t, id)
+					s.workers[killed].signal(syscall.SIGKILL)
+				})
 			}
 			if n >= 60 {
 				killFrontend.Do(func() { f1.signal(syscall.SIGKILL) })
 			}
 		})
+	survivor := map[string]string{"w1": "w2", "w2": "w1"}[killed]
+	if survivor == "" {
+		t.Fatalf("killed worker %q, want w1 or w2", killed)
+	}
+	releaseWhenOwned(f2, id, "frontend-2", s.workers[survivor].pid())
 	rest := resume(t, f2, id, lastID(first))
 	joined(t, first, rest, prompt, maxTokens)
 	want := engine.MockText(prompt, 0, maxTokens)

@@ -55,17 +55,52 @@ func joined(t *testing.T, first, rest sseResult, prompt string, maxTokens int) {
 // partitions.
 func twoFrontends(t *testing.T, frontendArgs ...string) (*stack, *frontend, *frontend) {
 	t.Helper()
+	return twoFrontendsWorkers(t, nil, frontendArgs...)
+}
+
+// twoFrontendsWorkers is twoFrontends with workerArgs added to both workers'.
+func twoFrontendsWorkers(t *testing.T, workerArgs []string, frontendArgs ...string) (*stack, *frontend, *frontend) {
+	t.Helper()
 	s := newStack(t)
 	s.partitions = testPartitions
 	args := append([]string{"--nats-system-url", s.sysURL(), "--migration-limit", "3"}, frontendArgs...)
 	f1 := s.frontend(nil, args...)
 	f2 := s.frontend(nil, args...)
-	s.worker("w1", "--mock-tokens-per-sec", "100", "--mock-ttft", "10ms")
-	s.worker("w2", "--mock-tokens-per-sec", "100", "--mock-ttft", "10ms")
+	wargs := append([]string{"--mock-tokens-per-sec", "100", "--mock-ttft", "10ms"}, workerArgs...)
+	s.worker("w1", wargs...)
+	s.worker("w2", wargs...)
 	f1.waitRoutable(t, "w1", "w2")
 	f2.waitRoutable(t, "w1", "w2")
 	s.checkPartitions(t, testPartitions)
 	return s, f1, f2
+}
+
+// releaseWhenOwned opens the hold (--mock-hold-at-token) of the worker with
+// process pid once frontend f reports that it owns request id, in the
+// background: the test goroutine meanwhile resumes the stream, which waits
+// for the rest. A request held until its new owner has taken it over is
+// still running when the takeover is looked for, however slow the machine.
+// If f never owns it within 30 s the hold opens anyway, and the test's own
+// checks say what went wrong.
+func releaseWhenOwned(f *frontend, id, owner string, pid int) {
+	go func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			var st struct {
+				Owner string `json:"owner"`
+			}
+			resp, err := http.Get(f.url + "/v1/requests/" + id)
+			if err == nil {
+				ok := resp.StatusCode == 200 && decodeJSON(resp.Body, &st) == nil && st.Owner == owner
+				resp.Body.Close()
+				if ok {
+					break
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = syscall.Kill(pid, syscall.SIGUSR1)
+	}()
 }
 
 // TestResumeAfterFrontendKill kills the frontend mid-stream; the client

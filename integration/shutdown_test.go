@@ -137,8 +137,10 @@ func checkLeft(t *testing.T, s *stack, fe *frontend, id string) {
 }
 
 // TestWorkerSIGTERMUnderLoad: eight streams run on w1 when it is terminated
-// with a 2 s budget (1.5 s of drain). The four short ones finish within the
-// drain on w1; the four long ones outlive it and are handed off to w2. Every
+// with a 2 s budget (1.5 s of drain). w1's engine holds each of them at token
+// 30 until the SIGTERM, however long the setup takes on a loaded machine (a
+// 0.6 s stream once ended before it). The four short ones then finish within
+// the drain on w1; the four long ones outlive it and are handed off to w2. Every
 // client gets the exact fault-free text with [DONE] and finish_reason
 // "length" (never "cancelled", never a 500), and w1 leaves cleanly: exit 0
 // within its budget, draining then deregistered in the log, lease gone.
@@ -148,7 +150,8 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 	fe := s.frontend(nil, "--migration-limit", "3", "--nats-system-url", s.sysURL())
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=2"}
 	wargs := []string{"--mock-tokens-per-sec", "100", "--mock-ttft", "10ms"}
-	w1 := s.worker("w1", wargs...)
+	const hold = 30 // w1's engine holds every stream before its token 30 until SIGUSR1
+	w1 := s.worker("w1", append(wargs, "--mock-hold-at-token", strconv.Itoa(hold))...)
 	s.worker("w2", wargs...)
 	fe.waitRoutable(t, "w1", "w2")
 
@@ -158,7 +161,7 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 	for range 9 {
 		occupy(t, fe, "w2")
 	}
-	const short, long = 60, 400 // 0.6 s and 4 s at 100 tokens/s
+	const short, long = 60, 400 // 0.3 s and 3.7 s after the hold, at 100 tokens/s
 	var outs []<-chan streamOutcome
 	for i := range 8 {
 		n := map[bool]int{true: short, false: long}[i%2 == 0]
@@ -166,7 +169,7 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 		outs = append(outs, streamAsync(t, fe.url, id, "sigterm under load "+id, n, nil))
 	}
 	for i := range 8 {
-		waitTokens(t, fe, fmt.Sprintf("term-%d", i), 5)
+		waitTokens(t, fe, fmt.Sprintf("term-%d", i), hold)
 	}
 	for i := range 8 {
 		if w := fe.servingWorker(t, fmt.Sprintf("term-%d", i)); w != "w1" {
@@ -174,7 +177,8 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 		}
 	}
 
-	// The short ones must still run, so that the drain is what ends them.
+	// The short ones must still run, so that the drain is what ends them:
+	// held, they do until the gate opens, right after the SIGTERM.
 	for i := 0; i < 8; i += 2 {
 		if st := fe.fullState(t, fmt.Sprintf("term-%d", i)); st.Status != "running" {
 			t.Fatalf("term-%d is %s before the SIGTERM, want running", i, st.Status)
@@ -187,6 +191,7 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 	}
 	termAt := time.Now()
 	w1.signal(syscall.SIGTERM)
+	w1.signal(syscall.SIGUSR1) // open the hold: the short ones need 0.3 s more
 	code := w1.wait(budget + 5*time.Second)
 	took := time.Since(termAt)
 	if code != 0 {
@@ -230,14 +235,17 @@ func TestWorkerSIGTERMUnderLoad(t *testing.T) {
 
 // TestWorkerSecondSIGTERM: a second SIGTERM during a (30 s) drain ends the
 // worker at once with 128+15; its requests then migrate through normal
-// failure detection (the disconnect advisory) and complete on w2.
+// failure detection (the disconnect advisory) and complete on w2. w1's
+// engine holds them at token 5, so that they are still in flight at the
+// second signal however long the setup takes (at 100 tokens/s they had 3 s
+// for it and for the drain to be seen).
 func TestWorkerSecondSIGTERM(t *testing.T) {
 	t.Parallel()
 	s := newStack(t)
 	fe := s.frontend(nil, "--migration-limit", "3", "--nats-system-url", s.sysURL())
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=30"}
 	wargs := []string{"--mock-tokens-per-sec", "100", "--mock-ttft", "10ms"}
-	w1 := s.worker("w1", wargs...)
+	w1 := s.worker("w1", append(wargs, "--mock-hold-at-token", "5")...)
 	s.worker("w2", wargs...)
 	fe.waitRoutable(t, "w1", "w2")
 	// Four pinned streams on w2 make the router put the three below on w1.
@@ -299,10 +307,13 @@ func TestWorkerSecondSIGTERM(t *testing.T) {
 // starts. The worker shuts down gracefully and exits 1; both its requests
 // (the failed one, and the healthy one in flight beside it, handed off at the
 // end of the 1 s budget) migrate to w2 and complete with the exact text.
+// w1's engine holds the healthy one at token 10, so that however long the
+// setup takes on a loaded machine it is still in flight when the drain ends
+// (at 100 tokens/s it had 3 s to outlive the setup and the drain).
 func TestEngineErrorExitsOne(t *testing.T) {
 	t.Parallel()
 	s, fe, _ := faultStack(t, faultOpts{workers: 2, advisory: true,
-		perWorker:    map[string][]string{"w1": {"--mock-engine-error-after", "1"}},
+		perWorker:    map[string][]string{"w1": {"--mock-engine-error-after", "1", "--mock-hold-at-token", "10"}},
 		frontendArgs: []string{"--migration-limit", "3"}})
 	// Two pinned streams make w2 the more loaded worker, so both requests
 	// below are routed to w1.

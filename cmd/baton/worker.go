@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/baton-dev/baton/services/engine"
@@ -52,7 +55,7 @@ type workerFlags struct {
 var passThrough = []string{
 	"model", "lease-ttl", "max-concurrent-requests",
 	"mock-tokens-per-sec", "mock-ttft", "mock-kv-blocks", "mock-block-size", "mock-speedup-ratio",
-	"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after",
+	"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after", "mock-hold-at-token",
 }
 
 func addWorkerFlags(f *flagSet) *workerFlags {
@@ -71,7 +74,8 @@ func addWorkerFlags(f *flagSet) *workerFlags {
 	f.IntVar(&m.CrashAfterTokens, "mock-crash-after-tokens", 0, "mock: die abruptly (as by SIGKILL) after emitting `N` tokens in total; 0 off")
 	f.IntVar(&m.StallAfterTokens, "mock-stall-after-tokens", 0, "mock: stop emitting after `N` tokens in total, staying connected and leased; 0 off")
 	f.IntVar(&m.EngineErrorAfter, "mock-engine-error-after", 0, "mock: after `N` requests the engine fails: the worker shuts down gracefully and exits 1; 0 off")
-	for _, name := range []string{"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after"} {
+	f.IntVar(&m.HoldAtToken, "mock-hold-at-token", 0, "mock (tests): every request pauses before its token at offset `N` until the worker gets SIGUSR1; 0 off")
+	for _, name := range []string{"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after", "mock-hold-at-token"} {
 		f.showDefault(name, "off")
 	}
 	f.documentEnv("DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS", "seconds of drain budget on SIGTERM/SIGINT; what still runs at the end is handed off and migrates", "30")
@@ -94,6 +98,7 @@ func (w *workerFlags) check(lookup lookupFunc) error {
 		"--mock-crash-after-tokens": w.mock.CrashAfterTokens,
 		"--mock-stall-after-tokens": w.mock.StallAfterTokens,
 		"--mock-engine-error-after": w.mock.EngineErrorAfter,
+		"--mock-hold-at-token":      w.mock.HoldAtToken,
 	} {
 		if n < 0 {
 			errs = append(errs, fmt.Errorf("%s %d: must not be negative", name, n))
@@ -250,7 +255,13 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 	if o.engine == "openai" {
 		eng, err = engine.NewOpenAI(o.openai)
 	} else {
-		eng, err = engine.NewMock(o.w.mock)
+		var m *engine.Mock
+		if m, err = engine.NewMock(o.w.mock); err == nil {
+			eng = m
+			if o.w.mock.HoldAtToken > 0 {
+				defer releaseOnSIGUSR1(m)()
+			}
+		}
 	}
 	if err != nil {
 		return badConfig(err)
@@ -276,6 +287,24 @@ func runWorker(ctx context.Context, env *environment, args []string) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	return runLogged(log, "worker", func() error { return w.Run(ctx) })
+}
+
+// releaseOnSIGUSR1 releases the mock's hold (--mock-hold-at-token) when the
+// process gets SIGUSR1, until the returned func is called. It outlives the
+// signal context on purpose: a test may hold requests until after its
+// SIGTERM, to see them drain.
+func releaseOnSIGUSR1(m *engine.Mock) (stop func()) {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGUSR1)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-c:
+			m.Release()
+		case <-done:
+		}
+	}()
+	return func() { signal.Stop(c); close(done) }
 }
 
 // runLogged runs a component's Run and describes a failure: an engine

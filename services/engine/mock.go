@@ -41,8 +41,13 @@ type MockConfig struct {
 	// EngineErrorAfter > 0 serves that many requests; every later Generate
 	// fails at once with an error wrapping ErrFatal.
 	EngineErrorAfter int
+	// HoldAtToken > 0 pauses every generation before the token at that
+	// offset of its output until Release is called, so that a test can hold
+	// requests in flight at a known point for as long as its setup takes.
+	// A generation that starts past the offset is not held.
+	HoldAtToken int
 	// EmitTime (benchmarks only) makes each token's text the time the
-	// engine emitted it, "@<Unix ns> " (EmitTimeOf reads it back), in place
+	// engine emitted it, "@<Unix ns> " (EmitTimes reads it back), in place
 	// of MockToken: a client then measures emit-to-read latency exactly,
 	// with nothing on baton's path but the text. The output is no longer
 	// deterministic.
@@ -86,7 +91,7 @@ func (c MockConfig) Validate() error {
 	if c.SpeedupRatio < 0 || math.IsNaN(c.SpeedupRatio) {
 		errs = append(errs, fmt.Errorf("mock speedup ratio %v: want a positive number", c.SpeedupRatio))
 	}
-	if c.CrashAfterTokens < 0 || c.StallAfterTokens < 0 || c.EngineErrorAfter < 0 {
+	if c.CrashAfterTokens < 0 || c.StallAfterTokens < 0 || c.EngineErrorAfter < 0 || c.HoldAtToken < 0 {
 		errs = append(errs, errors.New("mock fault thresholds must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -103,6 +108,9 @@ type Mock struct {
 	emitted atomic.Int64 // tokens emitted, all requests
 	started atomic.Int64 // Generate calls
 	aborts  aborts
+
+	released    chan struct{} // closed by Release: HoldAtToken holds no more
+	releaseOnce sync.Once
 
 	mu     sync.Mutex
 	active map[*mockRequest]struct{}
@@ -131,8 +139,14 @@ func NewMock(cfg MockConfig) (*Mock, error) {
 		ttft:   scale(cfg.TTFT, cfg.SpeedupRatio),
 		itl:    scale(time.Duration(float64(time.Second)/cfg.TokensPerSec), cfg.SpeedupRatio),
 		active: map[*mockRequest]struct{}{},
+
+		released: make(chan struct{}),
 	}, nil
 }
+
+// Release lets every generation held at HoldAtToken go on, and every later
+// one pass the offset without pausing. It is safe to call more than once.
+func (m *Mock) Release() { m.releaseOnce.Do(func() { close(m.released) }) }
 
 func scale(d time.Duration, speedup float64) time.Duration {
 	v := float64(d) / speedup
@@ -210,6 +224,9 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		if err := wait(d); err != nil {
 			return Result{}, err
 		}
+		if err := m.hold(ctx, i); err != nil {
+			return Result{}, err
+		}
 		total := m.emitted.Add(1)
 		if lim := m.cfg.StallAfterTokens; lim > 0 && total > int64(lim) {
 			<-ctx.Done() // stalled: alive, leased, silent
@@ -235,6 +252,20 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		}
 	}
 	return Result{FinishReason: FinishLength}, nil
+}
+
+// hold waits before the token at offset i until Release when the script
+// holds generations there (MockConfig.HoldAtToken), or ctx is done.
+func (m *Mock) hold(ctx context.Context, i int) error {
+	if at := m.cfg.HoldAtToken; at <= 0 || i != at {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.released:
+		return nil
+	}
 }
 
 // text is token i's text of the prompt whose hash is h: MockToken's, or

@@ -323,6 +323,55 @@ func TestMockStallAfterTokens(t *testing.T) {
 	})
 }
 
+// TestMockHoldAtToken: a generation stops before its token at the hold's
+// offset until Release, then goes on with the same text; one that starts
+// past the offset, or after the release, is not held; a held one lets go
+// when cancelled.
+func TestMockHoldAtToken(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMock(t, engine.MockConfig{SpeedupRatio: math.Inf(1), HoldAtToken: 5})
+		gen := func(ctx context.Context, from, to int) (<-chan error, *[]string) {
+			var got []string
+			done := make(chan error, 1)
+			go func() {
+				_, err := m.Generate(ctx, engine.Request{Prompt: "x", StartOffset: from, MaxTokens: to}, func(tk engine.Token) error { got = append(got, tk.Text); return nil })
+				done <- err
+			}()
+			return done, &got
+		}
+		held, heldGot := gen(t.Context(), 0, 10)
+		ctx, cancel := context.WithCancel(t.Context())
+		cancelled, _ := gen(ctx, 0, 10)
+		past, pastGot := gen(t.Context(), 6, 10)
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if err := <-past; err != nil || strings.Join(*pastGot, "") != engine.MockText("x", 6, 10) {
+			t.Errorf("a generation from past the hold = %q, %v; want the text of [6, 10), nil", strings.Join(*pastGot, ""), err)
+		}
+		select {
+		case err := <-held:
+			t.Fatalf("held Generate returned %v before the release", err)
+		default:
+		}
+		if got := strings.Join(*heldGot, ""); got != engine.MockText("x", 0, 5) {
+			t.Errorf("emitted %q before the release, want the 5 tokens before the hold, %q", got, engine.MockText("x", 0, 5))
+		}
+		cancel()
+		if err := <-cancelled; !errors.Is(err, context.Canceled) {
+			t.Errorf("held Generate after cancel = %v, want context.Canceled", err)
+		}
+		m.Release()
+		m.Release() // twice is fine
+		if err := <-held; err != nil || strings.Join(*heldGot, "") != engine.MockText("x", 0, 10) {
+			t.Errorf("released generation = %q, %v; want the whole text, nil", strings.Join(*heldGot, ""), err)
+		}
+		after, afterGot := gen(t.Context(), 0, 10)
+		if err := <-after; err != nil || len(*afterGot) != 10 {
+			t.Errorf("a generation after the release = %d tokens, %v; want 10, nil", len(*afterGot), err)
+		}
+	})
+}
+
 // TestMockCrashAfterTokens runs the crash in a child process (this test
 // binary) and checks that it dies by SIGKILL after exactly N tokens.
 func TestMockCrashAfterTokens(t *testing.T) {

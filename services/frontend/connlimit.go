@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -152,12 +153,24 @@ var rejectResponse = func() []byte {
 const tooManyConnections = "Service temporarily unavailable: too many open connections, please retry later"
 
 // reject answers 503 on a connection past the headroom and closes it. It
+// answers once the client has begun its request (or after a second of
+// silence), not at once: to an HTTP client, an answer that comes before its
+// request is an unsolicited response on an idle connection (Go's Transport
+// logs it and fails the request instead of reading the 503). It then
 // lingers (up to a second) reading what the client sent, so that the close
 // does not reset the connection before the client reads the answer. At most
 // maxLingering connections linger at once; Accept closes the rest at once.
 func (l *limitListener) reject(c *limitConn) {
 	defer l.lingering.Add(-1)
 	defer c.Close()
+	if !l.plainTCP {
+		return // a TLS connection is just closed
+	}
+	_ = c.Conn.SetReadDeadline(time.Now().Add(time.Second))
+	var first [1]byte
+	if _, err := c.Conn.Read(first[:]); errors.Is(err, io.EOF) {
+		return // the client went without asking
+	}
 	if !l.answer(c) {
 		return
 	}

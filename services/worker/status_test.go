@@ -91,13 +91,7 @@ func (e *env) startStatus(eng engine.Engine, cfg worker.Config) (*running, strin
 			e.t.Error("worker did not stop")
 		}
 	})
-	// The lease is in the bucket before the worker holds it: it appends its
-	// registered event in between, so wait for both (CI once looked at
-	// /health in that window and saw the lease "lost").
-	e.waitFor("lease of "+w.ID(), func() bool {
-		_, ok := e.lease(w.ID())
-		return ok && w.Status().Lease == "live"
-	})
+	e.waitRegistered(w)
 	return r, "http://" + addr.String()
 }
 

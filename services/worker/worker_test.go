@@ -93,8 +93,21 @@ func (e *env) startEngine(nc *nats.Conn, eng engine.Engine, cfg worker.Config) *
 			e.t.Error("worker did not stop")
 		}
 	})
-	e.waitFor("lease of "+w.ID(), func() bool { _, ok := e.lease(w.ID()); return ok })
+	e.waitRegistered(w)
 	return r
+}
+
+// waitRegistered waits until w holds its lease. The lease is in the bucket
+// before the worker holds it: it appends its registered event in between,
+// so wait for both (CI once looked at /health in that window and saw the
+// lease "lost", and once closed the connection in it, so that Run failed
+// with "register: connection closed").
+func (e *env) waitRegistered(w *worker.Worker) {
+	e.t.Helper()
+	e.waitFor("lease of "+w.ID(), func() bool {
+		_, ok := e.lease(w.ID())
+		return ok && w.Status().Lease == "live"
+	})
 }
 
 // stop cancels the worker and returns Run's result.
@@ -541,7 +554,7 @@ func TestDeltasSentAtOnceWhenIdle(t *testing.T) {
 
 func TestRefusals(t *testing.T) {
 	e := newEnv(t)
-	e.start(nil, slow, worker.Config{ID: "w-ref", MaxConcurrentRequests: 1, ShutdownTimeout: 500 * time.Millisecond})
+	r := e.start(nil, slow, worker.Config{ID: "w-ref", MaxConcurrentRequests: 1, ShutdownTimeout: 500 * time.Millisecond})
 	if rep := e.dispatch("w-ref", events.Dispatch{RequestID: "r-x", Model: "other", MaxTokens: 1}); rep.Accepted || rep.Reason != streams.RefusedWrongModel {
 		t.Errorf("wrong model: %+v", rep)
 	}
@@ -562,6 +575,12 @@ func TestRefusals(t *testing.T) {
 	if rep := e.dispatch("w-ref", newDispatch("r-2", "x", 1000)); rep.Accepted || rep.Reason != streams.RefusedBusy {
 		t.Errorf("second at max concurrency: %+v, want busy", rep)
 	}
+	// End r-1 here rather than leave it to the worker's shutdown at the
+	// test's end: its 500 ms budget is for a hand-off, which a loaded
+	// machine can overrun, and Run then returns with the generation still
+	// running (goleak reported a leaked goroutine twice under load).
+	e.cancel("w-ref", "r-1", events.CancelKill)
+	e.waitFor("r-1 to end on the worker", func() bool { return r.w.Status().InFlight == 0 })
 }
 
 func TestShutdownHandsOff(t *testing.T) {
