@@ -146,7 +146,9 @@ func TestPickTiers(t *testing.T) {
 		}
 		fullF := full
 		fullF.WorkerID = "f"
-		f.disc.updateLoad(func(v *projections.Discovery) bool { return v.ApplyLoad(projections.LoadUpdate{Key: "f", Load: &fullF}) })
+		f.disc.updateLoad(func(v *projections.Discovery) bool {
+			return v.ApplyLoad(projections.LoadUpdate{Key: "f", Load: &fullF})
+		})
 		if err := f.Admit("mock", ""); !errors.Is(err, ErrAllBusy) {
 			t.Fatalf("admit with every tier busy: %v, want ErrAllBusy", err)
 		}
