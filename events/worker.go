@@ -92,6 +92,10 @@ type Lease struct {
 	// comes, so a frontend sends them a dispatch only once its routed
 	// decision is stored.
 	HoldsUntilRouted bool `json:"holds_until_routed,omitempty"`
+	// Priority is the worker's routing tier (--priority): frontends pick
+	// among the highest tier's workers that can take a request, a lower
+	// tier only when none can. Absent (0): older builds, the default tier.
+	Priority int `json:"priority,omitempty"`
 }
 
 // Capabilities is what a worker's engine can do: serve chat and

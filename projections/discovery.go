@@ -60,6 +60,9 @@ type Worker struct {
 	// HoldsUntilRouted: the worker holds an attempt's output until its
 	// routed decision is stored (events.Lease.HoldsUntilRouted).
 	HoldsUntilRouted bool `json:"-"`
+	// Priority is the worker's routing tier (events.Lease.Priority);
+	// higher first, 0 by default.
+	Priority int `json:"priority"`
 	// Departed is when a lost worker's lease ended (the time of the key's
 	// deletion or expiry); zero for a live worker.
 	Departed time.Time `json:"departed,omitzero"`
@@ -188,7 +191,7 @@ func (d *Discovery) ApplyLease(u LeaseUpdate) (changed bool) {
 		LeaseRevision: u.Revision, ClientID: l.ClientID, Server: l.Server,
 		Load: d.loads[u.Key], LeaseRenewed: u.Time, Capabilities: l.Capabilities,
 		FirstTokenTimeout: time.Duration(l.FirstTokenTimeoutMS) * time.Millisecond,
-		HoldsUntilRouted:  l.HoldsUntilRouted,
+		HoldsUntilRouted:  l.HoldsUntilRouted, Priority: l.Priority,
 	}
 	switch {
 	case l.Draining || d.ended[u.Key].lease == l.LeaseID:

@@ -158,11 +158,11 @@ func TestDiscoveryLoad(t *testing.T) {
 
 func TestDiscoveryWorkerFields(t *testing.T) {
 	l := lease("w1", "l1", "m")
-	l.ClientID, l.Server = 12, "srv"
+	l.ClientID, l.Server, l.Priority = 12, "srv", 2
 	d := discover(put(7, l), load("w1", 1))
 	got, ok := d.Get("w1")
 	want := projections.Worker{ID: "w1", LeaseID: "l1", Model: "m", State: projections.WorkerReady, PID: 7, Host: "h",
-		LeaseTTL: "3s", LeaseRevision: 7, ClientID: 12, Server: "srv", Load: events.Load{WorkerID: "w1", ActiveRequests: 1}}
+		LeaseTTL: "3s", LeaseRevision: 7, ClientID: 12, Server: "srv", Load: events.Load{WorkerID: "w1", ActiveRequests: 1}, Priority: 2}
 	if !ok || !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v %v, want %+v", got, ok, want)
 	}

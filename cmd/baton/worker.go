@@ -154,6 +154,7 @@ type workerOptions struct {
 	id         string
 	systemPort int
 	systemHost string
+	priority   int
 	pprof      *string
 	benchEmit  bool
 	benchOff   bool
@@ -182,6 +183,8 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.showDefault("system-port", "off")
 	f.StringVar(&o.systemHost, "system-host", "127.0.0.1", "status server listen `address`; 0.0.0.0 or :: for every interface (a Prometheus on another host)")
 	f.bindEnv("system-host", "DYN_SYSTEM_HOST", nil)
+	f.IntVar(&o.priority, "priority", 0, "routing `tier`: frontends pick among the highest tier's routable workers of the model, a lower tier only when none of a higher one can take the request")
+	f.bindEnv("priority", "BATON_PRIORITY", nil)
 	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: the mock engine writes each token's emit time as its text, \"@<unix ns> \", so that a client measures emit-to-read latency (the output is no longer the mock's deterministic one)")
 	f.BoolVar(&o.benchOff, "bench-log-off", false, "benchmarks only: send token deltas over core NATS instead of the log (nothing is durable: no resume, replay or migration), for the log-off baseline")
 	o.w = addWorkerFlags(f)
@@ -231,6 +234,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		CanaryWait:            o.w.canaryWait,
 		HealthCheckTimeout:    o.w.healthTimeout,
 		BenchLogOff:           o.benchOff,
+		Priority:              o.priority,
 	}
 	if o.systemPort != 0 {
 		o.cfg.SystemAddr = net.JoinHostPort(o.systemHost, strconv.Itoa(o.systemPort))

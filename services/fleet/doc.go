@@ -2,9 +2,10 @@
 // workers (discovery, folded from the leases and load buckets and the
 // workers stream), the frontends (every presence key), the disconnect
 // advisories that revoke a crashed worker's lease or a crashed frontend's
-// key at once, and the choice of a worker for a dispatch (least loaded,
-// load thresholds, this frontend's local inhibition of workers that failed
-// on the request path).
+// key at once, and the choice of a worker for a dispatch (the highest
+// priority tier that can take it, the least loaded in it, load thresholds,
+// this frontend's local inhibition of workers that failed on the request
+// path).
 //
 // Fleet has one Run; the request runtime (services/frontend/runner) and the
 // HTTP edge read it through small interfaces of their own. The view is a

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -81,17 +82,26 @@ type Fleet struct {
 	disc   *discovery
 	fronts *frontends
 	router *router
+	m      *metrics
 	ready  chan struct{} // closed once Run loaded the view
 }
 
-// New builds the fleet view of frontend frontendID on connection nc.
-func New(nc *nats.Conn, frontendID string, log *slog.Logger, cfg Config) (*Fleet, error) {
+// New builds the fleet view of frontend frontendID on connection nc, its
+// metrics registered on reg (none if nil).
+func New(nc *nats.Conn, frontendID string, log *slog.Logger, reg prometheus.Registerer, cfg Config) (*Fleet, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("fleet: config: %w", err)
 	}
 	cfg = cfg.withDefaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: metrics: %w", err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -100,7 +110,7 @@ func New(nc *nats.Conn, frontendID string, log *slog.Logger, cfg Config) (*Fleet
 	return &Fleet{
 		id: frontendID, cfg: cfg, log: log, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+frontendID),
-		disc:   newDiscovery(log), fronts: newFrontends(), router: newRouter(cfg, time.Now),
+		disc:   newDiscovery(log), fronts: newFrontends(), router: newRouter(cfg, time.Now), m: m,
 		ready: make(chan struct{}),
 	}, nil
 }
@@ -205,7 +215,10 @@ func (f *Fleet) Admit(model, pinned string) error {
 // exclude) and counts a dispatch to it until done is called, so that
 // concurrent dispatches see each other's choices; done is nil on error. A
 // migration (d.Attempt > 0) whose every candidate is inhibited goes to the
-// least recently failed rather than fail.
+// least recently failed rather than fail. Unpinned, it picks from the
+// highest priority tier that has a worker able to take d (see router); a
+// pick from a lower tier than the highest routable one is counted in
+// baton_frontend_fallback_dispatches_total. A pinned dispatch ignores tiers.
 func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w projections.Worker, done func(), err error) {
 	if pinned != "" {
 		w, ok := f.disc.get(pinned)
@@ -216,6 +229,7 @@ func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w proj
 	}
 	var cands []projections.Worker
 	f.disc.read(func(v *projections.Discovery) { cands = v.Routable(d.Model) })
+	top := topTier(cands)
 	cands, err = capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
 	if err != nil {
 		return projections.Worker{}, nil, err
@@ -224,7 +238,23 @@ func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w proj
 	for _, id := range exclude {
 		skip[id] = true
 	}
-	return f.router.reserve(cands, skip, d.Attempt > 0)
+	w, done, err = f.router.reserve(cands, skip, d.Attempt > 0)
+	if err == nil && w.Priority < top {
+		f.m.fallbacks.WithLabelValues(d.Model).Inc()
+	}
+	return w, done, err
+}
+
+// topTier is the highest priority of ws; 0 if ws is empty.
+func topTier(ws []projections.Worker) int {
+	if len(ws) == 0 {
+		return 0
+	}
+	top := ws[0].Priority
+	for _, w := range ws[1:] {
+		top = max(top, w.Priority)
+	}
+	return top
 }
 
 // Inhibit drops worker w from this frontend's routing for d (the inhibition

@@ -19,8 +19,12 @@ var (
 	errNotCapable = errors.New("fleet: no routable worker's engine can run this request")
 )
 
-// router picks a worker for a dispatch: the least loaded routable worker of
-// the model that this frontend has not inhibited. Inhibition is local: after a
+// router picks a worker for a dispatch: among the routable workers of the
+// model that this frontend has not inhibited and that are not busy, those
+// of the highest priority tier (projections.Worker.Priority), and among
+// them the least loaded. A lower tier serves only while no worker of a
+// higher one can take the request, and the next pick after one can is its
+// again: the choice keeps no memory of tiers. Inhibition is local: after a
 // request-path failure the worker leaves this frontend's routing set for
 // inhibitFor, unless it re-registers (a new lease id) first.
 type router struct {
@@ -96,8 +100,10 @@ func (r *router) busy(w projections.Worker) bool {
 }
 
 // pick chooses among candidates (the routable workers of a model), skipping
-// excluded and inhibited ones. It returns errNoWorkers when none is left and
-// ErrAllBusy when every one left is busy. It reserves nothing: see reserve.
+// excluded and inhibited ones: the least loaded of the highest tier that has
+// a worker left that is not busy. It returns errNoWorkers when none is left
+// and ErrAllBusy when every one left, of every tier, is busy. It reserves
+// nothing: see reserve.
 func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -111,9 +117,10 @@ func (r *router) pick(candidates []projections.Worker, exclude map[string]bool) 
 // over, or failed); it is nil on error.
 //
 // With lastResort (a migration: the request is under way), a request whose
-// every candidate left is inhibited goes to the one inhibited longest ago
-// (the least recently failed) rather than fail: inhibition is a preference,
-// not a wall, and failing would cut an answer short.
+// every candidate left is inhibited goes to an inhibited one of the highest
+// tier, the one inhibited longest ago (the least recently failed), rather
+// than fail: inhibition is a preference, not a wall, and failing would cut
+// an answer short.
 func (r *router) reserve(candidates []projections.Worker, exclude map[string]bool, lastResort bool) (projections.Worker, func(), error) {
 	r.mu.Lock()
 	w, err := r.pickLocked(candidates, exclude)
@@ -132,25 +139,20 @@ func (r *router) reserve(candidates []projections.Worker, exclude map[string]boo
 
 func (r *router) pickLocked(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
 	var best []projections.Worker
-	bestScore := -1
-	anyFree := false
+	var tier, bestScore int
 	for _, w := range candidates {
-		if exclude[w.ID] || r.isInhibitedLocked(w) {
+		if exclude[w.ID] || r.isInhibitedLocked(w) || r.busy(w) {
 			continue
 		}
-		if r.busy(w) {
-			continue
-		}
-		anyFree = true
 		score := max(w.Load.ActiveRequests, r.active[w.ID])
 		switch {
-		case bestScore < 0 || score < bestScore:
-			best, bestScore = []projections.Worker{w}, score
-		case score == bestScore:
+		case len(best) == 0 || w.Priority > tier || (w.Priority == tier && score < bestScore):
+			best, tier, bestScore = []projections.Worker{w}, w.Priority, score
+		case w.Priority == tier && score == bestScore:
 			best = append(best, w)
 		}
 	}
-	if !anyFree {
+	if len(best) == 0 {
 		for _, w := range candidates {
 			if !exclude[w.ID] && !r.isInhibitedLocked(w) {
 				return projections.Worker{}, ErrAllBusy
@@ -161,8 +163,9 @@ func (r *router) pickLocked(candidates []projections.Worker, exclude map[string]
 	return best[rand.IntN(len(best))], nil
 }
 
-// leastRecentlyFailedLocked is the inhibited candidate, not excluded and not
-// busy, whose inhibition was set longest ago; errNoWorkers if none.
+// leastRecentlyFailedLocked is the inhibited candidate of the highest tier,
+// not excluded and not busy, whose inhibition was set longest ago;
+// errNoWorkers if none.
 func (r *router) leastRecentlyFailedLocked(candidates []projections.Worker, exclude map[string]bool) (projections.Worker, error) {
 	var best projections.Worker
 	var until time.Time
@@ -170,7 +173,8 @@ func (r *router) leastRecentlyFailedLocked(candidates []projections.Worker, excl
 		if exclude[w.ID] || r.busy(w) || !r.isInhibitedLocked(w) {
 			continue
 		}
-		if in := r.inhibited[w.ID]; until.IsZero() || in.until.Before(until) {
+		in := r.inhibited[w.ID]
+		if until.IsZero() || w.Priority > best.Priority || (w.Priority == best.Priority && in.until.Before(until)) {
 			best, until = w, in.until
 		}
 	}

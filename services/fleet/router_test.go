@@ -2,6 +2,8 @@ package fleet
 
 import (
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -296,6 +298,162 @@ func TestRouterLastResort(t *testing.T) {
 		done()
 		if _, _, err := r.reserve(all, map[string]bool{"w1": true, "w2": true, "w3": true}, true); !errors.Is(err, errNoWorkers) {
 			t.Fatalf("every worker excluded: %v, want errNoWorkers", err)
+		}
+	})
+}
+
+func tier(w projections.Worker, p int) projections.Worker {
+	w.Priority = p
+	return w
+}
+
+// TestRouterTiers (issue 35, item 4): the router picks among the highest
+// priority tier's workers that can take the request (not excluded, not
+// inhibited, not busy), the least loaded of them, and a lower tier only
+// when no worker of a higher one can; when none of any tier can, the
+// answer is what it was without tiers.
+func TestRouterTiers(t *testing.T) {
+	half := 0.5
+	active := func(n int) events.Load { return events.Load{ActiveRequests: n} }
+	full := events.Load{KVBlocksUsed: 9, KVBlocksTotal: 10}
+	for _, tc := range []struct {
+		name      string
+		cands     []projections.Worker
+		inhibited []string
+		exclude   map[string]bool
+		want      []string // every worker picked over many picks
+		wantErr   error
+	}{
+		{name: "the top tier first, even when more loaded", cands: []projections.Worker{
+			tier(loaded(worker("p", "a"), active(5)), 1), loaded(worker("f", "b"), active(0))}, want: []string{"p"}},
+		{name: "least loaded within the top tier", cands: []projections.Worker{
+			tier(loaded(worker("p1", "a"), active(3)), 1), tier(loaded(worker("p2", "b"), active(1)), 1),
+			loaded(worker("f", "c"), active(0))}, want: []string{"p2"}},
+		{name: "ties within the top tier share it", cands: []projections.Worker{
+			tier(worker("p1", "a"), 1), tier(worker("p2", "b"), 1), worker("f", "c")}, want: []string{"p1", "p2"}},
+		{name: "the order of the candidates does not matter", cands: []projections.Worker{
+			worker("f", "c"), tier(worker("p", "a"), 1), tier(worker("low", "d"), -1)}, want: []string{"p"}},
+		{name: "a busy top tier falls back", cands: []projections.Worker{
+			tier(loaded(worker("p", "a"), full), 1), worker("f", "b")}, want: []string{"f"}},
+		{name: "the next tier down, not the last", cands: []projections.Worker{
+			tier(loaded(worker("top", "a"), full), 2), tier(worker("mid", "b"), 1), worker("last", "c")}, want: []string{"mid"}},
+		{name: "an inhibited top tier falls back", inhibited: []string{"p"}, cands: []projections.Worker{
+			tier(worker("p", "a"), 1), worker("f", "b")}, want: []string{"f"}},
+		{name: "a top tier that failed the request falls back", exclude: map[string]bool{"p": true}, cands: []projections.Worker{
+			tier(worker("p", "a"), 1), worker("f", "b")}, want: []string{"f"}},
+		{name: "one of the top tier left takes it", inhibited: []string{"p1"}, cands: []projections.Worker{
+			tier(worker("p1", "a"), 1), tier(loaded(worker("p2", "b"), active(9)), 1), worker("f", "c")}, want: []string{"p2"}},
+		{name: "below the default tier is last", cands: []projections.Worker{
+			tier(worker("low", "a"), -1), worker("f", "b")}, want: []string{"f"}},
+		{name: "every tier busy is busy", wantErr: ErrAllBusy, cands: []projections.Worker{
+			tier(loaded(worker("p", "a"), full), 1), loaded(worker("f", "b"), full)}},
+		{name: "the top tier inhibited and the rest busy is busy", inhibited: []string{"p"}, wantErr: ErrAllBusy,
+			cands: []projections.Worker{tier(worker("p", "a"), 1), loaded(worker("f", "b"), full)}},
+		{name: "every tier inhibited is no worker", inhibited: []string{"p", "f"}, wantErr: errNoWorkers,
+			cands: []projections.Worker{tier(worker("p", "a"), 1), worker("f", "b")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRouter(Config{InhibitedDuration: time.Minute, ActiveDecodeBlocksThreshold: &half}, time.Now)
+			for _, w := range tc.cands {
+				if slices.Contains(tc.inhibited, w.ID) {
+					r.inhibit(w, 0)
+				}
+			}
+			if tc.wantErr != nil {
+				if w, err := r.pick(tc.cands, tc.exclude); !errors.Is(err, tc.wantErr) {
+					t.Fatalf("pick = %q, %v; want %v", w.ID, err, tc.wantErr)
+				}
+				return
+			}
+			got := picks(t, r, tc.cands, tc.exclude, 100)
+			if ids := slices.Sorted(maps.Keys(got)); !slices.Equal(ids, tc.want) {
+				t.Fatalf("picked %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRouterTiersReturn: the fallback tier serves only while the top tier
+// cannot, and the first pick after the top tier can again is the top
+// tier's: at the end of its inhibition, at its re-registration (a new
+// lease), and as soon as it is routable again (back in the candidates).
+func TestRouterTiersReturn(t *testing.T) {
+	const window = 5 * time.Second
+	p, f := tier(worker("p", "lease-p"), 1), worker("f", "lease-f")
+	both := []projections.Worker{p, f}
+	synctest.Test(t, func(t *testing.T) {
+		r := newRouter(Config{InhibitedDuration: window}, time.Now)
+		onlyPicked(t, picks(t, r, both, nil, 20), "p")
+
+		r.inhibit(p, 0)
+		onlyPicked(t, picks(t, r, both, nil, 20), "f")
+		time.Sleep(window)
+		onlyPicked(t, picks(t, r, both, nil, 20), "p")
+
+		r.inhibit(p, 0)
+		again := tier(worker("p", "lease-p2"), 1) // restarted: a new lease
+		onlyPicked(t, picks(t, r, []projections.Worker{again, f}, nil, 20), "p")
+
+		// Out of routing (lease lost, not ready, draining): not a candidate.
+		onlyPicked(t, picks(t, r, []projections.Worker{f}, nil, 20), "f")
+		onlyPicked(t, picks(t, r, []projections.Worker{f, again}, nil, 20), "p")
+	})
+}
+
+// TestRouterTiersReserve: a burst spreads over the top tier's workers, as
+// it does without tiers, and none of it spills to a lower tier that no
+// threshold asked for.
+func TestRouterTiersReserve(t *testing.T) {
+	r := newRouter(Config{}, time.Now)
+	cands := []projections.Worker{worker("f", "l0"), tier(worker("p1", "l1"), 1), tier(worker("p2", "l2"), 1)}
+	count := map[string]int{}
+	var dones []func()
+	for range 20 {
+		w, done, err := r.reserve(cands, nil, false)
+		if err != nil {
+			t.Fatalf("reserve: %v", err)
+		}
+		count[w.ID]++
+		dones = append(dones, done)
+	}
+	if count["p1"] != 10 || count["p2"] != 10 {
+		t.Errorf("a burst of 20 went %v, want 10 and 10 on the top tier", count)
+	}
+	for _, done := range dones {
+		done()
+	}
+}
+
+// TestRouterTiersLastResort: a migration whose every candidate left is
+// inhibited goes to the highest tier's least recently failed worker, even
+// when a lower tier's failed longer ago; a new request still finds none.
+func TestRouterTiersLastResort(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRouter(Config{InhibitedDuration: 5 * time.Second}, time.Now)
+		f := worker("f", "lf")
+		p1, p2 := tier(worker("p1", "l1"), 1), tier(worker("p2", "l2"), 1)
+		all := []projections.Worker{f, p1, p2}
+		r.inhibit(f, 0)
+		time.Sleep(time.Second)
+		r.inhibit(p2, 0)
+		time.Sleep(time.Second)
+		r.inhibit(p1, 0)
+		if _, _, err := r.reserve(all, nil, false); !errors.Is(err, errNoWorkers) {
+			t.Fatalf("a new request with every worker inhibited: %v, want errNoWorkers", err)
+		}
+		for _, tc := range []struct {
+			exclude map[string]bool
+			want    string
+		}{
+			{nil, "p2"}, // the top tier's least recently failed, not f
+			{map[string]bool{"p2": true}, "p1"},
+			{map[string]bool{"p1": true, "p2": true}, "f"},
+		} {
+			w, done, err := r.reserve(all, tc.exclude, true)
+			if err != nil || w.ID != tc.want {
+				t.Fatalf("a migration excluding %v with every worker inhibited got %q, %v; want %s", tc.exclude, w.ID, err, tc.want)
+			}
+			done()
 		}
 	})
 }

@@ -329,7 +329,7 @@ func (fe *Frontend) checkParent(ctx context.Context, tenant, parent string) *api
 func redactWorkers(ws []projections.Worker) []projections.Worker {
 	out := make([]projections.Worker, len(ws))
 	for i, w := range ws {
-		out[i] = projections.Worker{ID: w.ID, Model: w.Model, State: w.State, LeaseTTL: w.LeaseTTL, Load: w.Load}
+		out[i] = projections.Worker{ID: w.ID, Model: w.Model, State: w.State, LeaseTTL: w.LeaseTTL, Load: w.Load, Priority: w.Priority}
 	}
 	return out
 }

@@ -75,7 +75,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: jetstream: %w", err)
 	}
-	fl, err := fleet.New(nc, cfg.Runtime.ID, log, cfg.Fleet)
+	fl, err := fleet.New(nc, cfg.Runtime.ID, log, reg, cfg.Fleet)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}

@@ -39,6 +39,7 @@ type Config struct {
 	LoadInterval          time.Duration  // minimum spacing of load reports whose number of active requests is unchanged; default 100ms
 	Streams               streams.Config // provisioning of streams and buckets
 	Host                  string         // reported host name; default os.Hostname()
+	Priority              int            // routing tier announced in the lease (--priority): higher first; default 0
 	// BenchLogOff sends token deltas and outcomes over core NATS instead of
 	// appending them to the log, for the benchmark's log-off baseline:
 	// nothing the worker generates is durable (no resume, replay or

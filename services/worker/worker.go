@@ -397,7 +397,7 @@ func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, err
 	v := events.Lease{
 		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
 		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
-		NotReady: !healthy, Capabilities: w.capabilities(), HoldsUntilRouted: true,
+		NotReady: !healthy, Capabilities: w.capabilities(), HoldsUntilRouted: true, Priority: w.cfg.Priority,
 	}
 	if ft, ok := w.eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
 		v.FirstTokenTimeoutMS = ft.FirstTokenTimeout().Milliseconds()

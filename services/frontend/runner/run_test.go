@@ -65,7 +65,7 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	reg := prometheus.NewRegistry()
-	fl, err := fleet.New(s.Connect(t), "fe", nil, fleet.Config{})
+	fl, err := fleet.New(s.Connect(t), "fe", nil, nil, fleet.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,156 @@
+package fleet
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// tieredFleet is a fleet view holding the given leases (no NATS: Pick and
+// Admit read only the view and the router), its metrics on their own
+// registry.
+func tieredFleet(t *testing.T, cfg Config, leases ...*events.Lease) (*Fleet, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &Fleet{cfg: cfg.withDefaults(), disc: newDiscovery(nil), m: m}
+	f.router = newRouter(f.cfg, time.Now)
+	for i, l := range leases {
+		f.disc.update(func(v *projections.Discovery) bool {
+			return v.ApplyLease(projections.LeaseUpdate{Key: l.WorkerID, Revision: uint64(i + 1), Lease: l, Time: time.Now()})
+		})
+	}
+	return f, reg
+}
+
+func tieredLease(id string, priority int) *events.Lease {
+	return &events.Lease{WorkerID: id, LeaseID: "lease-" + id, Model: "mock", TTLMS: 10000, Priority: priority}
+}
+
+// fallbacks reads baton_frontend_fallback_dispatches_total{model="mock"}.
+func fallbacks(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "baton_frontend_fallback_dispatches_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == "mock" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestPickTiers: Fleet.Pick routes by tier, counts a dispatch that went to
+// a lower tier than the highest routable one (and none other), and a
+// pinned dispatch ignores tiers.
+func TestPickTiers(t *testing.T) {
+	d := events.Dispatch{RequestID: "r", Model: "mock", Endpoint: events.EndpointCompletions}
+	pick := func(t *testing.T, f *Fleet, d events.Dispatch, pinned string, exclude ...string) string {
+		t.Helper()
+		w, done, err := f.Pick(d, pinned, exclude)
+		if err != nil {
+			t.Fatalf("pick: %v", err)
+		}
+		done()
+		return w.ID
+	}
+
+	t.Run("the primary, then the fallback while it cannot, counted", func(t *testing.T) {
+		f, reg := tieredFleet(t, Config{}, tieredLease("p", 1), tieredLease("f", 0))
+		if got := pick(t, f, d, ""); got != "p" {
+			t.Fatalf("picked %s, want the primary p", got)
+		}
+		if n := fallbacks(t, reg); n != 0 {
+			t.Fatalf("fallback dispatches %v after a pick of the top tier, want 0", n)
+		}
+		p, _ := f.Worker("p")
+		f.Inhibit(p, 0)
+		if got := pick(t, f, d, ""); got != "f" {
+			t.Fatalf("picked %s with the primary inhibited, want the fallback f", got)
+		}
+		migration := d
+		migration.Attempt, migration.StartOffset = 1, 3
+		if got := pick(t, f, migration, "", "p"); got != "f" {
+			t.Fatalf("a migration away from the primary picked %s, want f", got)
+		}
+		if n := fallbacks(t, reg); n != 2 {
+			t.Fatalf("fallback dispatches %v, want 2", n)
+		}
+	})
+
+	t.Run("a top tier out of routing is not a fallback", func(t *testing.T) {
+		notReady := tieredLease("p", 1)
+		notReady.NotReady = true
+		f, reg := tieredFleet(t, Config{}, notReady, tieredLease("f", 0))
+		if got := pick(t, f, d, ""); got != "f" {
+			t.Fatalf("picked %s, want f", got)
+		}
+		if n := fallbacks(t, reg); n != 0 {
+			t.Fatalf("fallback dispatches %v, want 0: f is the highest routable tier", n)
+		}
+	})
+
+	t.Run("a top tier that cannot run the request is passed over, counted", func(t *testing.T) {
+		chatOnly := tieredLease("p", 1)
+		chatOnly.Capabilities = &events.Capabilities{Chat: true}
+		f, reg := tieredFleet(t, Config{}, chatOnly, tieredLease("f", 0))
+		if got := pick(t, f, d, ""); got != "f" {
+			t.Fatalf("a completion picked %s, want f (p serves chat only)", got)
+		}
+		if n := fallbacks(t, reg); n != 1 {
+			t.Fatalf("fallback dispatches %v, want 1", n)
+		}
+	})
+
+	t.Run("pinned ignores tiers", func(t *testing.T) {
+		f, reg := tieredFleet(t, Config{}, tieredLease("p", 1), tieredLease("f", 0))
+		for range 10 {
+			if got := pick(t, f, d, "f"); got != "f" {
+				t.Fatalf("pinned to f, picked %s", got)
+			}
+		}
+		if n := fallbacks(t, reg); n != 0 {
+			t.Fatalf("fallback dispatches %v after pinned dispatches, want 0", n)
+		}
+		if err := f.Admit("mock", "f"); err != nil {
+			t.Fatalf("admit pinned to the fallback: %v", err)
+		}
+	})
+
+	t.Run("admit: busy only when every tier is", func(t *testing.T) {
+		half := 0.5
+		full := events.Load{WorkerID: "p", KVBlocksUsed: 9, KVBlocksTotal: 10}
+		f, _ := tieredFleet(t, Config{ActiveDecodeBlocksThreshold: &half}, tieredLease("p", 1), tieredLease("f", 0))
+		f.disc.updateLoad(func(v *projections.Discovery) bool { return v.ApplyLoad(projections.LoadUpdate{Key: "p", Load: &full}) })
+		if err := f.Admit("mock", ""); err != nil {
+			t.Fatalf("admit with the top tier busy and the fallback free: %v, want admitted", err)
+		}
+		if got := pick(t, f, d, ""); got != "f" {
+			t.Fatalf("picked %s with the primary busy, want f", got)
+		}
+		fullF := full
+		fullF.WorkerID = "f"
+		f.disc.updateLoad(func(v *projections.Discovery) bool {
+			return v.ApplyLoad(projections.LoadUpdate{Key: "f", Load: &fullF})
+		})
+		if err := f.Admit("mock", ""); !errors.Is(err, ErrAllBusy) {
+			t.Fatalf("admit with every tier busy: %v, want ErrAllBusy", err)
+		}
+	})
+}
