@@ -170,6 +170,8 @@ func (w *Worker) generate(j *job) {
 	w.notifyLoad()
 
 	out = newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
+	mode := continuation(w.eng, d)
+	out.exact = exactAtStart(mode)
 	res, genErr := w.produce(j.ctx, j.cancel, d, j.routed, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
 		// Nothing more of this attempt can be stored, its end included:
@@ -184,6 +186,10 @@ func (w *Worker) generate(j *job) {
 	ctx, cancel := context.WithTimeout(context.Background(), streams.AppendBudget+2*streams.DefaultTimeout)
 	defer cancel()
 	status, final, fatal := w.outcome(j, res, genErr, out, log)
+	if c, ok := final.(events.RequestCompleted); ok {
+		c.Exact = exactAtEnd(mode, d, res)
+		final = c
+	}
 	if !j.released() {
 		final = nil // held to its end: nothing of it is stored (hold.go)
 	}
