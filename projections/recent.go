@@ -13,15 +13,18 @@ const DefaultRecentLimit = 500
 
 // RequestSummary is one row of the console's request table.
 type RequestSummary struct {
-	ID           string    `json:"id"`
-	Model        string    `json:"model"`
-	Status       string    `json:"status"`
-	Worker       string    `json:"worker,omitempty"`
-	Owner        string    `json:"owner"`
-	Tokens       int       `json:"tokens"`
-	MaxTokens    int       `json:"max_tokens"`
-	Attempts     int       `json:"attempts"`
-	Migrations   int       `json:"migrations"`
+	ID         string `json:"id"`
+	Model      string `json:"model"`
+	Status     string `json:"status"`
+	Worker     string `json:"worker,omitempty"`
+	Owner      string `json:"owner"`
+	Tokens     int    `json:"tokens"`
+	MaxTokens  int    `json:"max_tokens"`
+	Attempts   int    `json:"attempts"`
+	Migrations int    `json:"migrations"`
+	// Approximate: some continuation of the request was not exact
+	// (Request.Exact).
+	Approximate  bool      `json:"approximate,omitempty"`
 	FinishReason string    `json:"finish_reason,omitempty"`
 	ParentID     string    `json:"parent_id,omitempty"`
 	Accepted     time.Time `json:"accepted"` // the accepted event's time
@@ -137,6 +140,7 @@ func (v *Recent) Requests(model, status string, limit int) []RequestSummary {
 		s := RequestSummary{
 			ID: r.Accepted.RequestID, Model: r.Accepted.Model, Status: string(r.Status), Owner: r.Owner,
 			Tokens: r.Len(), MaxTokens: r.Accepted.MaxTokens, Attempts: len(r.Attempts), Migrations: len(r.Migrations),
+			Approximate:  !r.Exact(),
 			FinishReason: r.FinishReason, ParentID: r.Accepted.ParentID,
 			Accepted: rr.accepted, Updated: rr.updated, Seq: r.LastSeq(),
 		}

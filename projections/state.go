@@ -30,6 +30,9 @@ type State struct {
 	Cancel          *events.RequestCancelled `json:"cancel,omitempty"`
 	Failure         *events.RequestFailed    `json:"failure,omitempty"`
 	SkippedDeltas   int                      `json:"skipped_deltas,omitempty"`
+	// Exact is false when some continuation of the request was
+	// approximate, or not shown exact yet (Request.Exact).
+	Exact bool `json:"exact"`
 }
 
 // State returns a copy of the request's state.
@@ -41,6 +44,7 @@ func (r *Request) State() State {
 		FinishReason: r.FinishReason, Attempts: append([]Attempt{}, r.Attempts...),
 		Migrations: append([]Migration{}, r.Migrations...), ParentID: r.Accepted.ParentID,
 		Choices: r.Accepted.Choices, Children: slices.Clone(r.Children), SkippedDeltas: r.Skipped,
+		Exact: r.Exact(),
 	}
 	if c, ok := r.Current(); ok {
 		s.Worker = c.WorkerID
