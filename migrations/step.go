@@ -252,6 +252,7 @@ func (p Policy) dispatch(r *projections.Request, m Memory) Action {
 	if !r.Accepted.Background { // a background request runs with no client
 		d.DetachTimeoutMS = p.DetachTimeout.Milliseconds()
 	}
+	d.ExactOnly = p.ExactOnly && d.StartOffset > 0
 	exclude := slices.Clone(m.Exclude)
 	if m.LastFailed != "" && !slices.Contains(exclude, m.LastFailed) {
 		exclude = append(exclude, m.LastFailed)

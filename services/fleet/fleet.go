@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -217,6 +218,9 @@ func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w proj
 	var cands []projections.Worker
 	f.disc.read(func(v *projections.Discovery) { cands = v.Routable(d.Model) })
 	cands, err = capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
+	if err == nil && d.ExactOnly {
+		cands, err = exactly(cands, d)
+	}
 	if err != nil {
 		return projections.Worker{}, nil, err
 	}
@@ -225,6 +229,23 @@ func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w proj
 		skip[id] = true
 	}
 	return f.router.reserve(cands, skip, d.Attempt > 0)
+}
+
+// exactly keeps the workers that continue d exactly by construction
+// (migrations.ContinuesExactly: --migration-exact-only), failing with
+// errNotCapable when none does.
+func exactly(ws []projections.Worker, d events.Dispatch) ([]projections.Worker, error) {
+	out := ws[:0:0]
+	for _, w := range ws {
+		if migrations.ContinuesExactly(w, d) {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 && len(ws) > 0 {
+		return nil, fmt.Errorf("%w: %d routable, none can continue it exactly at token %d (--migration-exact-only: needs token ids; these would continue by prefill)",
+			errNotCapable, len(ws), d.StartOffset)
+	}
+	return out, nil
 }
 
 // Inhibit drops worker w from this frontend's routing for d (the inhibition
