@@ -182,6 +182,9 @@ func WriteReplay(w io.Writer, doc Doc) error {
 	row("model", fmt.Sprintf("%s (%s), %d prompt tokens, max_tokens %d", st.Model, st.Endpoint, st.PromptTokens, st.MaxTokens))
 	row("attempts", attemptsLine(st))
 	row("migrations", migrationsLine(st))
+	if line := exactLine(st); line != "" {
+		row("exact", line)
+	}
 	row("owner", st.Owner)
 	row("tokens", fmt.Sprintf("%d generated", st.TokensGenerated))
 	if st.Cancel != nil {
@@ -242,6 +245,32 @@ func migrationsLine(st projections.State) string {
 		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
 	}
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
+
+// exactLine says whether the request's continuations were exact, and
+// which were not; "" when none ran.
+func exactLine(st projections.State) string {
+	var approx []string
+	continued := false
+	for _, a := range st.Attempts {
+		if a.StartOffset == 0 {
+			continue
+		}
+		continued = true
+		switch {
+		case a.Exact == nil:
+			approx = append(approx, fmt.Sprintf("attempt %d not shown exact", a.Attempt))
+		case !*a.Exact:
+			approx = append(approx, fmt.Sprintf("attempt %d approximate", a.Attempt))
+		}
+	}
+	switch {
+	case !continued:
+		return ""
+	case st.Exact:
+		return "true: every continuation was exact"
+	}
+	return "false: " + strings.Join(approx, ", ")
 }
 
 // toolCallsOf lists the tool calls of an answer (a chat completion's, or a
