@@ -122,3 +122,57 @@ func TestEngineMigrationExactOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineMigrationPrefillShownExact: the first attempt runs on a
+// simulator with token ids (its prompt ids tell the prompt's length in the
+// server's tokens), the continuation on one without, by prefill. The
+// continuation's own prompt_tokens then decide: the prompt's plus the
+// tokens so far on a server that takes the prefill back token for token
+// (exact:true, and the fault-free text), more on one that re-tokenizes it
+// as Ollama does (exact:false, and the text diverges).
+func TestEngineMigrationPrefillShownExact(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		exact bool
+	}{
+		{name: "taken back token for token", exact: true},
+		{name: "re-tokenized", args: []string{"--retokenize-prefill", "8"}, exact: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			simA := startSim(t, "sim-a", "--token-delay", "40ms", "--greedy")
+			simB := startSim(t, "sim-b", append([]string{"--token-delay", "40ms", "--greedy", "--no-token-ids"}, tc.args...)...)
+			s := newStack(t)
+			fe := s.frontend(nil, "--migration-limit", "2")
+			s.openaiWorker("oa1", simA)
+			fe.waitRoutable(t, "oa1")
+			body := chatRequest("tell me a long story about rivers", 80, map[string]any{"temperature": 0})
+			want := direct(t, simA, body)
+			id := "shown-" + strings.ReplaceAll(tc.name, " ", "-")
+			res, killed := killMidAnswer(t, s, fe, id, body, 12, func() {
+				s.openaiWorker("oa2", simB)
+				fe.waitRoutable(t, "oa2")
+			})
+			if killed != "oa1" || !res.done || res.errorBody != "" {
+				t.Fatalf("killed %q; done %v, error %s; want oa1 killed and the answer done", killed, res.done, res.errorBody)
+			}
+			gens := simB.generations(t)
+			if len(gens) == 0 || gens[len(gens)-1].Body["continue_final_message"] != true {
+				t.Fatalf("the continuation was not a prefill: %v", gens)
+			}
+			if same := res.text == want; same != tc.exact {
+				t.Errorf("answer equals the fault-free one: %v, want %v\n got %q\nwant %q", same, tc.exact, res.text, want)
+			}
+			if exact, ok := finalMark(t, res); !ok || exact != tc.exact {
+				t.Errorf("final chunk's baton.exact = %v (present %v), want %v", exact, ok, tc.exact)
+			}
+			var st struct {
+				Exact *bool `json:"exact"`
+			}
+			getJSON(t, fe.url+"/v1/requests/"+id, 200, &st)
+			if st.Exact == nil || *st.Exact != tc.exact {
+				t.Errorf("GET /v1/requests/%s: exact %v, want %v", id, st.Exact, tc.exact)
+			}
+		})
+	}
+}
