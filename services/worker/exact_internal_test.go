@@ -60,3 +60,30 @@ func TestContinuationMode(t *testing.T) {
 		t.Errorf("mock continuation: got %q, want %q", got, engine.ContinueTokenIDs)
 	}
 }
+
+// TestPromptTokensAfterMigration: a continuation reports the prompt in the
+// server's tokens where any engine counted it, and on a prefill
+// continuation with no earlier count its own server's count less the
+// tokens so far (issue 35: 11 words were reported for a prompt Ollama
+// counted as 33; its continuation counted 137 for it and 100 tokens).
+func TestPromptTokensAfterMigration(t *testing.T) {
+	out := &deltas{}
+	for _, c := range []struct {
+		name string
+		d    events.Dispatch
+		res  engine.Result
+		want int
+	}{
+		{"first attempt: the server's usage", events.Dispatch{PromptTokens: 11}, engine.Result{PromptTokens: 33}, 33},
+		{"continuation from ids", events.Dispatch{PromptTokens: 11, StartOffset: 100, PromptIDs: make([]int, 33)}, engine.Result{PromptTokens: 133}, 33},
+		{"prefill after an engine counted the prompt", events.Dispatch{PromptTokens: 11, StartOffset: 100, EnginePromptTokens: 33}, engine.Result{PromptTokens: 137}, 33},
+		{"prefill, no earlier count: the server's, less the tokens so far", events.Dispatch{PromptTokens: 11, StartOffset: 100}, engine.Result{PromptTokens: 137}, 37},
+		{"prefill, no usage: the frontend's count", events.Dispatch{PromptTokens: 11, StartOffset: 100}, engine.Result{}, 11},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := promptTokens(c.d, c.res, out); got != c.want {
+				t.Errorf("got %d, want %d", got, c.want)
+			}
+		})
+	}
+}

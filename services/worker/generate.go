@@ -388,7 +388,12 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 
 // promptTokens is the prompt's length to report at completion: the engine's
 // count when it gave one for the original prompt (its usage on a first
-// attempt, the recorded prompt ids on a continuation), else the frontend's.
+// attempt, the recorded prompt ids or an earlier engine's count on a
+// continuation); on a prefill continuation with neither, its server's
+// count of the prompt and the text so far less the tokens so far (the
+// prompt in the server's tokens: exact when the continuation was, off by
+// the re-tokenization when not, and closer than a word count either way);
+// else the frontend's.
 func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
 	switch {
 	case d.StartOffset == 0 && res.PromptTokens > 0:
@@ -397,6 +402,10 @@ func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
 		return len(out.promptIDs)
 	case d.PromptIDs != nil:
 		return len(d.PromptIDs)
+	case d.EnginePromptTokens > 0:
+		return d.EnginePromptTokens
+	case d.StartOffset > 0 && res.PromptTokens > d.StartOffset:
+		return res.PromptTokens - d.StartOffset
 	}
 	return d.PromptTokens
 }
