@@ -186,7 +186,7 @@ func WriteReplay(w io.Writer, doc Doc) error {
 		row("exact", line)
 	}
 	row("owner", st.Owner)
-	row("tokens", fmt.Sprintf("%d generated", st.TokensGenerated))
+	row("tokens", tokensLine(st))
 	if st.Cancel != nil {
 		row("cancel", fmt.Sprintf("%s: %s", st.Cancel.Mode, st.Cancel.Reason))
 	}
@@ -245,6 +245,16 @@ func migrationsLine(st projections.State) string {
 		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
 	}
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
+
+// tokensLine is the answer's length: the tokens streamed, and the usage's
+// count where it differs (a server may merge two tokens into one streamed
+// event, or hide a matched stop sequence).
+func tokensLine(st projections.State) string {
+	if st.CompletionTokens > 0 && st.CompletionTokens != st.TokensGenerated {
+		return fmt.Sprintf("%d streamed; %d completion tokens (the server's count, as in the usage)", st.TokensGenerated, st.CompletionTokens)
+	}
+	return fmt.Sprintf("%d generated", st.TokensGenerated)
 }
 
 // exactLine says whether the request's continuations were exact, and
