@@ -1,6 +1,7 @@
 package migrations_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/baton-dev/baton/events"
@@ -90,5 +91,35 @@ func TestContinuationCarriesEnginePromptTokens(t *testing.T) {
 	}
 	if got := migrations.Continuation(build(nil), 1, "fe").EnginePromptTokens; got != 0 {
 		t.Errorf("engine prompt tokens %d, want 0 (no engine counted the prompt)", got)
+	}
+}
+
+// TestUnroutableSaysWhy: a continuation no worker could take fails with a
+// message that tells "none can continue it" (workers routable, none
+// capable) from "no other worker" (issue 35, item 7).
+func TestUnroutableSaysWhy(t *testing.T) {
+	r := newReq("").routed(0, "w1").tokens(0, 3).
+		closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "worker_lost"}).
+		migrated(0, "w1", events.MigrationOngoingRequest, "fe")
+	mem := migrations.Memory{Migration: failed(0, "w1", events.MigrationOngoingRequest, "worker_lost"), LastFailed: "w1"}
+	for _, c := range []struct {
+		name       string
+		notCapable bool
+		want       string
+	}{
+		{"none capable", true, "worker w1 failed and no routable worker of model m can continue the request: 2 routable, none can continue"},
+		{"none there", false, "worker w1 failed and no other worker is available for model m: no worker"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			why := "no worker"
+			if c.notCapable {
+				why = "2 routable, none can continue it at token 3"
+			}
+			a := policy(3, 0).Step(migrations.State{Request: r.Request, Memory: mem}, migrations.Observation{
+				Dispatch: &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, NotCapable: c.notCapable, Err: why}}, t0)
+			if a.Kind != migrations.Fail || a.Failed.Code != "no_worker" || !strings.HasPrefix(a.Failed.Message, c.want) {
+				t.Errorf("action %v, failure %+v; want no_worker with a message starting %q", a.Kind, a.Failed, c.want)
+			}
+		})
 	}
 }

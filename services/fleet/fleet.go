@@ -231,6 +231,11 @@ func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w proj
 	return f.router.reserve(cands, skip, d.Attempt > 0)
 }
 
+// IsNotCapable reports whether err (of Pick) says that workers are
+// routable but none of their engines can run the dispatch: serve its
+// endpoint, continue it, or continue it exactly.
+func IsNotCapable(err error) bool { return errors.Is(err, errNotCapable) }
+
 // exactly keeps the workers that continue d exactly by construction
 // (migrations.ContinuesExactly: --migration-exact-only), failing with
 // errNotCapable when none does.
