@@ -13,23 +13,23 @@ const DefaultRecentLimit = 500
 
 // RequestSummary is one row of the console's request table.
 type RequestSummary struct {
-	ID         string `json:"id"`
-	Model      string `json:"model"`
-	Status     string `json:"status"`
-	Worker     string `json:"worker,omitempty"`
-	Owner      string `json:"owner"`
-	Tokens     int    `json:"tokens"`
-	MaxTokens  int    `json:"max_tokens"`
-	Attempts   int    `json:"attempts"`
-	Migrations int    `json:"migrations"`
-	// Approximate: some continuation of the request was not exact
-	// (Request.Exact).
-	Approximate  bool      `json:"approximate,omitempty"`
+	ID           string    `json:"id"`
+	Model        string    `json:"model"`
+	Status       string    `json:"status"`
+	Worker       string    `json:"worker,omitempty"`
+	Owner        string    `json:"owner"`
+	Tokens       int       `json:"tokens"`
+	MaxTokens    int       `json:"max_tokens"`
+	Attempts     int       `json:"attempts"`
+	Migrations   int       `json:"migrations"`
 	FinishReason string    `json:"finish_reason,omitempty"`
 	ParentID     string    `json:"parent_id,omitempty"`
 	Accepted     time.Time `json:"accepted"` // the accepted event's time
 	Updated      time.Time `json:"updated"`  // the last applied event's time
 	Seq          uint64    `json:"seq"`      // the last stream sequence folded (applied or not)
+	// Approximate: some continuation of the request was not exact
+	// (Request.Exact).
+	Approximate bool `json:"approximate,omitempty"`
 }
 
 // Recent is the bounded view of the requests stream behind the console:
@@ -140,9 +140,8 @@ func (v *Recent) Requests(model, status string, limit int) []RequestSummary {
 		s := RequestSummary{
 			ID: r.Accepted.RequestID, Model: r.Accepted.Model, Status: string(r.Status), Owner: r.Owner,
 			Tokens: r.Len(), MaxTokens: r.Accepted.MaxTokens, Attempts: len(r.Attempts), Migrations: len(r.Migrations),
-			Approximate:  !r.Exact(),
 			FinishReason: r.FinishReason, ParentID: r.Accepted.ParentID,
-			Accepted: rr.accepted, Updated: rr.updated, Seq: r.LastSeq(),
+			Accepted: rr.accepted, Updated: rr.updated, Seq: r.LastSeq(), Approximate: !r.Exact(),
 		}
 		if c, ok := r.Current(); ok {
 			s.Worker = c.WorkerID

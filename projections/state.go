@@ -10,33 +10,33 @@ import (
 // GET /v1/requests/{id} and of baton replay --json). It is a copy: it shares
 // nothing with the projection.
 type State struct {
-	ID              string `json:"id"`
-	Object          string `json:"object"`
-	Status          string `json:"status"`
-	Model           string `json:"model"`
-	Endpoint        string `json:"endpoint"`
-	Created         int64  `json:"created"`
-	Worker          string `json:"worker,omitempty"` // of the current attempt
-	Owner           string `json:"owner"`
-	PromptTokens    int    `json:"prompt_tokens"` // the engine's count once reported
-	MaxTokens       int    `json:"max_tokens"`
-	TokensGenerated int    `json:"tokens_generated"`
-	// CompletionTokens is the answer's length as its usage says once it
-	// completed (Request.CompletionTokens: the servers' counts where they
-	// gave them, which can exceed the tokens streamed); 0 before.
-	CompletionTokens int                      `json:"completion_tokens,omitempty"`
-	FinishReason     string                   `json:"finish_reason,omitempty"`
-	Attempts         []Attempt                `json:"attempts"`
-	Migrations       []Migration              `json:"migrations"`
-	ParentID         string                   `json:"parent_id,omitempty"`
-	Choices          int                      `json:"choices,omitempty"`
-	Children         []string                 `json:"children,omitempty"`
-	Cancel           *events.RequestCancelled `json:"cancel,omitempty"`
-	Failure          *events.RequestFailed    `json:"failure,omitempty"`
-	SkippedDeltas    int                      `json:"skipped_deltas,omitempty"`
+	ID              string                   `json:"id"`
+	Object          string                   `json:"object"`
+	Status          string                   `json:"status"`
+	Model           string                   `json:"model"`
+	Endpoint        string                   `json:"endpoint"`
+	Created         int64                    `json:"created"`
+	Worker          string                   `json:"worker,omitempty"` // of the current attempt
+	Owner           string                   `json:"owner"`
+	PromptTokens    int                      `json:"prompt_tokens"` // the engine's count once reported
+	MaxTokens       int                      `json:"max_tokens"`
+	TokensGenerated int                      `json:"tokens_generated"`
+	FinishReason    string                   `json:"finish_reason,omitempty"`
+	Attempts        []Attempt                `json:"attempts"`
+	Migrations      []Migration              `json:"migrations"`
+	ParentID        string                   `json:"parent_id,omitempty"`
+	Choices         int                      `json:"choices,omitempty"`
+	Children        []string                 `json:"children,omitempty"`
+	Cancel          *events.RequestCancelled `json:"cancel,omitempty"`
+	Failure         *events.RequestFailed    `json:"failure,omitempty"`
+	SkippedDeltas   int                      `json:"skipped_deltas,omitempty"`
 	// Exact is false when some continuation of the request was
 	// approximate, or not shown exact yet (Request.Exact).
 	Exact bool `json:"exact"`
+	// CompletionTokens is the answer's length as its usage says once it
+	// completed (Request.CompletionTokens: the servers' counts where they
+	// gave them, which can exceed the tokens streamed); 0 before.
+	CompletionTokens int `json:"completion_tokens,omitempty"`
 }
 
 // State returns a copy of the request's state.
