@@ -142,7 +142,7 @@ const deltaHeaders = 14
 // binaryDelta reports whether ev is written with its text as data: it has
 // tokens, and nothing but their text and their ids.
 func binaryDelta(ev TokensGenerated) bool {
-	return len(ev.Tokens) > 0 && ev.Details == nil && ev.PromptIDs == nil && ev.Model == "" &&
+	return len(ev.Tokens) > 0 && ev.Details == nil && ev.PromptIDs == nil && ev.Model == "" && ev.Exact == nil &&
 		(ev.IDs == nil || len(ev.IDs) == len(ev.Tokens))
 }
 

@@ -31,6 +31,17 @@ type Dispatch struct {
 	// Generated is the text of the tokens produced by earlier attempts, for an
 	// engine that continues from prompt + generated text.
 	Generated string `json:"generated,omitempty"`
+	// EnginePromptTokens, on a continuation, is the prompt's length as an
+	// earlier attempt's engine counted it (its prompt ids or usage), when
+	// one did: what a prefill continuation's own prompt_tokens are
+	// compared with, plus StartOffset, to tell whether it was exact.
+	EnginePromptTokens int `json:"engine_prompt_tokens,omitempty"`
+	// ExactOnly, on a continuation, forbids an inexact one (the frontend's
+	// --migration-exact-only): the engine continues from token ids or by
+	// construction, never by prefill, and fails the attempt otherwise.
+	// Older workers ignore it; frontends route such a dispatch only to
+	// workers that continue it exactly (migrations.ContinuesExactly).
+	ExactOnly bool `json:"exact_only,omitempty"`
 	// MaxPromptTokens, if positive, is the frontend's prompt limit: an engine
 	// that learns the prompt's length in its server's tokens (its prompt
 	// ids) fails a first attempt over it as a client error (413). The

@@ -139,6 +139,13 @@ type TokensGenerated struct {
 	// Model, on an attempt's first delta, is the model the engine's server
 	// named in its answer (the "model" of its chunks), when it named one.
 	Model string `json:"model,omitempty"`
+	// Exact, on a continuation's first delta (an attempt with a start
+	// offset > 0), is the worker's verdict when it is known before the
+	// engine answers: true for a continuation from token ids, or on an
+	// engine that continues exactly by construction (the mock). Absent:
+	// not known yet (prefill: see RequestCompleted.Exact), or an older
+	// worker.
+	Exact *bool `json:"exact,omitempty"`
 }
 
 func (TokensGenerated) EventType() string { return TypeTokensGenerated }
@@ -162,6 +169,12 @@ type RequestCompleted struct {
 	FinishReason     string `json:"finish_reason"`
 	PromptTokens     int    `json:"prompt_tokens"`
 	CompletionTokens int    `json:"completion_tokens"`
+	// Exact, on a continuation (an attempt with a start offset > 0), is
+	// whether it continued exactly the answer so far: from token ids, or
+	// by prefill that the engine's own usage shows it took token for token
+	// (docs/fault-tolerance.md, "Exact and approximate continuations").
+	// Absent on a first attempt, and from older workers.
+	Exact *bool `json:"exact,omitempty"`
 }
 
 func (RequestCompleted) EventType() string { return TypeRequestCompleted }

@@ -43,6 +43,12 @@ PARAMETER stop "<|im_end|>"
 // on the spot. Without BATON_OLLAMA_BIN the test is skipped.
 func startOllama(t *testing.T, name string) *ollamaProc {
 	t.Helper()
+	return startOllamaModel(t, name, ollamaModelfile)
+}
+
+// startOllamaModel is startOllama with the model "tiny" made from modelfile.
+func startOllamaModel(t *testing.T, name, modelfile string) *ollamaProc {
+	t.Helper()
 	bin := os.Getenv("BATON_OLLAMA_BIN")
 	if bin == "" {
 		if os.Getenv("BATON_REQUIRE_OLLAMA") != "" { // .ci/run: a CI run without it is not a pass
@@ -59,7 +65,7 @@ func startOllama(t *testing.T, name string) *ollamaProc {
 		t.Fatal(err)
 	}
 	f.Close()
-	if err := os.WriteFile(filepath.Join(dir, "Modelfile"), []byte(ollamaModelfile), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "Modelfile"), []byte(modelfile), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	port := freePort(t)

@@ -30,6 +30,10 @@ type Policy struct {
 	StallTimeout time.Duration
 	// DetachTimeout: a request without clients for this long is cancelled.
 	DetachTimeout time.Duration
+	// ExactOnly (--migration-exact-only): a continuation goes only to a
+	// worker that continues it exactly by construction (ContinuesExactly);
+	// with none, the request fails as one no worker can continue.
+	ExactOnly bool
 }
 
 // SeqLen is a request's prompt plus generated tokens, the prompt counted by
@@ -100,5 +104,28 @@ func Continuation(r *projections.Request, attempt int, frontend string) events.D
 	if ids, ok := r.TokenIDs(); ok && r.PromptIDs != nil && r.Len() > 0 {
 		d.PromptIDs, d.GeneratedIDs = r.PromptIDs, ids
 	}
+	switch {
+	case r.Len() == 0:
+	case r.EnginePromptTokens > 0:
+		d.EnginePromptTokens = r.EnginePromptTokens
+	case r.PromptIDs != nil:
+		d.EnginePromptTokens = len(r.PromptIDs)
+	}
 	return d
+}
+
+// ContinuesExactly reports whether worker w continues dispatch d (a
+// continuation) exactly by construction: from the prompt's and the
+// generated tokens' ids, which d carries and w's engine takes, or on an
+// engine that announces no capabilities (the mock, whose token i is a
+// function of the prompt and i alone). Prefill never is: a server that
+// re-tokenizes the text so far (as Ollama does) may continue another
+// sequence of tokens than the one it generated, and only its usage,
+// after the fact, can tell (RequestCompleted.Exact).
+func ContinuesExactly(w projections.Worker, d events.Dispatch) bool {
+	c := w.Capabilities
+	if c == nil {
+		return true
+	}
+	return c.TokenIDs && c.Completions && len(d.PromptIDs) > 0 && len(d.GeneratedIDs) == d.StartOffset
 }

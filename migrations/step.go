@@ -130,6 +130,9 @@ type DispatchOutcome struct {
 	LeaseID  string // Accepted: the lease the worker held
 	Reason   string // Refused: the worker's reason
 	Busy     bool   // Unroutable: every candidate worker is busy
+	// NotCapable (Unroutable): workers are routable, but none of them can
+	// run this dispatch (continue it, or continue it exactly).
+	NotCapable bool
 	Err      string // Unroutable: why no worker could take it
 }
 
@@ -252,6 +255,7 @@ func (p Policy) dispatch(r *projections.Request, m Memory) Action {
 	if !r.Accepted.Background { // a background request runs with no client
 		d.DetachTimeoutMS = p.DetachTimeout.Milliseconds()
 	}
+	d.ExactOnly = p.ExactOnly && d.StartOffset > 0
 	exclude := slices.Clone(m.Exclude)
 	if m.LastFailed != "" && !slices.Contains(exclude, m.LastFailed) {
 		exclude = append(exclude, m.LastFailed)
@@ -269,7 +273,7 @@ func (p Policy) afterDispatch(r *projections.Request, m Memory, o Observation, n
 		return p.step(r, m, o, now)
 	case DispatchRefused:
 		if pinned := r.Accepted.PinnedWorker; pinned != "" {
-			return p.unroutable(r, m, fmt.Sprintf("pinned worker %s refused: %s", out.WorkerID, out.Reason), false)
+			return p.unroutable(r, m, DispatchOutcome{Err: fmt.Sprintf("pinned worker %s refused: %s", out.WorkerID, out.Reason)})
 		}
 		// The refused attempt never ran: route the next one, whether or
 		// not its closure has been folded yet.
@@ -283,14 +287,16 @@ func (p Policy) afterDispatch(r *projections.Request, m Memory, o Observation, n
 		a.Next.Migration = nil
 		return a
 	case DispatchUnroutable:
-		return p.unroutable(r, m, out.Err, out.Busy)
+		return p.unroutable(r, m, out)
 	}
 	return p.step(r, m, o, now) // superseded: look again
 }
 
-// unroutable fails a request no worker can take: 503 while nothing was
-// produced (a retry is safe), 500 once the answer would be truncated.
-func (p Policy) unroutable(r *projections.Request, m Memory, why string, busy bool) Action {
+// unroutable fails a request no worker can take (out says why): 503 while
+// nothing was produced (a retry is safe), 500 once the answer would be
+// truncated.
+func (p Policy) unroutable(r *projections.Request, m Memory, out DispatchOutcome) Action {
+	why, busy := out.Err, out.Busy
 	produced := r.Len()
 	status := http.StatusServiceUnavailable
 	if produced > 0 {
@@ -312,7 +318,11 @@ func (p Policy) unroutable(r *projections.Request, m Memory, why string, busy bo
 		return p.failAnswered(r, m, a, rep)
 	}
 	msg := "no worker available for model " + model + ": " + why
-	if m.LastFailed != "" {
+	switch {
+	case m.LastFailed != "" && out.NotCapable:
+		// Other workers are there, routable: none of them can continue it.
+		msg = fmt.Sprintf("worker %s failed and no routable worker of model %s can continue the request: %s", m.LastFailed, model, why)
+	case m.LastFailed != "":
 		msg = fmt.Sprintf("worker %s failed and no other worker is available for model %s: %s", m.LastFailed, model, why)
 	}
 	return p.fail(r, m, "no_worker", msg, status, rep)

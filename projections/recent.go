@@ -27,6 +27,9 @@ type RequestSummary struct {
 	Accepted     time.Time `json:"accepted"` // the accepted event's time
 	Updated      time.Time `json:"updated"`  // the last applied event's time
 	Seq          uint64    `json:"seq"`      // the last stream sequence folded (applied or not)
+	// Approximate: some continuation of the request was not exact
+	// (Request.Exact).
+	Approximate bool `json:"approximate,omitempty"`
 }
 
 // Recent is the bounded view of the requests stream behind the console:
@@ -138,7 +141,7 @@ func (v *Recent) Requests(model, status string, limit int) []RequestSummary {
 			ID: r.Accepted.RequestID, Model: r.Accepted.Model, Status: string(r.Status), Owner: r.Owner,
 			Tokens: r.Len(), MaxTokens: r.Accepted.MaxTokens, Attempts: len(r.Attempts), Migrations: len(r.Migrations),
 			FinishReason: r.FinishReason, ParentID: r.Accepted.ParentID,
-			Accepted: rr.accepted, Updated: rr.updated, Seq: r.LastSeq(),
+			Accepted: rr.accepted, Updated: rr.updated, Seq: r.LastSeq(), Approximate: !r.Exact(),
 		}
 		if c, ok := r.Current(); ok {
 			s.Worker = c.WorkerID

@@ -44,6 +44,10 @@ type Attempt struct {
 	CloseCode    string `json:"close_code,omitempty"`
 	CloseMessage string `json:"close_message,omitempty"`
 	RetryAfterMS int64  `json:"retry_after_ms,omitempty"`
+	// Exact is a continuation's verdict (StartOffset > 0), as its worker
+	// reported it on its first delta or its completion: whether it
+	// continued the answer so far exactly. Nil: not reported (yet).
+	Exact *bool `json:"exact,omitempty"`
 }
 
 // Migration is one re-dispatch of a request.
@@ -277,6 +281,7 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 		r.EngineCompletionTokens = ev.CompletionTokens
 		r.CompletedAt = e.Time.Unix()
+		r.noteExact(ev.Attempt, ev.Exact)
 	case events.AttemptFailed:
 		return r.applyFailed(ev)
 	case events.RequestMigrated:
@@ -457,6 +462,7 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 		return false, IgnoredPastMax
 	}
 	r.n += len(add)
+	r.noteExact(ev.Attempt, ev.Exact)
 	if r.countOnly {
 		return true, ""
 	}
@@ -485,6 +491,55 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	}
 	r.tokens = append(r.tokens, add...)
 	return true, ""
+}
+
+// noteExact keeps a continuation's verdict, when its worker reported one.
+func (r *Request) noteExact(k int, exact *bool) {
+	if exact != nil && k >= 0 && k < len(r.Attempts) && r.Attempts[k].StartOffset > 0 {
+		v := *exact
+		r.Attempts[k].Exact = &v
+	}
+}
+
+// Continued reports whether some continuation (an attempt that started
+// after a migration, at a token offset > 0) contributed to the answer: it
+// produced tokens, or it is the attempt that completed it.
+func (r *Request) Continued() bool {
+	for i := range r.Attempts {
+		if r.contributed(i) {
+			return true
+		}
+	}
+	return false
+}
+
+// Exact reports whether the answer is what the engines would have given
+// without its migrations, as far as they showed: true unless a
+// continuation that contributed to it (Continued) was approximate, or has
+// not been shown exact yet (a prefill continuation still running).
+func (r *Request) Exact() bool {
+	for i, a := range r.Attempts {
+		if r.contributed(i) && (a.Exact == nil || !*a.Exact) {
+			return false
+		}
+	}
+	return true
+}
+
+// contributed reports whether attempt k is a continuation whose output is
+// part of the answer.
+func (r *Request) contributed(k int) bool {
+	a := r.Attempts[k]
+	if a.StartOffset == 0 {
+		return false
+	}
+	end := r.n
+	if a.Closed {
+		end = a.Cut
+	} else if k == len(r.Attempts)-1 && r.Status == StatusCompleted {
+		return true
+	}
+	return end > a.StartOffset
 }
 
 // TokenIDs returns a copy of the ids of every token so far, and whether the

@@ -30,6 +30,13 @@ type State struct {
 	Cancel          *events.RequestCancelled `json:"cancel,omitempty"`
 	Failure         *events.RequestFailed    `json:"failure,omitempty"`
 	SkippedDeltas   int                      `json:"skipped_deltas,omitempty"`
+	// Exact is false when some continuation of the request was
+	// approximate, or not shown exact yet (Request.Exact).
+	Exact bool `json:"exact"`
+	// CompletionTokens is the answer's length as its usage says once it
+	// completed (Request.CompletionTokens: the servers' counts where they
+	// gave them, which can exceed the tokens streamed); 0 before.
+	CompletionTokens int `json:"completion_tokens,omitempty"`
 }
 
 // State returns a copy of the request's state.
@@ -41,6 +48,10 @@ func (r *Request) State() State {
 		FinishReason: r.FinishReason, Attempts: append([]Attempt{}, r.Attempts...),
 		Migrations: append([]Migration{}, r.Migrations...), ParentID: r.Accepted.ParentID,
 		Choices: r.Accepted.Choices, Children: slices.Clone(r.Children), SkippedDeltas: r.Skipped,
+		Exact: r.Exact(),
+	}
+	if r.Status == StatusCompleted {
+		s.CompletionTokens = r.CompletionTokens()
 	}
 	if c, ok := r.Current(); ok {
 		s.Worker = c.WorkerID

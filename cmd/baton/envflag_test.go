@@ -117,6 +117,18 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 					t.Errorf("got max connections per address %d, want -1 (none)", c.MaxConnectionsPerAddress)
 				}
 			}},
+		{"migration exact only", nil, map[string]string{"BATON_MIGRATION_EXACT_ONLY": "true"},
+			func(t *testing.T, c frontend.Config) {
+				if !c.Runtime.MigrationExactOnly {
+					t.Error("BATON_MIGRATION_EXACT_ONLY=true: got exact-only off")
+				}
+			}},
+		{"migration exact only flag beats env", []string{"--migration-exact-only=false"}, map[string]string{"BATON_MIGRATION_EXACT_ONLY": "true"},
+			func(t *testing.T, c frontend.Config) {
+				if c.Runtime.MigrationExactOnly {
+					t.Error("--migration-exact-only=false: got exact-only on")
+				}
+			}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
 			func(t *testing.T, c frontend.Config) {
 				if c.Runtime.Log.HighWater != 0.75 || !c.Runtime.NoCompaction {

@@ -49,6 +49,8 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.IntVar(&rt.MigrationMaxSeqLen, "migration-max-seq-len", 0, "disable migration for a request once prompt + generated `tokens` strictly exceed this; 0 unset")
 	f.bindEnv("migration-max-seq-len", "DYN_MIGRATION_MAX_SEQ_LEN", nil)
 	f.showDefault("migration-max-seq-len", "unset")
+	f.BoolVar(&rt.MigrationExactOnly, "migration-exact-only", false, "continue a migrated request only exactly (token ids, or the mock): never by prefill, which an engine may re-tokenize; with no such worker the request fails")
+	f.bindEnv("migration-exact-only", "BATON_MIGRATION_EXACT_ONLY", nil)
 	ff.decodeThreshold = optionalFloat(f, "active-decode-blocks-threshold", "a worker is busy when used / total KV blocks exceeds this `fraction` (0-1)")
 	f.bindEnv("active-decode-blocks-threshold", "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", nil)
 	ff.prefillThreshold = optionalInt(f, "active-prefill-tokens-threshold", "a worker is busy when its queued prefill `tokens` exceed this")

@@ -46,6 +46,7 @@ func run(args []string) int {
 	fs.IntVar(&cfg.Slots, "slots", 0, "generations that run at once; the rest queue, sending nothing until a slot frees (0: no limit)")
 	fs.BoolVar(&cfg.TemplatedCompletions, "templated-completions", false, "wrap a /v1/completions prompt in the chat template as a user message, as Ollama does")
 	fs.BoolVar(&cfg.IgnorePrefill, "ignore-prefill", false, "accept continue_final_message but open a new assistant turn, as a template without prefill does")
+	fs.IntVar(&cfg.RetokenizePrefill, "retokenize-prefill", 0, "re-tokenize a prefilled assistant message of at least this many `tokens` into other ids than generated, as Ollama does (0: off)")
 	fault := fs.String("fault", "", "fault for every request, or the first --fault-requests: STATUS[:RETRY_AFTER_S][@N] or cut|malformed|nodone|stall[@N] or policy|context (N: tokens sent before it)")
 	fs.IntVar(&cfg.FaultRequests, "fault-requests", 0, "apply --fault to the first N generation requests only (0: all)")
 	fs.StringVar(&cfg.FaultMatch, "fault-match", "", "apply --fault only to requests whose body contains this text (--fault-requests counts only those)")

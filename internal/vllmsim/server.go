@@ -62,6 +62,20 @@ type Config struct {
 	// template opens a new assistant turn after the final assistant
 	// message, as a server whose chat template knows no prefill does.
 	IgnorePrefill bool
+	// RetokenizePrefill, if positive, re-tokenizes a prefilled assistant
+	// message (continue_final_message) of at least this many tokens into
+	// other ids than the model generated, as Ollama does: it renders the
+	// messages to text and tokenizes them anew, and the ids its model
+	// generates are not always the canonical encoding of their text.
+	// Measured on Ollama v0.6.5 and v0.17.4 (issue 35): prefilling the
+	// first K tokens of a greedy answer continued it exactly for K <= 50
+	// and diverged from K = 100 on, and the continuation's prompt_tokens
+	// were 137 for a 33-token prompt plus 100 generated. Here every
+	// " word" of such a message becomes two tokens (" " and "word"): the
+	// prompt is longer than prompt + generated, and the text after the
+	// cut differs from the uninterrupted answer. Shorter prefills (the
+	// probe's) are tokenized as usual.
+	RetokenizePrefill int
 }
 
 func (c Config) withDefaults() Config {
@@ -595,7 +609,32 @@ func (s *Server) setPrompt(g *generation) error {
 		return err
 	}
 	g.prompt = Tokenize(text)
+	if cont && s.cfg.RetokenizePrefill > 0 {
+		g.prompt = retokenizePrefill(text, req.Messages[len(req.Messages)-1], s.cfg.RetokenizePrefill)
+	}
 	return nil
+}
+
+// retokenizePrefill is the prompt of text, whose end is the content of
+// final, an assistant message left open, with that content tokenized as a
+// server that re-tokenizes prefill does (Config.RetokenizePrefill): each
+// " word" token as two, when the content is at least min tokens long.
+func retokenizePrefill(text string, final ChatMessage, min int) []int {
+	content, _ := contentText(final.Content)
+	prefix, ok := strings.CutSuffix(text, content)
+	ids := Tokenize(content)
+	if !ok || len(ids) < min {
+		return Tokenize(text)
+	}
+	out := Tokenize(prefix)
+	for _, id := range ids {
+		if id >= firstWordID+len(words) && id < VocabSize {
+			out = append(out, ' ', id-len(words)) // " word" as " " and "word"
+			continue
+		}
+		out = append(out, id)
+	}
+	return out
 }
 
 // setSampling sets g's sampling from its request and the server's config.

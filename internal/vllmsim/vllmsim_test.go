@@ -568,3 +568,37 @@ func waitSim(t *testing.T, what string, cond func() bool) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestRetokenizePrefill: a server that re-tokenizes prefill (as Ollama
+// does) continues a long prefill from other ids than it generated: its
+// prompt_tokens are not the prompt's plus the tokens so far, and the text
+// after the cut differs from the uninterrupted answer. A short prefill
+// (the probe's) still continues exactly, and so does the normal server.
+func TestRetokenizePrefill(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		cut   int
+		exact bool
+	}{
+		{"normal server", Config{Greedy: true}, 12, true},
+		{"re-tokenizing, long prefill", Config{Greedy: true, RetokenizePrefill: 8}, 12, false},
+		{"re-tokenizing, short prefill", Config{Greedy: true, RetokenizePrefill: 8}, 4, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, url := sim(t, c.cfg)
+			usage := map[string]any{"include_usage": true}
+			first := readSSE(call(t, url, "/v1/chat/completions", chatBody(map[string]any{"max_tokens": 24, "return_token_ids": true, "stream_options": usage}), nil)).answer()
+			soFar, _ := Detokenize(first.ids[:c.cut])
+			pre := chatBody(map[string]any{"max_tokens": 24 - c.cut, "continue_final_message": true, "add_generation_prompt": false, "stream_options": usage,
+				"messages": []map[string]any{{"role": "user", "content": "tell me about the river"}, {"role": "assistant", "content": soFar}}})
+			rest := readSSE(call(t, url, "/v1/chat/completions", pre, nil)).answer()
+			p0 := int(first.usage["prompt_tokens"].(float64))
+			gotExact := int(rest.usage["prompt_tokens"].(float64)) == p0+c.cut
+			if gotExact != c.exact || (soFar+rest.text == first.text) != c.exact {
+				t.Errorf("prompt_tokens %v for %d + %d; text after the cut %q, uninterrupted %q; want exact %v",
+					rest.usage["prompt_tokens"], p0, c.cut, rest.text, first.text[len(soFar):], c.exact)
+			}
+		})
+	}
+}

@@ -45,6 +45,14 @@ const (
 	ContinuePrefill = "prefill"
 )
 
+// Continuer is an engine that can say, before it runs a continuation,
+// how it will continue it (ContinueTokenIDs or ContinuePrefill). An engine
+// that is not a Continuer continues exactly by construction: the mock,
+// whose token i is a function of the prompt and i alone.
+type Continuer interface {
+	ContinuesWith(req Request) string
+}
+
 // Token is one token of output as the engine produced it. ID is its id in
 // the engine's vocabulary when HasID; Details, when set, is what the
 // engine said about it beyond the text (tool-call deltas, logprobs,

@@ -86,7 +86,7 @@ func buildUpstream(req Request, model string, budget int, caps Capabilities) (st
 // continuation rewrites fields to continue req after StartOffset tokens and
 // returns the path to send them to.
 func continuation(fields map[string]json.RawMessage, req Request, chat bool, caps Capabilities) (string, error) {
-	if caps.TokenIDs && caps.Completions && len(req.PromptIDs) > 0 && len(req.GeneratedIDs) == req.StartOffset {
+	if fromTokenIDs(req, caps) {
 		ids := append(append(make([]int, 0, len(req.PromptIDs)+len(req.GeneratedIDs)), req.PromptIDs...), req.GeneratedIDs...)
 		if chat {
 			// Chat logprobs (a bool and top_logprobs) are an int on completions.
@@ -109,6 +109,9 @@ func continuation(fields map[string]json.RawMessage, req Request, chat bool, cap
 		fields["prompt"] = mustJSON(ids)
 		return pathCompletions, nil
 	}
+	if req.ExactOnly {
+		return "", fmt.Errorf("%w: an exact continuation needs token ids (--migration-exact-only), and this one would be prefill", ErrUnsupported)
+	}
 	if chat {
 		var msgs []json.RawMessage
 		if err := json.Unmarshal(fields["messages"], &msgs); err != nil {
@@ -130,6 +133,23 @@ func continuation(fields map[string]json.RawMessage, req Request, chat bool, cap
 	}
 	fields["prompt"] = mustJSON(prompt + req.Generated)
 	return pathCompletions, nil
+}
+
+// fromTokenIDs reports whether a continuation of req goes to a server of
+// caps as the prompt's ids plus the generated ids (token-exact), rather
+// than as prefill.
+func fromTokenIDs(req Request, caps Capabilities) bool {
+	return caps.TokenIDs && caps.Completions && len(req.PromptIDs) > 0 && len(req.GeneratedIDs) == req.StartOffset
+}
+
+// ContinuesWith is how the engine continues req (a continuation: StartOffset
+// > 0) on its server as last probed: ContinueTokenIDs, exact, or
+// ContinuePrefill, whose exactness only the server's usage can show.
+func (o *OpenAI) ContinuesWith(req Request) string {
+	if fromTokenIDs(req, o.Capabilities()) {
+		return ContinueTokenIDs
+	}
+	return ContinuePrefill
 }
 
 func mustJSON(v any) json.RawMessage {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -231,6 +232,9 @@ func (f *Fleet) Pick(d events.Dispatch, pinned string, exclude []string) (w proj
 	f.disc.read(func(v *projections.Discovery) { cands = v.Routable(d.Model) })
 	top := topTier(cands)
 	cands, err = capable(cands, d.Endpoint, d.StartOffset, d.GeneratedIDs != nil)
+	if err == nil && d.ExactOnly {
+		cands, err = exactly(cands, d)
+	}
 	if err != nil {
 		return projections.Worker{}, nil, err
 	}
@@ -255,6 +259,28 @@ func topTier(ws []projections.Worker) int {
 		top = max(top, w.Priority)
 	}
 	return top
+}
+
+// IsNotCapable reports whether err (of Pick) says that workers are
+// routable but none of their engines can run the dispatch: serve its
+// endpoint, continue it, or continue it exactly.
+func IsNotCapable(err error) bool { return errors.Is(err, errNotCapable) }
+
+// exactly keeps the workers that continue d exactly by construction
+// (migrations.ContinuesExactly: --migration-exact-only), failing with
+// errNotCapable when none does.
+func exactly(ws []projections.Worker, d events.Dispatch) ([]projections.Worker, error) {
+	out := ws[:0:0]
+	for _, w := range ws {
+		if migrations.ContinuesExactly(w, d) {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 && len(ws) > 0 {
+		return nil, fmt.Errorf("%w: %d routable, none can continue it exactly at token %d (--migration-exact-only: needs token ids; these would continue by prefill)",
+			errNotCapable, len(ws), d.StartOffset)
+	}
+	return out, nil
 }
 
 // Inhibit drops worker w from this frontend's routing for d (the inhibition

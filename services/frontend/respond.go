@@ -31,7 +31,7 @@ func snapshotOf(t *runner.Request, from int) snapshot {
 		s = snapshot{
 			Choice: openai.Choice{
 				Tokens: p.Tokens(from), Details: p.Details(from), FinishReason: p.FinishReason,
-				Total: p.Len(), PromptTokens: p.PromptTokens(), Usage: p.CompletionTokens(),
+				Total: p.Len(), PromptTokens: p.PromptTokens(), Usage: p.CompletionTokens(), Exact: openai.ExactOf(p),
 			},
 			acc: p.Accepted, worker: cur.WorkerID, status: p.Status, failure: p.Failure, cancel: p.Cancel,
 		}
@@ -178,12 +178,15 @@ func (o *output) stream(from int, start time.Time) bool {
 	sent[0] = from
 	total := from
 	started, finished := make([]bool, len(o.ts)), make([]bool, len(o.ts))
+	marks := make([]openai.Choice, 0, len(o.ts)) // the choices' verdicts, for the usage chunk's mark
 	for {
 		pch := o.fe.fleet.FrontendsChanged()
 		var failed *snapshot
 		done, completion, prompt := true, 0, o.acc.PromptTokens
+		marks = marks[:0]
 		for i, t := range o.ts {
 			s := snapshotOf(t, sent[i])
+			marks = append(marks, openai.Choice{Exact: s.Exact})
 			if i == 0 {
 				sse.SetModel(s.acc.Model)
 			}
@@ -198,7 +201,7 @@ func (o *output) stream(from int, start time.Time) bool {
 			case projections.StatusCompleted:
 				if !finished[i] {
 					finished[i] = true
-					sse.Finish(total, i, s.FinishReason)
+					sse.Finish(total, i, s.FinishReason, openai.Mark(s.Exact))
 				}
 			case projections.StatusFailed, projections.StatusCancelled:
 				if failed == nil {
@@ -221,7 +224,7 @@ func (o *output) stream(from int, start time.Time) bool {
 			if o.acc.IncludeUsage {
 				sse.Usage(total, map[string]any{
 					"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-				})
+				}, openai.MarkOf(marks))
 			}
 			sse.Done(total)
 		}

@@ -182,8 +182,11 @@ func WriteReplay(w io.Writer, doc Doc) error {
 	row("model", fmt.Sprintf("%s (%s), %d prompt tokens, max_tokens %d", st.Model, st.Endpoint, st.PromptTokens, st.MaxTokens))
 	row("attempts", attemptsLine(st))
 	row("migrations", migrationsLine(st))
+	if line := exactLine(st); line != "" {
+		row("exact", line)
+	}
 	row("owner", st.Owner)
-	row("tokens", fmt.Sprintf("%d generated", st.TokensGenerated))
+	row("tokens", tokensLine(st))
 	if st.Cancel != nil {
 		row("cancel", fmt.Sprintf("%s: %s", st.Cancel.Mode, st.Cancel.Reason))
 	}
@@ -242,6 +245,42 @@ func migrationsLine(st projections.State) string {
 		parts = append(parts, fmt.Sprintf("%s from %s at token %d (%s)", m.MigrationType, m.FromWorker, m.Offset, m.Reason))
 	}
 	return fmt.Sprintf("%d: %s", len(parts), strings.Join(parts, "; "))
+}
+
+// tokensLine is the answer's length: the tokens streamed, and the usage's
+// count where it differs (a server may merge two tokens into one streamed
+// event, or hide a matched stop sequence).
+func tokensLine(st projections.State) string {
+	if st.CompletionTokens > 0 && st.CompletionTokens != st.TokensGenerated {
+		return fmt.Sprintf("%d streamed; %d completion tokens (the server's count, as in the usage)", st.TokensGenerated, st.CompletionTokens)
+	}
+	return fmt.Sprintf("%d generated", st.TokensGenerated)
+}
+
+// exactLine says whether the request's continuations were exact, and
+// which were not; "" when none ran.
+func exactLine(st projections.State) string {
+	var approx []string
+	continued := false
+	for _, a := range st.Attempts {
+		if a.StartOffset == 0 {
+			continue
+		}
+		continued = true
+		switch {
+		case a.Exact == nil:
+			approx = append(approx, fmt.Sprintf("attempt %d not shown exact", a.Attempt))
+		case !*a.Exact:
+			approx = append(approx, fmt.Sprintf("attempt %d approximate", a.Attempt))
+		}
+	}
+	switch {
+	case !continued:
+		return ""
+	case st.Exact:
+		return "true: every continuation was exact"
+	}
+	return "false: " + strings.Join(approx, ", ")
 }
 
 // toolCallsOf lists the tool calls of an answer (a chat completion's, or a

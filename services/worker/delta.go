@@ -73,6 +73,7 @@ type deltas struct {
 	details   []json.RawMessage // parallel to tokens once any token had details
 	promptIDs []int             // the prompt's ids, from the first token
 	model     string            // the server's model name, from the first token
+	exact     *bool             // a continuation's verdict for its first delta, when known at its start
 	sawToken  bool              // a token arrived (the health monitor's first token)
 	flushed   int               // tokens already handed to an append
 	stored    int               // tokens [0, stored) are known readable in the log
@@ -142,7 +143,7 @@ func (d *deltas) event(from, to int) events.TokensGenerated {
 		ev.PromptIDs = d.promptIDs // a continuation's are prompt + generated ids: not the request's
 	}
 	if from == 0 {
-		ev.Model = d.model
+		ev.Model, ev.Exact = d.model, d.exact
 	}
 	return ev
 }

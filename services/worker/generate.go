@@ -170,6 +170,8 @@ func (w *Worker) generate(j *job) {
 	w.notifyLoad()
 
 	out = newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
+	mode := continuation(w.eng, d)
+	out.exact = exactAtStart(mode)
 	res, genErr := w.produce(j.ctx, j.cancel, d, j.routed, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
 		// Nothing more of this attempt can be stored, its end included:
@@ -184,6 +186,10 @@ func (w *Worker) generate(j *job) {
 	ctx, cancel := context.WithTimeout(context.Background(), streams.AppendBudget+2*streams.DefaultTimeout)
 	defer cancel()
 	status, final, fatal := w.outcome(j, res, genErr, out, log)
+	if c, ok := final.(events.RequestCompleted); ok {
+		c.Exact = exactAtEnd(mode, d, res)
+		final = c
+	}
 	if !j.released() {
 		final = nil // held to its end: nothing of it is stored (hold.go)
 	}
@@ -382,7 +388,12 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 
 // promptTokens is the prompt's length to report at completion: the engine's
 // count when it gave one for the original prompt (its usage on a first
-// attempt, the recorded prompt ids on a continuation), else the frontend's.
+// attempt, the recorded prompt ids or an earlier engine's count on a
+// continuation); on a prefill continuation with neither, its server's
+// count of the prompt and the text so far less the tokens so far (the
+// prompt in the server's tokens: exact when the continuation was, off by
+// the re-tokenization when not, and closer than a word count either way);
+// else the frontend's.
 func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
 	switch {
 	case d.StartOffset == 0 && res.PromptTokens > 0:
@@ -391,6 +402,10 @@ func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
 		return len(out.promptIDs)
 	case d.PromptIDs != nil:
 		return len(d.PromptIDs)
+	case d.EnginePromptTokens > 0:
+		return d.EnginePromptTokens
+	case d.StartOffset > 0 && res.PromptTokens > d.StartOffset:
+		return res.PromptTokens - d.StartOffset
 	}
 	return d.PromptTokens
 }

@@ -228,7 +228,7 @@ function renderRequests() {
       `<a href="#${esc(r.id)}" data-open="${esc(r.id)}">${esc(r.id)}</a>`, esc(r.model),
       badge(r.status) + (r.finish_reason ? ' <small>' + esc(r.finish_reason) + '</small>' : ''),
       esc(r.worker || '–'), esc(r.owner), `${r.tokens}${r.max_tokens ? '/' + r.max_tokens : ''}`, String(r.attempts),
-      r.migrations ? String(r.migrations) : '', age(r.accepted), btns] };
+      (r.migrations ? String(r.migrations) : '') + (r.approximate ? ' <small title="a continuation was approximate: prefill the engine re-tokenized, or not shown exact">approx.</small>' : ''), age(r.accepted), btns] };
   }));
   if (st.selected) {
     const r = st.requests.find((x) => x.id === st.selected);

@@ -19,6 +19,49 @@ type Choice struct {
 	// Usage is the answer's length for its usage: the servers' counts when
 	// they reported them (projections.Request.CompletionTokens), 0: Total.
 	Usage int
+	// Exact is whether the choice's continuations were exact
+	// (projections.Request.Exact), nil when none ran (ExactOf).
+	Exact *bool
+}
+
+// MarkField is the name of baton's own field in an answer, a stream's
+// final chunk and a response object: OpenAI's SDKs keep fields they do
+// not know (they drop SSE comments), and a name of baton's own cannot
+// collide with a field OpenAI adds.
+const MarkField = "baton"
+
+// Mark is the value of MarkField for a request whose continuations were
+// exact or not (exact), and nil (no field) when no continuation ran: an
+// answer that did not migrate is the engine's own and carries nothing.
+func Mark(exact *bool) map[string]any {
+	if exact == nil {
+		return nil
+	}
+	return map[string]any{"exact": *exact}
+}
+
+// ExactOf is p's verdict as Choice.Exact and Mark take it: nil when no
+// continuation contributed to its answer.
+func ExactOf(p *projections.Request) *bool {
+	if !p.Continued() {
+		return nil
+	}
+	exact := p.Exact()
+	return &exact
+}
+
+// MarkOf is the mark of choices: exact when every choice that continued
+// was; nil when none did.
+func MarkOf(choices []Choice) map[string]any {
+	var all *bool
+	for _, c := range choices {
+		if c.Exact == nil {
+			continue
+		}
+		v := *c.Exact && (all == nil || *all)
+		all = &v
+	}
+	return Mark(all)
 }
 
 // UsageTokens is the choice's length for its usage: the engine's count
@@ -51,7 +94,7 @@ func Response(p *projections.Request, public string) map[string]any {
 	acc.Model = p.ResponseModel()
 	return Answer(acc, []Choice{{
 		Tokens: p.Tokens(0), Details: p.Details(0), FinishReason: p.FinishReason, Total: p.Len(), PromptTokens: p.PromptTokens(),
-		Usage: p.CompletionTokens(),
+		Usage: p.CompletionTokens(), Exact: ExactOf(p),
 	}})
 }
 
@@ -71,16 +114,17 @@ func Answer(acc events.RequestAccepted, choices []Choice) map[string]any {
 	usage := map[string]any{
 		"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
 	}
-	if acc.Endpoint == events.EndpointChat {
-		return map[string]any{
-			"id": "chatcmpl-" + openaiID(acc), "object": "chat.completion", "created": acc.Created, "model": acc.Model,
-			"choices": list, "usage": usage,
-		}
-	}
-	return map[string]any{
+	answer := map[string]any{
 		"id": "cmpl-" + openaiID(acc), "object": "text_completion", "created": acc.Created, "model": acc.Model,
 		"choices": list, "usage": usage,
 	}
+	if acc.Endpoint == events.EndpointChat {
+		answer["id"], answer["object"] = "chatcmpl-"+openaiID(acc), "chat.completion"
+	}
+	if mark := MarkOf(choices); mark != nil {
+		answer[MarkField] = mark
+	}
+	return answer
 }
 
 // FailureBody is the HTTP status and OpenAI error body of failure f.

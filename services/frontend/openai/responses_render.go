@@ -266,13 +266,14 @@ type ResponseOutcome struct {
 	usage      map[string]any
 	completed  int64
 	model      string // the model the answer names (projections.Request.ResponseModel)
+	exact      *bool  // whether its continuations were exact; nil: none ran (ExactOf)
 }
 
 // Outcome is p's status as a response (b reads its max_output_tokens).
 // It reads p only, so a caller can take it under p's lock and Finish
 // after.
 func (b *ResponseRender) Outcome(p *projections.Request) ResponseOutcome {
-	o := ResponseOutcome{model: p.ResponseModel()}
+	o := ResponseOutcome{model: p.ResponseModel(), exact: ExactOf(p)}
 	switch p.Status {
 	case projections.StatusPending:
 		o.Status = "queued"
@@ -373,6 +374,9 @@ func (b *ResponseRender) object(status string, o *ResponseOutcome) map[string]an
 		}
 		if o.completed > 0 && o.Status == "completed" {
 			obj["completed_at"] = o.completed
+		}
+		if mark := Mark(o.exact); mark != nil && o.Terminal {
+			obj[MarkField] = mark
 		}
 	}
 	return obj

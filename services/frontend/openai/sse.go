@@ -74,7 +74,7 @@ func (s *SSE) event(id int, data []byte) {
 	_, s.err = s.w.Write(s.buf)
 }
 
-func (s *SSE) chunk(id int, choice map[string]any, usage map[string]any) {
+func (s *SSE) chunk(id int, choice map[string]any, usage map[string]any, mark map[string]any) {
 	var body map[string]any
 	h := s.head
 	if h.endpoint == events.EndpointChat {
@@ -90,6 +90,9 @@ func (s *SSE) chunk(id int, choice map[string]any, usage map[string]any) {
 	if usage != nil {
 		body["usage"] = usage
 	}
+	if mark != nil {
+		body[MarkField] = mark
+	}
 	data, _ := json.Marshal(body)
 	s.event(id, data)
 }
@@ -101,20 +104,22 @@ func (s *SSE) Delta(id, index int, tokens []string, details []json.RawMessage, f
 		s.textEvent(id, index, tokens, first)
 		return
 	}
-	s.chunk(id, merge(tokens, details).chunkChoice(s.head.endpoint, index, first), nil)
+	s.chunk(id, merge(tokens, details).chunkChoice(s.head.endpoint, index, first), nil, nil)
 }
 
-// Finish writes the chunk that ends choice index with reason.
-func (s *SSE) Finish(id, index int, reason string) {
+// Finish writes the chunk that ends choice index with reason, carrying
+// mark (Mark: nil for none).
+func (s *SSE) Finish(id, index int, reason string, mark map[string]any) {
 	if s.head.endpoint == events.EndpointChat {
-		s.chunk(id, map[string]any{"index": index, "delta": map[string]any{}, "finish_reason": reason}, nil)
+		s.chunk(id, map[string]any{"index": index, "delta": map[string]any{}, "finish_reason": reason}, nil, mark)
 		return
 	}
-	s.chunk(id, map[string]any{"index": index, "text": "", "logprobs": nil, "finish_reason": reason}, nil)
+	s.chunk(id, map[string]any{"index": index, "text": "", "logprobs": nil, "finish_reason": reason}, nil, mark)
 }
 
-// Usage writes the chunk of the usage (stream_options.include_usage).
-func (s *SSE) Usage(id int, usage map[string]any) { s.chunk(id, nil, usage) }
+// Usage writes the chunk of the usage (stream_options.include_usage),
+// carrying mark (Mark: nil for none).
+func (s *SSE) Usage(id int, usage map[string]any, mark map[string]any) { s.chunk(id, nil, usage, mark) }
 
 // Done writes [DONE]: the stream ended in success.
 func (s *SSE) Done(id int) { s.event(id, []byte("[DONE]")) }

@@ -76,7 +76,7 @@ func TestSSEWriter(t *testing.T) {
 		{"chat: the first chunk names the role", events.EndpointChat, func(s *SSE) {
 			s.Delta(2, 0, []string{"a b "}, nil, true)
 			s.Delta(3, 0, []string{"c "}, nil, false)
-			s.Finish(3, 0, "stop")
+			s.Finish(3, 0, "stop", nil)
 			s.Done(3)
 		}, []string{
 			`{"choices":[{"delta":{"content":"a b ","role":"assistant"},"finish_reason":null,"index":0,"logprobs":null}],"created":7,"id":"chatcmpl-r","model":"m","object":"chat.completion.chunk"}`,
@@ -86,7 +86,7 @@ func TestSSEWriter(t *testing.T) {
 		}},
 		{"completions: choice index and usage", events.EndpointCompletions, func(s *SSE) {
 			s.Delta(1, 1, []string{"a "}, nil, true)
-			s.Usage(1, map[string]any{"completion_tokens": 1})
+			s.Usage(1, map[string]any{"completion_tokens": 1}, nil)
 		}, []string{
 			`{"choices":[{"finish_reason":null,"index":1,"logprobs":null,"text":"a "}],"created":7,"id":"cmpl-r","model":"m","object":"text_completion"}`,
 			`{"choices":[],"created":7,"id":"cmpl-r","model":"m","object":"text_completion","usage":{"completion_tokens":1}}`,

@@ -22,7 +22,7 @@ func FuzzTextChunk(f *testing.F) {
 		tokens := []string{tok1, tok2}
 		slow, fast := httptest.NewRecorder(), httptest.NewRecorder()
 		s := NewSSE(slow, acc)
-		s.chunk(offset, merge(tokens, nil).chunkChoice(acc.Endpoint, index, first), nil)
+		s.chunk(offset, merge(tokens, nil).chunkChoice(acc.Endpoint, index, first), nil, nil)
 		fw := NewSSE(fast, acc)
 		fw.textEvent(offset, index, tokens, first)
 		fw.textEvent(offset, index, tokens, first) // reused buffers write it again the same

@@ -20,6 +20,10 @@ type Config struct {
 	// (fleet.Config).
 	MigrationLimit     int // re-dispatches one request may have; 0: migration off
 	MigrationMaxSeqLen int // prompt + generated tokens past which a request stops migrating; 0: unset
+	// MigrationExactOnly: a continuation is dispatched only to a worker
+	// that continues it exactly by construction (token ids; the mock),
+	// never by prefill (migrations.Policy.ExactOnly).
+	MigrationExactOnly bool
 
 	// Timers of a running request.
 	StallTimeout    time.Duration // silence of a worker that counts as its failure; default 30s

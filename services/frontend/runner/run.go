@@ -174,7 +174,8 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	}
 	w, done, err := rn.fleet.Pick(d, a.Pinned, a.Exclude)
 	if err != nil {
-		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, fleet.ErrAllBusy), Err: err.Error()}, nil
+		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, fleet.ErrAllBusy),
+			NotCapable: fleet.IsNotCapable(err), Err: err.Error()}, nil
 	}
 	if w.HoldsUntilRouted {
 		return rn.routeHeld(ctx, t, rn.sendHeld(ctx, w, done, d))

@@ -81,7 +81,7 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 		fleet: fl,
 		policy: migrations.Policy{
 			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
-			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout,
+			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout, ExactOnly: cfg.MigrationExactOnly,
 		},
 		requests: map[string]*Request{},
 		launch:   make(chan *Request), claims: make(chan *Request), stopped: make(chan struct{}),
