@@ -3,6 +3,7 @@ package runner
 import (
 	"cmp"
 	"context"
+	"errors"
 	"hash/fnv"
 	"slices"
 	"strconv"
@@ -148,7 +149,8 @@ func (rn *Runner) publishAdoptable(ctx context.Context) {
 			rn.log.Warn("too many adoptable requests to list in the presence key: the rest are taken over only by a reader if this frontend dies",
 				"listed", len(list), "left_out", left)
 		}
-		if err := rn.presence.update(func(v *events.FrontendPresence) { v.Adoptable = list }); err != nil && ctx.Err() == nil {
+		err := rn.presence.update(func(v *events.FrontendPresence) { v.Adoptable = list })
+		if err != nil && ctx.Err() == nil && !errors.Is(err, streams.ErrSessionClosed) { // closed: deregistered, shutting down
 			rn.log.Warn("list adoptable requests in the presence key", "err", err)
 		}
 	}
@@ -167,12 +169,17 @@ func (rn *Runner) adoptOrphans(ctx context.Context, g *errgroup.Group) {
 			alive[f.FrontendID] = true
 			ids = append(ids, f.FrontendID)
 		}
+		known := rn.fleet.KnownFrontends()
+		departed := map[string]bool{}
+		for _, f := range known {
+			departed[f.FrontendID] = !alive[f.FrontendID]
+		}
 		for id := range handled {
-			if alive[id] {
-				delete(handled, id) // back: its next departure is a new one
+			if !departed[id] {
+				delete(handled, id) // back (its next departure is a new one), or forgotten
 			}
 		}
-		for _, f := range rn.fleet.KnownFrontends() {
+		for _, f := range known {
 			if alive[f.FrontendID] || f.FrontendID == rn.id || len(f.Adoptable) == 0 || handled[f.FrontendID] == f.Revision {
 				continue
 			}

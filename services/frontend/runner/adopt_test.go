@@ -129,7 +129,9 @@ func TestListsAdoptable(t *testing.T) {
 	}
 	defer req.Release()
 	var want events.StoredAt
-	req.View(func(p *projections.Request) { want = events.StoredAt{Partition: rn.parts.PartitionOf("bg"), Seq: p.AcceptedSeq()} })
+	req.View(func(p *projections.Request) {
+		want = events.StoredAt{Partition: rn.parts.PartitionOf("bg"), Seq: p.AcceptedSeq()}
+	})
 	kv, err := x.js.KeyValue(x.ctx, streams.FrontendsBucket)
 	if err != nil {
 		t.Fatal(err)
