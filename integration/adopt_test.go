@@ -174,3 +174,44 @@ func TestOrphanResumableStillDetaches(t *testing.T) {
 	}
 	workersIdle(t, f2)
 }
+
+// TestOrphanAdoptedAtPresenceExpiry: without the disconnect advisory (no
+// system account), a killed frontend's background response is adopted when
+// its presence key expires, within the presence TTL (6 s) of the kill; its
+// worker lives, so it is not migrated.
+func TestOrphanAdoptedAtPresenceExpiry(t *testing.T) {
+	s := newStack(t)
+	args := []string{"--migration-limit", "2", "--default-max-tokens", "1200"}
+	f1 := s.frontend(nil, args...)
+	s.frontend(nil, args...)
+	s.worker("w1", "--mock-tokens-per-sec", "100", "--mock-ttft", "10ms")
+	f1.waitRoutable(t, "w1")
+	question := "adopted when the key expires"
+	created, err := sdk(f1.url, "").Responses.New(context.Background(), responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(question)},
+		Background: openai.Bool(true),
+	})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	waitFor(t, 10*time.Second, "tokens", func() bool { return f1.state(t, created.ID).TokensGenerated >= 10 })
+	f1.signal(syscall.SIGKILL)
+	killed := time.Now()
+	waitFor(t, 10*time.Second, "the response adopted by frontend-2", func() bool {
+		return replayOf(t, s, created.ID).Request.Owner == "frontend-2"
+	})
+	adopted := time.Since(killed)
+	t.Logf("adopted %v after the kill", adopted)
+	// The key expires 6 s after its last renewal at most; the server's
+	// expiry of it and this test's polls of the log add a little.
+	if adopted > 8*time.Second {
+		t.Errorf("adopted %v after the kill, want within the presence TTL (6 s) and 2 s of slack", adopted)
+	}
+	waitFor(t, 30*time.Second, "the response completed", func() bool {
+		return replayOf(t, s, created.ID).Request.Status == "completed"
+	})
+	r := replayOf(t, s, created.ID)
+	if want := engine.MockText("user: "+question, 0, 1200); r.Output != want || len(r.Request.Migrations) != 0 {
+		t.Errorf("text equal to an undisturbed answer: %v, migrations %+v (want none)", r.Output == want, r.Request.Migrations)
+	}
+}
