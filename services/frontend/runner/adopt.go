@@ -301,13 +301,14 @@ func (rn *Runner) adopt(ctx context.Context, at events.StoredAt, from string) {
 	t.View(func(p *projections.Request) {
 		owner, same, live = p.Owner, p.AcceptedSeq() == at.Seq, !p.Status.Terminal()
 	})
-	if !same || !live || owner == rn.id || rn.fleet.FrontendAlive(owner) {
+	if !same || !live || (owner != rn.id && rn.fleet.FrontendAlive(owner)) {
 		return
 	}
+	was := owner
 	rn.startDetachClock(t)
-	rn.ensureOwner(ctx, t)
+	rn.ensureOwner(ctx, t) // runs it here if it is this frontend's already
 	t.View(func(p *projections.Request) { owner = p.Owner })
-	if owner == rn.id {
+	if owner == rn.id && was != rn.id {
 		rn.metrics.adoptions.Inc()
 		rn.log.Info("adopted an orphaned request", "request_id", id, "from", from)
 	}
