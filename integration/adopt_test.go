@@ -43,21 +43,26 @@ func replayOf(t *testing.T, s *stack, id string) replayed {
 	return r
 }
 
-// waitAdoptedAndCompleted waits, with no reader, until the log says request
-// id is owned by frontend-2 and completed, for at most 30 s after killed, and
-// logs how long each took.
-func waitAdoptedAndCompleted(t *testing.T, s *stack, id string, killed time.Time) replayed {
+// waitAdopted waits until frontend f counts an adoption, and returns how
+// long after killed that was (to within a poll of its metrics).
+func waitAdopted(t *testing.T, f *frontend, killed time.Time) time.Duration {
 	t.Helper()
+	waitFor(t, 15*time.Second, f.name+" to adopt", func() bool { return f.metric(t, "baton_frontend_requests_adopted_total") >= 1 })
+	return time.Since(killed)
+}
+
+// waitAdoptedAndCompleted waits, with no reader, until frontend-2 (f2)
+// adopted request id and the log says it completed, for at most 30 s after
+// killed, and logs how long each took.
+func waitAdoptedAndCompleted(t *testing.T, s *stack, f2 *frontend, id string, killed time.Time) replayed {
+	t.Helper()
+	adopted := waitAdopted(t, f2, killed)
 	var r replayed
-	var adopted time.Duration
-	waitFor(t, 30*time.Second, id+" adopted and completed in the log, with no reader", func() bool {
+	waitFor(t, 30*time.Second, id+" completed in the log, with no reader", func() bool {
 		r = replayOf(t, s, id)
-		if adopted == 0 && r.Request.Owner == "frontend-2" {
-			adopted = time.Since(killed)
-		}
 		return r.Request.Status == "completed"
 	})
-	t.Logf("%s: owned by frontend-2 %v after the kills, completed %v after them", id, adopted, time.Since(killed))
+	t.Logf("%s: adopted %v after the kills, completed in the log %v after them (to within a replay)", id, adopted, time.Since(killed))
 	if r.Request.Owner != "frontend-2" {
 		t.Errorf("owner %q, want frontend-2 (the adopter)", r.Request.Owner)
 	}
@@ -71,15 +76,14 @@ func waitAdoptedAndCompleted(t *testing.T, s *stack, id string, killed time.Time
 // the log holds at least n of its tokens; it returns when.
 func killBoth(t *testing.T, s *stack, f1 *frontend, id string, n int) time.Time {
 	t.Helper()
-	waitFor(t, 10*time.Second, id+" to produce tokens", func() bool { return f1.state(t, id).TokensGenerated >= n })
-	w := f1.servingWorker(t, id)
-	f1.signal(syscall.SIGKILL)
-	s.workers[w].signal(syscall.SIGKILL)
-	killed := time.Now()
-	if st := replayOf(t, s, id); st.Request.Status != "running" {
-		t.Fatalf("status %q at the kills, want running: the kills came too late", st.Request.Status)
+	var st requestState
+	waitFor(t, 10*time.Second, id+" to produce tokens", func() bool { st = f1.state(t, id); return st.TokensGenerated >= n })
+	if st.Status != "running" {
+		t.Fatalf("status %q before the kills, want running: the kills come too late", st.Status)
 	}
-	return killed
+	f1.signal(syscall.SIGKILL)
+	s.workers[st.Worker].signal(syscall.SIGKILL)
+	return time.Now()
 }
 
 // TestOrphanBackgroundResponseAdopted: a background response created on
@@ -97,7 +101,7 @@ func TestOrphanBackgroundResponseAdopted(t *testing.T) {
 		t.Fatalf("create: %v, background %v", err, created.Background)
 	}
 	killed := killBoth(t, s, f1, created.ID, 20)
-	r := waitAdoptedAndCompleted(t, s, created.ID, killed)
+	r := waitAdoptedAndCompleted(t, s, f2, created.ID, killed)
 	if want := engine.MockText("user: "+question, 0, 300); r.Output != want {
 		t.Fatalf("text differs from an undisturbed answer:\n got %q\nwant %q", r.Output, want)
 	}
@@ -136,7 +140,7 @@ func TestOrphanResumableStreamAdopted(t *testing.T) {
 	resp.Body.Close()
 	cancel()
 	killed := killBoth(t, s, f1, "left", 20)
-	r := waitAdoptedAndCompleted(t, s, "left", killed)
+	r := waitAdoptedAndCompleted(t, s, f2, "left", killed)
 	if want := engine.MockText("user: "+prompt, 0, 300); r.Output != want {
 		t.Fatalf("text differs from an undisturbed answer:\n got %q\nwant %q", r.Output, want)
 	}
@@ -183,7 +187,7 @@ func TestOrphanAdoptedAtPresenceExpiry(t *testing.T) {
 	s := newStack(t)
 	args := []string{"--migration-limit", "2", "--default-max-tokens", "1200"}
 	f1 := s.frontend(nil, args...)
-	s.frontend(nil, args...)
+	f2 := s.frontend(nil, args...)
 	s.worker("w1", "--mock-tokens-per-sec", "100", "--mock-ttft", "10ms")
 	f1.waitRoutable(t, "w1")
 	question := "adopted when the key expires"
@@ -197,10 +201,7 @@ func TestOrphanAdoptedAtPresenceExpiry(t *testing.T) {
 	waitFor(t, 10*time.Second, "tokens", func() bool { return f1.state(t, created.ID).TokensGenerated >= 10 })
 	f1.signal(syscall.SIGKILL)
 	killed := time.Now()
-	waitFor(t, 10*time.Second, "the response adopted by frontend-2", func() bool {
-		return replayOf(t, s, created.ID).Request.Owner == "frontend-2"
-	})
-	adopted := time.Since(killed)
+	adopted := waitAdopted(t, f2, killed)
 	t.Logf("adopted %v after the kill", adopted)
 	// The key expires 6 s after its last renewal at most; the server's
 	// expiry of it and this test's polls of the log add a little.
@@ -211,6 +212,9 @@ func TestOrphanAdoptedAtPresenceExpiry(t *testing.T) {
 		return replayOf(t, s, created.ID).Request.Status == "completed"
 	})
 	r := replayOf(t, s, created.ID)
+	if r.Request.Owner != "frontend-2" {
+		t.Errorf("owner %q, want frontend-2 (the adopter)", r.Request.Owner)
+	}
 	if want := engine.MockText("user: "+question, 0, 1200); r.Output != want || len(r.Request.Migrations) != 0 {
 		t.Errorf("text equal to an undisturbed answer: %v, migrations %+v (want none)", r.Output == want, r.Request.Migrations)
 	}
