@@ -41,7 +41,7 @@ import (
 //
 // The cost: nothing per token and nothing on a request's path but one
 // entry in a set; a presence write per adoptableEvery while the set
-// changes (the list is about 16 bytes an entry, at most maxAdoptable
+// changes (the list is about 20 bytes an entry, at most maxAdoptable
 // entries), which every frontend and worker watching the bucket receives;
 // and, when a frontend goes, one direct get per listed request by each live
 // frontend whose turn comes (normally one), and a follow by the adopter.
@@ -56,7 +56,7 @@ const adoptableEvery = 100 * time.Millisecond
 // presence TTL: three ranks try within one TTL).
 const adoptStagger = presenceTTL / 3
 
-// maxAdoptable bounds the list in a presence key (about 64 KB of JSON);
+// maxAdoptable bounds the list in a presence key (about 90 KB of JSON);
 // requests past it are not listed, and are taken over only by a reader.
 const maxAdoptable = 4096
 
