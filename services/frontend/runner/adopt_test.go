@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -110,6 +111,69 @@ func TestAdoptsOrphans(t *testing.T) {
 	p, err := rn.Load(x.ctx, "plain")
 	if err != nil || p.Owner != "fe-gone" || len(p.Attempts) != 0 {
 		t.Errorf("plain request: %v, owner %q, %d attempts, want left to fe-gone", err, p.Owner, len(p.Attempts))
+	}
+	x.wg.Wait()
+}
+
+// TestAdoptionStepsIn: a request whose first-ranked live frontend does not
+// adopt it is adopted by the next one adoptStagger later; one that a live
+// frontend lists as its own is left to it.
+func TestAdoptionStepsIn(t *testing.T) {
+	x := newRunnerFixture(t, fakeWorker{id: "w1"})
+	rn := x.rn
+	if err := rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
+		t.Fatal(err)
+	}
+	defer rn.Stop()
+	live := []string{"fe", "fe-other"}
+	byRank := map[int]string{} // rank of fe → a request
+	ats := map[string]events.StoredAt{}
+	for i := 0; len(byRank) < 2; i++ {
+		id := fmt.Sprintf("r%d", i)
+		acc := events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe-gone", Background: true}
+		seq, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		at := events.StoredAt{Partition: rn.parts.PartitionOf(id), Seq: seq}
+		if r := adoptRank(at, "fe", live); byRank[r] == "" {
+			byRank[r], ats[id] = id, at
+		}
+	}
+	first, second := byRank[0], byRank[1] // fe tries first / second
+	// fe-other lists first as its own (it took it over, say), and lists
+	// nothing else: it never adopts second.
+	x.put(streams.FrontendsBucket, "fe-other", events.FrontendPresence{FrontendID: "fe-other", Adoptable: []events.StoredAt{ats[first]}})
+	x.put(streams.FrontendsBucket, "fe-gone", events.FrontendPresence{FrontendID: "fe-gone", Adoptable: []events.StoredAt{ats[first], ats[second]}})
+	for ch := x.fl.FrontendsChanged(); !x.fl.FrontendAlive("fe-gone") || !x.fl.FrontendAlive("fe-other") || !x.fl.FrontendAlive("fe"); ch = x.fl.FrontendsChanged() {
+		select {
+		case <-ch:
+		case <-x.ctx.Done():
+			t.Fatal("the fleet view never saw every frontend")
+		}
+	}
+	kv, err := x.js.KeyValue(x.ctx, streams.FrontendsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(x.ctx, "fe-gone"); err != nil {
+		t.Fatal(err)
+	}
+	gone := time.Now()
+	req, err := rn.Attach(x.ctx, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer req.Release()
+	if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Owner == "fe" }); err != nil {
+		t.Fatalf("%s (fe second in line) never adopted: %v", second, err)
+	}
+	if took := time.Since(gone); took < adoptStagger {
+		t.Errorf("%s adopted %v after its frontend went, want after %v (fe-other first in line)", second, took, adoptStagger)
+	}
+	p, err := rn.Load(x.ctx, first)
+	if err != nil || p.Owner != "fe-gone" {
+		t.Errorf("%s (listed by fe-other): %v, owner %q, want left alone", first, err, p.Owner)
 	}
 	x.wg.Wait()
 }
