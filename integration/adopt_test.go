@@ -219,3 +219,32 @@ func TestOrphanAdoptedAtPresenceExpiry(t *testing.T) {
 		t.Errorf("text equal to an undisturbed answer: %v, migrations %+v (want none)", r.Output == want, r.Request.Migrations)
 	}
 }
+
+// TestOrphanAdoptedAfterShutdown: a frontend shut down (SIGTERM) deletes
+// its presence key once its streams are cut, and the background response it
+// owned is adopted at once and completes, on its own worker.
+func TestOrphanAdoptedAfterShutdown(t *testing.T) {
+	s, f1, f2 := twoFrontends(t, "--default-max-tokens", "800")
+	question := "handed over at shutdown"
+	created, err := sdk(f1.url, "").Responses.New(context.Background(), responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(question)},
+		Background: openai.Bool(true),
+	})
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	waitFor(t, 10*time.Second, "tokens", func() bool { return f1.state(t, created.ID).TokensGenerated >= 10 })
+	f1.signal(syscall.SIGTERM)
+	if code := f1.wait(15 * time.Second); code != 0 {
+		t.Fatalf("frontend 1 exited %d, want 0", code)
+	}
+	stopped := time.Now()
+	t.Logf("seen adopted %v after frontend 1 exited (the first poll)", waitAdopted(t, f2, stopped))
+	waitFor(t, 30*time.Second, "the response completed", func() bool {
+		return replayOf(t, s, created.ID).Request.Status == "completed"
+	})
+	r := replayOf(t, s, created.ID)
+	if want := engine.MockText("user: "+question, 0, 800); r.Output != want || r.Request.Owner != "frontend-2" || len(r.Request.Migrations) != 0 {
+		t.Errorf("owner %q, migrations %+v, text undisturbed %v: want frontend-2, none, true", r.Request.Owner, r.Request.Migrations, r.Output == want)
+	}
+}
