@@ -145,4 +145,18 @@ type FrontendPresence struct {
 	// while every live frontend says so: an earlier release, which does
 	// not, would see a compacted request without its tokens.
 	ReadsCompacted bool `json:"reads_compacted,omitempty"`
+	// Adoptable lists the requests in flight that this frontend owns and
+	// that outlive their clients (background responses, X-Resumable), by
+	// where their accepted event is stored rather than by id (workers
+	// read this bucket, and an id may name a tenant). When the key goes, a
+	// live frontend adopts them (docs/fault-tolerance.md).
+	Adoptable []StoredAt `json:"adoptable,omitempty"`
+}
+
+// StoredAt is where a request's accepted event is stored: the partition of
+// the request log (0 for a log of one partition) and the stream sequence
+// there.
+type StoredAt struct {
+	Partition int    `json:"p"`
+	Seq       uint64 `json:"s"`
 }

@@ -3,8 +3,9 @@
 // request a client reads here (one follower per request, fed by one live
 // subscription), runs the requests this frontend owns (asking
 // migrations.Policy.Step what to do and carrying it out: route, dispatch,
-// fence, migrate, fail, detach), takes over requests whose owner is gone,
-// keeps this frontend's presence key alive, relays commands to workers and
+// fence, migrate, fail, detach), takes over requests whose owner is gone
+// (for a reader, or with none for those meant to outlive their client:
+// adopt.go), keeps this frontend's presence key alive, relays commands to workers and
 // answers their checks. It routes with the fleet view (services/fleet),
 // which it is handed through its own small interface (Fleet) and does not
 // run.

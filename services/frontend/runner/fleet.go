@@ -31,9 +31,13 @@ type Fleet interface {
 	WorkersChanged() <-chan struct{}
 	MembersChanged() <-chan struct{}
 	// FrontendAlive reports whether frontend id holds a live key;
-	// Frontends are those that do.
+	// Frontends are those that do. KnownFrontends adds the departed ones
+	// (with their last presence), and FrontendsChanged is closed at the
+	// next change of who is live.
 	FrontendAlive(id string) bool
 	Frontends() []projections.Frontend
+	KnownFrontends() []projections.Frontend
+	FrontendsChanged() <-chan struct{}
 	// GuardView is the view as the request log's junk guard sees it.
 	GuardView() retention.Fleet
 }

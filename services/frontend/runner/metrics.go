@@ -18,6 +18,7 @@ type metrics struct {
 	// baton's own: why a worker left this frontend's routing.
 	inhibitions        *prometheus.CounterVec // worker_id
 	dispatchUnanswered *prometheus.CounterVec // worker_id
+	adoptions          prometheus.Counter     // orphans taken over with no reader (adopt.go)
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,9 +45,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		dispatchUnanswered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_frontend_dispatch_unanswered_total", Help: "Dispatches a worker did not answer within --dispatch-timeout (or could not be sent).",
 		}, []string{"worker_id"}),
+		adoptions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "baton_frontend_requests_adopted_total", Help: "Requests meant to outlive their client (background, X-Resumable) that this frontend took over from a departed one without a reader.",
+		}),
 	}
 	var errs []error
-	for _, c := range []prometheus.Collector{m.migrations, m.maxSeqLenExceeded, m.migrationDuration, m.rejections, m.cancellations, m.inhibitions, m.dispatchUnanswered} {
+	for _, c := range []prometheus.Collector{m.migrations, m.maxSeqLenExceeded, m.migrationDuration, m.rejections, m.cancellations, m.inhibitions, m.dispatchUnanswered, m.adoptions} {
 		if err := reg.Register(c); err != nil {
 			errs = append(errs, err)
 		}

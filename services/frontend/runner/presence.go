@@ -52,6 +52,17 @@ func (p *presence) start(ctx, startCtx context.Context, js jetstream.JetStream, 
 	return nil
 }
 
+// update changes the value of this frontend's key and writes it at once.
+func (p *presence) update(edit func(*events.FrontendPresence)) error {
+	p.mu.Lock()
+	s := p.session
+	p.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return s.Update(edit)
+}
+
 // revoke deletes this frontend's key, so others may take its requests at once.
 func (p *presence) revoke(ctx context.Context) error {
 	p.mu.Lock()

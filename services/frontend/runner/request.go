@@ -227,6 +227,7 @@ func (rn *Runner) runRunners(ctx context.Context, g *errgroup.Group) {
 		case t := <-rn.launch:
 			g.Go(func() error {
 				defer rn.runnerEnded(t)
+				defer rn.listAdoptable(t)() // adopted by another frontend if this one dies
 				rn.run(ctx, t)
 				return nil
 			})

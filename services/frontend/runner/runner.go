@@ -38,6 +38,7 @@ type Runner struct {
 	guard    *retention.Guard   // purges workers' junk from the request log, quarantines who writes it
 	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
 	ended    pendingEnds        // ends the ends place did not take yet (ends.go)
+	listed   *adoptable         // the requests run here that outlive their clients, in the presence key (adopt.go)
 
 	launch  chan *Request // requests whose runner runRunners should start
 	claims  chan *Request // requests runRunners should take over if their owner is gone
@@ -85,6 +86,7 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 		},
 		requests: map[string]*Request{},
 		launch:   make(chan *Request), claims: make(chan *Request), stopped: make(chan struct{}),
+		listed: newAdoptable(),
 	}
 	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
@@ -214,6 +216,14 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	if err := rn.answerChecks(runCtx, g); err != nil {
 		return err
 	}
+	g.Go(func() error {
+		rn.publishAdoptable(runCtx)
+		return nil
+	})
+	g.Go(func() error {
+		rn.adoptOrphans(runCtx, g)
+		return nil
+	})
 	rn.catchUpOnReconnect(runCtx, g)
 	return nil
 }

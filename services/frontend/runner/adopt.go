@@ -1,0 +1,351 @@
+package runner
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+	"golang.org/x/sync/errgroup"
+)
+
+// Orphans are adopted (docs/fault-tolerance.md, "Orphans are adopted"). A
+// request meant to outlive its client (a background response, a request
+// sent with X-Resumable) whose owner frontend is gone is taken over by a
+// live frontend without waiting for a reader:
+//
+//   - Each frontend lists the adoptable requests it owns and runs in its
+//     presence key (events.FrontendPresence.Adoptable), by where their
+//     accepted event is stored, not by id: workers read that bucket. The
+//     list is written again when it changes, at most every adoptableEvery,
+//     and with every renewal.
+//   - Every frontend watches the frontends bucket already (services/fleet):
+//     when a key goes (expired, deleted by the disconnect advisory or by a
+//     shutdown), each live frontend has the departed one's last list. For
+//     each entry the live frontends are ranked by a hash of the entry and
+//     their ids (rendezvous hashing): the first tries at once, the next
+//     adoptStagger later unless a live frontend lists the request by then,
+//     and so on. Of frontends that try at once (views differ for a moment),
+//     the attached event's expected sequence lets one win (invariant 3).
+//   - To adopt is to read the accepted event at that position (one direct
+//     get), follow the request, start its detach clock when no client is
+//     attached here, and take it over as a reader's Claim does
+//     (ensureOwner): it migrates if its worker is gone too.
+//
+// The cost: nothing per token and nothing on a request's path but one
+// entry in a set; a presence write per adoptableEvery while the set
+// changes (the list is about 20 bytes an entry, at most maxAdoptable
+// entries), which every frontend and worker watching the bucket receives;
+// and, when a frontend goes, one direct get per listed request by each live
+// frontend whose turn comes (normally one), and a follow by the adopter.
+
+// adoptableEvery is the least time between two writes of the presence list;
+// a request accepted less than that before its frontend died may be missing
+// from the last list (it is then taken over only by a reader, as before).
+const adoptableEvery = 100 * time.Millisecond
+
+// adoptStagger is how long a frontend waits per rank before it adopts a
+// request that a frontend ranked before it should have (a third of the
+// presence TTL: three ranks try within one TTL).
+const adoptStagger = presenceTTL / 3
+
+// maxAdoptable bounds the list in a presence key (about 90 KB of JSON);
+// requests past it are not listed, and are taken over only by a reader.
+const maxAdoptable = 4096
+
+// adoptParallel bounds the adoptions one frontend carries out at once.
+const adoptParallel = 8
+
+// adoptable is the set of adoptable requests this frontend runs. It is
+// safe for concurrent use.
+type adoptable struct {
+	mu      sync.Mutex
+	set     map[events.StoredAt]struct{}
+	changed chan struct{} // capacity 1: changes coalesce
+}
+
+func newAdoptable() *adoptable {
+	return &adoptable{set: map[events.StoredAt]struct{}{}, changed: make(chan struct{}, 1)}
+}
+
+func (a *adoptable) add(at events.StoredAt)    { a.edit(func() { a.set[at] = struct{}{} }) }
+func (a *adoptable) remove(at events.StoredAt) { a.edit(func() { delete(a.set, at) }) }
+
+func (a *adoptable) edit(fn func()) {
+	a.mu.Lock()
+	fn()
+	a.mu.Unlock()
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+// list returns the set in order, at most maxAdoptable entries (the oldest
+// requests of each partition first), and how many it left out.
+func (a *adoptable) list() ([]events.StoredAt, int) {
+	a.mu.Lock()
+	out := make([]events.StoredAt, 0, len(a.set))
+	for at := range a.set {
+		out = append(out, at)
+	}
+	a.mu.Unlock()
+	slices.SortFunc(out, func(x, y events.StoredAt) int {
+		return cmp.Or(cmp.Compare(x.Partition, y.Partition), cmp.Compare(x.Seq, y.Seq))
+	})
+	if len(out) > maxAdoptable {
+		return out[:maxAdoptable], len(out) - maxAdoptable
+	}
+	return out, 0
+}
+
+// listAdoptable lists t while its runner runs, if it is meant to outlive
+// its client; the returned func unlists it.
+func (rn *Runner) listAdoptable(t *Request) (unlist func()) {
+	var at events.StoredAt
+	t.f.view(func(p *projections.Request) {
+		if p.Accepted.Background || p.Accepted.Resumable {
+			at = events.StoredAt{Partition: rn.parts.PartitionOf(t.id), Seq: p.AcceptedSeq()}
+		}
+	})
+	if at.Seq == 0 {
+		return func() {}
+	}
+	rn.listed.add(at)
+	return func() { rn.listed.remove(at) }
+}
+
+// publishAdoptable writes the list into this frontend's presence key each
+// time it changes, at most every adoptableEvery, until ctx is done.
+func (rn *Runner) publishAdoptable(ctx context.Context) {
+	var last time.Time
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-rn.listed.changed:
+		}
+		if wait := adoptableEvery - time.Since(last); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		last = time.Now()
+		list, left := rn.listed.list()
+		if left > 0 && !warned {
+			warned = true
+			rn.log.Warn("too many adoptable requests to list in the presence key: the rest are taken over only by a reader if this frontend dies",
+				"listed", len(list), "left_out", left)
+		}
+		err := rn.presence.update(func(v *events.FrontendPresence) { v.Adoptable = list })
+		if err != nil && ctx.Err() == nil && !errors.Is(err, streams.ErrSessionClosed) { // closed: deregistered, shutting down
+			rn.log.Warn("list adoptable requests in the presence key", "err", err)
+		}
+	}
+}
+
+// adoptOrphans watches the frontends until ctx is done, and adopts the
+// listed requests of each one that departs (on g).
+func (rn *Runner) adoptOrphans(ctx context.Context, g *errgroup.Group) {
+	handled := map[string]uint64{} // departed frontend → the revision of the list taken
+	for {
+		ch := rn.fleet.FrontendsChanged()
+		live := rn.fleet.Frontends()
+		alive := map[string]bool{}
+		ids := make([]string, 0, len(live))
+		for _, f := range live {
+			alive[f.FrontendID] = true
+			ids = append(ids, f.FrontendID)
+		}
+		known := rn.fleet.KnownFrontends()
+		departed := map[string]bool{}
+		for _, f := range known {
+			departed[f.FrontendID] = !alive[f.FrontendID]
+		}
+		for id := range handled {
+			if !departed[id] {
+				delete(handled, id) // back (its next departure is a new one), or forgotten
+			}
+		}
+		for _, f := range known {
+			if alive[f.FrontendID] || f.FrontendID == rn.id || len(f.Adoptable) == 0 || handled[f.FrontendID] == f.Revision {
+				continue
+			}
+			handled[f.FrontendID] = f.Revision
+			from, list := f.FrontendID, f.Adoptable
+			g.Go(func() error {
+				rn.adoptAll(ctx, from, list, ids)
+				return nil
+			})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		}
+	}
+}
+
+// adoptAll adopts the requests of list (departed frontend from's) whose
+// turn comes to this frontend, ranked among live, in order of rank.
+func (rn *Runner) adoptAll(ctx context.Context, from string, list []events.StoredAt, live []string) {
+	byRank := map[int][]events.StoredAt{}
+	maxRank := 0
+	for _, at := range list {
+		r := adoptRank(at, rn.id, live)
+		byRank[r] = append(byRank[r], at)
+		maxRank = max(maxRank, r)
+	}
+	rn.log.Info("adopting the requests of a departed frontend", "frontend", from, "listed", len(list), "first_here", len(byRank[0]))
+	start := time.Now()
+	for r := 0; r <= maxRank; r++ {
+		if len(byRank[r]) == 0 {
+			continue
+		}
+		if wait := time.Until(start.Add(time.Duration(r) * adoptStagger)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		listed := rn.listedByLive()
+		var g errgroup.Group
+		g.SetLimit(adoptParallel)
+		for _, at := range byRank[r] {
+			if listed[at] {
+				continue // adopted already by a frontend ranked before this one
+			}
+			g.Go(func() error {
+				rn.adopt(ctx, at, from)
+				return nil
+			})
+		}
+		_ = g.Wait()
+	}
+}
+
+// adoptRank is this frontend's (self's) place among live (which should
+// include it) in the order in which frontends try to adopt the request
+// stored at at: 0 tries first.
+func adoptRank(at events.StoredAt, self string, live []string) int {
+	score := func(id string) uint64 {
+		h := fnv.New64a()
+		_, _ = h.Write([]byte(id + "/" + strconv.Itoa(at.Partition) + "/" + strconv.FormatUint(at.Seq, 10)))
+		return mix(h.Sum64())
+	}
+	mine, rank := score(self), 0
+	for _, id := range live {
+		if id == self {
+			continue
+		}
+		if s := score(id); s > mine || (s == mine && id < self) {
+			rank++
+		}
+	}
+	return rank
+}
+
+// mix is splitmix64's finalizer: FNV alone barely changes its high bits
+// for keys that differ in their last bytes.
+func mix(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// listedByLive is every request a live frontend lists as its own.
+func (rn *Runner) listedByLive() map[events.StoredAt]bool {
+	out := map[events.StoredAt]bool{}
+	for _, f := range rn.fleet.Frontends() {
+		for _, at := range f.Adoptable {
+			out[at] = true
+		}
+	}
+	return out
+}
+
+// adopt takes over the request whose accepted event is stored at at, listed
+// by departed frontend from, if it is still in flight, meant to outlive its
+// client, and owned by no live frontend.
+func (rn *Runner) adopt(ctx context.Context, at events.StoredAt, from string) {
+	if at.Partition < 0 || at.Partition >= rn.parts.Count() {
+		return
+	}
+	id, ok := rn.acceptedAt(ctx, at)
+	if !ok {
+		return
+	}
+	t, err := rn.Attach(ctx, id)
+	if err != nil {
+		rn.log.Warn("adopt request", "request_id", id, "from", from, "err", err)
+		return
+	}
+	defer t.Release()
+	var owner string
+	var same, live bool
+	t.View(func(p *projections.Request) {
+		owner, same, live = p.Owner, p.AcceptedSeq() == at.Seq, !p.Status.Terminal()
+	})
+	if !same || !live || (owner != rn.id && rn.fleet.FrontendAlive(owner)) {
+		return
+	}
+	was := owner
+	rn.startDetachClock(t)
+	rn.ensureOwner(ctx, t) // runs it here if it is this frontend's already
+	t.View(func(p *projections.Request) { owner = p.Owner })
+	if owner == rn.id && was != rn.id {
+		rn.metrics.adoptions.Inc()
+		rn.log.Info("adopted an orphaned request", "request_id", id, "from", from)
+	}
+}
+
+// acceptedAt is the id of the request whose accepted event is stored at at,
+// if that event is there and the request outlives its client.
+func (rn *Runner) acceptedAt(ctx context.Context, at events.StoredAt) (string, bool) {
+	m, err := streams.MsgAt(ctx, rn.js, rn.parts.Stream(at.Partition), at.Seq)
+	if err != nil {
+		rn.log.Warn("read an adoptable request", "stream", rn.parts.Stream(at.Partition), "seq", at.Seq, "err", err)
+		return "", false
+	}
+	if m == nil {
+		return "", false // evicted, or expired
+	}
+	env, err := streams.DecodeRaw(m)
+	if err != nil {
+		return "", false
+	}
+	acc, ok := env.Event.(events.RequestAccepted)
+	rs, perr := streams.ParseRequestSubject(m.Subject)
+	if !ok || perr != nil || rs.Kind != "events" || rs.ID != acc.RequestID || rn.parts.PartitionOf(rs.ID) != at.Partition ||
+		!(acc.Background || acc.Resumable) {
+		return "", false
+	}
+	return acc.RequestID, true
+}
+
+// startDetachClock starts t's detach clock if no client follows it here: an
+// adopted resumable request still ends after the detach timeout with
+// nobody attached (the clock starts again at the adoption: when its client
+// left the departed frontend is not in the log).
+func (rn *Runner) startDetachClock(t *Request) {
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	if t.clients == 0 && t.detachedSince.IsZero() {
+		t.detachedSince = time.Now()
+	}
+}
