@@ -184,8 +184,8 @@ type result struct {
 	killed    string        // the worker killed
 	killedAt  int           // tokens received when it was killed
 	newWorker string        // the worker that finished the request
-	afterKill time.Duration // from the kill to the next token
-	pause     time.Duration // between the last token before the kill and the first after
+	afterKill time.Duration // from the kill to the first token of another worker
+	pause     time.Duration // between that token and the one before it
 }
 
 // check prints how the stream went through the kill and returns what went
@@ -265,10 +265,13 @@ func stream(ctx context.Context, o options, base string, out io.Writer) (result,
 			continue
 		}
 		now := time.Now()
-		if !killedAt.IsZero() && res.afterKill == 0 {
-			res.afterKill, res.pause = now.Sub(killedAt), now.Sub(last)
-			res.newWorker, _ = servingWorker(ctx, base)
-			fmt.Fprintf(out, "\n[... next token from %s, %v after the kill]\n", res.newWorker, res.afterKill.Round(time.Millisecond))
+		// The first token of another worker: tokens the killed worker
+		// sent before it died may still arrive after the kill.
+		if !killedAt.IsZero() && res.newWorker == "" {
+			if w, _ := servingWorker(ctx, base); w != "" && w != res.killed {
+				res.afterKill, res.pause, res.newWorker = now.Sub(killedAt), now.Sub(last), w
+				fmt.Fprintf(out, "\n[... next token from %s, %v after the kill]\n", res.newWorker, res.afterKill.Round(time.Millisecond))
+			}
 		}
 		last = now
 		text.WriteString(chunk.Choices[0].Text)
