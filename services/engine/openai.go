@@ -331,11 +331,13 @@ func (e emitError) Error() string { return e.err.Error() }
 func (s *streamReader) read(body io.Reader) (Result, error) {
 	var res Result
 	done := false
+	var said string // the last line that was not an event's data: a server's words outside the protocol
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 4096), 4*1024*1024)
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data:")
 		if !ok {
+			said = outsideWords(sc.Text(), said)
 			continue // comments, event names, blank separators
 		}
 		data = strings.TrimSpace(data)
@@ -367,7 +369,7 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 	}
 	switch {
 	case res.FinishReason == "" && !done && s.emitted == 0:
-		return res, &UpstreamError{Code: events.CodeEmptyAnswer, Message: "the stream ended before the first token, without a finish reason or [DONE]"}
+		return res, emptyAnswer(said)
 	case res.FinishReason == "" && !done:
 		return res, &UpstreamError{Message: "stream ended without a finish reason or [DONE]"}
 	case res.FinishReason == "" && s.emitted == s.budget:
@@ -376,6 +378,47 @@ func (s *streamReader) read(body io.Reader) (Result, error) {
 		res.FinishReason = FinishStop
 	}
 	return res, nil
+}
+
+// outsideWords keeps line as what the server said outside the stream's
+// events, unless it is one of the protocol's own lines (blank, a comment,
+// an event name, an id, a retry); said is what it kept before.
+func outsideWords(line, said string) string {
+	line = strings.TrimSpace(line)
+	if line == "" || strings.HasPrefix(line, ":") {
+		return said
+	}
+	for _, field := range []string{"event:", "id:", "retry:"} {
+		if strings.HasPrefix(line, field) {
+			return said
+		}
+	}
+	return line
+}
+
+// emptyAnswer is the failure of a stream that ended before its first token
+// with neither a finish reason nor [DONE]. A server that said something
+// outside the events (where a request-caused failure may put it) is
+// quoted; an error object there is read as an error event in the stream.
+func emptyAnswer(said string) *UpstreamError {
+	const msg = "the stream ended before the first token, without a finish reason or [DONE]"
+	if said == "" {
+		return &UpstreamError{Code: events.CodeEmptyAnswer, Message: msg}
+	}
+	if rest, ok := strings.CutPrefix(said, "error:"); ok {
+		said = strings.TrimSpace(rest)
+	}
+	var obj struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal([]byte(said), &obj) == nil && present(obj.Error) {
+		return streamError(obj.Error) // as an error event in the stream
+	}
+	const most = 300
+	if len(said) > most {
+		said = said[:most] + "…"
+	}
+	return &UpstreamError{Code: events.CodeEmptyAnswer, Message: fmt.Sprintf("%s; the server said: %s", msg, said)}
 }
 
 // chunk takes in one event of the stream: its usage and prompt token ids

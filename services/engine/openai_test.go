@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
 )
 
@@ -251,5 +252,41 @@ func TestOpenAIReusesConnections(t *testing.T) {
 	defer mu.Unlock()
 	if conns != 1 {
 		t.Errorf("20 sequential requests opened %d connections, want 1", conns)
+	}
+}
+
+// TestOpenAIEmptyAnswerSaysWhatTheServerSaid: a stream that ends before its
+// first token, with no finish reason nor [DONE], fails as an empty answer;
+// what the server said outside the stream's events (where a request-caused
+// failure may put it) is in the failure, an error object read as an error
+// event is.
+func TestOpenAIEmptyAnswerSaysWhatTheServerSaid(t *testing.T) {
+	for _, tc := range []struct {
+		name, body          string
+		wantCode, wantInMsg string
+		wantStatus          int
+	}{
+		{"nothing said", "data: {\"choices\":[{\"index\":0,\"text\":\"\"}]}\n\n", events.CodeEmptyAnswer, "before the first token", 0},
+		{"comments and event names only", ": ping\nevent: message\ndata: {\"choices\":[{\"index\":0,\"text\":\"\"}]}\n\n", events.CodeEmptyAnswer, "before the first token", 0},
+		{"words", "data: {\"choices\":[{\"index\":0,\"text\":\"\"}]}\n\ninvalid JSON schema: unknown type \"strng\"\n", events.CodeEmptyAnswer, `the server said: invalid JSON schema: unknown type "strng"`, 0},
+		{"an error object", "data: {\"choices\":[{\"index\":0,\"text\":\"\"}]}\n\n{\"error\":{\"message\":\"schema too deep\",\"code\":400}}\n", "", "schema too deep", 400},
+		{"an error: line", "data: {\"choices\":[{\"index\":0,\"text\":\"\"}]}\n\nerror: {\"error\":{\"message\":\"grammar failed\",\"type\":\"invalid_request_error\"}}\n", "invalid_request_error", "grammar failed", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, tc.body)
+			}))
+			defer srv.Close()
+			_, _, err := generateAll(t, newOpenAI(t, nil, srv.URL), context.Background(), engine.Request{Prompt: "p", MaxTokens: 5})
+			var ue *engine.UpstreamError
+			if !errors.As(err, &ue) {
+				t.Fatalf("got %v, want an UpstreamError", err)
+			}
+			if ue.Code != tc.wantCode || !strings.Contains(ue.Message, tc.wantInMsg) || ue.Status != tc.wantStatus {
+				t.Errorf("got code %q status %d message %q, want code %q status %d and %q in the message",
+					ue.Code, ue.Status, ue.Message, tc.wantCode, tc.wantStatus, tc.wantInMsg)
+			}
+		})
 	}
 }
