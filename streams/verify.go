@@ -63,7 +63,19 @@ func (c Config) buckets() []jetstream.KeyValueConfig {
 		c.bucketConfig(LeasesBucket, "baton worker leases: a key lives while its worker's lease does"),
 		c.bucketConfig(LoadBucket, "baton worker load reports"),
 		c.bucketConfig(FrontendsBucket, "baton frontend replicas: a key lives while its frontend does"),
+		c.budgetsConfig(),
 	}
+}
+
+// BudgetsTTL is how long a key of BudgetsBucket lives without a write: a
+// tenant's budget left alone this long is full again anyway (it refills
+// within 60 s), and a frontend republishes its budgets' hash well within it.
+const BudgetsTTL = 5 * time.Minute
+
+func (c Config) budgetsConfig() jetstream.KeyValueConfig {
+	kc := c.bucketConfig(BudgetsBucket, "baton tenant budgets shared by the frontends: levels, leases, each frontend's budgets hash")
+	kc.TTL = BudgetsTTL
+	return kc
 }
 
 // bucketStream is the stream nats.go's CreateKeyValue defines for kc

@@ -54,7 +54,12 @@ func TestProvisionRefusesForeignDefinitions(t *testing.T) {
 	workers := cfg.WorkersConfig()
 	unbounded := workers
 	unbounded.MaxBytes, unbounded.MaxMsgSize = 0, 0
-	capture := cfg.Definitions(1)[len(cfg.Definitions(1))-2] // KV_baton_frontends (BATON_ENDS is last)
+	var capture jetstream.StreamConfig
+	for _, d := range cfg.Definitions(1) {
+		if d.Name == "KV_"+streams.FrontendsBucket {
+			capture = d
+		}
+	}
 	capture.Subjects = append(capture.Subjects, "baton.live.requests.>")
 	for _, tc := range []struct {
 		name  string
