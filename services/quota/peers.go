@@ -77,6 +77,13 @@ func (l *Limiter) publish(ctx context.Context) {
 	}
 }
 
+// Hash is the hash of the budgets in use (Budgets.Hash).
+func (l *Limiter) Hash() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.budgets.Hash()
+}
+
 // Differ lists the live frontends whose budgets differ from this one's
 // (their hash is not its hash), sorted; empty when all agree.
 func (l *Limiter) Differ() []string {

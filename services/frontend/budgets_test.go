@@ -1,0 +1,121 @@
+package frontend_test
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/services/frontend"
+)
+
+func post(t *testing.T, url, body string) (*http.Response, string) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+// TestBudgetsAtTheEdge: a tenant with a requests-per-minute budget gets
+// OpenAI's x-ratelimit-* headers on every answer, its creates past the
+// burst get 429 rate_limit_exceeded with Retry-After, and a request that
+// reserves more tokens than the tokens budget lets at once is refused.
+func TestBudgetsAtTheEdge(t *testing.T) {
+	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{TenantRPM: 20, TenantTPM: 1000})
+	const chat = `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
+	admitted := 0
+	var refused *http.Response
+	var refusedBody string
+	for range 5 { // rpm 20: a burst of 2
+		resp, body := post(t, url+"/v1/chat/completions", chat)
+		switch resp.StatusCode {
+		case http.StatusOK:
+			admitted++
+		case http.StatusTooManyRequests:
+			refused, refusedBody = resp, body
+		default:
+			t.Fatalf("got %d %s, want 200 or 429", resp.StatusCode, body)
+		}
+		for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
+			"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"} {
+			if resp.Header.Get(h) == "" {
+				t.Errorf("answer %d has no %s", resp.StatusCode, h)
+			}
+		}
+	}
+	if admitted != 2 {
+		t.Errorf("got %d admitted at once, want the burst of 2", admitted)
+	}
+	if refused == nil {
+		t.Fatal("nothing refused")
+	}
+	if !strings.Contains(refusedBody, `"code":"rate_limit_exceeded"`) || !strings.Contains(refusedBody, `"type":"requests"`) {
+		t.Errorf("got %s, want OpenAI's rate_limit_exceeded of type requests", refusedBody)
+	}
+	if ra, err := strconv.Atoi(refused.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 5 {
+		t.Errorf("got Retry-After %q, want 1 to 5 s (one request refills in 3 s)", refused.Header.Get("Retry-After"))
+	}
+	if got := refused.Header.Get("x-ratelimit-limit-requests"); got != "20" {
+		t.Errorf("got x-ratelimit-limit-requests %q, want 20", got)
+	}
+	if got := refused.Header.Get("x-ratelimit-remaining-requests"); got != "0" {
+		t.Errorf("got x-ratelimit-remaining-requests %q, want 0", got)
+	}
+	if d, err := time.ParseDuration(refused.Header.Get("x-ratelimit-reset-requests")); err != nil || d <= 0 {
+		t.Errorf("got x-ratelimit-reset-requests %q, want a positive duration", refused.Header.Get("x-ratelimit-reset-requests"))
+	}
+	// Any answer carries them, with no check: the models list.
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get("x-ratelimit-limit-tokens") != "1000" {
+		t.Errorf("GET /v1/models: got x-ratelimit-limit-tokens %q, want 1000", resp.Header.Get("x-ratelimit-limit-tokens"))
+	}
+	// The probes carry none.
+	if resp, err := http.Get(url + "/health"); err == nil {
+		resp.Body.Close()
+		if resp.Header.Get("x-ratelimit-limit-requests") != "" {
+			t.Error("/health carries x-ratelimit headers, want none")
+		}
+	}
+}
+
+// TestBudgetTooLarge: a request that reserves more tokens than a tenant's
+// tokens budget may at once (a tenth of it) is refused, and says so.
+func TestBudgetTooLarge(t *testing.T) {
+	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{TenantTPM: 1000})
+	resp, body := post(t, url+"/v1/chat/completions", `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":200}`)
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "Request too large") || !strings.Contains(body, `"type":"tokens"`) {
+		t.Errorf("got %d %s, want 429 of type tokens saying the request is too large", resp.StatusCode, body)
+	}
+	if resp.Header.Get("x-ratelimit-limit-requests") != "" {
+		t.Error("a tenant without a requests budget got x-ratelimit-limit-requests")
+	}
+	resp, body = post(t, url+"/v1/responses", `{"model":"mock","input":"hi","max_output_tokens":20}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a response within the budget: got %d %s, want 200", resp.StatusCode, body)
+	}
+}
+
+// TestNoBudgetsNoHeaders: without budgets nothing changes: no headers.
+func TestNoBudgetsNoHeaders(t *testing.T) {
+	url := inProcess(t, engine.MockConfig{SpeedupRatio: 1e9})
+	resp, body := post(t, url+"/v1/chat/completions", `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	for k := range resp.Header {
+		if strings.HasPrefix(strings.ToLower(k), "x-ratelimit") {
+			t.Errorf("got header %s without budgets", k)
+		}
+	}
+}
