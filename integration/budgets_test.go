@@ -1,0 +1,133 @@
+package integration
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestTenantBudgetsAcrossFrontends: a tenant's requests-per-minute budget
+// is one budget across two frontends it sends through at once: alice, with
+// rpm=20 (a burst of 2, then one every 3.2 s), gets at most what one
+// budget allows in the first second (a budget per frontend would have let
+// 4 through), every answer of hers carries the x-ratelimit-* headers, the
+// refused get 429 rate_limit_exceeded with Retry-After, and bob, with no
+// budget, is not affected. A third frontend given other budgets is named
+// in the others' /health until a SIGHUP reloads the same file.
+func TestTenantBudgetsAcrossFrontends(t *testing.T) {
+	s := newStack(t)
+	keys, budgets := filepath.Join(s.dir, "keys"), filepath.Join(s.dir, "budgets")
+	writeKeys(t, keys, "alice "+aliceKey, "bob "+bobKey, "admin "+adminKey)
+	if err := os.WriteFile(budgets, []byte("# test budgets\nalice rpm=20 weight=2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f1 := s.frontend(nil, "--api-keys-file", keys, "--tenant-budgets-file", budgets)
+	f2 := s.frontend(nil, "--api-keys-file", keys, "--tenant-budgets-file", budgets)
+	s.worker("w1", "--mock-tokens-per-sec", "2000", "--mock-ttft", "1ms")
+	waitRoutableAs(t, apiClient{f2.url, adminKey}, "w1")
+	waitRoutableAs(t, apiClient{f1.url, adminKey}, "w1")
+
+	body, _ := bodyOf(map[string]any{"model": "mock", "prompt": "budgeted", "max_tokens": 2})
+	var mu sync.Mutex
+	var results []apiResult
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, f := range []*frontend{f1, f2} {
+		alice := apiClient{f.url, aliceKey}
+		wg.Go(func() {
+			for range 10 {
+				r := alice.do(t, http.MethodPost, "/v1/completions", body, nil)
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	admitted := 0
+	for _, r := range results {
+		switch r.status {
+		case http.StatusOK:
+			admitted++
+		case http.StatusTooManyRequests:
+			if r.code != "rate_limit_exceeded" {
+				t.Errorf("429 with code %q, want rate_limit_exceeded", r.code)
+			}
+			if ra, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || ra < 1 {
+				t.Errorf("429 with Retry-After %q, want whole seconds", r.header.Get("Retry-After"))
+			}
+		default:
+			t.Errorf("got %d %s, want 200 or 429", r.status, r.body)
+		}
+		for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"} {
+			if r.header.Get(h) == "" {
+				t.Errorf("an answer %d without %s", r.status, h)
+			}
+		}
+		if got := r.header.Get("x-ratelimit-limit-requests"); got != "20" {
+			t.Errorf("got x-ratelimit-limit-requests %q, want 20", got)
+		}
+	}
+	// The burst (2) and what refills while the test ran (19/60 a second).
+	most := 2 + int(elapsed.Seconds()*19/60)
+	t.Logf("alice: %d of %d admitted through two frontends in %v (at most %d)", admitted, len(results), elapsed, most)
+	if admitted < 1 || admitted > most {
+		t.Errorf("got %d admitted in %v through two frontends, want 1 to %d: one budget, not one per frontend", admitted, elapsed, most)
+	}
+
+	for _, f := range []*frontend{f1, f2} {
+		bob := apiClient{f.url, bobKey}
+		for range 5 {
+			r := bob.do(t, http.MethodPost, "/v1/completions", body, nil)
+			if r.status != http.StatusOK {
+				t.Fatalf("bob, without a budget: got %d %s, want 200", r.status, r.body)
+			}
+			if r.header.Get("x-ratelimit-limit-requests") != "" {
+				t.Errorf("bob, without a budget, got x-ratelimit-limit-requests %q", r.header.Get("x-ratelimit-limit-requests"))
+			}
+		}
+	}
+
+	// A frontend with other budgets is named, until a reload agrees.
+	other := filepath.Join(s.dir, "budgets-other")
+	if err := os.WriteFile(other, []byte("alice rpm=40\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f3 := s.frontend(nil, "--api-keys-file", keys, "--tenant-budgets-file", other)
+	differ := func(f *frontend) []string {
+		resp, err := http.Get(f.url + "/health")
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		var h struct {
+			BudgetsDiffer struct {
+				Frontends []string `json:"frontends"`
+			} `json:"budgets_differ"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&h)
+		return h.BudgetsDiffer.Frontends
+	}
+	waitFor(t, 20*time.Second, "frontend-1's /health to name the third frontend", func() bool {
+		return slices.Contains(differ(f1), "frontend-3")
+	})
+	waitFor(t, 20*time.Second, "the third frontend's /health to name the others", func() bool {
+		d := differ(f3)
+		return slices.Contains(d, "frontend-1") && slices.Contains(d, "frontend-2")
+	})
+	if err := os.WriteFile(other, []byte("# test budgets\nalice rpm=20 weight=2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f3.signal(syscall.SIGHUP)
+	waitFor(t, 20*time.Second, "the frontends to agree after the reload", func() bool {
+		return len(differ(f1)) == 0 && len(differ(f3)) == 0
+	})
+}
