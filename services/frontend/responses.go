@@ -117,7 +117,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	t, err := fe.runtime.Accept(r.Context(), acc)
 	if err != nil {
 		fe.limits.release(tenant)
-		spent.grant.Release(0) // nothing started
+		spent.grant.Release(0)                // nothing started
 		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
 			if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
 				fe.serveRetry(w, r, t, public, q, bodySHA, after)
