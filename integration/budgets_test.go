@@ -83,6 +83,19 @@ func TestTenantBudgetsAcrossFrontends(t *testing.T) {
 		t.Errorf("got %d admitted in %v through two frontends, want 1 to %d: one budget, not one per frontend", admitted, elapsed, most)
 	}
 
+	// The usage: alice and the admin read alice's, bob does not.
+	var usage struct {
+		Budget   struct{ RPM int64 }
+		Requests struct{ Limit, Remaining int64 }
+	}
+	for _, key := range []string{aliceKey, adminKey} {
+		r := apiClient{f2.url, key}.get(t, "/v1/tenants/alice/usage")
+		if r.status != http.StatusOK || json.Unmarshal(r.body, &usage) != nil || usage.Budget.RPM != 20 || usage.Requests.Limit != 20 || usage.Requests.Remaining > 2 {
+			t.Errorf("alice's usage: got %d %s, want 200 with rpm 20 and at most 2 remaining", r.status, r.body)
+		}
+	}
+	apiClient{f1.url, bobKey}.get(t, "/v1/tenants/alice/usage").want(t, "bob reading alice's usage", http.StatusNotFound, "tenant_not_found")
+
 	for _, f := range []*frontend{f1, f2} {
 		bob := apiClient{f.url, bobKey}
 		for range 5 {

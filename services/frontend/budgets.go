@@ -217,3 +217,56 @@ func (fe *Frontend) withBudgetsNote(body map[string]any) map[string]any {
 	}
 	return body
 }
+
+// usageWindow is one budget in a usage answer.
+type usageWindow struct {
+	Limit        int64   `json:"limit"`
+	Remaining    int64   `json:"remaining"`
+	ResetSeconds float64 `json:"reset_seconds"`
+}
+
+func usageOf(w quota.Window) *usageWindow {
+	if w.Limit == 0 {
+		return nil
+	}
+	return &usageWindow{Limit: w.Limit, Remaining: w.Remaining, ResetSeconds: w.Reset.Seconds()}
+}
+
+// handleUsage answers GET /v1/tenants/{tenant}/usage: the tenant's budgets
+// and what is left of them across every frontend (one read of the budgets
+// bucket), and its open responses on this frontend. The admin may read any
+// tenant's, a tenant its own only (404 for another's, as for one that does
+// not exist). On an open API every caller is the one tenant, whatever the
+// name.
+func (fe *Frontend) handleUsage(w http.ResponseWriter, r *http.Request) {
+	caller, name := tenantOf(r), r.PathValue("tenant")
+	tenant := name
+	switch {
+	case fe.keys == nil:
+		tenant = ""
+	case caller == streams.AdminTenant:
+	case caller != name:
+		writeError(w, http.StatusNotFound, "invalid_request_error", "tenant_not_found",
+			fmt.Sprintf("no tenant %q for this API key: a tenant reads its own usage only", name))
+		return
+	}
+	fe.mu.Lock()
+	b := fe.budgets.For(tenant)
+	fe.mu.Unlock()
+	budget := map[string]any{"rpm": b.RPM, "tpm": b.TPM, "weight": b.Weight}
+	body := map[string]any{"object": "tenant.usage", "tenant": name, "budget": budget, "frontend": fe.id}
+	if n := fe.limits.maxOf(tenant); n > 0 { // per frontend; counted only under a cap
+		budget["concurrent"], body["open_here"] = n, fe.limits.open(tenant)
+	}
+	if fe.quota != nil {
+		st, err := fe.quota.Usage(r.Context(), tenant)
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "service_unavailable", "budget_unavailable",
+				"Service temporarily unavailable: the tenant budgets cannot be read (the log is out of reach), please retry later")
+			return
+		}
+		body["requests"], body["tokens"] = usageOf(st.Requests), usageOf(st.Tokens)
+		body["budgets_hash"] = fe.quota.Hash()
+	}
+	writeJSON(w, http.StatusOK, body)
+}

@@ -1,6 +1,7 @@
 package frontend_test
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"strconv"
@@ -79,6 +80,21 @@ func TestBudgetsAtTheEdge(t *testing.T) {
 	resp.Body.Close()
 	if resp.Header.Get("x-ratelimit-limit-tokens") != "1000" {
 		t.Errorf("GET /v1/models: got x-ratelimit-limit-tokens %q, want 1000", resp.Header.Get("x-ratelimit-limit-tokens"))
+	}
+	// The usage: what is left across every frontend.
+	resp, err = http.Get(url + "/v1/tenants/any/usage")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var u struct {
+		Budget   struct{ RPM, TPM int64 }
+		Requests struct{ Limit, Remaining int64 }
+		Tokens   struct{ Limit int64 }
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&u)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || u.Budget.RPM != 20 || u.Requests.Limit != 20 || u.Requests.Remaining != 0 || u.Tokens.Limit != 1000 {
+		t.Errorf("usage: got %d %+v, want 200 with rpm 20, none remaining, tpm 1000", resp.StatusCode, u)
 	}
 	// The probes carry none.
 	if resp, err := http.Get(url + "/health"); err == nil {

@@ -265,6 +265,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	fe.registerResponses(mux)
+	mux.HandleFunc("GET /v1/tenants/{tenant}/usage", fe.handleUsage)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))

@@ -129,6 +129,16 @@ func (l *tenantLimits) maxFor(tenant string) int {
 	return l.maxConcurrent
 }
 
+// open is how many of tenant's responses are counted open here.
+func (l *tenantLimits) open(tenant string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if u, ok := l.tenants[tenant]; ok {
+		return u.active
+	}
+	return 0
+}
+
 // maxOf is maxFor for callers that do not hold l.mu.
 func (l *tenantLimits) maxOf(tenant string) int {
 	l.mu.Lock()

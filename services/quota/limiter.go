@@ -452,3 +452,28 @@ func window(s shape, left float64) Window {
 	left = math.Max(0, math.Min(s.burst, left))
 	return Window{Limit: int64(s.limit), Remaining: int64(left), Reset: s.wait(s.burst - left)}
 }
+
+// Usage is tenant's budgets as the bucket holds them now (one read of the
+// tenant's key): what every frontend could still admit, less the slices
+// other frontends hold, plus this frontend's own. A tenant without
+// per-minute budgets reads nothing.
+func (l *Limiter) Usage(ctx context.Context, tenant string) (Status, error) {
+	b := l.Budget(tenant)
+	rs, ts := shapeOf(b.RPM), shapeOf(b.TPM)
+	if !rs.on() && !ts.on() {
+		return Status{}, nil
+	}
+	now := l.cfg.Now()
+	s, _, err := l.get(ctx, tenantKey(tenant), now, rs, ts)
+	if err != nil {
+		return Status{}, err
+	}
+	s.refill(now, rs, ts, l.cfg.Frontend)
+	var hr, ht float64
+	l.mu.Lock()
+	if h, ok := l.tenants[tenant]; ok && now.Before(h.exp) {
+		hr, ht = h.req, h.tok
+	}
+	l.mu.Unlock()
+	return Status{Requests: window(rs, s.Req+hr), Tokens: window(ts, s.Tok+ht)}, nil
+}

@@ -287,3 +287,26 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestUsageSeesOtherFrontends: the usage read shows what another frontend
+// took of the shared budget.
+func TestUsageSeesOtherFrontends(t *testing.T) {
+	_, kv := budgetsKV(t)
+	c := &clock{now: time.Unix(1_800_000_000, 0)}
+	b := Budgets{Default: Budget{RPM: 400, TPM: 10000}} // bursts 40 and 1000
+	a := newLimiter(t, kv, "fe-a", b, c, time.Minute)
+	o := newLimiter(t, kv, "fe-b", b, c, time.Minute)
+	if _, _, err := a.Acquire(context.Background(), "alice", 100); err != nil {
+		t.Fatal(err)
+	}
+	got, err := o.Usage(context.Background(), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// fe-a holds slices of 10 requests and 250 tokens.
+	want := Status{Requests: Window{Limit: 400, Remaining: 30}, Tokens: Window{Limit: 10000, Remaining: 750}}
+	if got.Requests.Limit != want.Requests.Limit || got.Requests.Remaining != want.Requests.Remaining ||
+		got.Tokens.Limit != want.Tokens.Limit || got.Tokens.Remaining != want.Tokens.Remaining || got.Requests.Reset <= 0 {
+		t.Errorf("got %+v, want %+v with a positive reset", got, want)
+	}
+}
