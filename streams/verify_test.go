@@ -127,6 +127,14 @@ func TestWaitProvisioned(t *testing.T) {
 		!strings.Contains(err.Error(), "BATON_WORKERS replicas: the server has 1, this component 3") {
 		t.Errorf("wait with other replicas: got %v, want a DefinitionError naming replicas", err)
 	}
+	// A log the previous release provisioned has no budgets bucket, which a
+	// worker does not read: it starts.
+	if err := js.DeleteStream(ctx, "KV_"+streams.BudgetsBucket); err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.WaitProvisioned(ctx, js, cfg, func(err error) { t.Errorf("waiting without the budgets bucket: %v", err) }); err != nil {
+		t.Errorf("wait without the budgets bucket: %v", err)
+	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := streams.WaitProvisioned(cctx, natstest.Start(t).JetStream(t), cfg, func(error) {}); err == nil {

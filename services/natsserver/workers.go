@@ -21,7 +21,7 @@ const WorkerPermissions = `publish: [
   "$KV.baton_leases.>", "$KV.baton_load.>",
   "$JS.API.INFO", "$JS.API.STREAM.INFO.BATON_WORKERS",                                 # verifies, never creates:
   "$JS.API.STREAM.INFO.KV_baton_leases", "$JS.API.STREAM.INFO.KV_baton_load",           # a frontend or baton
-  "$JS.API.STREAM.INFO.KV_baton_frontends", "$JS.API.STREAM.INFO.KV_baton_budgets",   # provision provisions
+  "$JS.API.STREAM.INFO.KV_baton_frontends",                                            # provision provisions
   "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
   "$JS.API.CONSUMER.DELETE.KV_baton_leases.>", "$JS.API.CONSUMER.DELETE.KV_baton_frontends.>",   # its watchers' end
