@@ -73,6 +73,8 @@ func (fe *Frontend) startBudgets(ctx context.Context) (run func(context.Context)
 	if err != nil {
 		return nil, fmt.Errorf("budgets bucket %s: %w", streams.BudgetsBucket, err)
 	}
+	fe.mu.Lock() // against a SIGHUP's ReloadBudgets
+	defer fe.mu.Unlock()
 	q, err := quota.New(kv, fe.log, fe.budgets, quota.Config{Frontend: fe.id, Lease: fe.cfg.BudgetLease})
 	if err != nil {
 		return nil, err
@@ -97,10 +99,10 @@ func (fe *Frontend) ReloadBudgets() error {
 	fe.limits.setPerTenant(concurrentOf(b))
 	fe.mu.Lock()
 	fe.budgets = b
-	fe.mu.Unlock()
 	if fe.quota != nil {
 		fe.quota.SetBudgets(b)
 	}
+	fe.mu.Unlock()
 	fe.log.Info("tenant budgets reloaded", "tenants", len(b.Tenants), "budgets_hash", b.Hash())
 	return nil
 }

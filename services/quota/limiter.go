@@ -106,6 +106,7 @@ type Limiter struct {
 	tenants map[string]*held // bounded by the tenants with budgets that sent requests
 	peers   map[string]peer  // other frontends' budgets hashes, by frontend id
 	differ  []string         // frontends whose hash is not ours, as last logged
+	closed  bool             // Run ended: no lease timer is set again
 	kick    chan struct{}    // capacity 1: publish the hash now
 }
 
@@ -117,6 +118,9 @@ type held struct {
 	exp   time.Time
 	timer *time.Timer
 	seen  state // the key as of the last compare-and-set
+
+	failed   error     // the last take's failure to reach the bucket (guarded by cas)
+	failedAt time.Time // when
 }
 
 type peer struct {
@@ -196,9 +200,19 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, tokens int64) (Gra
 	if l.spend(h, needReq, needTok) { // another request's take covered this one too
 		return g, l.status(tenant, rs, ts), nil
 	}
+	// Requests that queued behind a take that could not reach the bucket
+	// fail at once rather than each after its own timeout.
+	if h.failed != nil && time.Since(h.failedAt) < l.cfg.Timeout/2 {
+		return Grant{}, l.status(tenant, rs, ts), h.failed
+	}
 	if err := l.take(ctx, tenant, h, rs, ts, needReq, needTok, b); err != nil {
+		var over *OverError
+		if !errors.As(err, &over) {
+			h.failed, h.failedAt = err, time.Now()
+		}
 		return Grant{}, l.status(tenant, rs, ts), err
 	}
+	h.failed = nil
 	return g, l.status(tenant, rs, ts), nil
 }
 
@@ -258,6 +272,7 @@ func (l *Limiter) take(ctx context.Context, tenant string, h *held, rs, ts shape
 				over = &OverError{Resource: "tokens", Limit: b.TPM, RetryAfter: tw}
 			}
 			l.mu.Lock()
+			s.Req, s.Tok = math.Max(0, s.Req-leftReq), math.Max(0, s.Tok-leftTok) // the key without what stays held here
 			h.seen = s
 			h.req, h.tok, h.exp = h.req+leftReq, h.tok+leftTok, oldExp // nothing was written: the lease stays
 			l.mu.Unlock()
@@ -292,7 +307,9 @@ func (l *Limiter) take(ctx context.Context, tenant string, h *held, rs, ts shape
 		if h.timer != nil {
 			h.timer.Stop()
 		}
-		h.timer = time.AfterFunc(max(0, l.cfg.Lease-l.margin()), func() { l.returnLease(tenant) })
+		if !l.closed {
+			h.timer = time.AfterFunc(max(0, l.cfg.Lease-l.margin()), func() { l.returnLease(tenant) })
+		}
 		l.mu.Unlock()
 		return nil
 	}

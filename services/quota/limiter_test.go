@@ -258,6 +258,49 @@ func TestUnreachableFailsClosed(t *testing.T) {
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("took %v, want about the timeout", el)
 	}
+	// The next check right after fails at once: requests queued behind a
+	// take that timed out do not each wait for their own.
+	start = time.Now()
+	if _, _, err := l.Acquire(context.Background(), "alice", 0); err == nil || errors.As(err, &over) {
+		t.Fatalf("second: got %v, want an error reaching the bucket", err)
+	}
+	if el := time.Since(start); el > 100*time.Millisecond {
+		t.Errorf("the second check took %v, want at once", el)
+	}
+}
+
+// TestConcurrentChecks: sixteen goroutines on two frontends checking at
+// once, the clock still, admit no more than the burst between them.
+func TestConcurrentChecks(t *testing.T) {
+	_, kv := budgetsKV(t)
+	c := &clock{now: time.Unix(1_800_000_000, 0)}
+	b := rpm("alice", 400) // burst 40
+	ls := []*Limiter{newLimiter(t, kv, "fe-a", b, c, time.Minute), newLimiter(t, kv, "fe-b", b, c, time.Minute)}
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	for i := range 16 {
+		l := ls[i%2]
+		wg.Go(func() {
+			for range 20 {
+				_, _, err := l.Acquire(context.Background(), "alice", 0)
+				var over *OverError
+				switch {
+				case err == nil:
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				case !errors.As(err, &over):
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if admitted < 30 || admitted > 40 {
+		t.Errorf("got %d admitted, want 30 to the burst of 40 (a frontend may keep the rest of its slice)", admitted)
+	}
 }
 
 // TestDifferingBudgetsAreNamed: a frontend whose budgets differ from

@@ -122,9 +122,13 @@ func (l *Limiter) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Timeout)
 	defer cancel()
 	l.mu.Lock()
+	l.closed = true
 	tenants := make([]string, 0, len(l.tenants))
-	for t := range l.tenants {
+	for t, h := range l.tenants {
 		tenants = append(tenants, t)
+		if h.timer != nil {
+			h.timer.Stop()
+		}
 	}
 	l.mu.Unlock()
 	for _, t := range tenants {
