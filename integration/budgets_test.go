@@ -1,7 +1,9 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
 )
 
 // TestTenantBudgetsAcrossFrontends: a tenant's requests-per-minute budget
@@ -83,6 +88,17 @@ func TestTenantBudgetsAcrossFrontends(t *testing.T) {
 		t.Errorf("got %d admitted in %v through two frontends, want 1 to %d: one budget, not one per frontend", admitted, elapsed, most)
 	}
 
+	// The official SDK reads the refusal and its headers.
+	ctx := context.Background()
+	chat := openai.ChatCompletionNewParams{Model: "mock", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("via the sdk")},
+		MaxTokens: openai.Int(2)}
+	_, err := sdk(f1.url, aliceKey).Chat.Completions.New(ctx, chat)
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || apiErr.Code != "rate_limit_exceeded" ||
+		apiErr.Response.Header.Get("x-ratelimit-limit-requests") != "20" || apiErr.Response.Header.Get("Retry-After") == "" {
+		t.Errorf("the SDK over budget: got %v, want a 429 rate_limit_exceeded with the headers", err)
+	}
+
 	// The usage: alice and the admin read alice's, bob does not.
 	var usage struct {
 		Budget   struct{ RPM int64 }
@@ -142,5 +158,18 @@ func TestTenantBudgetsAcrossFrontends(t *testing.T) {
 	f3.signal(syscall.SIGHUP)
 	waitFor(t, 20*time.Second, "the frontends to agree after the reload", func() bool {
 		return len(differ(f1)) == 0 && len(differ(f3)) == 0
+	})
+
+	// A reload that raises alice's budget: the SDK sees the new limits.
+	if err := os.WriteFile(budgets, []byte("alice rpm=600 tpm=100000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []*frontend{f1, f2} {
+		f.signal(syscall.SIGHUP)
+	}
+	waitFor(t, 20*time.Second, "alice to be admitted under the raised budget", func() bool {
+		var resp *http.Response
+		_, err := sdk(f1.url, aliceKey).Chat.Completions.New(ctx, chat, option.WithResponseInto(&resp))
+		return err == nil && resp.Header.Get("x-ratelimit-limit-requests") == "600" && resp.Header.Get("x-ratelimit-limit-tokens") == "100000"
 	})
 }
