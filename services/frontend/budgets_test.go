@@ -135,3 +135,53 @@ func TestNoBudgetsNoHeaders(t *testing.T) {
 		}
 	}
 }
+
+// TestTokensGivenBackAtTheEnd: a request reserves its prompt and max
+// tokens; stopped after a few, it gives back the rest when it ends, so
+// that the next one as large is admitted at once.
+func TestTokensGivenBackAtTheEnd(t *testing.T) {
+	url := inProcessWith(t, engine.MockConfig{TokensPerSec: 20, TTFT: time.Millisecond}, frontend.Config{TenantTPM: 1000}) // burst 100
+	const big = `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":90,"stream":true}`
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(big))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", "first")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("first: got %d", resp.StatusCode)
+	}
+	if got, _ := strconv.Atoi(resp.Header.Get("x-ratelimit-remaining-tokens")); got < 5 || got > 10 {
+		t.Errorf("remaining tokens after the first reservation: got %d, want 100 less the prompt's few and 90", got)
+	}
+	t0 := time.Now()
+	// While it runs, a second as large does not fit.
+	if r, body := post(t, url+"/v1/chat/completions", big); r.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("second while the first runs: got %d %s, want 429", r.StatusCode, body)
+	}
+	if code, body := call(t, http.MethodPost, url+"/v1/requests/first/cancel", `{"mode":"stop"}`, nil); code != http.StatusOK {
+		t.Fatalf("stop: %d %s", code, body)
+	}
+	_, _ = io.ReadAll(resp.Body) // to its end: the handler gives back what was not used
+	resp.Body.Close()
+	t.Logf("stopped after %v", time.Since(t0))
+	// Without the give-back the 86 more it needs would take 5.7 s to refill.
+	waitUntil(t, "the unused tokens to come back", 1500*time.Millisecond, func() bool {
+		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(big))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Request-Id", "second")
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		if r.StatusCode != http.StatusOK {
+			return false
+		}
+		call(t, http.MethodPost, url+"/v1/requests/second/cancel", `{"mode":"stop"}`, nil) // admitted is enough
+		_, _ = io.ReadAll(r.Body)
+		return true
+	})
+	t.Logf("admitted again after %v", time.Since(t0))
+}
