@@ -173,3 +173,53 @@ func TestTenantBudgetsAcrossFrontends(t *testing.T) {
 		return err == nil && resp.Header.Get("x-ratelimit-limit-requests") == "600" && resp.Header.Get("x-ratelimit-limit-tokens") == "100000"
 	})
 }
+
+// TestBudgetLeaseOfAKilledFrontend: a frontend killed (SIGKILL) while it
+// holds a slice of a tenant's budget holds it only until its lease ends
+// (2 s): the other frontend's usage shows the whole burst again within the
+// lease, and then admits the burst, not more (nothing counted twice).
+func TestBudgetLeaseOfAKilledFrontend(t *testing.T) {
+	s := newStack(t)
+	keys, budgets := filepath.Join(s.dir, "keys"), filepath.Join(s.dir, "budgets")
+	writeKeys(t, keys, "alice "+aliceKey, "admin "+adminKey)
+	if err := os.WriteFile(budgets, []byte("alice rpm=400\n"), 0o600); err != nil { // burst 40, slices of 10
+		t.Fatal(err)
+	}
+	f1 := s.frontend(nil, "--api-keys-file", keys, "--tenant-budgets-file", budgets)
+	f2 := s.frontend(nil, "--api-keys-file", keys, "--tenant-budgets-file", budgets)
+	s.worker("w1", "--mock-tokens-per-sec", "2000", "--mock-ttft", "1ms")
+	waitRoutableAs(t, apiClient{f1.url, adminKey}, "w1")
+	waitRoutableAs(t, apiClient{f2.url, adminKey}, "w1")
+	body, _ := bodyOf(map[string]any{"model": "mock", "prompt": "held", "max_tokens": 1})
+	if r := (apiClient{f1.url, aliceKey}).do(t, http.MethodPost, "/v1/completions", body, nil); r.status != http.StatusOK {
+		t.Fatalf("alice through frontend-1: %d %s", r.status, r.body)
+	}
+	taken := time.Now()
+	f1.signal(syscall.SIGKILL)
+	alice := apiClient{f2.url, aliceKey}
+	remaining := func() int64 {
+		var u struct{ Requests struct{ Remaining int64 } }
+		r := alice.get(t, "/v1/tenants/alice/usage")
+		if r.status != http.StatusOK || json.Unmarshal(r.body, &u) != nil {
+			t.Fatalf("usage: %d %s", r.status, r.body)
+		}
+		return u.Requests.Remaining
+	}
+	if got := remaining(); got > 30 {
+		t.Errorf("right after the kill: got %d remaining, want at most 30 (the dead frontend's slice of 10 still held)", got)
+	}
+	waitFor(t, 10*time.Second, "the killed frontend's slice to come back", func() bool { return remaining() == 40 })
+	if back := time.Since(taken); back > 2500*time.Millisecond {
+		t.Errorf("the slice came back %v after it was taken, want within the lease of 2 s", back)
+	}
+	start, admitted := time.Now(), 0
+	for range 60 {
+		if r := alice.do(t, http.MethodPost, "/v1/completions", body, nil); r.status == http.StatusOK {
+			admitted++
+		}
+	}
+	most := 40 + int(time.Since(start).Seconds()*361/60) + 1
+	if admitted < 40 || admitted > most {
+		t.Errorf("got %d admitted through frontend-2 after the lease, want the burst of 40 (at most %d with what refilled)", admitted, most)
+	}
+}
