@@ -97,20 +97,28 @@ func TestEveryWindowHolds(t *testing.T) {
 		{"two frontends, rpm 30", 30, 2},
 		{"two frontends, rpm 1", 1, 2},
 		{"two frontends, rpm 200", 200, 2},
+		{"two frontends, tpm 3000, 7 a request", 3000, -2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, kv := budgetsKV(t)
 			c := &clock{now: time.Unix(1_800_000_000, 0)}
 			start := c.Now()
+			// A negative number of frontends: the budget is tpm, of 7
+			// tokens a request, counted in requests of 7.
+			b, cost, units := rpm("alice", tc.limit), int64(0), tc.limit
+			if tc.frontends < 0 {
+				tc.frontends = -tc.frontends
+				b, cost, units = Budgets{Tenants: map[string]Budget{"alice": {TPM: tc.limit}}}, 7, tc.limit/7
+			}
 			var ls []*Limiter
 			for i := range tc.frontends {
-				ls = append(ls, newLimiter(t, kv, "fe-"+string(rune('a'+i)), rpm("alice", tc.limit), c, time.Minute))
+				ls = append(ls, newLimiter(t, kv, "fe-"+string(rune('a'+i)), b, c, time.Minute))
 			}
 			var got admitted
 			per := make([]int, tc.frontends)
 			for i := 0; c.Now().Sub(start) < 3*time.Minute; i++ {
 				k := i % tc.frontends
-				_, _, err := ls[k].Acquire(context.Background(), "alice", 0)
+				_, _, err := ls[k].Acquire(context.Background(), "alice", cost)
 				var over *OverError
 				switch {
 				case err == nil:
@@ -126,8 +134,8 @@ func TestEveryWindowHolds(t *testing.T) {
 				c.advance(100 * time.Millisecond)
 			}
 			t.Logf("admitted %d in 3 minutes, per frontend %v, at most %d in a 60 s window", len(got), per, got.maxInWindow())
-			if most := got.maxInWindow(); most > int(tc.limit) {
-				t.Errorf("got %d admitted in one 60 s window, want at most %d", most, tc.limit)
+			if most := got.maxInWindow(); most > int(units) {
+				t.Errorf("got %d admitted in one 60 s window, want at most %d", most, units)
 			}
 			first := 0
 			for _, a := range got {
@@ -135,8 +143,8 @@ func TestEveryWindowHolds(t *testing.T) {
 					first++
 				}
 			}
-			if min := int(float64(tc.limit) * 0.85); first < min || first > int(tc.limit) {
-				t.Errorf("got %d admitted in the first minute, want %d to %d", first, min, tc.limit)
+			if min := int(float64(units) * 0.85); first < min || first > int(units) {
+				t.Errorf("got %d admitted in the first minute, want %d to %d", first, min, units)
 			}
 			for k, n := range per {
 				if tc.frontends > 1 && tc.limit > 1 && n == 0 {
