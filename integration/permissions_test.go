@@ -121,8 +121,10 @@ system_account: SYS
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	s := &stack{t: t, dir: t.TempDir(), natsURL: url, workers: map[string]*proc{}, partitions: partitions}
 	sys := fmt.Sprintf("nats://sys:spw@127.0.0.1:%d", port)
-	f1 := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "fpw", "--nats-system-url", sys, "--migration-limit", "3")
-	f2 := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "fpw", "--nats-system-url", sys, "--migration-limit", "3")
+	// --tenant-rpm: the budgets bucket is read, written and watched (a
+	// budget too large to refuse anything) under the documented grants.
+	f1 := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "fpw", "--nats-system-url", sys, "--migration-limit", "3", "--tenant-rpm", "1000000")
+	f2 := s.frontend(nil, "--nats-user", "frontend", "--nats-password", "fpw", "--nats-system-url", sys, "--migration-limit", "3", "--tenant-rpm", "1000000")
 	s.workerEnv = []string{"NATS_USER=worker", "NATS_PASSWORD=wpw"}
 	s.worker("w1", "--mock-tokens-per-sec", "150", "--mock-ttft", "10ms")
 	s.worker("w2", "--mock-tokens-per-sec", "150", "--mock-ttft", "10ms")

@@ -18,6 +18,11 @@ const (
 	// FrontendsBucket holds one key per live frontend replica (TTL'd like a
 	// worker lease): who may own requests.
 	FrontendsBucket = "baton_frontends"
+	// BudgetsBucket holds the tenants' shared budgets (one key per tenant:
+	// its buckets' levels and the leases frontends hold of them) and each
+	// frontend's hash of its budgets file; see services/quota. Its keys
+	// expire after BudgetsTTL without a write.
+	BudgetsBucket = "baton_budgets"
 
 	requestsPrefix = "baton.requests."
 	livePrefix     = "baton.live.requests."

@@ -63,7 +63,19 @@ func (c Config) buckets() []jetstream.KeyValueConfig {
 		c.bucketConfig(LeasesBucket, "baton worker leases: a key lives while its worker's lease does"),
 		c.bucketConfig(LoadBucket, "baton worker load reports"),
 		c.bucketConfig(FrontendsBucket, "baton frontend replicas: a key lives while its frontend does"),
+		c.budgetsConfig(),
 	}
+}
+
+// BudgetsTTL is how long a key of BudgetsBucket lives without a write: a
+// tenant's budget left alone this long is full again anyway (it refills
+// within 60 s), and a frontend republishes its budgets' hash well within it.
+const BudgetsTTL = 5 * time.Minute
+
+func (c Config) budgetsConfig() jetstream.KeyValueConfig {
+	kc := c.bucketConfig(BudgetsBucket, "baton tenant budgets shared by the frontends: levels, leases, each frontend's budgets hash")
+	kc.TTL = BudgetsTTL
+	return kc
 }
 
 // bucketStream is the stream nats.go's CreateKeyValue defines for kc
@@ -165,7 +177,7 @@ func verifyStreams(ctx context.Context, js jetstream.JetStream, defs []jetstream
 
 // WaitProvisioned is Verify for a worker, which may not provision: it
 // checks the streams a worker reads and binds, BATON_WORKERS and the
-// buckets (their definitions do not depend on the request partitions, and
+// buckets but the budgets (their definitions do not depend on the request partitions, and
 // a worker reads no request stream: the frontends, which do, verify those,
 // and a worker holds no grant on their info, which would list every
 // request id). While they are missing it calls waiting (at the first try,
@@ -175,8 +187,15 @@ func WaitProvisioned(ctx context.Context, js jetstream.JetStream, cfg Config, wa
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("streams: config: %w", err)
 	}
-	defs := cfg.Definitions(1)
-	defs = defs[1 : len(defs)-1] // BATON_WORKERS and the buckets: a worker does not read the ends place
+	var defs []jetstream.StreamConfig
+	for _, d := range cfg.Definitions(1)[1:] { // BATON_WORKERS and the buckets
+		// A worker reads neither the ends place nor the tenant budgets (so
+		// a worker of this release starts beside frontends of the previous
+		// one, which do not create the budgets bucket).
+		if d.Name != EndsStream && d.Name != "KV_"+BudgetsBucket {
+			defs = append(defs, d)
+		}
+	}
 	var next time.Time
 	for {
 		err := Retry(ctx, func(ctx context.Context) error {

@@ -54,7 +54,12 @@ func TestProvisionRefusesForeignDefinitions(t *testing.T) {
 	workers := cfg.WorkersConfig()
 	unbounded := workers
 	unbounded.MaxBytes, unbounded.MaxMsgSize = 0, 0
-	capture := cfg.Definitions(1)[len(cfg.Definitions(1))-2] // KV_baton_frontends (BATON_ENDS is last)
+	var capture jetstream.StreamConfig
+	for _, d := range cfg.Definitions(1) {
+		if d.Name == "KV_"+streams.FrontendsBucket {
+			capture = d
+		}
+	}
 	capture.Subjects = append(capture.Subjects, "baton.live.requests.>")
 	for _, tc := range []struct {
 		name  string
@@ -121,6 +126,14 @@ func TestWaitProvisioned(t *testing.T) {
 	if err := streams.WaitProvisioned(ctx, js, streams.Config{MemoryStorage: true, Replicas: 3}, func(error) {}); !errors.As(err, &de) ||
 		!strings.Contains(err.Error(), "BATON_WORKERS replicas: the server has 1, this component 3") {
 		t.Errorf("wait with other replicas: got %v, want a DefinitionError naming replicas", err)
+	}
+	// A log the previous release provisioned has no budgets bucket, which a
+	// worker does not read: it starts.
+	if err := js.DeleteStream(ctx, "KV_"+streams.BudgetsBucket); err != nil {
+		t.Fatal(err)
+	}
+	if err := streams.WaitProvisioned(ctx, js, cfg, func(err error) { t.Errorf("waiting without the budgets bucket: %v", err) }); err != nil {
+		t.Errorf("wait without the budgets bucket: %v", err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()

@@ -129,6 +129,13 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 					t.Error("--migration-exact-only=false: got exact-only on")
 				}
 			}},
+		{"tenant budgets env, the flag wins", []string{"--tenant-tpm", "9000"}, map[string]string{
+			"BATON_TENANT_RPM": "60", "BATON_TENANT_TPM": "1000", "BATON_TENANT_BUDGETS_FILE": "/dev/null",
+		}, func(t *testing.T, c frontend.Config) {
+			if c.TenantRPM != 60 || c.TenantTPM != 9000 || c.TenantBudgetsFile != "/dev/null" {
+				t.Errorf("got rpm %d, tpm %d, file %q; want 60, 9000, /dev/null", c.TenantRPM, c.TenantTPM, c.TenantBudgetsFile)
+			}
+		}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
 			func(t *testing.T, c frontend.Config) {
 				if c.Runtime.Log.HighWater != 0.75 || !c.Runtime.NoCompaction {

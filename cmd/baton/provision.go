@@ -11,7 +11,8 @@ import (
 )
 
 const provisionSummary = `Creates the event log's streams and buckets (the request partitions,
-BATON_WORKERS, baton_leases, baton_load, baton_frontends) with the given
+BATON_WORKERS, baton_leases, baton_load, baton_frontends, baton_budgets,
+BATON_ENDS) with the given
 --replicas and --stream-* flags if they do not exist, and verifies every one
 that does against them: a difference in subjects, RePublish, limits, discard,
 retention, storage, replicas or metadata exits 2 naming it. With --update it

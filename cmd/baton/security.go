@@ -48,6 +48,15 @@ func (s *securityFlags) add(f *flagSet, cfg *frontend.Config) {
 	f.Float64Var(&cfg.TenantRPS, "tenant-rps", 0, "most API requests per second per tenant, burst max(1, rps) (429 with Retry-After beyond); 0 unlimited")
 	f.bindEnv("tenant-rps", "BATON_TENANT_RPS", nil)
 	f.showDefault("tenant-rps", "unlimited")
+	f.StringVar(&cfg.TenantBudgetsFile, "tenant-budgets-file", "", "`file` of per-tenant budgets, lines of 'TENANT [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]' ('#' comments): rpm and tpm are one budget across every frontend (the same file on each), in every 60 s window; SIGHUP reloads it")
+	f.bindEnv("tenant-budgets-file", "BATON_TENANT_BUDGETS_FILE", nil)
+	f.showDefault("tenant-budgets-file", "none")
+	f.Int64Var(&cfg.TenantRPM, "tenant-rpm", 0, "completions and responses created per minute per tenant without an rpm in --tenant-budgets-file, one budget across every frontend (429 rate_limit_exceeded beyond); 0 unlimited")
+	f.bindEnv("tenant-rpm", "BATON_TENANT_RPM", nil)
+	f.showDefault("tenant-rpm", "unlimited")
+	f.Int64Var(&cfg.TenantTPM, "tenant-tpm", 0, "tokens (prompt + max tokens reserved, the unused given back) per minute per tenant without a tpm in --tenant-budgets-file, one budget across every frontend; 0 unlimited")
+	f.bindEnv("tenant-tpm", "BATON_TENANT_TPM", nil)
+	f.showDefault("tenant-tpm", "unlimited")
 	f.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate `file`: serve the API over TLS (with --tls-key)")
 	f.bindEnv("tls-cert", "BATON_TLS_CERT", nil)
 	f.showDefault("tls-cert", "off")
@@ -77,8 +86,13 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	if cfg.WriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--write-timeout %v: must be positive", cfg.WriteTimeout))
 	}
-	if s.tenantMaxConcurrent < -1 || cfg.TenantRPS < 0 {
-		errs = append(errs, errors.New("--tenant-max-concurrent and --tenant-rps must not be negative"))
+	if s.tenantMaxConcurrent < -1 || cfg.TenantRPS < 0 || cfg.TenantRPM < 0 || cfg.TenantTPM < 0 {
+		errs = append(errs, errors.New("--tenant-max-concurrent, --tenant-rps, --tenant-rpm and --tenant-tpm must not be negative"))
+	}
+	if cfg.TenantBudgetsFile != "" {
+		if err := frontend.CheckTenantBudgetsFile(cfg.TenantBudgetsFile); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
@@ -110,8 +124,9 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	return errors.Join(errs...)
 }
 
-// reloadKeysOnHangup reloads the frontend's API keys on every SIGHUP until
-// ctx ends; a file that does not parse leaves the keys in use.
+// reloadKeysOnHangup reloads the frontend's API keys and tenant budgets on
+// every SIGHUP until ctx ends; a file that does not parse leaves what it
+// held in use.
 func reloadKeysOnHangup(ctx context.Context, fe *frontend.Frontend, log *slog.Logger) {
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGHUP)
@@ -124,6 +139,9 @@ func reloadKeysOnHangup(ctx context.Context, fe *frontend.Frontend, log *slog.Lo
 			case <-c:
 				if err := fe.ReloadKeys(); err != nil {
 					log.Error("reload API keys on SIGHUP: the keys in use stay", "err", err)
+				}
+				if err := fe.ReloadBudgets(); err != nil {
+					log.Error("reload tenant budgets on SIGHUP: the budgets in use stay", "err", err)
 				}
 			}
 		}

@@ -117,6 +117,13 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
 			return
 		}
+	}
+	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.n*(promptTokens+p.maxTokens)), fe.choiceIDs(id, p.n)...)
+	if !ok {
+		return
+	}
+	defer spent.end()
+	if p.n > 1 {
 		fe.serveChoices(w, r, acc, p.n, start)
 		return
 	}
@@ -391,10 +398,10 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if reason != "" {
-		writeJSON(w, http.StatusServiceUnavailable, body)
+		writeJSON(w, http.StatusServiceUnavailable, fe.withBudgetsNote(body))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "healthy", "instances": instances})
+	writeJSON(w, http.StatusOK, fe.withBudgetsNote(map[string]any{"status": "healthy", "instances": instances}))
 }
 
 func (fe *Frontend) countRequest(model, endpoint string, stream bool, ok bool) {

@@ -88,6 +88,19 @@ type Config struct {
 	// TenantRPS caps one tenant's API requests per second (429 beyond, with
 	// a burst of max(1, TenantRPS)); 0 means unlimited.
 	TenantRPS float64
+	// TenantBudgetsFile, if set, holds per-tenant budgets (lines "TENANT
+	// [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]", quota.Parse):
+	// rpm and tpm are one budget across every frontend, kept in the
+	// budgets bucket; concurrent caps the tenant's open responses on each
+	// frontend in place of TenantMaxConcurrent. Reloaded by ReloadBudgets.
+	TenantBudgetsFile string
+	// TenantRPM and TenantTPM are the per-minute budgets of a tenant
+	// without a line in TenantBudgetsFile, or without that field; 0 means
+	// none. Either set, or a budgets file, turns the shared budgets on.
+	TenantRPM, TenantTPM int64
+	// BudgetLease is how long a frontend holds a slice of a tenant's
+	// budget before it returns what is left (quota.Config.Lease); default 2s.
+	BudgetLease time.Duration
 	// TLSCertFile and TLSKeyFile, if set, serve the API over TLS.
 	TLSCertFile, TLSKeyFile string
 }
@@ -179,7 +192,7 @@ func (c Config) Validate() error {
 	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
 	}
-	if c.MaxConnections < 0 || c.WriteTimeout < 0 || c.TenantRPS < 0 {
+	if c.MaxConnections < 0 || c.WriteTimeout < 0 || c.TenantRPS < 0 || c.TenantRPM < 0 || c.TenantTPM < 0 || c.BudgetLease < 0 {
 		errs = append(errs, errors.New("max connections, the write timeout and tenant limits must not be negative"))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {

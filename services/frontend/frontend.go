@@ -14,6 +14,7 @@ import (
 	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/quota"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -39,6 +40,8 @@ type Frontend struct {
 	gatherer prometheus.Gatherer
 	keys     *keyring // nil: the API is open
 	limits   *tenantLimits
+	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
+	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
 	console  *consoleView
 
 	draining chan struct{} // closed when shutdown starts
@@ -98,6 +101,10 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	} else {
 		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
+	if fe.budgets, err = cfg.loadBudgets(); err != nil {
+		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	fe.limits.setPerTenant(concurrentOf(fe.budgets))
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
 	}
@@ -161,12 +168,26 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	}
 	defer stopFleet()
 	fe.parts = fe.runtime.Partitions()
+	runBudgets, err := fe.startBudgets(startCtx)
+	if err != nil {
+		fe.runtime.Stop()
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: %w", err)
+	}
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	var g errgroup.Group
 	g.Go(func() error { fe.console.run(runCtx); return nil })
+	if runBudgets != nil { // until the end of the shutdown, then it returns its leases
+		g.Go(func() error {
+			if err := runBudgets(runCtx); err != nil {
+				fe.log.Error("tenant budgets: the other frontends' budgets are not compared", "err", err)
+			}
+			return nil
+		})
+	}
 
 	srv := &http.Server{
 		Handler: fe.Handler(), ReadHeaderTimeout: fe.cfg.ReadHeaderTimeout, IdleTimeout: fe.cfg.IdleTimeout,
@@ -244,6 +265,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	fe.registerResponses(mux)
+	mux.HandleFunc("GET /v1/tenants/{tenant}/usage", fe.handleUsage)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
@@ -257,8 +279,9 @@ func (fe *Frontend) Handler() http.Handler {
 	// Outermost first: an overflow connection gets 503 (probes excepted);
 	// CORS for the console (a preflight carries no key); then the API key
 	// (everything but the probes, /metrics and the console's page); then the
-	// tenant's rate; then the body, read within its timeout.
-	return limitConnections(fe.withCORS(fe.authenticate(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
+	// tenant's budget headers and rate; then the body, read within its timeout.
+	// The budget headers go on every answer of a tenant with a budget.
+	return limitConnections(fe.withCORS(fe.authenticate(fe.budgetHeaders(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))))
 }
 
 // stopCounting ends the watchers of background responses (countUntilEnd)

@@ -104,11 +104,46 @@ func readAllSized(r io.Reader, size int64) ([]byte, error) {
 
 // tenantLimits bounds each tenant's concurrent responses and request rate
 // (a token bucket of rps with a burst of max(1, rps)). Zero disables either.
+// A tenant's concurrent=N in the budgets file replaces maxConcurrent for it.
 type tenantLimits struct {
 	maxConcurrent int
 	rps           float64
 	mu            sync.Mutex
 	tenants       map[string]*tenantUse // bounded by the tenants of the keys file
+	perTenant     map[string]int        // the budgets file's concurrent=N; guarded by mu
+}
+
+// setPerTenant replaces the per-tenant concurrency caps (a budgets reload);
+// slots held stay held.
+func (l *tenantLimits) setPerTenant(caps map[string]int) {
+	l.mu.Lock()
+	l.perTenant = caps
+	l.mu.Unlock()
+}
+
+// maxFor is tenant's cap of concurrent responses (0: none); l.mu held.
+func (l *tenantLimits) maxFor(tenant string) int {
+	if n, ok := l.perTenant[tenant]; ok {
+		return n
+	}
+	return l.maxConcurrent
+}
+
+// open is how many of tenant's responses are counted open here.
+func (l *tenantLimits) open(tenant string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if u, ok := l.tenants[tenant]; ok {
+		return u.active
+	}
+	return 0
+}
+
+// maxOf is maxFor for callers that do not hold l.mu.
+func (l *tenantLimits) maxOf(tenant string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.maxFor(tenant)
 }
 
 type tenantUse struct {
@@ -155,26 +190,29 @@ func (l *tenantLimits) allow(tenant string, now time.Time) (time.Duration, bool)
 
 // acquire takes one of tenant's concurrent slots; release gives it back.
 func (l *tenantLimits) acquire(tenant string) bool {
-	if l.maxConcurrent <= 0 {
-		return true
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	limit := l.maxFor(tenant)
+	if limit <= 0 && len(l.perTenant) == 0 {
+		return true // no cap anywhere: nothing is counted, as before budgets
+	}
 	u := l.use(tenant, time.Now())
-	if u.active >= l.maxConcurrent {
+	if limit > 0 && u.active >= limit {
 		return false
 	}
 	u.active++
 	return true
 }
 
+// release gives back a slot acquire took. Slots are counted for every
+// tenant once any cap exists, so that a reload that gives a tenant a cap
+// finds its open responses counted; without any cap nothing was.
 func (l *tenantLimits) release(tenant string) {
-	if l.maxConcurrent <= 0 {
-		return
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.tenants[tenant].active--
+	if u, ok := l.tenants[tenant]; ok && u.active > 0 {
+		u.active--
+	}
 }
 
 // retryAfter is the Retry-After header's whole seconds for a wait, at least 1.
@@ -204,7 +242,7 @@ func (fe *Frontend) concurrent(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		tenant := tenantOf(r)
 		if !fe.limits.acquire(tenant) {
-			fe.writeConcurrencyLimit(w)
+			fe.writeConcurrencyLimit(w, tenant)
 			return
 		}
 		defer fe.limits.release(tenant)
@@ -214,10 +252,10 @@ func (fe *Frontend) concurrent(h http.HandlerFunc) http.HandlerFunc {
 
 // writeConcurrencyLimit answers 429 to a tenant at its maximum of open
 // responses.
-func (fe *Frontend) writeConcurrencyLimit(w http.ResponseWriter) {
+func (fe *Frontend) writeConcurrencyLimit(w http.ResponseWriter, tenant string) {
 	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusTooManyRequests, "requests", "concurrency_limit_exceeded",
-		fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.cfg.TenantMaxConcurrent))
+		fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.limits.maxOf(tenant)))
 }
 
 // countUnlessBackground takes one of the caller's concurrent slots for a
@@ -233,7 +271,7 @@ func (fe *Frontend) countUnlessBackground(w http.ResponseWriter, r *http.Request
 	}
 	tenant := tenantOf(r)
 	if !fe.limits.acquire(tenant) {
-		fe.writeConcurrencyLimit(w)
+		fe.writeConcurrencyLimit(w, tenant)
 		return nil, false
 	}
 	return func() { fe.limits.release(tenant) }, true
@@ -242,8 +280,9 @@ func (fe *Frontend) countUnlessBackground(w http.ResponseWriter, r *http.Request
 // countUntilEnd keeps the slot of tenant its caller took for background
 // response t until t ends (completed, failed or cancelled, whichever
 // frontend stored the end), whether or not a client reads it, or until the
-// frontend stops. It takes its own reference to t.
-func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string) {
+// frontend stops; then it calls ended (the budget's give-back). It takes
+// its own reference to t.
+func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string, ended func()) {
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	held, err := fe.runtime.Attach(ctx, t.ID()) // t is followed here: a new reference
 	cancel()
@@ -254,12 +293,14 @@ func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string) {
 			held.Release()
 		}
 		fe.limits.release(tenant)
+		ended()
 		return
 	}
 	fe.background.Add(1)
 	fe.mu.Unlock()
 	go func() {
 		defer fe.background.Done()
+		defer ended()
 		defer fe.limits.release(tenant)
 		defer held.Release()
 		wake := make(chan struct{}, 1)

@@ -88,6 +88,52 @@ func TestTenantConcurrency(t *testing.T) {
 	}
 }
 
+// TestTenantConcurrencyPerTenant: a budgets file's concurrent=N caps its
+// tenant in place of --tenant-max-concurrent, and a reload changes it.
+func TestTenantConcurrencyPerTenant(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		global  int
+		caps    map[string]int
+		tenant  string
+		wantMax int // -1: unlimited (100 granted)
+	}{
+		{"a line without a global cap", 0, map[string]int{"alice": 1}, "alice", 1},
+		{"no line, no global cap", 0, map[string]int{"alice": 1}, "bob", -1},
+		{"a line above the global cap", 2, map[string]int{"alice": 5}, "alice", 5},
+		{"no line under a global cap", 2, map[string]int{"alice": 5}, "bob", 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newTenantLimits(tc.global, 0)
+			l.setPerTenant(tc.caps)
+			got := 0
+			for got < 100 && l.acquire(tc.tenant) {
+				got++
+			}
+			want := tc.wantMax
+			if want < 0 {
+				want = 100
+			}
+			if got != want {
+				t.Fatalf("got %d slots, want %d", got, want)
+			}
+			l.release(tc.tenant)
+			if !l.acquire(tc.tenant) {
+				t.Error("a released slot was not given back")
+			}
+		})
+	}
+	l := newTenantLimits(0, 0)
+	l.setPerTenant(map[string]int{"alice": 1})
+	if !l.acquire("alice") || l.acquire("alice") {
+		t.Fatal("alice's one slot: want one granted, the second refused")
+	}
+	l.setPerTenant(map[string]int{"alice": 2}) // a reload: the slot held stays counted
+	if !l.acquire("alice") || l.acquire("alice") {
+		t.Fatal("after the reload to 2: want one more granted, then refused")
+	}
+}
+
 // TestRejectAnswersTheRequest: a connection past the headroom is answered
 // 503 once its request begins, never before: an answer before the request
 // is, to Go's Transport, an unsolicited response on an idle connection,

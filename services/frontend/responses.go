@@ -103,14 +103,21 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	// One of the tenant's concurrent slots: a response in the background
-	// keeps it until it ends, another while this handler runs.
+	// keeps it until it ends, another while this handler runs. Its budget
+	// likewise: given back when it ends (budget.end).
 	if !fe.limits.acquire(tenant) {
-		fe.writeConcurrencyLimit(w)
+		fe.writeConcurrencyLimit(w, tenant)
+		return
+	}
+	spent, ok := fe.chargeBudget(w, r, tenant, int64(acc.PromptTokens+acc.MaxTokens), id)
+	if !ok {
+		fe.limits.release(tenant)
 		return
 	}
 	t, err := fe.runtime.Accept(r.Context(), acc)
 	if err != nil {
 		fe.limits.release(tenant)
+		spent.grant.Release(0)                // nothing started
 		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
 			if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
 				fe.serveRetry(w, r, t, public, q, bodySHA, after)
@@ -122,9 +129,10 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	}
 	defer t.Release()
 	if q.Background {
-		fe.countUntilEnd(t, tenant)
+		fe.countUntilEnd(t, tenant, spent.end)
 	} else {
 		defer fe.limits.release(tenant)
+		defer spent.end()
 	}
 	if acc.ParentID != "" {
 		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
