@@ -183,6 +183,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.watchFrontends(bg) })
 	background.Go(func() { w.checkOnReconnect(bg) })
 	background.Go(func() { w.reprobeUpstream(bg) })
+	background.Go(func() { w.watchEngine(bg) })
 	w.notifyLoad()
 
 	reason := "shutdown"
