@@ -316,7 +316,7 @@ func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(con
 			PromptTokens: engine.CountTokens(canaryPrompt), MaxTokens: 1,
 		}
 		tokens := 0
-		_, err := eng.Generate(ctx, req, func(engine.Token) error { tokens++; return nil })
+		_, err := eng.Generate(engine.WithCanary(ctx), req, func(engine.Token) error { tokens++; return nil })
 		switch {
 		case errors.Is(err, engine.ErrFatal):
 			fatal(err)
