@@ -30,7 +30,11 @@ type Status struct {
 	// Capabilities are what the engine's server can do, as probed.
 	Capabilities *events.Capabilities `json:"capabilities,omitempty"`
 	Draining     bool                 `json:"draining"`
-	InFlight     int                  `json:"in_flight"`
+	// Busy: the server answered the last probe 429 or 503; the worker is
+	// ready but out of every router until BusyUntil, when it probes again.
+	Busy      bool   `json:"busy,omitempty"`
+	BusyUntil string `json:"busy_until,omitempty"`
+	InFlight  int    `json:"in_flight"`
 	// EngineActive is the generations the engine runs, as it counts them;
 	// EngineAborted those it aborted because they were cancelled, and
 	// EngineLastAbort when the latest let go of the engine (RFC 3339, empty
@@ -54,6 +58,9 @@ func (w *Worker) Status() Status {
 	s := Status{
 		WorkerID: w.cfg.ID, Model: w.cfg.Model, Lease: "lost", Engine: why,
 		Draining: draining, InFlight: n, Reason: w.health.detail(), Capabilities: w.capabilities(),
+	}
+	if busy, until := w.busy(); busy {
+		s.Busy, s.BusyUntil = true, until.UTC().Format(time.RFC3339Nano)
 	}
 	st := w.eng.Stats()
 	s.EngineActive, s.EngineAborted = st.ActiveRequests, st.Aborted

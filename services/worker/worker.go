@@ -61,6 +61,7 @@ type Worker struct {
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
 	recheck    chan struct{}        // capacity 1: probe the upstream now, coalesced
+	busyUntil  time.Time            // the server answered its probe 429/503: busy until then and its next probe; zero: not busy
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -568,12 +569,13 @@ func (w *Worker) reportLoad(ctx context.Context) {
 		st := w.eng.Stats()
 		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
 			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
+		l.Busy, _ = w.busy()
 		var last events.Load
 		if s != nil {
 			last = s.Value()
 		}
 		switch {
-		case s == nil || l.ActiveRequests != last.ActiveRequests:
+		case s == nil || l.ActiveRequests != last.ActiveRequests || l.Busy != last.Busy:
 		case l == last:
 			continue // the session renews it
 		case !force && time.Since(lastAt) < w.cfg.LoadInterval:
