@@ -82,6 +82,9 @@ func (m *monitor) setDown(reason, why string) (changed bool) {
 	m.mu.Lock()
 	changed = m.down != reason
 	m.down, m.downWhy = reason, why
+	if changed && reason == "" && m.failed {
+		m.suspect = true // a canary failed while it was down: run one now
+	}
 	m.mu.Unlock()
 	if changed {
 		m.notify()

@@ -239,3 +239,27 @@ func TestMonitorQueueIsNotAStall(t *testing.T) {
 		}
 	})
 }
+
+// TestMonitorCanaryAfterTheEngineIsBack: a canary that failed while the
+// engine watch found the engine down does not keep the worker out once the
+// engine answers again: a canary runs at once and decides.
+func TestMonitorCanaryAfterTheEngineIsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &monitorProbe{}
+		p.set(errors.New("connection refused"), false)
+		m, _, stop := runMonitor(t, p)
+		defer stop()
+		m.setDown(engineUnreachable, "refused")
+		time.Sleep(10 * time.Second) // a canary, failed
+		synctest.Wait()
+		if p.n() != 1 {
+			t.Fatalf("%d canaries, want 1", p.n())
+		}
+		p.set(nil, false)
+		m.setDown("", "")
+		synctest.Wait()
+		if healthy, why := m.state(); !healthy || p.n() != 2 {
+			t.Errorf("health %v %s after %d canaries; want healthy after a canary at once", healthy, why, p.n())
+		}
+	})
+}

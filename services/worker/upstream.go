@@ -127,8 +127,9 @@ func (w *Worker) upstreamNotReady(e *engine.UpstreamError) {
 	w.syncReady()
 }
 
-// recheckUpstream asks for a probe of the upstream now: its server failed
-// a request before the first token (an error answer of 500 or more, or no
+// recheckUpstream asks for a probe of the upstream now: its server answers
+// again after the engine watch found it down, or it failed a request before
+// the first token (an error answer of 500 or more, or no
 // answer). Such a failure may be the request's own (Ollama answers 500 to an
 // invalid JSON schema), so it does not inhibit the worker; a server that
 // also fails the probe takes the worker out of routing until a probe passes.
@@ -165,10 +166,9 @@ func (w *Worker) reprobeUpstream(ctx context.Context) {
 			w.syncReady()
 			continue
 		case <-w.recheck:
-			w.log.Info("upstream failed a request before its first token: probing it")
-			if !w.probeUpstream(ctx) {
-				w.syncReady()
-			}
+			w.log.Info("probing the upstream again")
+			w.probeUpstream(ctx)
+			w.syncReady() // its capabilities too: it may be another server now
 			continue
 		case <-t.C:
 		}
