@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
 )
 
@@ -308,8 +309,9 @@ func (m *monitor) canary(ctx context.Context) {
 // errCanaryEmpty means a canary finished without a token.
 var errCanaryEmpty = errors.New("worker: canary produced no token")
 
-// canaryProbe returns a probe that asks eng for one token. An error wrapping
-// engine.ErrFatal is passed to fatal as well.
+// canaryProbe returns a probe that asks eng for one token. A server that
+// answers it 429, 503 or 4xx about the request passes: it answered. An error
+// wrapping engine.ErrFatal is passed to fatal as well.
 func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(context.Context) error {
 	var n int
 	return func(ctx context.Context) error {
@@ -320,7 +322,10 @@ func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(con
 		}
 		tokens := 0
 		_, err := eng.Generate(engine.WithCanary(ctx), req, func(engine.Token) error { tokens++; return nil })
+		var ue *engine.UpstreamError
 		switch {
+		case errors.As(err, &ue) && (ue.Class == events.FailureUnavailable || ue.Class == events.FailureClient):
+			return nil // the server answered, busy or about the request: it is alive
 		case errors.Is(err, engine.ErrFatal):
 			fatal(err)
 			return err
