@@ -72,6 +72,13 @@ func (w *Worker) pingEngine(ctx context.Context, p engine.Pinger) {
 		reason, why = engineUnreachable, err.Error()
 	}
 	if !w.health.setDown(reason, why) {
+		if reason == "" && w.probeUnanswered() {
+			// The probe found no server, the watch finds one: it came back
+			// between two watches. Probe it now rather than at the next
+			// probe interval.
+			w.log.Info("engine answers again; probing it")
+			w.recheckUpstream()
+		}
 		return
 	}
 	switch reason {

@@ -33,6 +33,14 @@ func (w *Worker) busy() (bool, time.Time) {
 	return !w.busyUntil.IsZero(), w.busyUntil
 }
 
+// probeUnanswered reports whether the last probe failed for want of an
+// answer (no connection, no answer in time), not by the server's answer.
+func (w *Worker) probeUnanswered() bool {
+	w.upstreamMu.Lock()
+	defer w.upstreamMu.Unlock()
+	return w.unanswered
+}
+
 // setBusy records the server's busy answer (nil: not busy) and reports the
 // change in the load.
 func (w *Worker) setBusy(e *engine.UpstreamError) {
@@ -99,11 +107,14 @@ func (w *Worker) probeUpstream(ctx context.Context) bool {
 		if ctx.Err() == nil {
 			w.log.Warn("upstream not ready", "err", err)
 			w.health.setUpstream(err.Error())
+			w.upstreamMu.Lock()
+			w.unanswered = !errors.As(err, &busy) || busy.Status == 0
+			w.upstreamMu.Unlock()
 		}
 		return false
 	}
 	w.upstreamMu.Lock()
-	w.caps = &caps
+	w.caps, w.unanswered = &caps, false
 	w.upstreamMu.Unlock()
 	w.setBusy(nil)
 	if w.health.upstreamReason() != "" {

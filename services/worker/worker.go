@@ -61,6 +61,7 @@ type Worker struct {
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
 	recheck    chan struct{}        // capacity 1: probe the upstream now, coalesced
+	unanswered bool                 // the last probe failed for want of an answer
 	busyUntil  time.Time            // the server answered its probe 429/503: busy until then and its next probe; zero: not busy
 
 	fatalOnce sync.Once
