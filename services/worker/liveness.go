@@ -34,6 +34,8 @@ var errEngineHung = errors.New("worker: the engine stopped answering")
 //     reported failed (engine_hung), so their frontends migrate them now.
 //     A request that emitted a token meanwhile proves the engine works (a
 //     loaded server may answer its listing late): then nothing changes.
+//     Nor does a wait that lasted over twice the timeout: the worker itself
+//     was held up (SIGSTOP, no CPU), and the silence says nothing.
 func (w *Worker) watchEngine(ctx context.Context) {
 	p, ok := w.eng.(engine.Pinger)
 	if !ok || w.cfg.LivenessInterval < 0 {
@@ -66,6 +68,11 @@ func (w *Worker) pingEngine(ctx context.Context, p engine.Pinger) {
 	case err == nil:
 	case errors.Is(err, engine.ErrNoAnswer) && w.health.tokenSince(start):
 		w.log.Debug("engine slow to answer its watch, but generating", "err", err)
+	case errors.Is(err, engine.ErrNoAnswer) && time.Since(start) > 2*w.cfg.LivenessTimeout:
+		// The worker itself did not run for most of the wait (stopped,
+		// starved of CPU): the server's silence says nothing. Ask again.
+		w.log.Debug("engine watch inconclusive: the worker was held up", "waited", time.Since(start))
+		return
 	case errors.Is(err, engine.ErrNoAnswer):
 		reason, why = engineHung, err.Error()
 	default:

@@ -31,6 +31,9 @@ func (p *pinger) Ping(ctx context.Context) error {
 	case "hung":
 		<-ctx.Done()
 		return engine.ErrNoAnswer
+	case "held": // the worker itself did not run for 3 s of the wait
+		time.Sleep(3 * time.Second)
+		return engine.ErrNoAnswer
 	}
 	return nil
 }
@@ -148,6 +151,28 @@ func TestWatchTokensProveAHungListingWrong(t *testing.T) {
 		p.mu.Unlock()
 		if n < 3 || n > 4 {
 			t.Errorf("%d pings in 10s, want one every 2s and a timeout of 1s", n)
+		}
+		cancel()
+		<-done
+	})
+}
+
+// TestWatchHeldWorkerIsInconclusive: a wait far past the timeout means the
+// worker itself was held up (SIGSTOP, no CPU): no verdict, nothing stopped.
+func TestWatchHeldWorkerIsInconclusive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &pinger{state: "held"}
+		w := watched(p)
+		jctx, jcancel := context.WithCancelCause(context.Background())
+		defer jcancel(nil)
+		w.jobs[jobKey{"r", 0}] = &job{ctx: jctx, cancel: jcancel}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); w.watchEngine(ctx) }()
+		time.Sleep(12 * time.Second)
+		synctest.Wait()
+		if healthy, why := w.health.state(); !healthy || jctx.Err() != nil {
+			t.Errorf("health %v %s, generation %v; want healthy and running", healthy, why, jctx.Err())
 		}
 		cancel()
 		<-done
