@@ -195,6 +195,18 @@ func TestProbeBusyThenReady(t *testing.T) {
 			start := time.Now()
 			s.openaiWorker("w", sim)
 			var sawBusy bool
+			if tc.fault == "503" { // busy for 5 s: long enough to be asked
+				waitFor(t, 20*time.Second, "w busy", func() bool {
+					w, _ := watchedWorkerOf(t, fe, "w")
+					return w.State == "ready" && w.Load.Busy
+				})
+				sawBusy = true
+				resp := post(t, fe.url+"/v1/chat/completions", chatRequest("while busy", 2, nil), nil)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+					t.Errorf("a request while the only worker is busy: %d (Retry-After %q), want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+				}
+			}
 			waitFor(t, 20*time.Second, "w ready, not busy, every capability probed", func() bool {
 				w, _ := watchedWorkerOf(t, fe, "w")
 				sawBusy = sawBusy || (w.State == "ready" && w.Load.Busy)
