@@ -121,6 +121,11 @@ type Load struct {
 	KVBlocksUsed        int    `json:"kv_blocks_used"`
 	KVBlocksTotal       int    `json:"kv_blocks_total"`
 	QueuedPrefillTokens int    `json:"queued_prefill_tokens"`
+	// Busy: the worker's server answered its probe 429 or 503. The worker
+	// is ready but takes no new request until a later probe (at the
+	// server's Retry-After) passes; every frontend's router treats it as
+	// over a load threshold. Absent (false) in older builds' reports.
+	Busy bool `json:"busy,omitempty"`
 }
 
 func init() {

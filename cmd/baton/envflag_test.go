@@ -240,6 +240,24 @@ func TestWorkerFlagsAndEnv(t *testing.T) {
 	}
 }
 
+// TestWorkerHealthCheckDefault: canaries are on unless
+// DYN_HEALTH_CHECK_ENABLED says false (issue 35, as Dynamo's operator).
+func TestWorkerHealthCheckDefault(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want bool
+	}{{nil, true}, {map[string]string{"DYN_HEALTH_CHECK_ENABLED": "false"}, false}, {map[string]string{"DYN_HEALTH_CHECK_ENABLED": "true"}, true}} {
+		env, _, _ := testEnv(tc.env)
+		o, err := parseWorker(env, nil)
+		if err != nil {
+			t.Fatalf("%v: parse: %v", tc.env, err)
+		}
+		if o.cfg.HealthCheck != tc.want {
+			t.Errorf("%v: health check %v, want %v", tc.env, o.cfg.HealthCheck, tc.want)
+		}
+	}
+}
+
 func TestUpPassesWorkerFlags(t *testing.T) {
 	env, _, _ := testEnv(map[string]string{"DYN_HTTP_PORT": "8100"})
 	o, err := parseUp(env, []string{"--workers", "3", "--mock-ttft", "5ms", "--mock-crash-after-tokens", "7", "--migration-limit", "2"})

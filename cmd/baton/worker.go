@@ -32,8 +32,13 @@ client's request as sent (chat to /v1/chat/completions, completions to
 prefill), and continues a migrated request from token ids where the server
 takes them, else by prefill. A server that answers 401, 403 or 404 makes the
 worker not ready (reason in /health) until a probe passes again.
-With DYN_HEALTH_CHECK_ENABLED, an idle worker sends its engine a one-token
-canary every DYN_CANARY_WAIT_TIME seconds; a canary that fails or takes longer
+An openai engine's server is watched with GET /v1/models every 2 s, traffic
+or not: refused or reset makes the worker not ready within 2 s, no answer
+within 1 s (and no token meanwhile) too, and what runs there is handed back
+to migrate at once. A probe answered 429 or 503 leaves the worker ready but
+busy until Retry-After (5 s without one), then probes again.
+With DYN_HEALTH_CHECK_ENABLED (default true), an idle worker sends its engine a
+one-token canary every DYN_CANARY_WAIT_TIME seconds; a canary that fails or takes longer
 than DYN_HEALTH_CHECK_REQUEST_TIMEOUT, or in-flight requests that produce no
 token for that long, make the worker not ready: /health answers 503 and
 frontends stop routing to it until a canary passes again.`
@@ -59,7 +64,7 @@ var passThrough = []string{
 }
 
 func addWorkerFlags(f *flagSet) *workerFlags {
-	w := &workerFlags{}
+	w := &workerFlags{healthCheck: true} // DYN_HEALTH_CHECK_ENABLED, as Dynamo's operator sets it
 	f.StringVar(&w.model, "model", worker.DefaultModel, "model `name` served")
 	f.DurationVar(&w.leaseTTL, "lease-ttl", worker.DefaultLeaseTTL, "lease TTL, renewed at a third of it; at least 1s")
 	f.bindEnvSeconds("lease-ttl", "DYN_LEASE_TTL_SECS")
@@ -79,7 +84,7 @@ func addWorkerFlags(f *flagSet) *workerFlags {
 		f.showDefault(name, "off")
 	}
 	f.documentEnv("DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS", "seconds of drain budget on SIGTERM/SIGINT; what still runs at the end is handed off and migrates", "30")
-	f.documentEnv("DYN_HEALTH_CHECK_ENABLED", "true to send idle canaries to the engine and watch in-flight requests for progress; a failure makes the worker not ready (out of routing)", "false")
+	f.documentEnv("DYN_HEALTH_CHECK_ENABLED", "false to send no idle canaries to the engine and not watch in-flight requests for progress (a failure makes the worker not ready: out of routing); the engine watch (GET /v1/models every 2 s) runs either way", "true")
 	f.documentEnv("DYN_CANARY_WAIT_TIME", "seconds without request activity before a canary request", "10")
 	f.documentEnv("DYN_HEALTH_CHECK_REQUEST_TIMEOUT", "seconds a canary may take, and in-flight requests may go without a token, before the worker is not ready", "3")
 	return w

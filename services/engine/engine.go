@@ -137,6 +137,22 @@ type Engine interface {
 	Stats() Stats
 }
 
+// canaryKey marks the context of a worker's health-check request.
+type canaryKey struct{}
+
+// WithCanary marks ctx as a worker's own health check (a canary), not a
+// client's request: an engine may serve it as any other, but the mock's
+// scripted faults that count requests or tokens do not count it.
+func WithCanary(ctx context.Context) context.Context {
+	return context.WithValue(ctx, canaryKey{}, true)
+}
+
+// IsCanary reports whether ctx is a canary's (WithCanary).
+func IsCanary(ctx context.Context) bool {
+	v, _ := ctx.Value(canaryKey{}).(bool)
+	return v
+}
+
 // Capabilities is what an engine can do, as its worker advertises it.
 type Capabilities = events.Capabilities
 

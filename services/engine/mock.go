@@ -33,7 +33,9 @@ type MockConfig struct {
 	// +Inf) runs at full speed, with no timers at all.
 	SpeedupRatio float64
 	// CrashAfterTokens > 0 kills the process with SIGKILL right after it has
-	// emitted that many tokens in total, across requests.
+	// emitted that many tokens in total, across requests. This and the other
+	// scripted faults count clients' requests only: a worker's canaries
+	// (WithCanary) are served but not counted.
 	CrashAfterTokens int
 	// StallAfterTokens > 0 stops emitting after that many tokens in total:
 	// Generate blocks until its ctx is done, the process stays alive.
@@ -167,7 +169,11 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 	if req.StartOffset < 0 || req.MaxTokens < req.StartOffset {
 		return Result{}, fmt.Errorf("engine: mock: bad token range [%d, %d)", req.StartOffset, req.MaxTokens)
 	}
-	n := m.started.Add(1)
+	canary := IsCanary(ctx) // not counted by the scripted faults
+	n := m.started.Load()
+	if !canary {
+		n = m.started.Add(1)
+	}
 	if lim := m.cfg.EngineErrorAfter; lim > 0 && n > int64(lim) {
 		return Result{}, fmt.Errorf("%w: mock scripted failure after %d requests", ErrFatal, lim)
 	}
@@ -227,7 +233,10 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		if err := m.hold(ctx, i); err != nil {
 			return Result{}, err
 		}
-		total := m.emitted.Add(1)
+		total := m.emitted.Load()
+		if !canary {
+			total = m.emitted.Add(1)
+		}
 		if lim := m.cfg.StallAfterTokens; lim > 0 && total > int64(lim) {
 			<-ctx.Done() // stalled: alive, leased, silent
 			return Result{}, ctx.Err()
@@ -244,7 +253,7 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 			m.queued.Add(-int64(r.prefill))
 		}
 		r.generated++
-		if lim := m.cfg.CrashAfterTokens; lim > 0 && total == int64(lim) {
+		if lim := m.cfg.CrashAfterTokens; lim > 0 && total == int64(lim) && !canary {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
 				return Result{}, fmt.Errorf("%w: mock crash: %w", ErrFatal, err)
 			}

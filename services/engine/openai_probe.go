@@ -19,10 +19,16 @@ import (
 // records the result for Generate and returns it. The server's answers to
 // those requests decide whether it serves the model: its GET /v1/models
 // listing is advisory (see Listing), since servers list other names than
-// they serve (Ollama lists "tiny:latest" and serves "tiny"). An
-// *UpstreamError of class events.FailureNotReady means the server cannot
-// serve this engine at all (bad key, unknown model: its own words); other
-// errors mean it could not be reached or answered nothing useful.
+// they serve (Ollama lists "tiny:latest" and serves "tiny"). A route that
+// answers about the request itself (400, 413, 422: a content policy, a
+// context length) exists. An *UpstreamError of class events.FailureNotReady
+// means the server cannot serve this engine at all (bad key, unknown model:
+// its own words). One of class events.FailureUnavailable (429, 503, with
+// its Retry-After) means the server is up but busy: the Capabilities
+// returned with it are what its answers showed so far (a route that
+// answered 429 exists), without continuation (no token ids, no prefill,
+// completions not continuable), and the probe should run again later.
+// Other errors mean it could not be reached or answered nothing useful.
 func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	listed, err := o.listed(ctx)
 	if err != nil {
@@ -32,13 +38,16 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 	o.listing = listed
 	o.mu.Unlock()
 	var caps Capabilities
-	var chatNo, complNo *UpstreamError
+	var chatNo, complNo, busy, b *UpstreamError
 	user := []map[string]string{{"role": "user", "content": "Hello"}}
-	if caps.Chat, chatNo, err = o.answers(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 1}, nil); err != nil {
+	if caps.Chat, chatNo, busy, err = o.route(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": user, "max_tokens": 1}); err != nil {
 		return Capabilities{}, err
 	}
-	if caps.Completions, complNo, err = o.answers(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": "Hello", "max_tokens": 1}, nil); err != nil {
+	if caps.Completions, complNo, b, err = o.route(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": "Hello", "max_tokens": 1}); err != nil {
 		return Capabilities{}, err
+	}
+	if busy == nil {
+		busy = b
 	}
 	if !caps.Chat && !caps.Completions {
 		e := &UpstreamError{Class: events.FailureNotReady, Message: fmt.Sprintf("the server answers neither %s nor %s for model %q", pathChat, pathCompletions, o.cfg.Model)}
@@ -54,30 +63,60 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 		}
 		return Capabilities{}, e
 	}
+	if busy != nil {
+		return o.partial(caps), fmt.Errorf("probe: %w", busy)
+	}
+	if err := o.features(ctx, &caps, user); err != nil {
+		var ue *UpstreamError
+		if errors.As(err, &ue) && ue.Class == events.FailureUnavailable {
+			return o.partial(caps), err // busy halfway: learn the rest later
+		}
+		return Capabilities{}, err
+	}
+	o.mu.Lock()
+	o.caps = caps
+	o.mu.Unlock()
+	return caps, nil
+}
+
+// partial records and returns caps, the routes a busy server showed, with
+// no way to continue a migrated request: what is not known is not offered.
+func (o *OpenAI) partial(caps Capabilities) Capabilities {
+	caps.TokenIDs, caps.Prefill, caps.CompletionsNotContinuable = false, false, true
+	o.mu.Lock()
+	o.caps = caps
+	o.mu.Unlock()
+	return caps
+}
+
+// features finds how a migrated request can continue on the server whose
+// routes caps has: prefill (chat) and token ids (completions).
+func (o *OpenAI) features(ctx context.Context, caps *Capabilities, user []map[string]string) error {
+	var err error
 	if caps.Chat {
 		prefill := append(user, map[string]string{"role": "assistant", "content": "Hi"})
 		if caps.Prefill, err = o.supports(ctx, pathChat, map[string]any{"model": o.cfg.Model, "messages": prefill, "max_tokens": 1,
 			"continue_final_message": true, "add_generation_prompt": false}, nil); err != nil {
-			return Capabilities{}, err
+			return err
 		}
 		if caps.Prefill {
 			diverges, err := o.prefillDiverges(ctx)
 			if err != nil {
-				return Capabilities{}, err
+				return err
 			}
 			caps.Prefill = !diverges
 		}
 	}
 	if caps.Completions {
 		if caps.CompletionsNotContinuable, err = o.completionsDiverge(ctx); err != nil {
-			return Capabilities{}, err
+			return err
 		}
 		var tok struct {
 			Tokens []int `json:"tokens"`
 		}
 		ok, err := o.supports(ctx, "/tokenize", map[string]any{"model": o.cfg.Model, "prompt": "Hello"}, &tok)
 		if err != nil {
-			return Capabilities{}, err
+			return err
 		}
 		if ok && len(tok.Tokens) > 0 {
 			var out struct {
@@ -87,15 +126,35 @@ func (o *OpenAI) Probe(ctx context.Context) (Capabilities, error) {
 			}
 			ok, err := o.supports(ctx, pathCompletions, map[string]any{"model": o.cfg.Model, "prompt": tok.Tokens, "max_tokens": 1, "return_token_ids": true}, &out)
 			if err != nil {
-				return Capabilities{}, err
+				return err
 			}
 			caps.TokenIDs = ok && len(out.Choices) > 0 && len(out.Choices[0].TokenIDs) > 0
 		}
 	}
-	o.mu.Lock()
-	o.caps = caps
-	o.mu.Unlock()
-	return caps, nil
+	return nil
+}
+
+// route asks path with a one-token request and says whether the server has
+// that route for the model: yes on 200 and on an answer about the request
+// (400, 413, 422: a content policy, a context length); yes and busy (the
+// answer) on 429 and 503; no on another 4xx (404: no such route or model),
+// with the answer; an error when the answer says nothing (401, 403, another
+// 5xx) or there was none.
+func (o *OpenAI) route(ctx context.Context, path string, in any) (ok bool, no, busy *UpstreamError, err error) {
+	err = o.call(ctx, http.MethodPost, path, in, nil)
+	var ue *UpstreamError
+	switch {
+	case err == nil:
+		return true, nil, nil, nil
+	case !errors.As(err, &ue):
+	case ue.Class == events.FailureClient:
+		return true, nil, nil, nil
+	case ue.Class == events.FailureUnavailable:
+		return true, nil, ue, nil
+	case ue.Status >= 400 && ue.Status < 500 && ue.Status != http.StatusUnauthorized && ue.Status != http.StatusForbidden:
+		return false, ue, nil, nil
+	}
+	return false, nil, nil, fmt.Errorf("probe %s: %w", path, err)
 }
 
 // prefillDiverges measures whether assistant prefill continues an answer: a
@@ -256,8 +315,8 @@ func (o *OpenAI) listed(ctx context.Context) (Listing, error) {
 	switch {
 	case errors.As(err, &ue) && (ue.Status == http.StatusUnauthorized || ue.Status == http.StatusForbidden):
 		return Listing{}, err // class events.FailureNotReady
-	case errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500:
-		return Listing{}, nil // no listing: the requests decide
+	case errors.As(err, &ue) && (ue.Status >= 400 && ue.Status < 500 || ue.Class == events.FailureUnavailable):
+		return Listing{}, nil // no listing (or a busy server): the requests decide
 	case err != nil:
 		return Listing{}, err
 	}

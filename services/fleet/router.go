@@ -87,9 +87,13 @@ func (r *router) isInhibitedLocked(w projections.Worker) bool {
 	return true
 }
 
-// busy reports whether w is over a configured load threshold.
+// busy reports whether w is over a configured load threshold, or says
+// itself that its server is busy (events.Load.Busy).
 func (r *router) busy(w projections.Worker) bool {
 	l := w.Load
+	if l.Busy {
+		return true
+	}
 	if t := r.decodeThreshold; t != nil && l.KVBlocksTotal > 0 && float64(l.KVBlocksUsed)/float64(l.KVBlocksTotal) > *t {
 		return true
 	}

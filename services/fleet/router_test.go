@@ -174,6 +174,10 @@ func TestRouterBusy(t *testing.T) {
 			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), prefill(101))}, wantErr: ErrAllBusy},
 		{name: "the only free worker is excluded", decode: &half, exclude: map[string]bool{"w2": true}, cands: []projections.Worker{
 			loaded(worker("w1", "a"), kv(6, 10)), loaded(worker("w2", "b"), kv(1, 10))}, wantErr: ErrAllBusy},
+		{name: "a worker whose server said busy is busy without thresholds", cands: []projections.Worker{
+			loaded(worker("w1", "a"), events.Load{Busy: true}), worker("w2", "b")}, want: "w2"},
+		{name: "every worker's server busy", cands: []projections.Worker{
+			loaded(worker("w1", "a"), events.Load{Busy: true})}, wantErr: ErrAllBusy},
 		{name: "every worker excluded", exclude: map[string]bool{"w1": true}, cands: []projections.Worker{
 			worker("w1", "a")}, wantErr: errNoWorkers},
 		{name: "no candidates", wantErr: errNoWorkers},

@@ -365,21 +365,36 @@ func (fe *Frontend) handleLive(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"status": "live"})
 }
 
-// handleHealth serves GET /health: healthy while connected, not draining, and
-// at least one worker is routable.
+// handleHealth serves GET /health: 200 while connected, not draining, and
+// every model in discovery has a routable worker: "healthy", or "degraded"
+// with the workers out of routing named in workers_out. 503 "not_ready"
+// otherwise: no routable worker at all (no_routable_workers), or some model
+// without one (models_not_ready names them), or draining, disconnected, a
+// full log.
 func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 	ws := fe.fleet.Workers()
 	instances := make([]map[string]any, 0, len(ws))
 	routable := 0
+	ready := map[string]bool{}
+	out := []string{}
 	for _, wk := range ws {
 		if wk.Routable() {
 			routable++
+			ready[wk.Model] = true
+		} else {
+			out = append(out, wk.ID)
 		}
 		inst := map[string]any{"worker_id": wk.ID, "model": wk.Model, "state": wk.State}
 		if wk.Reason != "" {
 			inst["reason"] = wk.Reason
 		}
 		instances = append(instances, inst)
+	}
+	var unready []string
+	for _, m := range fe.fleet.Models() {
+		if !ready[m] {
+			unready = append(unready, m)
+		}
 	}
 	reason := ""
 	switch {
@@ -389,8 +404,13 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 		reason = "nats_disconnected"
 	case routable == 0:
 		reason = "no_routable_workers"
+	case len(unready) > 0:
+		reason = "model_not_ready"
 	}
-	body := map[string]any{"status": "not_ready", "reason": reason, "instances": instances}
+	body := map[string]any{"status": "not_ready", "reason": reason, "instances": instances, "workers_out": out}
+	if len(unready) > 0 {
+		body["models_not_ready"] = unready
+	}
 	if reason == "" {
 		if why := fe.runtime.LogHealth(); why != "" {
 			reason = codeLogFull
@@ -401,7 +421,11 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, fe.withBudgetsNote(body))
 		return
 	}
-	writeJSON(w, http.StatusOK, fe.withBudgetsNote(map[string]any{"status": "healthy", "instances": instances}))
+	status := "healthy"
+	if len(out) > 0 {
+		status = "degraded"
+	}
+	writeJSON(w, http.StatusOK, fe.withBudgetsNote(map[string]any{"status": status, "instances": instances, "workers_out": out}))
 }
 
 func (fe *Frontend) countRequest(model, endpoint string, stream bool, ok bool) {

@@ -65,6 +65,13 @@ type Config struct {
 	// (or could not be reached) is probed again; default
 	// DefaultUpstreamProbeInterval.
 	UpstreamProbeInterval time.Duration
+	// LivenessInterval is how often the worker asks an engine that can be
+	// pinged (engine.Pinger: the OpenAI engine) whether its server is
+	// alive, traffic or not; default DefaultLivenessInterval; negative: never.
+	// LivenessTimeout bounds each such request; default
+	// DefaultLivenessTimeout.
+	LivenessInterval time.Duration
+	LivenessTimeout  time.Duration
 }
 
 // NewID returns a new random worker id, "w-" and 8 hex digits: the default
@@ -105,6 +112,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.HealthCheckTimeout == 0 {
 		c.HealthCheckTimeout = DefaultHealthCheckTimeout
+	}
+	if c.LivenessInterval == 0 {
+		c.LivenessInterval = DefaultLivenessInterval
+	}
+	if c.LivenessTimeout <= 0 {
+		c.LivenessTimeout = DefaultLivenessTimeout
 	}
 	if c.Host == "" {
 		c.Host, _ = os.Hostname()

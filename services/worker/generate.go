@@ -244,6 +244,10 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 		status, final = statusHandedOff, failed("shutdown")
 	case errors.Is(cause, errNoFrontend):
 		status, final = statusCancelled, failed("detached")
+	case errors.Is(cause, errEngineHung):
+		f := failed(engineHung)
+		f.Message = "the engine's server stopped answering"
+		status, final = statusFailed, f
 	case errors.As(genErr, &upstream):
 		// The upstream failed: never a reason for this worker to exit.
 		f := failed(failureReason(upstream.Class))

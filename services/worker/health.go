@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
 )
 
@@ -18,6 +19,13 @@ const (
 	// upstreamNotReady: the server behind the engine refused it (a bad key,
 	// an unknown model) or could not be reached at start.
 	upstreamNotReady = "upstream_not_ready"
+	// engineUnreachable: the engine's server refused or reset the watch's
+	// connection (liveness.go): it is dead.
+	engineUnreachable = "engine_unreachable"
+	// engineHung: the engine's server took the watch's request but did not
+	// answer it in time, and no request made progress meanwhile: it is
+	// stopped or deadlocked.
+	engineHung = "engine_hung"
 )
 
 // canaryPrompt is the prompt of a canary request.
@@ -63,6 +71,44 @@ type monitor struct {
 	suspect   bool   // run a canary now
 	reported  bool   // the health last given to onChange (true = healthy)
 	upstream  string // why the upstream cannot serve; "" when it can
+	down      string // engineUnreachable or engineHung while the watch says so; "" otherwise
+	downWhy   string // the watch's error, while down
+	lastToken time.Time
+}
+
+// setDown records the engine watch's verdict (liveness.go): reason is
+// engineUnreachable or engineHung with the error that showed it, or "" when
+// the engine answered. It reports whether the verdict changed.
+func (m *monitor) setDown(reason, why string) (changed bool) {
+	m.mu.Lock()
+	changed = m.down != reason
+	m.down, m.downWhy = reason, why
+	if changed && reason == "" && m.failed {
+		m.suspect = true // a canary failed while it was down: run one now
+	}
+	m.mu.Unlock()
+	if changed {
+		m.notify()
+	}
+	return changed
+}
+
+// detail is the words behind a not-ready state: the upstream's refusal, or
+// the engine watch's error; "" when there are none.
+func (m *monitor) detail() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.upstream != "" {
+		return m.upstream
+	}
+	return m.downWhy
+}
+
+// tokenSince reports whether some request emitted a token after t.
+func (m *monitor) tokenSince(t time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastToken.After(t)
 }
 
 // setUpstream records why the upstream cannot serve ("" when it can again).
@@ -153,6 +199,7 @@ func (m *monitor) ended(hadToken bool) {
 func (m *monitor) token() {
 	m.mu.Lock()
 	m.progress = time.Now()
+	m.lastToken = m.progress
 	wake := m.stalled
 	m.mu.Unlock()
 	if wake {
@@ -178,6 +225,8 @@ func (m *monitor) stateLocked() (bool, string) {
 	switch {
 	case m.upstream != "":
 		return false, upstreamNotReady
+	case m.down != "":
+		return false, m.down
 	case m.stalled:
 		return false, engineStalled
 	case m.failed || m.suspect:
@@ -260,8 +309,9 @@ func (m *monitor) canary(ctx context.Context) {
 // errCanaryEmpty means a canary finished without a token.
 var errCanaryEmpty = errors.New("worker: canary produced no token")
 
-// canaryProbe returns a probe that asks eng for one token. An error wrapping
-// engine.ErrFatal is passed to fatal as well.
+// canaryProbe returns a probe that asks eng for one token. A server that
+// answers it 429, 503 or 4xx about the request passes: it answered. An error
+// wrapping engine.ErrFatal is passed to fatal as well.
 func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(context.Context) error {
 	var n int
 	return func(ctx context.Context) error {
@@ -271,8 +321,11 @@ func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(con
 			PromptTokens: engine.CountTokens(canaryPrompt), MaxTokens: 1,
 		}
 		tokens := 0
-		_, err := eng.Generate(ctx, req, func(engine.Token) error { tokens++; return nil })
+		_, err := eng.Generate(engine.WithCanary(ctx), req, func(engine.Token) error { tokens++; return nil })
+		var ue *engine.UpstreamError
 		switch {
+		case errors.As(err, &ue) && (ue.Class == events.FailureUnavailable || ue.Class == events.FailureClient):
+			return nil // the server answered, busy or about the request: it is alive
 		case errors.Is(err, engine.ErrFatal):
 			fatal(err)
 			return err

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/services/engine"
 )
 
 // monitorProbe is a probe whose outcome the test sets; it records its calls.
@@ -238,4 +241,59 @@ func TestMonitorQueueIsNotAStall(t *testing.T) {
 			t.Errorf("health changes %v, want the stall reported", got)
 		}
 	})
+}
+
+// TestMonitorCanaryAfterTheEngineIsBack: a canary that failed while the
+// engine watch found the engine down does not keep the worker out once the
+// engine answers again: a canary runs at once and decides.
+func TestMonitorCanaryAfterTheEngineIsBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := &monitorProbe{}
+		p.set(errors.New("connection refused"), false)
+		m, _, stop := runMonitor(t, p)
+		defer stop()
+		m.setDown(engineUnreachable, "refused")
+		time.Sleep(10 * time.Second) // a canary, failed
+		synctest.Wait()
+		if p.n() != 1 {
+			t.Fatalf("%d canaries, want 1", p.n())
+		}
+		p.set(nil, false)
+		m.setDown("", "")
+		synctest.Wait()
+		if healthy, why := m.state(); !healthy || p.n() != 2 {
+			t.Errorf("health %v %s after %d canaries; want healthy after a canary at once", healthy, why, p.n())
+		}
+	})
+}
+
+// failingEngine fails every generation with err.
+type failingEngine struct{ err error }
+
+func (f failingEngine) Generate(context.Context, engine.Request, func(engine.Token) error) (engine.Result, error) {
+	return engine.Result{}, f.err
+}
+func (failingEngine) Stats() engine.Stats { return engine.Stats{} }
+
+// TestCanaryProbeAnswers: a canary answered 429, 503 or 400 passes (the
+// server is alive: busy, or refusing the prompt); no answer, a 500 or a
+// 401 fails it.
+func TestCanaryProbeAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		pass bool
+	}{
+		{"429", &engine.UpstreamError{Class: events.FailureUnavailable, Status: 429}, true},
+		{"503", &engine.UpstreamError{Class: events.FailureUnavailable, Status: 503}, true},
+		{"400 policy", &engine.UpstreamError{Class: events.FailureClient, Status: 400, Code: "content_policy_violation"}, true},
+		{"401", &engine.UpstreamError{Class: events.FailureNotReady, Status: 401}, false},
+		{"500", &engine.UpstreamError{Status: 500}, false},
+		{"refused", &engine.UpstreamError{Message: "connection refused"}, false},
+	} {
+		err := canaryProbe(failingEngine{tc.err}, "w", func(error) {})(t.Context())
+		if (err == nil) != tc.pass {
+			t.Errorf("%s: canary %v, want pass %v", tc.name, err, tc.pass)
+		}
+	}
 }

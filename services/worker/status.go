@@ -19,15 +19,22 @@ type Status struct {
 	WorkerID  string            `json:"worker_id"`
 	Model     string            `json:"model"`
 	LeaseID   string            `json:"lease_id,omitempty"`
-	Lease     string            `json:"lease"`  // "live" or "lost"
-	Engine    string            `json:"engine"` // "ok", "stalled", "canary_failed" or "upstream_not_ready"
+	Lease     string            `json:"lease"` // "live" or "lost"
+	// Engine is "ok", "stalled", "canary_failed", "upstream_not_ready",
+	// "engine_unreachable" or "engine_hung".
+	Engine string `json:"engine"`
 	// Reason is why the upstream cannot serve, when Engine is
-	// "upstream_not_ready": its status and message.
+	// "upstream_not_ready" (its status and message), or the engine
+	// watch's error when it is "engine_unreachable" or "engine_hung".
 	Reason string `json:"reason,omitempty"`
 	// Capabilities are what the engine's server can do, as probed.
 	Capabilities *events.Capabilities `json:"capabilities,omitempty"`
 	Draining     bool                 `json:"draining"`
-	InFlight     int                  `json:"in_flight"`
+	// Busy: the server answered the last probe 429 or 503; the worker is
+	// ready but out of every router until BusyUntil, when it probes again.
+	Busy      bool   `json:"busy,omitempty"`
+	BusyUntil string `json:"busy_until,omitempty"`
+	InFlight  int    `json:"in_flight"`
 	// EngineActive is the generations the engine runs, as it counts them;
 	// EngineAborted those it aborted because they were cancelled, and
 	// EngineLastAbort when the latest let go of the engine (RFC 3339, empty
@@ -50,7 +57,10 @@ func (w *Worker) Status() Status {
 	w.mu.Unlock()
 	s := Status{
 		WorkerID: w.cfg.ID, Model: w.cfg.Model, Lease: "lost", Engine: why,
-		Draining: draining, InFlight: n, Reason: w.health.upstreamReason(), Capabilities: w.capabilities(),
+		Draining: draining, InFlight: n, Reason: w.health.detail(), Capabilities: w.capabilities(),
+	}
+	if busy, until := w.busy(); busy {
+		s.Busy, s.BusyUntil = true, until.UTC().Format(time.RFC3339Nano)
 	}
 	st := w.eng.Stats()
 	s.EngineActive, s.EngineAborted = st.ActiveRequests, st.Aborted

@@ -194,3 +194,35 @@ func TestNoDispatchBeforeTheProbe(t *testing.T) {
 		t.Errorf("a dispatch after the probe: %+v, want accepted", r)
 	}
 }
+
+// TestUpstreamBusyProbe (issue 35): a server that answers the probe 429 (or
+// 503) leaves the worker ready, with the routes it showed, but busy in its
+// load report, which routers honour; the probe runs again at the server's
+// Retry-After, and once it passes the worker is no longer busy.
+func TestUpstreamBusyProbe(t *testing.T) {
+	e := newEnv(t)
+	eng := &upstreamEngine{}
+	eng.set(nil, &engine.UpstreamError{Class: events.FailureUnavailable, Status: 429, Message: "slow down", RetryAfter: 500 * time.Millisecond})
+	w, _ := runWorker(t, e, eng, worker.Config{ID: "w-busy", Model: "mock", LeaseTTL: time.Second})
+	load := func() events.Load {
+		entry, err := e.kv(streams.LoadBucket).Get(context.Background(), "w-busy")
+		if err != nil {
+			return events.Load{}
+		}
+		var l events.Load
+		_ = json.Unmarshal(entry.Value(), &l)
+		return l
+	}
+	e.waitFor("busy in the load report", func() bool { return load().Busy })
+	if l, ok := e.lease("w-busy"); !ok || l.NotReady || l.Capabilities == nil || !l.Capabilities.Chat {
+		t.Errorf("lease %+v, want ready with the chat route", l)
+	}
+	if st := w.Status(); st.Status != "ready" || !st.Busy || st.BusyUntil == "" {
+		t.Errorf("status %+v, want ready and busy", st)
+	}
+	eng.set(nil, nil)
+	e.waitFor("not busy after the probe at Retry-After", func() bool { return !load().Busy })
+	if l, _ := e.lease("w-busy"); l.NotReady || !l.Capabilities.TokenIDs {
+		t.Errorf("lease %+v, want ready with every capability probed", l)
+	}
+}

@@ -61,6 +61,8 @@ type Worker struct {
 	upstreamMu sync.Mutex
 	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
 	recheck    chan struct{}        // capacity 1: probe the upstream now, coalesced
+	unanswered bool                 // the last probe failed for want of an answer
+	busyUntil  time.Time            // the server answered its probe 429/503: busy until then and its next probe; zero: not busy
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -183,6 +185,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	background.Go(func() { w.watchFrontends(bg) })
 	background.Go(func() { w.checkOnReconnect(bg) })
 	background.Go(func() { w.reprobeUpstream(bg) })
+	background.Go(func() { w.watchEngine(bg) })
 	w.notifyLoad()
 
 	reason := "shutdown"
@@ -567,12 +570,13 @@ func (w *Worker) reportLoad(ctx context.Context) {
 		st := w.eng.Stats()
 		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
 			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
+		l.Busy, _ = w.busy()
 		var last events.Load
 		if s != nil {
 			last = s.Value()
 		}
 		switch {
-		case s == nil || l.ActiveRequests != last.ActiveRequests:
+		case s == nil || l.ActiveRequests != last.ActiveRequests || l.Busy != last.Busy:
 		case l == last:
 			continue // the session renews it
 		case !force && time.Since(lastAt) < w.cfg.LoadInterval:
