@@ -133,7 +133,7 @@ type DispatchOutcome struct {
 	// NotCapable (Unroutable): workers are routable, but none of them can
 	// run this dispatch (continue it, or continue it exactly).
 	NotCapable bool
-	Err      string // Unroutable: why no worker could take it
+	Err        string // Unroutable: why no worker could take it
 }
 
 // ActionKind is what the runner must do next.
