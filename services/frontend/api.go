@@ -77,7 +77,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 				writeAPIError(w, apiErr)
 				return
 			}
-			fe.serveExisting(w, r, t, from, p.stream)
+			fe.serveExisting(w, r, t, from, p.Stream)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
@@ -88,14 +88,14 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public))
 		return
 	}
-	promptTokens := estimateTokens(p.prompt)
+	promptTokens := openai.EstimateTokens(p.Prompt)
 	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
 		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
 			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens))
 		return
 	}
 	pinned := r.Header.Get(headerWorkerID)
-	if apiErr := fe.admit(p.model, endpoint, pinned); apiErr != nil {
+	if apiErr := fe.admit(p.Model, endpoint, pinned); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
@@ -106,25 +106,25 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	acc := events.RequestAccepted{
 		// Body holds the messages as sent: they are not recorded twice.
-		RequestID: id, Model: p.model, Endpoint: endpoint, Body: body, Prompt: p.prompt,
-		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
+		RequestID: id, Model: p.Model, Endpoint: endpoint, Body: body, Prompt: p.Prompt,
+		PromptTokens: promptTokens, MaxTokens: p.MaxTokens, Stream: p.Stream, IncludeUsage: p.IncludeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
 		Tenant:    tenant, BodySHA256: bodySHA, ClientModel: fe.cfg.ClientModel,
 	}
-	if p.n > 1 {
+	if p.N > 1 {
 		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {
 			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
 			return
 		}
 	}
-	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.n*(promptTokens+p.maxTokens)), fe.choiceIDs(id, p.n)...)
+	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.N*(promptTokens+p.MaxTokens)), fe.choiceIDs(id, p.N)...)
 	if !ok {
 		return
 	}
 	defer spent.end()
-	if p.n > 1 {
-		fe.serveChoices(w, r, acc, p.n, start)
+	if p.N > 1 {
+		fe.serveChoices(w, r, acc, p.N, start)
 		return
 	}
 	fe.serveNew(w, r, acc, from, start)
@@ -132,18 +132,21 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 
 // readRequest reads a completion request body of at most --max-body-bytes
 // and parses it; it returns the body as sent, too.
-func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (parsed, []byte, *apiError) {
+func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (openai.Completion, []byte, *apiError) {
 	body, err := requestBody(w, r, fe.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return parsed{}, nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+			return openai.Completion{}, nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				message: fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes)}
 		}
-		return parsed{}, nil, badRequest("invalid_body", "could not read the request body: %v", err)
+		return openai.Completion{}, nil, badRequest("invalid_body", "could not read the request body: %v", err)
 	}
-	p, apiErr := fe.parseRequest(endpoint, body)
-	return p, body, apiErr
+	p, perr := openai.ParseCompletion(endpoint, body, fe.cfg.DefaultMaxTokens, fe.cfg.MaxTokensLimit)
+	if perr != nil {
+		return p, body, paramError(perr)
+	}
+	return p, body, nil
 }
 
 // serveNew starts request acc (one choice) and answers with it; an id that

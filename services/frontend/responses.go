@@ -221,7 +221,7 @@ func (fe *Frontend) responseAccepted(r *http.Request, q openai.ResponseRequest, 
 	}
 	items = append(items, q.Input...)
 	prompt := openai.PromptText(items)
-	promptTokens := estimateTokens(prompt)
+	promptTokens := openai.EstimateTokens(prompt)
 	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
 		if q.Previous != "" {
 			return events.RequestAccepted{}, openai.BadParam("previous_response_id", "context_length_exceeded",
