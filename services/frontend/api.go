@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
@@ -185,28 +183,6 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
 }
 
-// admit checks that the model is served and that some worker can take the
-// request, before anything is written to the log (runner.Runner.Admit), and
-// says why not in OpenAI's error shape.
-func (fe *Frontend) admit(model, endpoint, pinned string) *apiError {
-	err := fe.runtime.Admit(model, endpoint, pinned)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, fleet.ErrUnknownModel):
-		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
-			message: fmt.Sprintf("The model '%s' does not exist or no worker serves it", model)}
-	case errors.Is(err, fleet.ErrWorkerNotFound):
-		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found",
-			message: fmt.Sprintf("worker '%s' (%s) is not in discovery for model '%s'", pinned, headerWorkerID, model)}
-	case errors.Is(err, fleet.ErrNoWorkers):
-		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "no_workers",
-			message: fmt.Sprintf("Service temporarily unavailable: no worker is ready for model '%s', please retry later", model)}
-	default: // fleet.ErrAllBusy
-		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "all_workers_busy", message: busyMessage}
-	}
-}
-
 // parseOffset reads the client's resume point: Last-Event-ID or ?starting_after.
 func parseOffset(r *http.Request) (int, *apiError) {
 	name, v := headerLastEventID, r.Header.Get(headerLastEventID)
@@ -284,39 +260,6 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fe.serveExisting(w, r, t, from, true)
-}
-
-// handleRequest serves GET /v1/requests/{id}: the request's state from the log.
-func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	echoRequestID(w, id)
-	writeResult(w, fe.requestState(r, id))
-}
-
-func (fe *Frontend) requestState(r *http.Request, id string) result {
-	t, err := fe.attachFor(r, id)
-	if err != nil {
-		return errResult(&lookupError{id: id, err: err})
-	}
-	defer t.Release()
-	fe.catchUp(r, t)
-	var state RequestState
-	t.View(func(p *projections.Request) { state = stateOf(p) })
-	if tenant := tenantOf(r); tenant != "" && tenant != streams.AdminTenant {
-		state.ID, state.ParentID = id, publicID(tenant, state.ParentID)
-		state.Children = publicIDs(tenant, state.Children)
-	}
-	return okResult(state)
-}
-
-// catchUp brings t, which a state read is about to render, up to the log:
-// a cancel another frontend just stored is there, even when its live copy
-// is still on its way here. A log that does not answer leaves what was
-// applied, which is at most that far behind.
-func (fe *Frontend) catchUp(r *http.Request, t *runner.Request) {
-	if err := t.CatchUp(r.Context()); err != nil && r.Context().Err() == nil {
-		fe.log.Debug("catch up before a state read", "request_id", t.ID(), "err", err)
-	}
 }
 
 // RequestState is the JSON of GET /v1/requests/{id}: the projection's state
@@ -431,35 +374,11 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, fe.withBudgetsNote(map[string]any{"status": status, "instances": instances, "workers_out": out}))
 }
 
-func (fe *Frontend) countRequest(model, endpoint string, stream bool, ok bool) {
-	status := "success"
-	if !ok {
-		status = "error"
-	}
-	fe.metrics.requests.WithLabelValues(model, endpoint, requestType(stream), status).Inc()
-}
-
 func requestType(stream bool) string {
 	if stream {
 		return "stream"
 	}
 	return "unary"
-}
-
-// onClientGone handles a client that left before its response ended: a
-// non-resumable request is cancelled (kill); a resumable one keeps generating.
-func (fe *Frontend) onClientGone(t *runner.Request) {
-	fe.metrics.disconnected.Inc()
-	var resumable, terminal bool
-	t.View(func(p *projections.Request) { resumable, terminal = p.Accepted.Resumable, p.Status.Terminal() })
-	if resumable || terminal || fe.isClosing() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
-	defer cancel()
-	if err := fe.runtime.Cancel(ctx, t.ID(), events.CancelKill, "client disconnected", ""); err != nil {
-		fe.log.Warn("cancel after client disconnect", "request_id", t.ID(), "err", err)
-	}
 }
 
 // writeLookupError answers a failed lookup of request id: 404 when the log

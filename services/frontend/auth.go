@@ -237,28 +237,6 @@ func mayAccess(tenant string, acc events.RequestAccepted) bool {
 	return tenant == streams.AdminTenant || acc.Tenant == tenant
 }
 
-// attachFor follows the request that the caller of r names public, if it
-// may see it; for anyone else it is streams.ErrNotFound, as for an id that
-// does not exist. The caller holds one reference.
-func (fe *Frontend) attachFor(r *http.Request, public string) (*runner.Request, error) {
-	tenant := tenantOf(r)
-	id, ok := requestID(tenant, public)
-	if !ok {
-		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
-	}
-	t, err := fe.runtime.Attach(r.Context(), id)
-	if err != nil {
-		return nil, err
-	}
-	var acc events.RequestAccepted
-	t.View(func(p *projections.Request) { acc = p.Accepted })
-	if !mayAccess(tenant, acc) {
-		t.Release()
-		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
-	}
-	return t, nil
-}
-
 // reuseError checks a re-POST under an existing id: only its tenant (or the
 // admin) may attach, and only with the body and endpoint the request was
 // accepted with (the id is an idempotency key).
@@ -278,49 +256,6 @@ func reuseError(t *runner.Request, tenant, public, endpoint, bodySHA string) *ap
 func notFound(public string) *apiError {
 	return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "request_not_found",
 		message: fmt.Sprintf("no request %q in the log (never accepted, or past retention)", public)}
-}
-
-// parentOf is the internal id of r's X-Parent-Request-Id ("" for none),
-// once checkParent allows it.
-func (fe *Frontend) parentOf(r *http.Request, tenant string) (string, *apiError) {
-	parent := r.Header.Get(headerParentID)
-	if parent == "" {
-		return "", nil
-	}
-	if !streams.ValidRequestID(parent) {
-		return "", badRequest("invalid_parent_id", "%s must be a request id", headerParentID)
-	}
-	if apiErr := fe.checkParent(r.Context(), tenant, parent); apiErr != nil {
-		return "", apiErr
-	}
-	id, _ := requestID(tenant, parent)
-	return id, nil
-}
-
-// checkParent checks that tenant may hang a child off parent (its own
-// request, or any as the admin) and that the parent has room for one more
-// child (Config.MaxChildren).
-func (fe *Frontend) checkParent(ctx context.Context, tenant, parent string) *apiError {
-	missing := &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "parent_not_found",
-		message: fmt.Sprintf("parent request %q (%s) is not in the log", parent, headerParentID)}
-	id, ok := requestID(tenant, parent)
-	if !ok {
-		return missing
-	}
-	p, err := fe.runtime.Load(ctx, id)
-	if errors.Is(err, streams.ErrNotFound) {
-		return missing
-	}
-	if err != nil {
-		return &apiError{status: http.StatusInternalServerError, typ: "server_error", code: "log_unavailable", message: err.Error()}
-	}
-	if !mayAccess(tenant, p.Accepted) {
-		return missing
-	}
-	if len(p.Children) >= fe.cfg.Runtime.MaxChildren {
-		return badRequest("too_many_children", "parent request %s has %d children, the limit (--max-children)", parent, len(p.Children))
-	}
-	return nil
 }
 
 // redactWorkers drops what only an operator needs (and what a forged

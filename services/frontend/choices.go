@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -11,7 +10,6 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
-	"github.com/baton-dev/baton/streams"
 )
 
 // childID names choice i of request id.
@@ -61,17 +59,4 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 	}
 	ok := fe.respond(w, r, parent, ts, 0, parent.Stream, start, func() { fe.onGroupGone(parent) })
 	fe.countRequest(parent.Model, parent.Endpoint, parent.Stream, ok)
-}
-
-// onGroupGone cancels a non-resumable group whose client left.
-func (fe *Frontend) onGroupGone(parent events.RequestAccepted) {
-	fe.metrics.disconnected.Inc()
-	if parent.Resumable || fe.isClosing() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
-	defer cancel()
-	if err := fe.runtime.Cancel(ctx, parent.RequestID, events.CancelKill, "client disconnected", ""); err != nil {
-		fe.log.Warn("cancel after client disconnect", "request_id", parent.RequestID, "err", err)
-	}
 }

@@ -286,9 +286,7 @@ func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string, ended func()
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	held, err := fe.runtime.Attach(ctx, t.ID()) // t is followed here: a new reference
 	cancel()
-	fe.mu.Lock()
-	if err != nil || isClosed(fe.stopped) { // a handler cut at the end of a shutdown
-		fe.mu.Unlock()
+	if err != nil || !fe.startBackground() {
 		if err == nil {
 			held.Release()
 		}
@@ -296,8 +294,6 @@ func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string, ended func()
 		ended()
 		return
 	}
-	fe.background.Add(1)
-	fe.mu.Unlock()
 	go func() {
 		defer fe.background.Done()
 		defer ended()
