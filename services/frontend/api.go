@@ -12,6 +12,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
@@ -131,7 +132,7 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 // readRequest reads a completion request body of at most --max-body-bytes
 // and parses it; it returns the body as sent, too.
 func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (openai.Completion, []byte, *apiError) {
-	body, err := requestBody(w, r, fe.cfg.MaxBodyBytes)
+	body, err := httpguard.Body(w, r, fe.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {

@@ -28,7 +28,7 @@ func writeError(w http.ResponseWriter, status int, typ, code, message string) {
 	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, status, map[string]any{"error": openai.ErrorBody(typ, code, message)})
+	openai.WriteError(w, status, typ, code, message)
 }
 
 // paramError is e as an apiError: the same status, type, code, message and

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/baton-dev/baton/services/fleet"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/quota"
 	"github.com/baton-dev/baton/streams"
@@ -118,8 +119,7 @@ func (fe *Frontend) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
 	}
-	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), perAddress: max(0, fe.cfg.MaxConnectionsPerAddress),
-		plainTCP: fe.cfg.TLSCertFile == ""}
+	fe.listener = httpguard.NewListener(l, int64(fe.cfg.MaxConnections), fe.cfg.MaxConnectionsPerAddress, fe.cfg.TLSCertFile == "")
 	return l.Addr(), nil
 }
 
@@ -180,7 +180,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 
 	srv := &http.Server{
 		Handler: fe.Handler(), ReadHeaderTimeout: fe.cfg.ReadHeaderTimeout, IdleTimeout: fe.cfg.IdleTimeout,
-		ConnContext: connContext,
+		ConnContext: httpguard.ConnContext,
 	}
 	serveErr := make(chan error, 1)
 	go func() {
@@ -270,7 +270,7 @@ func (fe *Frontend) Handler() http.Handler {
 	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's budget headers and rate; then the body, read within its timeout.
 	// The budget headers go on every answer of a tenant with a budget.
-	return limitConnections(fe.withCORS(fe.authenticate(fe.budgetHeaders(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))))
+	return httpguard.Overflow(fe.withCORS(fe.authenticate(fe.budgetHeaders(fe.rateLimit(httpguard.ReadBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))))
 }
 
 func randomHex(n int) string {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,8 +167,8 @@ func (o *output) stream(from int, start time.Time) bool {
 	if answered, ok := o.beforeHeaders(from); answered {
 		return ok
 	}
-	w := withWriteDeadline(o.w, o.fe.cfg.WriteTimeout) // a client that stops reading is let go
-	defer endWrites(w)
+	w := httpguard.WithWriteDeadline(o.w, o.fe.cfg.WriteTimeout) // a client that stops reading is let go
+	defer httpguard.EndWrites(w)
 	flush := openai.StartSSE(w)
 	sse := openai.NewSSE(w, o.acc)
 	m := o.fe.tokenMetrics(o.acc.Model, start)

@@ -6,6 +6,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 )
@@ -21,8 +22,8 @@ func (rs *responses) streamResponse(w http.ResponseWriter, r *http.Request, t *r
 	t.Enter()
 	defer t.Leave()
 	defer t.Listen(wake)()
-	w = withWriteDeadline(w, rs.cfg.WriteTimeout) // a client that stops reading is let go
-	defer endWrites(w)
+	w = httpguard.WithWriteDeadline(w, rs.cfg.WriteTimeout) // a client that stops reading is let go
+	defer httpguard.EndWrites(w)
 	flush := openai.StartSSE(w)
 	sse := openai.NewResponseSSE(w, after)
 	var acc events.RequestAccepted
