@@ -71,34 +71,16 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if clientID {
 		// Idempotent retry: a known id attaches to the existing request.
 		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
-				t.Release()
-				writeAPIError(w, apiErr)
-				return
-			}
-			fe.serveExisting(w, r, t, from, p.Stream)
+			fe.serveReuse(w, r, t, tenant, public, endpoint, bodySHA, from, p.Stream)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 			return
 		}
 	}
-	if createsInOtherTenant(tenant, public) {
-		writeAPIError(w, badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public))
-		return
-	}
 	promptTokens := openai.EstimateTokens(p.Prompt)
-	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
-			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens))
-		return
-	}
 	pinned := r.Header.Get(headerWorkerID)
-	if apiErr := fe.admit(p.Model, endpoint, pinned); apiErr != nil {
-		writeAPIError(w, apiErr)
-		return
-	}
-	parent, apiErr := fe.parentOf(r, tenant)
+	parent, apiErr := fe.checkNew(r, tenant, public, p.Model, endpoint, pinned, promptTokens)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -111,13 +93,11 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
 		Tenant:    tenant, BodySHA256: bodySHA, ClientModel: fe.cfg.ClientModel,
 	}
-	if p.N > 1 {
-		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {
-			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
-			return
-		}
+	if apiErr := groupIDError(id, p.N); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
-	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.N*(promptTokens+p.MaxTokens)), fe.choiceIDs(id, p.N)...)
+	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.N*(promptTokens+p.MaxTokens)), choiceIDs(id, p.N)...)
 	if !ok {
 		return
 	}
@@ -127,6 +107,47 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fe.serveNew(w, r, acc, from, start)
+}
+
+// checkNew checks what a new chat or completion (not a retry) must pass
+// before anything is written to the log, in this order: an id in the
+// caller's own namespace, a prompt within --max-prompt-tokens, a model and
+// a worker that can take it (admit), and a parent the caller may hang it
+// off. It returns the parent's internal id ("" for none).
+func (rq *requests) checkNew(r *http.Request, tenant, public, model, endpoint, pinned string, promptTokens int) (string, *apiError) {
+	if createsInOtherTenant(tenant, public) {
+		return "", badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public)
+	}
+	if promptTokens > rq.cfg.Runtime.MaxPromptTokens {
+		return "", &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "prompt_too_large",
+			message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, rq.cfg.Runtime.MaxPromptTokens)}
+	}
+	if apiErr := rq.admit(model, endpoint, pinned); apiErr != nil {
+		return "", apiErr
+	}
+	return rq.parentOf(r, tenant)
+}
+
+// groupIDError refuses an id too long for the ids of n > 1 choices
+// (childID appends "-<index>").
+func groupIDError(id string, n int) *apiError {
+	if _, rest := streams.SplitRequestID(id); n > 1 && len(rest) > 120 {
+		return badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID)
+	}
+	return nil
+}
+
+// serveReuse answers a create under the id of request t, which exists: as
+// a retry of it (serveExisting from offset from) if it is the caller's and
+// of the same body and endpoint, else with reuseError's 404 or 409. It
+// releases t.
+func (fe *Frontend) serveReuse(w http.ResponseWriter, r *http.Request, t *runner.Request, tenant, public, endpoint, bodySHA string, from int, stream bool) {
+	if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
+		t.Release()
+		writeAPIError(w, apiErr)
+		return
+	}
+	fe.serveExisting(w, r, t, from, stream)
 }
 
 // readRequest reads a completion request body of at most --max-body-bytes
@@ -154,12 +175,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	t, err := fe.runtime.Accept(r.Context(), acc)
 	if errors.Is(err, runner.ErrExists) {
 		if t, err = fe.runtime.Attach(r.Context(), acc.RequestID); err == nil {
-			if apiErr := reuseError(t, acc.Tenant, publicID(acc.Tenant, acc.RequestID), acc.Endpoint, acc.BodySHA256); apiErr != nil {
-				t.Release()
-				writeAPIError(w, apiErr)
-				return
-			}
-			fe.serveExisting(w, r, t, from, acc.Stream)
+			fe.serveReuse(w, r, t, acc.Tenant, publicID(acc.Tenant, acc.RequestID), acc.Endpoint, acc.BodySHA256, from, acc.Stream)
 			return
 		}
 	}

@@ -63,92 +63,123 @@ func (rs *responses) register(mux *http.ServeMux) {
 // handleResponseCreate serves POST /v1/responses.
 func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	tenant := tenantOf(r)
 	if rs.isDraining() {
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "draining", "Service temporarily unavailable: this frontend is shutting down, please retry")
 		return
 	}
-	body, err := httpguard.Body(w, r, rs.cfg.MaxBodyBytes)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-				fmt.Sprintf("request body is larger than the limit of %d bytes", rs.cfg.MaxBodyBytes))
-			return
-		}
-		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
-		return
-	}
-	q, perr := openai.ParseResponseRequest(body, rs.cfg.MaxTokensLimit)
-	if perr != nil {
-		writeParamError(w, perr)
-		return
-	}
-	public := r.Header.Get(headerRequestID)
-	clientID := public != ""
-	if !clientID {
-		public = "resp_" + randomHex(16)
-	}
-	id, ok := requestID(tenant, public)
+	c, ok := rs.readCreate(w, r)
 	if !ok {
-		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
 		return
 	}
-	w.Header().Set(headerRequestID, public)
-	bodySHA := fmt.Sprintf("%x", sha256.Sum256(body))
-	// The headers of chat, checked as chat checks them: Last-Event-ID
-	// (the sequence number a retried stream resumes after), then, for a new
-	// response, X-Worker-Id and X-Parent-Request-Id.
-	after, perr := responseAfter(r)
-	if perr != nil {
-		writeParamError(w, perr)
-		return
-	}
-	if clientID {
+	if c.clientID {
 		// Idempotent retry: a known id answers with the response it names.
-		if t, err := rs.runtime.Attach(r.Context(), id); err == nil {
-			rs.serveRetry(w, r, t, public, q, bodySHA, after)
+		if t, err := rs.runtime.Attach(r.Context(), c.id); err == nil {
+			rs.serveRetry(w, r, t, c.public, c.q, c.bodySHA, c.after)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 			return
 		}
 	}
-	acc, perr := rs.responseAccepted(r, q, body)
+	acc, perr := rs.responseAccepted(r, c.q, c.body)
 	if perr != nil {
 		writeParamError(w, perr)
 		return
 	}
-	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
+	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = c.id, start.Unix(), c.tenant, c.bodySHA
 	acc.PinnedWorker = r.Header.Get(headerWorkerID)
-	if apiErr := rs.admit(q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
+	if apiErr := rs.admit(c.q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
 	var apiErr *apiError
-	if acc.ParentID, apiErr = rs.parentOf(r, tenant); apiErr != nil {
+	if acc.ParentID, apiErr = rs.parentOf(r, c.tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
+	rs.start(w, r, c, acc)
+}
+
+// create is a response create as read by readCreate.
+type create struct {
+	tenant   string
+	body     []byte // as sent
+	bodySHA  string
+	q        openai.ResponseRequest
+	public   string // the id the client knows it by
+	id       string // the internal id
+	clientID bool   // public came from the client's X-Request-Id
+	after    int    // the sequence number a retried stream resumes after; -1: none
+}
+
+// readCreate reads and checks a create's body and headers, answering the
+// client when they are wrong (false).
+func (rs *responses) readCreate(w http.ResponseWriter, r *http.Request) (create, bool) {
+	c := create{tenant: tenantOf(r)}
+	body, err := httpguard.Body(w, r, rs.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				fmt.Sprintf("request body is larger than the limit of %d bytes", rs.cfg.MaxBodyBytes))
+			return c, false
+		}
+		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
+		return c, false
+	}
+	c.body = body
+	q, perr := openai.ParseResponseRequest(body, rs.cfg.MaxTokensLimit)
+	if perr != nil {
+		writeParamError(w, perr)
+		return c, false
+	}
+	c.q = q
+	c.public = r.Header.Get(headerRequestID)
+	c.clientID = c.public != ""
+	if !c.clientID {
+		c.public = "resp_" + randomHex(16)
+	}
+	id, ok := requestID(c.tenant, c.public)
+	if !ok {
+		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
+		return c, false
+	}
+	c.id = id
+	w.Header().Set(headerRequestID, c.public)
+	c.bodySHA = fmt.Sprintf("%x", sha256.Sum256(body))
+	// The headers of chat, checked as chat checks them: Last-Event-ID
+	// (the sequence number a retried stream resumes after), then, for a new
+	// response, X-Worker-Id and X-Parent-Request-Id.
+	if c.after, perr = responseAfter(r); perr != nil {
+		writeParamError(w, perr)
+		return c, false
+	}
+	return c, true
+}
+
+// start takes the tenant's slot and budget for new response acc, stores it
+// and answers with it (serveResponse); an id stored meanwhile by another
+// try of the same create is answered as a retry.
+func (rs *responses) start(w http.ResponseWriter, r *http.Request, c create, acc events.RequestAccepted) {
 	// One of the tenant's concurrent slots: a response in the background
 	// keeps it until it ends, another while this handler runs. Its budget
 	// likewise: given back when it ends (budget.end).
-	if !rs.limits.acquire(tenant) {
-		rs.tenants.writeConcurrencyLimit(w, tenant)
+	if !rs.limits.acquire(c.tenant) {
+		rs.tenants.writeConcurrencyLimit(w, c.tenant)
 		return
 	}
-	spent, ok := rs.tenants.chargeBudget(w, r, tenant, int64(acc.PromptTokens+acc.MaxTokens), id)
+	spent, ok := rs.tenants.chargeBudget(w, r, c.tenant, int64(acc.PromptTokens+acc.MaxTokens), c.id)
 	if !ok {
-		rs.limits.release(tenant)
+		rs.limits.release(c.tenant)
 		return
 	}
 	t, err := rs.runtime.Accept(r.Context(), acc)
 	if err != nil {
-		rs.limits.release(tenant)
+		rs.limits.release(c.tenant)
 		spent.grant.Release(0)                // nothing started
 		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
-			if t, err = rs.runtime.Attach(r.Context(), id); err == nil {
-				rs.serveRetry(w, r, t, public, q, bodySHA, after)
+			if t, err = rs.runtime.Attach(r.Context(), c.id); err == nil {
+				rs.serveRetry(w, r, t, c.public, c.q, c.bodySHA, c.after)
 				return
 			}
 		}
@@ -156,10 +187,10 @@ func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request
 		return
 	}
 	defer t.Release()
-	if q.Background {
-		rs.tenants.countUntilEnd(t, tenant, spent.end)
+	if c.q.Background {
+		rs.tenants.countUntilEnd(t, c.tenant, spent.end)
 	} else {
-		defer rs.limits.release(tenant)
+		defer rs.limits.release(c.tenant)
 		defer spent.end()
 	}
 	if acc.ParentID != "" {
@@ -167,7 +198,7 @@ func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request
 	}
 	rs.metrics.active.WithLabelValues(acc.Model).Inc()
 	defer rs.metrics.active.WithLabelValues(acc.Model).Dec()
-	rs.countRequest(acc.Model, acc.Endpoint, acc.Stream, rs.serveResponse(w, r, t, public, q, after))
+	rs.countRequest(acc.Model, acc.Endpoint, acc.Stream, rs.serveResponse(w, r, t, c.public, c.q, c.after))
 }
 
 // serveRetry answers a create under the id of request t, which exists:
