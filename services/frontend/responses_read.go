@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -128,22 +127,10 @@ func (rs *responses) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 	rs.streamResponse(w, r, t, public, after, func() { rs.onClientGone(t) })
 }
 
-// responseAfter reads where a client resumes a response's events: after
-// sequence number ?starting_after=N, or else after Last-Event-ID (the id of
-// the last event it read, as for chat); -1 when it names none.
+// responseAfter reads where a client resumes a response's events
+// (openai.ResponseAfter): -1 when it names none.
 func responseAfter(r *http.Request) (int, *openai.ParamError) {
-	name, param, v := headerLastEventID, "", r.Header.Get(headerLastEventID)
-	if q := r.URL.Query().Get("starting_after"); q != "" {
-		name, param, v = "starting_after", "starting_after", q
-	}
-	if v == "" {
-		return -1, nil
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n < 0 {
-		return -1, openai.BadParam(param, "invalid_value", "'%s' must be a sequence number (a whole number), got %q", name, v)
-	}
-	return n, nil
+	return openai.ResponseAfter(r.Header.Get(headerLastEventID), r.URL.Query().Get("starting_after"))
 }
 
 // pastTheEnd refuses an after (read from name) at or past the last event of
@@ -257,21 +244,9 @@ func (rs *responses) handleResponseDelete(w http.ResponseWriter, r *http.Request
 func (rs *responses) handleInputItems(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
 	qs := r.URL.Query()
-	limit := 20
-	if v := qs.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			writeParamError(w, openai.BadParam("limit", "invalid_value", "'limit' must be an integer from 1 to 100, got %q", v))
-			return
-		}
-		limit = n
-	}
-	order := qs.Get("order")
-	if order == "" {
-		order = "desc"
-	}
-	if order != "asc" && order != "desc" {
-		writeParamError(w, openai.BadParam("order", "invalid_value", "'order' must be asc or desc, got %q", order))
+	order, limit, perr := openai.InputItemsQuery(qs)
+	if perr != nil {
+		writeParamError(w, perr)
 		return
 	}
 	p, err := rs.loadResponse(r, public)
