@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/baton-dev/baton/services/fleet"
+	"github.com/baton-dev/baton/services/frontend/apikeys"
 	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/quota"
@@ -36,7 +37,7 @@ type Frontend struct {
 	parts    streams.Partitions // the request log's layout, set by Run once the runtime started
 	fleet    *fleet.Fleet
 	gatherer prometheus.Gatherer
-	keys     *keyring // nil: the API is open
+	keys     *apikeys.Keyring // nil: the API is open
 	limits   *tenantLimits
 	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
 	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
@@ -83,10 +84,10 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {
-		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
+		if fe.keys, err = apikeys.Load(cfg.APIKeysFile); err != nil {
 			return nil, fmt.Errorf("frontend: %w", err)
 		}
-		log.Info("API keys loaded: every endpoint but /live, /health, /metrics and the console page needs one", "keys", fe.keys.size())
+		log.Info("API keys loaded: every endpoint but /live, /health, /metrics and the console page needs one", "keys", fe.keys.Size())
 	} else {
 		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
