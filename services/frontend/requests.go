@@ -16,7 +16,8 @@ import (
 
 // requests is how the edge's APIs use the request runtime: admission before
 // the log is written, a caller's lookups of its own requests and parents,
-// the state read, and what a client that left leaves behind. The chat and
+// the state read and cancel (GET /v1/requests/{id}, POST .../cancel), and
+// what a client that left leaves behind. The chat and
 // completions handlers (Frontend, which embeds it) and the Responses API's
 // (responses) share it. It is set up by New and not changed after.
 type requests struct {
@@ -25,7 +26,7 @@ type requests struct {
 	log     *slog.Logger
 	runtime *runner.Runner
 	metrics *metrics
-	*drain
+	*drain  // the shutdown: a client cut by it leaves its request running
 }
 
 // admit checks that the model is served and that some worker can take the
