@@ -112,27 +112,7 @@ func Kind(typ string) string {
 func Describe(e events.Envelope) string {
 	switch ev := e.Event.(type) {
 	case events.RequestAccepted:
-		parts := []string{fmt.Sprintf("model %s (%s), %d prompt tokens, max_tokens %d, owner %s",
-			ev.Model, ev.Endpoint, ev.PromptTokens, ev.MaxTokens, ev.Frontend)}
-		if ev.Stream {
-			parts = append(parts, "streaming")
-		}
-		if ev.Resumable {
-			parts = append(parts, "resumable")
-		}
-		if ev.Background {
-			parts = append(parts, "background")
-		}
-		if ev.ParentID != "" {
-			parts = append(parts, "parent "+ev.ParentID)
-		}
-		if ev.PinnedWorker != "" {
-			parts = append(parts, "pinned to "+ev.PinnedWorker)
-		}
-		if ev.Choices > 1 {
-			parts = append(parts, fmt.Sprintf("n=%d", ev.Choices))
-		}
-		return strings.Join(parts, ", ")
+		return describeAccepted(ev)
 	case events.RequestRouted:
 		return fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
 	case events.TokensGenerated:
@@ -147,26 +127,7 @@ func Describe(e events.Envelope) string {
 		return fmt.Sprintf("attempt %d completed: finish reason %s, %d completion tokens",
 			ev.Attempt, ev.FinishReason, ev.CompletionTokens)
 	case events.AttemptFailed:
-		if fe, ok := FencedBy(e); ok {
-			return fmt.Sprintf("attempt %d (worker %s) fenced by frontend %s at token %d: %s",
-				ev.Attempt, ev.WorkerID, fe, ev.Offset, ev.Reason)
-		}
-		line := fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
-			ev.Attempt, ev.WorkerID, ev.Offset, ev.Reason)
-		if ev.Status != 0 {
-			line += fmt.Sprintf(" (upstream %d", ev.Status)
-			if ev.Code != "" {
-				line += " " + ev.Code
-			}
-			if ev.RetryAfterMS > 0 {
-				line += fmt.Sprintf(", retry after %d ms", ev.RetryAfterMS)
-			}
-			line += ")"
-		}
-		if ev.Message != "" {
-			line += ": " + ev.Message
-		}
-		return line
+		return describeFailed(e, ev)
 	case events.RequestMigrated:
 		return fmt.Sprintf("%s migration: attempt %d (worker %s) cut at token %d by frontend %s: %s",
 			ev.MigrationType, ev.FromAttempt, ev.FromWorker, ev.Cut, ev.Frontend, ev.Reason)
@@ -201,6 +162,57 @@ func Describe(e events.Envelope) string {
 		return ""
 	}
 	return fmt.Sprintf("%+v", e.Event)
+}
+
+// describeAccepted is Describe of an accepted event: what was asked, and of
+// whom.
+func describeAccepted(ev events.RequestAccepted) string {
+	parts := []string{fmt.Sprintf("model %s (%s), %d prompt tokens, max_tokens %d, owner %s",
+		ev.Model, ev.Endpoint, ev.PromptTokens, ev.MaxTokens, ev.Frontend)}
+	if ev.Stream {
+		parts = append(parts, "streaming")
+	}
+	if ev.Resumable {
+		parts = append(parts, "resumable")
+	}
+	if ev.Background {
+		parts = append(parts, "background")
+	}
+	if ev.ParentID != "" {
+		parts = append(parts, "parent "+ev.ParentID)
+	}
+	if ev.PinnedWorker != "" {
+		parts = append(parts, "pinned to "+ev.PinnedWorker)
+	}
+	if ev.Choices > 1 {
+		parts = append(parts, fmt.Sprintf("n=%d", ev.Choices))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// describeFailed is Describe of an attempt's failure: a frontend's fence, or
+// what the worker reported, with the upstream's status when it had one.
+func describeFailed(e events.Envelope, ev events.AttemptFailed) string {
+	if fe, ok := FencedBy(e); ok {
+		return fmt.Sprintf("attempt %d (worker %s) fenced by frontend %s at token %d: %s",
+			ev.Attempt, ev.WorkerID, fe, ev.Offset, ev.Reason)
+	}
+	line := fmt.Sprintf("attempt %d failed, reported by worker %s at token %d: %s",
+		ev.Attempt, ev.WorkerID, ev.Offset, ev.Reason)
+	if ev.Status != 0 {
+		line += fmt.Sprintf(" (upstream %d", ev.Status)
+		if ev.Code != "" {
+			line += " " + ev.Code
+		}
+		if ev.RetryAfterMS > 0 {
+			line += fmt.Sprintf(", retry after %d ms", ev.RetryAfterMS)
+		}
+		line += ")"
+	}
+	if ev.Message != "" {
+		line += ": " + ev.Message
+	}
+	return line
 }
 
 // CarryPrefix begins the summary of an event of a compaction's carry

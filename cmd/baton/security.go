@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/runner"
 )
 
@@ -35,10 +36,10 @@ func (s *securityFlags) add(f *flagSet, cfg *frontend.Config) {
 	f.bindEnv("body-timeout", "BATON_BODY_TIMEOUT", nil)
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", frontend.DefaultIdleTimeout, "close a keep-alive connection idle this long, a `duration`")
 	f.bindEnv("idle-timeout", "BATON_IDLE_TIMEOUT", nil)
-	f.IntVar(&cfg.MaxConnections, "max-connections", frontend.DefaultMaxConnections, fmt.Sprintf("most open HTTP connections: beyond, 503 (with %d more kept for /live and /health)", frontend.ProbeHeadroom))
+	f.IntVar(&cfg.MaxConnections, "max-connections", frontend.DefaultMaxConnections, fmt.Sprintf("most open HTTP connections: beyond, 503 (with %d more kept for /live and /health)", httpguard.ProbeHeadroom))
 	f.bindEnv("max-connections", "BATON_MAX_CONNECTIONS", nil)
 	f.IntVar(&s.maxPerAddress, "max-connections-per-address", frontend.DefaultMaxConnectionsPerAddress,
-		fmt.Sprintf("most open HTTP connections per remote IPv4 address or IPv6 /64: beyond, 503 (0 off: behind a proxy or load balancer every connection comes from its address, so the cap belongs there); a new connection must send its first byte within %v", frontend.FirstByteTimeout))
+		fmt.Sprintf("most open HTTP connections per remote IPv4 address or IPv6 /64: beyond, 503 (0 off: behind a proxy or load balancer every connection comes from its address, so the cap belongs there); a new connection must send its first byte within %v", httpguard.FirstByteTimeout))
 	f.bindEnv("max-connections-per-address", "BATON_MAX_CONNECTIONS_PER_ADDRESS", nil)
 	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond; a background response counts until it ends); 0 unlimited")
 	f.bindEnv("tenant-max-concurrent", "BATON_TENANT_MAX_CONCURRENT", nil)

@@ -196,25 +196,8 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	if err := f.parse(args); err != nil {
 		return nil, err
 	}
-	switch o.engine {
-	case "mock":
-		o.w.mock.EmitTime = o.benchEmit
-	case "openai":
-		if o.benchEmit {
-			return nil, usagef("--bench-emit-time: the mock engine's, not --engine openai's")
-		}
-		if o.openai.Model == "" {
-			o.openai.Model = o.w.model
-		}
-		o.openai.APIKey, _ = lookupSet(env.lookup, "OPENAI_API_KEY")
-		if o.openai.FirstTokenTimeout <= 0 {
-			return nil, badConfig(fmt.Errorf("--first-token-timeout %v: must be positive", o.openai.FirstTokenTimeout))
-		}
-		if err := o.openai.Validate(); err != nil {
-			return nil, badConfig(fmt.Errorf("--engine openai: %w", err))
-		}
-	default:
-		return nil, usagef("--engine %q: want mock or openai", o.engine)
+	if err := o.engineConfig(env); err != nil {
+		return nil, err
 	}
 	if err := o.nats.validate(); err != nil {
 		return nil, err
@@ -249,6 +232,31 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		errs = append(errs, err)
 	}
 	return o, badConfig(errors.Join(errs...))
+}
+
+// engineConfig completes and checks the flags of the engine --engine names.
+func (o *workerOptions) engineConfig(env *environment) error {
+	switch o.engine {
+	case "mock":
+		o.w.mock.EmitTime = o.benchEmit
+	case "openai":
+		if o.benchEmit {
+			return usagef("--bench-emit-time: the mock engine's, not --engine openai's")
+		}
+		if o.openai.Model == "" {
+			o.openai.Model = o.w.model
+		}
+		o.openai.APIKey, _ = lookupSet(env.lookup, "OPENAI_API_KEY")
+		if o.openai.FirstTokenTimeout <= 0 {
+			return badConfig(fmt.Errorf("--first-token-timeout %v: must be positive", o.openai.FirstTokenTimeout))
+		}
+		if err := o.openai.Validate(); err != nil {
+			return badConfig(fmt.Errorf("--engine openai: %w", err))
+		}
+	default:
+		return usagef("--engine %q: want mock or openai", o.engine)
+	}
+	return nil
 }
 
 func runWorker(ctx context.Context, env *environment, args []string) error {

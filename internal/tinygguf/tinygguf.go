@@ -111,53 +111,9 @@ func printable(token string) bool {
 func Write(w io.Writer, cfg Config) error {
 	c := cfg.withDefaults()
 	tokens, types, merges := vocab()
-	nv := len(tokens)
-	kv := &kvs{}
-	kv.str("general.architecture", "llama")
-	kv.str("general.name", "tiny")
-	kv.u32("general.alignment", alignment)
-	kv.u32("llama.context_length", uint32(c.Context))
-	kv.u32("llama.embedding_length", uint32(c.Embed))
-	kv.u32("llama.block_count", uint32(c.Layers))
-	kv.u32("llama.feed_forward_length", uint32(c.FF))
-	kv.u32("llama.attention.head_count", uint32(c.Heads))
-	kv.u32("llama.attention.head_count_kv", uint32(c.Heads))
-	kv.u32("llama.rope.dimension_count", uint32(c.Embed/c.Heads))
-	kv.f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-	kv.u32("llama.vocab_size", uint32(nv))
-	kv.str("tokenizer.ggml.model", "gpt2")
-	kv.str("tokenizer.ggml.pre", "default")
-	kv.strs("tokenizer.ggml.tokens", tokens)
-	kv.i32s("tokenizer.ggml.token_type", types)
-	kv.strs("tokenizer.ggml.merges", merges)
-	kv.u32("tokenizer.ggml.bos_token_id", uint32(nv-1))
-	kv.u32("tokenizer.ggml.eos_token_id", uint32(nv-2))
-	kv.u32("tokenizer.ggml.padding_token_id", uint32(nv-1))
-	kv.boolean("tokenizer.ggml.add_bos_token", false)
-	kv.str("tokenizer.chat_template", ChatTemplate)
-
-	type tensor struct {
-		name string
-		dims []uint64
-		norm bool // filled with ones
-	}
-	e, f := uint64(c.Embed), uint64(c.FF)
-	ts := []tensor{{"token_embd.weight", []uint64{e, uint64(nv)}, false}}
-	for i := range c.Layers {
-		p := fmt.Sprintf("blk.%d.", i)
-		ts = append(ts,
-			tensor{p + "attn_norm.weight", []uint64{e}, true},
-			tensor{p + "attn_q.weight", []uint64{e, e}, false},
-			tensor{p + "attn_k.weight", []uint64{e, e}, false},
-			tensor{p + "attn_v.weight", []uint64{e, e}, false},
-			tensor{p + "attn_output.weight", []uint64{e, e}, false},
-			tensor{p + "ffn_norm.weight", []uint64{e}, true},
-			tensor{p + "ffn_gate.weight", []uint64{e, f}, false},
-			tensor{p + "ffn_up.weight", []uint64{e, f}, false},
-			tensor{p + "ffn_down.weight", []uint64{f, e}, false},
-		)
-	}
-	ts = append(ts, tensor{"output_norm.weight", []uint64{e}, true}, tensor{"output.weight", []uint64{e, uint64(nv)}, false})
+	kv := metadata(c, tokens, types, merges)
+	ts := tensors(c, len(tokens))
+	e := uint64(c.Embed)
 
 	bw := bufio.NewWriter(w)
 	out := &writer{w: bw}
@@ -202,6 +158,66 @@ func Write(w io.Writer, cfg Config) error {
 		return out.err
 	}
 	return bw.Flush()
+}
+
+// metadata is the model's key-value section: a llama of c with a GPT-2
+// tokenizer of tokens.
+func metadata(c Config, tokens []string, types []int32, merges []string) *kvs {
+	nv := len(tokens)
+	kv := &kvs{}
+	kv.str("general.architecture", "llama")
+	kv.str("general.name", "tiny")
+	kv.u32("general.alignment", alignment)
+	kv.u32("llama.context_length", uint32(c.Context))
+	kv.u32("llama.embedding_length", uint32(c.Embed))
+	kv.u32("llama.block_count", uint32(c.Layers))
+	kv.u32("llama.feed_forward_length", uint32(c.FF))
+	kv.u32("llama.attention.head_count", uint32(c.Heads))
+	kv.u32("llama.attention.head_count_kv", uint32(c.Heads))
+	kv.u32("llama.rope.dimension_count", uint32(c.Embed/c.Heads))
+	kv.f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+	kv.u32("llama.vocab_size", uint32(nv))
+	kv.str("tokenizer.ggml.model", "gpt2")
+	kv.str("tokenizer.ggml.pre", "default")
+	kv.strs("tokenizer.ggml.tokens", tokens)
+	kv.i32s("tokenizer.ggml.token_type", types)
+	kv.strs("tokenizer.ggml.merges", merges)
+	kv.u32("tokenizer.ggml.bos_token_id", uint32(nv-1))
+	kv.u32("tokenizer.ggml.eos_token_id", uint32(nv-2))
+	kv.u32("tokenizer.ggml.padding_token_id", uint32(nv-1))
+	kv.boolean("tokenizer.ggml.add_bos_token", false)
+	kv.str("tokenizer.chat_template", ChatTemplate)
+	return kv
+}
+
+// tensor is one of the model's tensors, of float32.
+type tensor struct {
+	name string
+	dims []uint64
+	norm bool // filled with ones
+}
+
+// tensors are the model's tensors, in the file's order, for a vocabulary
+// of nv tokens.
+func tensors(c Config, nv int) []tensor {
+	e, f := uint64(c.Embed), uint64(c.FF)
+	ts := []tensor{{"token_embd.weight", []uint64{e, uint64(nv)}, false}}
+	for i := range c.Layers {
+		p := fmt.Sprintf("blk.%d.", i)
+		ts = append(ts,
+			tensor{p + "attn_norm.weight", []uint64{e}, true},
+			tensor{p + "attn_q.weight", []uint64{e, e}, false},
+			tensor{p + "attn_k.weight", []uint64{e, e}, false},
+			tensor{p + "attn_v.weight", []uint64{e, e}, false},
+			tensor{p + "attn_output.weight", []uint64{e, e}, false},
+			tensor{p + "ffn_norm.weight", []uint64{e}, true},
+			tensor{p + "ffn_gate.weight", []uint64{e, f}, false},
+			tensor{p + "ffn_up.weight", []uint64{e, f}, false},
+			tensor{p + "ffn_down.weight", []uint64{f, e}, false},
+		)
+	}
+	ts = append(ts, tensor{"output_norm.weight", []uint64{e}, true}, tensor{"output.weight", []uint64{e, uint64(nv)}, false})
+	return ts
 }
 
 const alignment = 32

@@ -117,40 +117,7 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 			r.logMigrations++
 			r.logMigrationsByType[m.MigrationType]++
 		}
-		switch {
-		case o.done:
-			r.completed++
-			r.gaps = append(r.gaps, o.maxGap)
-			if got != want {
-				r.violate("%s: completed with text that differs from a fault-free run (%d tokens, want %d):\n    got  %q\n    want %q",
-					o.id, len(strings.Fields(got)), o.maxTokens, clip(got), clip(want))
-			}
-			if p != nil && (p.Status != projections.StatusCompleted || p.Text() != want) {
-				r.violate("%s: client saw a completion, the log says status %q, %d tokens, text equal: %v",
-					o.id, p.Status, p.Len(), p.Text() == want)
-			}
-		case o.errEvent != "" || o.status != 0:
-			r.failed++
-			code := "?"
-			if p != nil && p.Failure != nil {
-				code = p.Failure.Code
-			}
-			r.failCodes[code]++
-			if p == nil || p.Status != projections.StatusFailed || !explained[code] {
-				status := "not in the log"
-				if p != nil {
-					status = string(p.Status)
-				}
-				r.violate("%s: ended with %d %s; the log says %s, code %q: not an explained failure", o.id, o.status, clip(o.errEvent), status, code)
-			}
-			if !strings.HasPrefix(want, got) {
-				r.violate("%s: failed after %d tokens that are not a prefix of the fault-free text", o.id, len(strings.Fields(got)))
-			}
-		default:
-			if o.gaveUp == "" {
-				r.violate("%s: ended without [DONE] or an error", o.id)
-			}
-		}
+		r.checkEnd(o, p, got, want)
 	}
 	for _, f := range faults {
 		if f.err != "" {
@@ -159,6 +126,45 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 	}
 	h.checkCounters(r, migByFE)
 	return r
+}
+
+// checkEnd checks how o ended (got, where want is the fault-free text)
+// against what the log says of it (p, nil when it could not be read).
+func (r *report) checkEnd(o *outcome, p *projections.Request, got, want string) {
+	switch {
+	case o.done:
+		r.completed++
+		r.gaps = append(r.gaps, o.maxGap)
+		if got != want {
+			r.violate("%s: completed with text that differs from a fault-free run (%d tokens, want %d):\n    got  %q\n    want %q",
+				o.id, len(strings.Fields(got)), o.maxTokens, clip(got), clip(want))
+		}
+		if p != nil && (p.Status != projections.StatusCompleted || p.Text() != want) {
+			r.violate("%s: client saw a completion, the log says status %q, %d tokens, text equal: %v",
+				o.id, p.Status, p.Len(), p.Text() == want)
+		}
+	case o.errEvent != "" || o.status != 0:
+		r.failed++
+		code := "?"
+		if p != nil && p.Failure != nil {
+			code = p.Failure.Code
+		}
+		r.failCodes[code]++
+		if p == nil || p.Status != projections.StatusFailed || !explained[code] {
+			status := "not in the log"
+			if p != nil {
+				status = string(p.Status)
+			}
+			r.violate("%s: ended with %d %s; the log says %s, code %q: not an explained failure", o.id, o.status, clip(o.errEvent), status, code)
+		}
+		if !strings.HasPrefix(want, got) {
+			r.violate("%s: failed after %d tokens that are not a prefix of the fault-free text", o.id, len(strings.Fields(got)))
+		}
+	default:
+		if o.gaveUp == "" {
+			r.violate("%s: ended without [DONE] or an error", o.id)
+		}
+	}
 }
 
 func errorsIsNotFound(err error) bool {
@@ -331,6 +337,13 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 	slices.Sort(r.gaps)
 	row("stall p50 / p99 / max", fmt.Sprintf("%v / %v / %v", pct(r.gaps, 0.50), pct(r.gaps, 0.99), pct(r.gaps, 1)))
 	fmt.Fprintln(w)
+	r.printFrontends(w)
+	fmt.Fprintln(w)
+	r.printViolations(w)
+}
+
+// printFrontends writes the table of frontend incarnations.
+func (r *report) printFrontends(w io.Writer) {
 	fmt.Fprintf(w, "| %-8s | %-6s | %-13s | %-13s | %-22s |\n", "frontend", "state", "migr log/metr", "resumes c/m", "note")
 	for _, i := range r.incs {
 		note := ""
@@ -346,7 +359,10 @@ func (r *report) print(w io.Writer, cmdline string, elapsed time.Duration) {
 		fmt.Fprintf(w, "| %-8s | %-6s | %13s | %13s | %-22s |\n", i.id, i.state,
 			fmt.Sprintf("%d / %v", i.logMig, i.metricMig), fmt.Sprintf("%d / %v", i.clientRes, i.metricRes), note)
 	}
-	fmt.Fprintln(w)
+}
+
+// printViolations writes the violations, the first 50 of them.
+func (r *report) printViolations(w io.Writer) {
 	if len(r.violations) == 0 {
 		fmt.Fprintln(w, "no violations")
 		return

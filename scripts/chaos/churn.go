@@ -110,56 +110,65 @@ func (h *harness) churn(ctx context.Context, rng *rand.Rand, begin time.Time) ([
 			continue
 		}
 
-		h.mu.Lock()
-		var idle []*workerSlot
-		live := 0
-		for _, w := range h.workers {
-			if !w.gone {
-				live++
-				if !w.busy {
-					idle = append(idle, w)
-				}
-			}
-		}
-		st.minPool, st.maxPool = min(st.minPool, live), max(st.maxPool, live)
-		action := "worker_add"
-		switch {
-		case live >= churnMaxPool || (live > churnMinPool && rng.IntN(2) == 0):
-			action = []string{"worker_kill", "worker_term", "worker_lease_expiry"}[rng.IntN(3)]
-		case live > churnMinPool-1 && rng.IntN(4) == 0:
-			action = "worker_stop"
-		}
-		var w *workerSlot
-		if action != "worker_add" {
-			if len(idle) == 0 {
-				action = "worker_add" // every worker is busy with a change: grow instead
-			} else {
-				w = idle[rng.IntN(len(idle))]
-				w.busy = true
-				if action != "worker_stop" {
-					w.gone = true // counted out of the pool from now on
-				}
-			}
-		}
-		if action == "worker_add" {
-			w = &workerSlot{id: fmt.Sprintf("c%d", nextID), busy: true}
-			nextID++
-			h.workers = append(h.workers, w)
-		}
-		h.mu.Unlock()
-		switch action {
-		case "worker_add":
-			st.adds++
-		case "worker_stop":
-		default:
-			st.removes++
-		}
+		action, w := h.pickChange(rng, st, &nextID)
 		sleep := time.Duration(500+rng.IntN(1500)) * time.Millisecond
 		run(action, w.id, at, func() error {
 			defer func() { h.mu.Lock(); w.busy = false; h.mu.Unlock() }()
 			return h.churnWorker(action, w, sleep)
 		})
 	}
+}
+
+// pickChange picks the pool's next change and the worker it applies to,
+// marked busy (and out of the pool, if it removes it): a new one (its id
+// from *nextID) to grow the pool, an idle one to remove or pause. It counts
+// the change in st.
+func (h *harness) pickChange(rng *rand.Rand, st *churnStats, nextID *int) (string, *workerSlot) {
+	h.mu.Lock()
+	var idle []*workerSlot
+	live := 0
+	for _, w := range h.workers {
+		if !w.gone {
+			live++
+			if !w.busy {
+				idle = append(idle, w)
+			}
+		}
+	}
+	st.minPool, st.maxPool = min(st.minPool, live), max(st.maxPool, live)
+	action := "worker_add"
+	switch {
+	case live >= churnMaxPool || (live > churnMinPool && rng.IntN(2) == 0):
+		action = []string{"worker_kill", "worker_term", "worker_lease_expiry"}[rng.IntN(3)]
+	case live > churnMinPool-1 && rng.IntN(4) == 0:
+		action = "worker_stop"
+	}
+	var w *workerSlot
+	if action != "worker_add" {
+		if len(idle) == 0 {
+			action = "worker_add" // every worker is busy with a change: grow instead
+		} else {
+			w = idle[rng.IntN(len(idle))]
+			w.busy = true
+			if action != "worker_stop" {
+				w.gone = true // counted out of the pool from now on
+			}
+		}
+	}
+	if action == "worker_add" {
+		w = &workerSlot{id: fmt.Sprintf("c%d", *nextID), busy: true}
+		*nextID++
+		h.workers = append(h.workers, w)
+	}
+	h.mu.Unlock()
+	switch action {
+	case "worker_add":
+		st.adds++
+	case "worker_stop":
+	default:
+		st.removes++
+	}
+	return action, w
 }
 
 // churnWorker applies one change to worker w and waits for the frontends to

@@ -60,89 +60,109 @@ func (h *harness) injectFaults(ctx context.Context, rng *rand.Rand, begin time.T
 func (h *harness) inject(kind string, rng *rand.Rand) (string, error) {
 	switch kind {
 	case "worker_kill", "worker_stop", "worker_term":
-		w := h.workers[rng.IntN(len(h.workers))]
-		i := h.workerIndex(w.id)
-		switch kind {
-		case "worker_kill":
-			if err := w.p.kill(10 * time.Second); err != nil {
-				return w.id, err
-			}
-		case "worker_stop":
-			if err := w.p.pause(); err != nil {
-				return w.id, err
-			}
-			time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
-			return w.id, w.p.resume()
-		case "worker_term":
-			w.p.signal(syscall.SIGTERM)
-			if !w.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
-				w.p.stop()
-				return w.id, fmt.Errorf("did not exit after SIGTERM; killed")
-			}
-			if w.p.err != nil {
-				return w.id, fmt.Errorf("exit after SIGTERM: %v, want 0", w.p.err)
-			}
-		}
-		if err := h.startWorker(i); err != nil {
-			return w.id, err
-		}
-		return w.id, h.waitReady(w.id, 30*time.Second)
+		return h.injectWorker(kind, rng)
 	case "frontend_kill":
-		slot := rng.IntN(len(h.fronts))
-		old := h.current()[slot]
-		old.mu.Lock()
-		old.killed = true
-		old.mu.Unlock()
-		if err := old.p.kill(10 * time.Second); err != nil {
-			return old.id, err
-		}
-		if err := refused(old.url); err != nil {
-			return old.id, err
-		}
-		inc, err := h.startFrontend(slot)
-		if err != nil {
-			return old.id, err
-		}
-		for _, w := range h.workers {
-			if err := h.waitReady(w.id, 30*time.Second); err != nil {
-				return old.id + "→" + inc.id, err
-			}
-		}
-		return old.id + "→" + inc.id, nil
+		return h.killFrontend(rng)
 	case "nats_kill", "nats_leader_kill":
-		k := 0
-		if n := h.parts().Count(); n > 1 {
-			k = rng.IntN(n) // the same victims for a seed as before partitions when there is one
-		}
-		leader, followers, err := h.requestsLeader(k, 60*time.Second)
-		if err != nil {
-			return "", err
-		}
-		victim := leader
-		if kind == "nats_kill" {
-			victim = followers[rng.IntN(len(followers))]
-		}
-		n := h.node(victim)
-		if n == nil {
-			return victim, fmt.Errorf("no node %q", victim)
-		}
-		if err := n.p.kill(10 * time.Second); err != nil {
-			return victim, err
-		}
-		if kind == "nats_leader_kill" {
-			// Before the victim comes back: the kill must have moved the
-			// partition's leadership to another node.
-			if err := h.newLeader(k, victim, 60*time.Second); err != nil {
-				return victim, err
-			}
-		}
-		if err := h.startNode(n); err != nil {
-			return victim, err
-		}
-		_, _, err = h.requestsLeader(k, 90*time.Second)
-		return victim, err
+		return h.killNode(kind, rng)
 	}
 	return "", fmt.Errorf("unknown fault %q", kind)
+}
+
+// injectWorker kills, pauses or terminates a worker, then starts it again
+// (a paused one resumes) and waits until it is ready.
+func (h *harness) injectWorker(kind string, rng *rand.Rand) (string, error) {
+	w := h.workers[rng.IntN(len(h.workers))]
+	i := h.workerIndex(w.id)
+	switch kind {
+	case "worker_kill":
+		if err := w.p.kill(10 * time.Second); err != nil {
+			return w.id, err
+		}
+	case "worker_stop":
+		if err := w.p.pause(); err != nil {
+			return w.id, err
+		}
+		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
+		return w.id, w.p.resume()
+	case "worker_term":
+		w.p.signal(syscall.SIGTERM)
+		if !w.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
+			w.p.stop()
+			return w.id, fmt.Errorf("did not exit after SIGTERM; killed")
+		}
+		if w.p.err != nil {
+			return w.id, fmt.Errorf("exit after SIGTERM: %v, want 0", w.p.err)
+		}
+	}
+	if err := h.startWorker(i); err != nil {
+		return w.id, err
+	}
+	return w.id, h.waitReady(w.id, 30*time.Second)
+}
+
+// killFrontend kills a frontend with SIGKILL, checks that its address
+// refuses connections, starts its successor and waits until every worker is
+// ready there.
+func (h *harness) killFrontend(rng *rand.Rand) (string, error) {
+	slot := rng.IntN(len(h.fronts))
+	old := h.current()[slot]
+	old.mu.Lock()
+	old.killed = true
+	old.mu.Unlock()
+	if err := old.p.kill(10 * time.Second); err != nil {
+		return old.id, err
+	}
+	if err := refused(old.url); err != nil {
+		return old.id, err
+	}
+	inc, err := h.startFrontend(slot)
+	if err != nil {
+		return old.id, err
+	}
+	for _, w := range h.workers {
+		if err := h.waitReady(w.id, 30*time.Second); err != nil {
+			return old.id + "→" + inc.id, err
+		}
+	}
+	return old.id + "→" + inc.id, nil
+}
+
+// killNode kills a NATS node of a request partition's group, its leader
+// (nats_leader_kill, which must move the leadership) or a follower
+// (nats_kill), starts it again and waits until the partition has a leader.
+func (h *harness) killNode(kind string, rng *rand.Rand) (string, error) {
+	k := 0
+	if n := h.parts().Count(); n > 1 {
+		k = rng.IntN(n) // the same victims for a seed as before partitions when there is one
+	}
+	leader, followers, err := h.requestsLeader(k, 60*time.Second)
+	if err != nil {
+		return "", err
+	}
+	victim := leader
+	if kind == "nats_kill" {
+		victim = followers[rng.IntN(len(followers))]
+	}
+	n := h.node(victim)
+	if n == nil {
+		return victim, fmt.Errorf("no node %q", victim)
+	}
+	if err := n.p.kill(10 * time.Second); err != nil {
+		return victim, err
+	}
+	if kind == "nats_leader_kill" {
+		// Before the victim comes back: the kill must have moved the
+		// partition's leadership to another node.
+		if err := h.newLeader(k, victim, 60*time.Second); err != nil {
+			return victim, err
+		}
+	}
+	if err := h.startNode(n); err != nil {
+		return victim, err
+	}
+	_, _, err = h.requestsLeader(k, 90*time.Second)
+	return victim, err
 }
 
 // refused checks that nothing listens at a killed frontend's address any

@@ -182,44 +182,9 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		prompt = CountTokens(req.Prompt)
 	}
 	r := &mockRequest{prefill: prompt + req.StartOffset}
-	bs := m.cfg.BlockSize
-	m.mu.Lock()
-	m.active[r] = struct{}{}
-	m.kvUsed.Add(int64((r.prefill + bs - 1) / bs))
-	m.queued.Add(int64(r.prefill))
-	m.mu.Unlock()
-	defer func() {
-		m.mu.Lock()
-		delete(m.active, r)
-		m.kvUsed.Add(-int64((r.prefill + r.generated + bs - 1) / bs))
-		if r.generated == 0 {
-			m.queued.Add(-int64(r.prefill))
-		}
-		m.mu.Unlock()
-	}()
-
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	wait := func(d time.Duration) error {
-		if d <= 0 {
-			return ctx.Err()
-		}
-		if timer == nil {
-			timer = time.NewTimer(d)
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-timer.C:
-			return nil
-		}
-	}
+	defer m.occupy(r)()
+	w := &waiter{ctx: ctx}
+	defer w.stop()
 
 	h := promptHash(req.Prompt)
 	for i := req.StartOffset; i < req.MaxTokens; i++ {
@@ -227,7 +192,7 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		if i == req.StartOffset {
 			d = m.ttft
 		}
-		if err := wait(d); err != nil {
+		if err := w.wait(d); err != nil {
 			return Result{}, err
 		}
 		if err := m.hold(ctx, i); err != nil {
@@ -244,15 +209,7 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		if err := emit(Token{Text: m.text(h, i)}); err != nil {
 			return Result{}, err
 		}
-		// One more token takes a new block when the cache ended on a
-		// block's boundary: ceil((x+1)/bs) - ceil(x/bs) is 1 iff bs divides x.
-		if (r.prefill+r.generated)%bs == 0 {
-			m.kvUsed.Add(1)
-		}
-		if r.generated == 0 {
-			m.queued.Add(-int64(r.prefill))
-		}
-		r.generated++
+		m.generated(r)
 		if lim := m.cfg.CrashAfterTokens; lim > 0 && total == int64(lim) && !canary {
 			if err := syscall.Kill(os.Getpid(), syscall.SIGKILL); err != nil {
 				return Result{}, fmt.Errorf("%w: mock crash: %w", ErrFatal, err)
@@ -261,6 +218,70 @@ func (m *Mock) Generate(ctx context.Context, req Request, emit func(Token) error
 		}
 	}
 	return Result{FinishReason: FinishLength}, nil
+}
+
+// occupy counts r in the engine's KV cache and queue, as its prefill
+// takes them, until the returned function is called.
+func (m *Mock) occupy(r *mockRequest) (leave func()) {
+	bs := m.cfg.BlockSize
+	m.mu.Lock()
+	m.active[r] = struct{}{}
+	m.kvUsed.Add(int64((r.prefill + bs - 1) / bs))
+	m.queued.Add(int64(r.prefill))
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.active, r)
+		m.kvUsed.Add(-int64((r.prefill + r.generated + bs - 1) / bs))
+		if r.generated == 0 {
+			m.queued.Add(-int64(r.prefill))
+		}
+		m.mu.Unlock()
+	}
+}
+
+// generated counts one more token of r: its prefill leaves the queue at the
+// first, and the cache grows by a block when it ended on a block's boundary.
+func (m *Mock) generated(r *mockRequest) {
+	// ceil((x+1)/bs) - ceil(x/bs) is 1 iff bs divides x.
+	if (r.prefill+r.generated)%m.cfg.BlockSize == 0 {
+		m.kvUsed.Add(1)
+	}
+	if r.generated == 0 {
+		m.queued.Add(-int64(r.prefill))
+	}
+	r.generated++
+}
+
+// waiter waits on one timer, reused, until its ctx is done.
+type waiter struct {
+	ctx   context.Context
+	timer *time.Timer
+}
+
+// wait waits d, or returns ctx's error when it is done first (at once when
+// d is not positive).
+func (w *waiter) wait(d time.Duration) error {
+	if d <= 0 {
+		return w.ctx.Err()
+	}
+	if w.timer == nil {
+		w.timer = time.NewTimer(d)
+	} else {
+		w.timer.Reset(d)
+	}
+	select {
+	case <-w.ctx.Done():
+		return w.ctx.Err()
+	case <-w.timer.C:
+		return nil
+	}
+}
+
+func (w *waiter) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+	}
 }
 
 // hold waits before the token at offset i until Release when the script

@@ -68,35 +68,11 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 		lw.Stop()
 		return fmt.Errorf("watch %s: %w", streams.LoadBucket, err)
 	}
-	cons, err := js.OrderedConsumer(ctx, streams.WorkersStream, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-	})
+	cc, err := d.followWorkers(ctx, js)
 	if err != nil {
 		lw.Stop()
 		ldw.Stop()
-		return fmt.Errorf("follow %s: %w", streams.WorkersStream, err)
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
-		e, err := events.Unmarshal(events.Header(m.Headers()), m.Data())
-		if err != nil {
-			return
-		}
-		if md, err := m.Metadata(); err == nil {
-			e.Seq = md.Sequence.Stream
-		}
-		e.Stored = m.Subject() // a worker speaks only for itself: projections.MisplacedWorkerEvent
-		d.update(func(v *projections.Discovery) bool {
-			changed, why := v.Fold(e)
-			if why == projections.IgnoredNotWorkersSubject || why == projections.IgnoredNotCurrentLease {
-				d.log.Warn("worker event ignored", "subject", e.Stored, "type", e.Type(), "why", why)
-			}
-			return changed
-		})
-	})
-	if err != nil {
-		lw.Stop()
-		ldw.Stop()
-		return fmt.Errorf("follow %s: %w", streams.WorkersStream, err)
+		return err
 	}
 
 	initial := make(chan struct{})
@@ -131,6 +107,38 @@ func (d *discovery) start(ctx, startCtx context.Context, js jetstream.JetStream,
 		stop()
 		return fmt.Errorf("load discovery: %w", startCtx.Err())
 	}
+}
+
+// followWorkers folds the last event of each worker's subject of
+// BATON_WORKERS, then each new one, into the view.
+func (d *discovery) followWorkers(ctx context.Context, js jetstream.JetStream) (jetstream.ConsumeContext, error) {
+	cons, err := js.OrderedConsumer(ctx, streams.WorkersStream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("follow %s: %w", streams.WorkersStream, err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		e, err := events.Unmarshal(events.Header(m.Headers()), m.Data())
+		if err != nil {
+			return
+		}
+		if md, err := m.Metadata(); err == nil {
+			e.Seq = md.Sequence.Stream
+		}
+		e.Stored = m.Subject() // a worker speaks only for itself: projections.MisplacedWorkerEvent
+		d.update(func(v *projections.Discovery) bool {
+			changed, why := v.Fold(e)
+			if why == projections.IgnoredNotWorkersSubject || why == projections.IgnoredNotCurrentLease {
+				d.log.Warn("worker event ignored", "subject", e.Stored, "type", e.Type(), "why", why)
+			}
+			return changed
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("follow %s: %w", streams.WorkersStream, err)
+	}
+	return cc, nil
 }
 
 // applyLease applies an entry of the leases bucket.

@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -13,7 +12,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
-	"github.com/baton-dev/baton/services/fleet"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
@@ -72,78 +71,102 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if clientID {
 		// Idempotent retry: a known id attaches to the existing request.
 		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
-				t.Release()
-				writeAPIError(w, apiErr)
-				return
-			}
-			fe.serveExisting(w, r, t, from, p.stream)
+			fe.serveReuse(w, r, t, tenant, public, endpoint, bodySHA, from, p.Stream)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 			return
 		}
 	}
-	if createsInOtherTenant(tenant, public) {
-		writeAPIError(w, badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public))
-		return
-	}
-	promptTokens := estimateTokens(p.prompt)
-	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
-		writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt_too_large",
-			fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens))
-		return
-	}
+	promptTokens := openai.EstimateTokens(p.Prompt)
 	pinned := r.Header.Get(headerWorkerID)
-	if apiErr := fe.admit(p.model, endpoint, pinned); apiErr != nil {
-		writeAPIError(w, apiErr)
-		return
-	}
-	parent, apiErr := fe.parentOf(r, tenant)
+	parent, apiErr := fe.checkNew(r, tenant, public, p.Model, endpoint, pinned, promptTokens)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
 	acc := events.RequestAccepted{
 		// Body holds the messages as sent: they are not recorded twice.
-		RequestID: id, Model: p.model, Endpoint: endpoint, Body: body, Prompt: p.prompt,
-		PromptTokens: promptTokens, MaxTokens: p.maxTokens, Stream: p.stream, IncludeUsage: p.includeUsage,
+		RequestID: id, Model: p.Model, Endpoint: endpoint, Body: body, Prompt: p.Prompt,
+		PromptTokens: promptTokens, MaxTokens: p.MaxTokens, Stream: p.Stream, IncludeUsage: p.IncludeUsage,
 		Created: start.Unix(), Frontend: fe.id, ParentID: parent, PinnedWorker: pinned,
 		Resumable: strings.EqualFold(r.Header.Get(headerResumable), "true"),
 		Tenant:    tenant, BodySHA256: bodySHA, ClientModel: fe.cfg.ClientModel,
 	}
-	if p.n > 1 {
-		if _, rest := streams.SplitRequestID(id); len(rest) > 120 {
-			writeAPIError(w, badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID))
-			return
-		}
+	if apiErr := groupIDError(id, p.N); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
 	}
-	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.n*(promptTokens+p.maxTokens)), fe.choiceIDs(id, p.n)...)
+	spent, ok := fe.chargeBudget(w, r, tenant, int64(p.N*(promptTokens+p.MaxTokens)), choiceIDs(id, p.N)...)
 	if !ok {
 		return
 	}
 	defer spent.end()
-	if p.n > 1 {
-		fe.serveChoices(w, r, acc, p.n, start)
+	if p.N > 1 {
+		fe.serveChoices(w, r, acc, p.N, start)
 		return
 	}
 	fe.serveNew(w, r, acc, from, start)
 }
 
+// checkNew checks what a new chat or completion (not a retry) must pass
+// before anything is written to the log, in this order: an id in the
+// caller's own namespace, a prompt within --max-prompt-tokens, a model and
+// a worker that can take it (admit), and a parent the caller may hang it
+// off. It returns the parent's internal id ("" for none).
+func (rq *requests) checkNew(r *http.Request, tenant, public, model, endpoint, pinned string, promptTokens int) (string, *apiError) {
+	if createsInOtherTenant(tenant, public) {
+		return "", badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public)
+	}
+	if promptTokens > rq.cfg.Runtime.MaxPromptTokens {
+		return "", &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "prompt_too_large",
+			message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, rq.cfg.Runtime.MaxPromptTokens)}
+	}
+	if apiErr := rq.admit(model, endpoint, pinned); apiErr != nil {
+		return "", apiErr
+	}
+	return rq.parentOf(r, tenant)
+}
+
+// groupIDError refuses an id too long for the ids of n > 1 choices
+// (childID appends "-<index>").
+func groupIDError(id string, n int) *apiError {
+	if _, rest := streams.SplitRequestID(id); n > 1 && len(rest) > 120 {
+		return badRequest("invalid_request_id", "%s must be at most 120 characters when n > 1", headerRequestID)
+	}
+	return nil
+}
+
+// serveReuse answers a create under the id of request t, which exists: as
+// a retry of it (serveExisting from offset from) if it is the caller's and
+// of the same body and endpoint, else with reuseError's 404 or 409. It
+// releases t.
+func (fe *Frontend) serveReuse(w http.ResponseWriter, r *http.Request, t *runner.Request, tenant, public, endpoint, bodySHA string, from int, stream bool) {
+	if apiErr := reuseError(t, tenant, public, endpoint, bodySHA); apiErr != nil {
+		t.Release()
+		writeAPIError(w, apiErr)
+		return
+	}
+	fe.serveExisting(w, r, t, from, stream)
+}
+
 // readRequest reads a completion request body of at most --max-body-bytes
 // and parses it; it returns the body as sent, too.
-func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (parsed, []byte, *apiError) {
-	body, err := requestBody(w, r, fe.cfg.MaxBodyBytes)
+func (fe *Frontend) readRequest(w http.ResponseWriter, r *http.Request, endpoint string) (openai.Completion, []byte, *apiError) {
+	body, err := httpguard.Body(w, r, fe.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return parsed{}, nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
+			return openai.Completion{}, nil, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "request_too_large",
 				message: fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes)}
 		}
-		return parsed{}, nil, badRequest("invalid_body", "could not read the request body: %v", err)
+		return openai.Completion{}, nil, badRequest("invalid_body", "could not read the request body: %v", err)
 	}
-	p, apiErr := fe.parseRequest(endpoint, body)
-	return p, body, apiErr
+	p, perr := openai.ParseCompletion(endpoint, body, fe.cfg.DefaultMaxTokens, fe.cfg.MaxTokensLimit)
+	if perr != nil {
+		return p, body, paramError(perr)
+	}
+	return p, body, nil
 }
 
 // serveNew starts request acc (one choice) and answers with it; an id that
@@ -152,12 +175,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	t, err := fe.runtime.Accept(r.Context(), acc)
 	if errors.Is(err, runner.ErrExists) {
 		if t, err = fe.runtime.Attach(r.Context(), acc.RequestID); err == nil {
-			if apiErr := reuseError(t, acc.Tenant, publicID(acc.Tenant, acc.RequestID), acc.Endpoint, acc.BodySHA256); apiErr != nil {
-				t.Release()
-				writeAPIError(w, apiErr)
-				return
-			}
-			fe.serveExisting(w, r, t, from, acc.Stream)
+			fe.serveReuse(w, r, t, acc.Tenant, publicID(acc.Tenant, acc.RequestID), acc.Endpoint, acc.BodySHA256, from, acc.Stream)
 			return
 		}
 	}
@@ -180,28 +198,6 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	}
 	out := fe.respond(w, r, acc, []*runner.Request{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
-}
-
-// admit checks that the model is served and that some worker can take the
-// request, before anything is written to the log (runner.Runner.Admit), and
-// says why not in OpenAI's error shape.
-func (fe *Frontend) admit(model, endpoint, pinned string) *apiError {
-	err := fe.runtime.Admit(model, endpoint, pinned)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, fleet.ErrUnknownModel):
-		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
-			message: fmt.Sprintf("The model '%s' does not exist or no worker serves it", model)}
-	case errors.Is(err, fleet.ErrWorkerNotFound):
-		return &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "worker_not_found",
-			message: fmt.Sprintf("worker '%s' (%s) is not in discovery for model '%s'", pinned, headerWorkerID, model)}
-	case errors.Is(err, fleet.ErrNoWorkers):
-		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "no_workers",
-			message: fmt.Sprintf("Service temporarily unavailable: no worker is ready for model '%s', please retry later", model)}
-	default: // fleet.ErrAllBusy
-		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "all_workers_busy", message: busyMessage}
-	}
 }
 
 // parseOffset reads the client's resume point: Last-Event-ID or ?starting_after.
@@ -281,39 +277,6 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	fe.serveExisting(w, r, t, from, true)
-}
-
-// handleRequest serves GET /v1/requests/{id}: the request's state from the log.
-func (fe *Frontend) handleRequest(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	echoRequestID(w, id)
-	writeResult(w, fe.requestState(r, id))
-}
-
-func (fe *Frontend) requestState(r *http.Request, id string) result {
-	t, err := fe.attachFor(r, id)
-	if err != nil {
-		return errResult(&lookupError{id: id, err: err})
-	}
-	defer t.Release()
-	fe.catchUp(r, t)
-	var state RequestState
-	t.View(func(p *projections.Request) { state = stateOf(p) })
-	if tenant := tenantOf(r); tenant != "" && tenant != streams.AdminTenant {
-		state.ID, state.ParentID = id, publicID(tenant, state.ParentID)
-		state.Children = publicIDs(tenant, state.Children)
-	}
-	return okResult(state)
-}
-
-// catchUp brings t, which a state read is about to render, up to the log:
-// a cancel another frontend just stored is there, even when its live copy
-// is still on its way here. A log that does not answer leaves what was
-// applied, which is at most that far behind.
-func (fe *Frontend) catchUp(r *http.Request, t *runner.Request) {
-	if err := t.CatchUp(r.Context()); err != nil && r.Context().Err() == nil {
-		fe.log.Debug("catch up before a state read", "request_id", t.ID(), "err", err)
-	}
 }
 
 // RequestState is the JSON of GET /v1/requests/{id}: the projection's state
@@ -428,35 +391,11 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, fe.withBudgetsNote(map[string]any{"status": status, "instances": instances, "workers_out": out}))
 }
 
-func (fe *Frontend) countRequest(model, endpoint string, stream bool, ok bool) {
-	status := "success"
-	if !ok {
-		status = "error"
-	}
-	fe.metrics.requests.WithLabelValues(model, endpoint, requestType(stream), status).Inc()
-}
-
 func requestType(stream bool) string {
 	if stream {
 		return "stream"
 	}
 	return "unary"
-}
-
-// onClientGone handles a client that left before its response ended: a
-// non-resumable request is cancelled (kill); a resumable one keeps generating.
-func (fe *Frontend) onClientGone(t *runner.Request) {
-	fe.metrics.disconnected.Inc()
-	var resumable, terminal bool
-	t.View(func(p *projections.Request) { resumable, terminal = p.Accepted.Resumable, p.Status.Terminal() })
-	if resumable || terminal || fe.isClosing() {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
-	defer cancel()
-	if err := fe.runtime.Cancel(ctx, t.ID(), events.CancelKill, "client disconnected", ""); err != nil {
-		fe.log.Warn("cancel after client disconnect", "request_id", t.ID(), "err", err)
-	}
 }
 
 // writeLookupError answers a failed lookup of request id: 404 when the log

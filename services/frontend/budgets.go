@@ -170,7 +170,7 @@ func (fe *Frontend) chargeBudget(w http.ResponseWriter, r *http.Request, tenant 
 }
 
 // choiceIDs are the requests a create of n choices starts as id.
-func (fe *Frontend) choiceIDs(id string, n int) []string {
+func choiceIDs(id string, n int) []string {
 	if n <= 1 {
 		return []string{id}
 	}

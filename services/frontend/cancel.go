@@ -11,14 +11,14 @@ import (
 )
 
 // handleCancel serves POST /v1/requests/{id}/cancel with {"mode":"stop"|"kill"}.
-func (fe *Frontend) handleCancel(w http.ResponseWriter, r *http.Request) {
+func (rq *requests) handleCancel(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
 	echoRequestID(w, public)
-	writeResult(w, fe.cancelRequest(w, r, public))
+	writeResult(w, rq.cancelRequest(w, r, public))
 }
 
 // cancelRequest cancels request public (and its children) as the body asks.
-func (fe *Frontend) cancelRequest(w http.ResponseWriter, r *http.Request, public string) result {
+func (rq *requests) cancelRequest(w http.ResponseWriter, r *http.Request, public string) result {
 	tenant := tenantOf(r)
 	id, ok := requestID(tenant, public)
 	if !ok {
@@ -43,7 +43,7 @@ func (fe *Frontend) cancelRequest(w http.ResponseWriter, r *http.Request, public
 	if mode != events.CancelStop && mode != events.CancelKill {
 		return errResult(badRequest("invalid_value", "'mode' must be \"stop\" or \"kill\", got %q", mode))
 	}
-	p, err := fe.runtime.Load(r.Context(), id)
+	p, err := rq.runtime.Load(r.Context(), id)
 	if err == nil && !mayAccess(tenant, p.Accepted) {
 		err = streams.ErrNotFound
 	}
@@ -56,7 +56,7 @@ func (fe *Frontend) cancelRequest(w http.ResponseWriter, r *http.Request, public
 			"message": fmt.Sprintf("request %s already ended (%s): nothing to cancel", public, p.Status),
 		})
 	}
-	if err := fe.runtime.Cancel(r.Context(), id, mode, "cancelled by API", tenant); err != nil {
+	if err := rq.runtime.Cancel(r.Context(), id, mode, "cancelled by API", tenant); err != nil {
 		return errResult(serverError("cancel_failed", err))
 	}
 	return okResult(map[string]any{

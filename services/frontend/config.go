@@ -67,7 +67,7 @@ type Config struct {
 	// IdleTimeout closes a keep-alive connection idle this long; default 120s.
 	IdleTimeout time.Duration
 	// MaxConnections caps open connections: beyond it requests get 503, with
-	// ProbeHeadroom more kept for /live and /health; default 4096.
+	// httpguard.ProbeHeadroom more kept for /live and /health; default 4096.
 	MaxConnections int
 	// MaxConnectionsPerAddress caps the open connections of one remote
 	// address (an IPv4 address, an IPv6 /64): a connection past it is

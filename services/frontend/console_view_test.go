@@ -88,7 +88,7 @@ func envelope(seq uint64, subject string, ev events.Event) events.Envelope {
 // recent requests from BATON_REQUESTS, the feed (incidents only) from both
 // streams, each stream's sequence moving the cursor.
 func TestConsoleViewApply(t *testing.T) {
-	c := newConsoleView(&Frontend{cfg: Config{ConsoleRequests: 2}.withDefaults()})
+	c := newConsoleView(&Frontend{requests: &requests{cfg: Config{ConsoleRequests: 2}.withDefaults()}})
 	accepted := func(id, model string) events.RequestAccepted {
 		return events.RequestAccepted{RequestID: id, Model: model, Endpoint: events.EndpointCompletions, Prompt: "p", MaxTokens: 5, Frontend: "fe"}
 	}
@@ -164,7 +164,7 @@ func TestConsoleViewApply(t *testing.T) {
 // TestConsoleViewFeedBound: the feed keeps four entries per recent request,
 // the newest.
 func TestConsoleViewFeedBound(t *testing.T) {
-	c := newConsoleView(&Frontend{cfg: Config{ConsoleRequests: 1}.withDefaults()})
+	c := newConsoleView(&Frontend{requests: &requests{cfg: Config{ConsoleRequests: 1}.withDefaults()}})
 	for i := range uint64(10) {
 		c.apply(streams.WorkersStream, envelope(i+1, "w1", events.WorkerDraining{WorkerID: "w1", LeaseID: "l", Reason: "r"}))
 	}
@@ -182,7 +182,7 @@ func TestConsoleViewFeedBound(t *testing.T) {
 // sequences overlap, the feed keeps each partition's events by its own
 // sequence, and the cursor has one sequence per partition.
 func TestConsoleViewPartitions(t *testing.T) {
-	fe := &Frontend{cfg: Config{ConsoleRequests: 4}.withDefaults(), parts: 3}
+	fe := &Frontend{requests: &requests{cfg: Config{ConsoleRequests: 4}.withDefaults()}, parts: 3}
 	c := newConsoleView(fe)
 	failed := func(id string) events.RequestFailed {
 		return events.RequestFailed{RequestID: id, Code: "no_workers", Message: "none", Status: 503}
@@ -230,7 +230,7 @@ func since(c *consoleView, cur feedCursor) []feedEntry {
 // ones), and a reader resuming after any id it was sent gets exactly the
 // entries after it, on every partition.
 func TestConsoleViewTimeOrder(t *testing.T) {
-	fe := &Frontend{cfg: Config{ConsoleRequests: 10}.withDefaults(), parts: 2}
+	fe := &Frontend{requests: &requests{cfg: Config{ConsoleRequests: 10}.withDefaults()}, parts: 2}
 	c := newConsoleView(fe)
 	at := func(e events.Envelope, s float64) events.Envelope {
 		e.Time = time.Unix(1000, 0).Add(time.Duration(s * float64(time.Second)))

@@ -11,8 +11,9 @@ import (
 	"net/http"
 	"sync"
 
-	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/services/fleet"
+	"github.com/baton-dev/baton/services/frontend/apikeys"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/quota"
 	"github.com/baton-dev/baton/streams"
@@ -28,32 +29,22 @@ import (
 // fleet), which it runs and reads and never reaches into. Create it with New
 // and run it with Run.
 type Frontend struct {
-	id       string
-	cfg      Config
-	log      *slog.Logger
+	*requests            // its id, Config, logger, runtime, metrics and drain
+	responses *responses // the Responses API's handlers
+
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	parts    streams.Partitions // the request log's layout, set by Run once the runtime started
-	runtime  *runner.Runner
 	fleet    *fleet.Fleet
-	metrics  *metrics
 	gatherer prometheus.Gatherer
-	keys     *keyring // nil: the API is open
+	keys     *apikeys.Keyring // nil: the API is open
 	limits   *tenantLimits
 	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
 	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
 	console  *consoleView
-
-	draining chan struct{} // closed when shutdown starts
-	closing  chan struct{} // closed when open streams are cut at the end of the budget
-	stopped  chan struct{} // closed when Run ends: background responses stop counting
 	listener net.Listener
 
-	background sync.WaitGroup // countUntilEnd's watchers of background responses
-
-	mu       sync.Mutex     // guards open, and stopped's closing against background.Add
-	open     int            // API responses being served (completions, resumes); guarded by mu
-	openDone *notify.Signal // notified when open drops to zero
+	mu sync.Mutex // guards budgets and quota against a reload
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -88,16 +79,15 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	}
 	cfg.Runtime = rt.Config() // with the runtime's defaults, which the edge reads too
 	fe := &Frontend{
-		id: cfg.Runtime.ID, cfg: cfg, log: log, nc: nc, js: js, runtime: rt, fleet: fl, metrics: m,
-		draining: make(chan struct{}), closing: make(chan struct{}), stopped: make(chan struct{}),
-		openDone: notify.NewSignal(),
-		limits:   newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
+		requests: &requests{id: cfg.Runtime.ID, cfg: cfg, log: log, runtime: rt, metrics: m, drain: newDrain()},
+		nc:       nc, js: js, fleet: fl,
+		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {
-		if fe.keys, err = loadKeyring(cfg.APIKeysFile); err != nil {
+		if fe.keys, err = apikeys.Load(cfg.APIKeysFile); err != nil {
 			return nil, fmt.Errorf("frontend: %w", err)
 		}
-		log.Info("API keys loaded: every endpoint but /live, /health, /metrics and the console page needs one", "keys", fe.keys.size())
+		log.Info("API keys loaded: every endpoint but /live, /health, /metrics and the console page needs one", "keys", fe.keys.Size())
 	} else {
 		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
@@ -105,6 +95,7 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	fe.limits.setPerTenant(concurrentOf(fe.budgets))
+	fe.responses = &responses{requests: fe.requests, fleet: fl, limits: fe.limits, tenants: fe}
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
 	}
@@ -129,8 +120,7 @@ func (fe *Frontend) Listen() (net.Addr, error) {
 	if err != nil {
 		return nil, fmt.Errorf("frontend: listen %s: %w", fe.cfg.HTTPAddr, err)
 	}
-	fe.listener = &limitListener{Listener: l, max: int64(fe.cfg.MaxConnections), perAddress: max(0, fe.cfg.MaxConnectionsPerAddress),
-		plainTCP: fe.cfg.TLSCertFile == ""}
+	fe.listener = httpguard.NewListener(l, int64(fe.cfg.MaxConnections), fe.cfg.MaxConnectionsPerAddress, fe.cfg.TLSCertFile == "")
 	return l.Addr(), nil
 }
 
@@ -191,7 +181,7 @@ func (fe *Frontend) Run(ctx context.Context) error {
 
 	srv := &http.Server{
 		Handler: fe.Handler(), ReadHeaderTimeout: fe.cfg.ReadHeaderTimeout, IdleTimeout: fe.cfg.IdleTimeout,
-		ConnContext: connContext,
+		ConnContext: httpguard.ConnContext,
 	}
 	serveErr := make(chan error, 1)
 	go func() {
@@ -264,7 +254,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/requests/{id}", fe.handleRequest)
 	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
-	fe.registerResponses(mux)
+	fe.responses.register(mux)
 	mux.HandleFunc("GET /v1/tenants/{tenant}/usage", fe.handleUsage)
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
@@ -281,75 +271,7 @@ func (fe *Frontend) Handler() http.Handler {
 	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's budget headers and rate; then the body, read within its timeout.
 	// The budget headers go on every answer of a tenant with a budget.
-	return limitConnections(fe.withCORS(fe.authenticate(fe.budgetHeaders(fe.rateLimit(readBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))))
-}
-
-// stopCounting ends the watchers of background responses (countUntilEnd)
-// and waits for them.
-func (fe *Frontend) stopCounting() {
-	fe.mu.Lock()
-	close(fe.stopped)
-	fe.mu.Unlock()
-	fe.background.Wait()
-}
-
-// counted counts h's responses as open, so that a shutdown keeps accepting
-// connections until they end (or the budget does).
-func (fe *Frontend) counted(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		fe.mu.Lock()
-		fe.open++
-		fe.mu.Unlock()
-		defer func() {
-			fe.mu.Lock()
-			fe.open--
-			idle := fe.open == 0
-			fe.mu.Unlock()
-			if idle {
-				fe.openDone.Notify()
-			}
-		}()
-		h(w, r)
-	}
-}
-
-// waitResponses waits until no counted response is open, or ctx is done.
-func (fe *Frontend) waitResponses(ctx context.Context) {
-	for {
-		ch := fe.openDone.C()
-		fe.mu.Lock()
-		n := fe.open
-		fe.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-func (fe *Frontend) isDraining() bool {
-	select {
-	case <-fe.draining:
-		return true
-	default:
-		return false
-	}
-}
-
-func (fe *Frontend) isClosing() bool { return isClosed(fe.closing) }
-
-// isClosed reports whether ch is closed.
-func isClosed(ch <-chan struct{}) bool {
-	select {
-	case <-ch:
-		return true
-	default:
-		return false
-	}
+	return httpguard.Overflow(fe.withCORS(fe.authenticate(fe.budgetHeaders(fe.rateLimit(httpguard.ReadBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))))
 }
 
 func randomHex(n int) string {

@@ -83,20 +83,6 @@ func TestWriteLookupError(t *testing.T) {
 	}
 }
 
-func TestEstimateTokens(t *testing.T) {
-	cases := []struct {
-		in   string
-		want int
-	}{
-		{"", 0}, {"   ", 0}, {"one", 1}, {"one two  three", 3}, {"a\nb\tc", 3}, {"user: hi\nassistant: ", 3},
-	}
-	for _, tc := range cases {
-		if got := estimateTokens(tc.in); got != tc.want {
-			t.Errorf("estimateTokens(%q): got %d, want %d", tc.in, got, tc.want)
-		}
-	}
-}
-
 func TestChildIDAndRequestType(t *testing.T) {
 	if got := childID("req-1", 3); got != "req-1-3" {
 		t.Errorf("got child id %q, want req-1-3", got)

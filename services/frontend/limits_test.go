@@ -1,14 +1,6 @@
 package frontend
 
 import (
-	"bufio"
-	"errors"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -131,89 +123,5 @@ func TestTenantConcurrencyPerTenant(t *testing.T) {
 	l.setPerTenant(map[string]int{"alice": 2}) // a reload: the slot held stays counted
 	if !l.acquire("alice") || l.acquire("alice") {
 		t.Fatal("after the reload to 2: want one more granted, then refused")
-	}
-}
-
-// TestRejectAnswersTheRequest: a connection past the headroom is answered
-// 503 once its request begins, never before: an answer before the request
-// is, to Go's Transport, an unsolicited response on an idle connection,
-// which it logs and turns into an error instead of the 503 (a test of the
-// idle-connection flood logged it by the hundred). A client that asks gets
-// the 503 as its answer, every time.
-func TestRejectAnswersTheRequest(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &limitListener{Listener: ln, max: 0, plainTCP: true}
-	accepted := make(chan net.Conn, ProbeHeadroom)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c // the headroom: held open, never answered
-		}
-	}()
-	dial := func() net.Conn {
-		t.Helper()
-		c, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	var held []net.Conn
-	for range ProbeHeadroom {
-		held = append(held, dial())
-		held = append(held, <-accepted)
-	}
-	defer func() {
-		ln.Close()
-		<-served
-		for _, c := range held {
-			c.Close()
-		}
-	}()
-
-	c := dial()
-	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("past the headroom, before any request: read %d bytes, %v; want nothing yet", n, err)
-	}
-	fmt.Fprintf(c, "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("past the headroom, after the request: %v, want a 503", err)
-	}
-	resp.Body.Close()
-	c.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("past the headroom: %d, want 503", resp.StatusCode)
-	}
-
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	defer client.CloseIdleConnections()
-	for i := range 50 {
-		resp, err := client.Get("http://" + ln.Addr().String() + "/v1/models")
-		if err != nil {
-			t.Fatalf("request %d past the headroom: %v, want a 503", i, err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "too_many_connections") {
-			t.Fatalf("request %d past the headroom: %d %s, want 503 too_many_connections", i, resp.StatusCode, body)
-		}
-	}
-	waitLingering := time.Now().Add(5 * time.Second)
-	for l.lingering.Load() != 0 {
-		if time.Now().After(waitLingering) {
-			t.Fatalf("%d rejected connections still linger", l.lingering.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

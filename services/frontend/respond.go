@@ -8,6 +8,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/prometheus/client_golang/prometheus"
@@ -166,11 +167,11 @@ func (o *output) stream(from int, start time.Time) bool {
 	if answered, ok := o.beforeHeaders(from); answered {
 		return ok
 	}
-	w := withWriteDeadline(o.w, o.fe.cfg.WriteTimeout) // a client that stops reading is let go
-	defer endWrites(w)
+	w := httpguard.WithWriteDeadline(o.w, o.fe.cfg.WriteTimeout) // a client that stops reading is let go
+	defer httpguard.EndWrites(w)
 	flush := openai.StartSSE(w)
 	sse := openai.NewSSE(w, o.acc)
-	m := o.fe.tokenMetrics(o.acc.Model, start)
+	m := o.fe.metrics.tokens(o.acc.Model, start)
 	if from == 0 {
 		m.upstream = func() time.Duration { return o.ts[0].Timing().Upstream }
 	}
@@ -271,7 +272,7 @@ func (o *output) beforeHeaders(from int) (answered, ok bool) {
 
 // tokenMetrics observes the tokens one response sends.
 type tokenMetrics struct {
-	fe          *Frontend
+	metrics     *metrics
 	model       string
 	start, last time.Time
 	// upstream, if set, is the engine's own time to first token as the
@@ -284,8 +285,8 @@ type tokenMetrics struct {
 	out prometheus.Counter
 }
 
-func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
-	return &tokenMetrics{fe: fe, model: model, start: start}
+func (m *metrics) tokens(model string, start time.Time) *tokenMetrics {
+	return &tokenMetrics{metrics: m, model: model, start: start}
 }
 
 // sent observes n tokens sent now: time to first token, inter-token latency,
@@ -293,14 +294,14 @@ func (fe *Frontend) tokenMetrics(model string, start time.Time) *tokenMetrics {
 func (m *tokenMetrics) sent(n int) {
 	now := time.Now()
 	if m.out == nil {
-		m.itl, m.out = m.fe.metrics.itl.WithLabelValues(m.model), m.fe.metrics.outputTokens.WithLabelValues(m.model)
+		m.itl, m.out = m.metrics.itl.WithLabelValues(m.model), m.metrics.outputTokens.WithLabelValues(m.model)
 	}
 	if m.last.IsZero() {
 		ttft := now.Sub(m.start)
-		m.fe.metrics.ttft.WithLabelValues(m.model).Observe(ttft.Seconds())
+		m.metrics.ttft.WithLabelValues(m.model).Observe(ttft.Seconds())
 		if m.upstream != nil {
 			if up := m.upstream(); up > 0 {
-				m.fe.metrics.addedTTFT.WithLabelValues(m.model).Observe(max(ttft-up, 0).Seconds())
+				m.metrics.addedTTFT.WithLabelValues(m.model).Observe(max(ttft-up, 0).Seconds())
 			}
 		}
 	} else {
@@ -315,7 +316,7 @@ func (m *tokenMetrics) sent(n int) {
 
 // end observes the response's duration.
 func (m *tokenMetrics) end() {
-	m.fe.metrics.duration.WithLabelValues(m.model).Observe(time.Since(m.start).Seconds())
+	m.metrics.duration.WithLabelValues(m.model).Observe(time.Since(m.start).Seconds())
 }
 
 // setServerTiming says where the request's time went before its answer

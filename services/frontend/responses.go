@@ -10,6 +10,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/streams"
@@ -21,106 +22,164 @@ import (
 // differ, which the openai package does (openai/responses_parse.go and
 // openai/responses_render.go, with the OpenAI reference pages followed).
 
-// registerResponses adds the Responses API's routes to mux.
-func (fe *Frontend) registerResponses(mux *http.ServeMux) {
+// responses serves the Responses API. It holds the edge's hold on the
+// runtime (requests), the fleet view's changes of the live frontends (a
+// reader claims a response whose owner is gone), and the tenants' limits and
+// budgets, which the edge keeps.
+type responses struct {
+	*requests
+	fleet   frontendsWatch
+	limits  *tenantLimits
+	tenants tenantSlots
+}
+
+// frontendsWatch is what a reader that takes requests over asks of the
+// fleet view (fleet.Fleet).
+type frontendsWatch interface {
+	// FrontendsChanged is closed at the next change of the live frontends.
+	FrontendsChanged() <-chan struct{}
+}
+
+// tenantSlots is what a create and a read of a response ask of the tenant's
+// concurrency and budget: the edge's (budgets.go, limits.go).
+type tenantSlots interface {
+	chargeBudget(w http.ResponseWriter, r *http.Request, tenant string, tokens int64, ids ...string) (*budget, bool)
+	writeConcurrencyLimit(w http.ResponseWriter, tenant string)
+	countUnlessBackground(w http.ResponseWriter, r *http.Request, t *runner.Request) (release func(), ok bool)
+	countUntilEnd(t *runner.Request, tenant string, ended func())
+}
+
+// register adds the Responses API's routes to mux.
+func (rs *responses) register(mux *http.ServeMux) {
 	// A create and a read count against the tenant's concurrency in the
 	// handler, which knows whether the response runs in the background.
-	mux.HandleFunc("POST /v1/responses", fe.counted(fe.handleResponseCreate))
-	mux.HandleFunc("GET /v1/responses/{id}", fe.counted(fe.handleResponseGet))
-	mux.HandleFunc("POST /v1/responses/{id}/cancel", fe.handleResponseCancel)
-	mux.HandleFunc("DELETE /v1/responses/{id}", fe.handleResponseDelete)
-	mux.HandleFunc("GET /v1/responses/{id}/input_items", fe.handleInputItems)
+	mux.HandleFunc("POST /v1/responses", rs.counted(rs.handleResponseCreate))
+	mux.HandleFunc("GET /v1/responses/{id}", rs.counted(rs.handleResponseGet))
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", rs.handleResponseCancel)
+	mux.HandleFunc("DELETE /v1/responses/{id}", rs.handleResponseDelete)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", rs.handleInputItems)
 }
 
 // handleResponseCreate serves POST /v1/responses.
-func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request) {
+func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	tenant := tenantOf(r)
-	if fe.isDraining() {
+	if rs.isDraining() {
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "draining", "Service temporarily unavailable: this frontend is shutting down, please retry")
 		return
 	}
-	body, err := requestBody(w, r, fe.cfg.MaxBodyBytes)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-				fmt.Sprintf("request body is larger than the limit of %d bytes", fe.cfg.MaxBodyBytes))
-			return
-		}
-		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
-		return
-	}
-	q, perr := openai.ParseResponseRequest(body, fe.cfg.MaxTokensLimit)
-	if perr != nil {
-		writeParamError(w, perr)
-		return
-	}
-	public := r.Header.Get(headerRequestID)
-	clientID := public != ""
-	if !clientID {
-		public = "resp_" + randomHex(16)
-	}
-	id, ok := requestID(tenant, public)
+	c, ok := rs.readCreate(w, r)
 	if !ok {
-		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
 		return
 	}
-	w.Header().Set(headerRequestID, public)
-	bodySHA := fmt.Sprintf("%x", sha256.Sum256(body))
-	// The headers of chat, checked as chat checks them: Last-Event-ID
-	// (the sequence number a retried stream resumes after), then, for a new
-	// response, X-Worker-Id and X-Parent-Request-Id.
-	after, perr := responseAfter(r)
-	if perr != nil {
-		writeParamError(w, perr)
-		return
-	}
-	if clientID {
+	if c.clientID {
 		// Idempotent retry: a known id answers with the response it names.
-		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveRetry(w, r, t, public, q, bodySHA, after)
+		if t, err := rs.runtime.Attach(r.Context(), c.id); err == nil {
+			rs.serveRetry(w, r, t, c.public, c.q, c.bodySHA, c.after)
 			return
 		} else if !errors.Is(err, streams.ErrNotFound) {
 			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
 			return
 		}
 	}
-	acc, perr := fe.responseAccepted(r, q, body)
+	acc, perr := rs.responseAccepted(r, c.q, c.body)
 	if perr != nil {
 		writeParamError(w, perr)
 		return
 	}
-	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
+	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = c.id, start.Unix(), c.tenant, c.bodySHA
 	acc.PinnedWorker = r.Header.Get(headerWorkerID)
-	if apiErr := fe.admit(q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
+	if apiErr := rs.admit(c.q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
 	var apiErr *apiError
-	if acc.ParentID, apiErr = fe.parentOf(r, tenant); apiErr != nil {
+	if acc.ParentID, apiErr = rs.parentOf(r, c.tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
+	rs.start(w, r, c, acc)
+}
+
+// create is a response create as read by readCreate.
+type create struct {
+	tenant   string
+	body     []byte // as sent
+	bodySHA  string
+	q        openai.ResponseRequest
+	public   string // the id the client knows it by
+	id       string // the internal id
+	clientID bool   // public came from the client's X-Request-Id
+	after    int    // the sequence number a retried stream resumes after; -1: none
+}
+
+// readCreate reads and checks a create's body and headers, answering the
+// client when they are wrong (false).
+func (rs *responses) readCreate(w http.ResponseWriter, r *http.Request) (create, bool) {
+	c := create{tenant: tenantOf(r)}
+	body, err := httpguard.Body(w, r, rs.cfg.MaxBodyBytes)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+				fmt.Sprintf("request body is larger than the limit of %d bytes", rs.cfg.MaxBodyBytes))
+			return c, false
+		}
+		writeAPIError(w, badRequest("invalid_body", "could not read the request body: %v", err))
+		return c, false
+	}
+	c.body = body
+	q, perr := openai.ParseResponseRequest(body, rs.cfg.MaxTokensLimit)
+	if perr != nil {
+		writeParamError(w, perr)
+		return c, false
+	}
+	c.q = q
+	c.public = r.Header.Get(headerRequestID)
+	c.clientID = c.public != ""
+	if !c.clientID {
+		c.public = "resp_" + randomHex(16)
+	}
+	id, ok := requestID(c.tenant, c.public)
+	if !ok {
+		writeAPIError(w, badRequest("invalid_request_id", "%s must be 1 to 128 letters, digits, '-' or '_'", headerRequestID))
+		return c, false
+	}
+	c.id = id
+	w.Header().Set(headerRequestID, c.public)
+	c.bodySHA = fmt.Sprintf("%x", sha256.Sum256(body))
+	// The headers of chat, checked as chat checks them: Last-Event-ID
+	// (the sequence number a retried stream resumes after), then, for a new
+	// response, X-Worker-Id and X-Parent-Request-Id.
+	if c.after, perr = responseAfter(r); perr != nil {
+		writeParamError(w, perr)
+		return c, false
+	}
+	return c, true
+}
+
+// start takes the tenant's slot and budget for new response acc, stores it
+// and answers with it (serveResponse); an id stored meanwhile by another
+// try of the same create is answered as a retry.
+func (rs *responses) start(w http.ResponseWriter, r *http.Request, c create, acc events.RequestAccepted) {
 	// One of the tenant's concurrent slots: a response in the background
 	// keeps it until it ends, another while this handler runs. Its budget
 	// likewise: given back when it ends (budget.end).
-	if !fe.limits.acquire(tenant) {
-		fe.writeConcurrencyLimit(w, tenant)
+	if !rs.limits.acquire(c.tenant) {
+		rs.tenants.writeConcurrencyLimit(w, c.tenant)
 		return
 	}
-	spent, ok := fe.chargeBudget(w, r, tenant, int64(acc.PromptTokens+acc.MaxTokens), id)
+	spent, ok := rs.tenants.chargeBudget(w, r, c.tenant, int64(acc.PromptTokens+acc.MaxTokens), c.id)
 	if !ok {
-		fe.limits.release(tenant)
+		rs.limits.release(c.tenant)
 		return
 	}
-	t, err := fe.runtime.Accept(r.Context(), acc)
+	t, err := rs.runtime.Accept(r.Context(), acc)
 	if err != nil {
-		fe.limits.release(tenant)
+		rs.limits.release(c.tenant)
 		spent.grant.Release(0)                // nothing started
 		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
-			if t, err = fe.runtime.Attach(r.Context(), id); err == nil {
-				fe.serveRetry(w, r, t, public, q, bodySHA, after)
+			if t, err = rs.runtime.Attach(r.Context(), c.id); err == nil {
+				rs.serveRetry(w, r, t, c.public, c.q, c.bodySHA, c.after)
 				return
 			}
 		}
@@ -128,25 +187,25 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	defer t.Release()
-	if q.Background {
-		fe.countUntilEnd(t, tenant, spent.end)
+	if c.q.Background {
+		rs.tenants.countUntilEnd(t, c.tenant, spent.end)
 	} else {
-		defer fe.limits.release(tenant)
+		defer rs.limits.release(c.tenant)
 		defer spent.end()
 	}
 	if acc.ParentID != "" {
-		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
+		rs.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}
-	fe.metrics.active.WithLabelValues(acc.Model).Inc()
-	defer fe.metrics.active.WithLabelValues(acc.Model).Dec()
-	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, fe.serveResponse(w, r, t, public, q, after))
+	rs.metrics.active.WithLabelValues(acc.Model).Inc()
+	defer rs.metrics.active.WithLabelValues(acc.Model).Dec()
+	rs.countRequest(acc.Model, acc.Endpoint, acc.Stream, rs.serveResponse(w, r, t, c.public, c.q, c.after))
 }
 
 // serveRetry answers a create under the id of request t, which exists:
 // with that response if it is the caller's, of the same body, and not
 // deleted (a stream with its events after sequence number after); otherwise
 // a 404, a 409, or a 400 for an after past the end. It releases t.
-func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, bodySHA string, after int) {
+func (rs *responses) serveRetry(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, bodySHA string, after int) {
 	defer t.Release()
 	if apiErr := reuseError(t, tenantOf(r), public, events.EndpointResponses, bodySHA); apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -165,20 +224,20 @@ func (fe *Frontend) serveRetry(w http.ResponseWriter, r *http.Request, t *runner
 			return
 		}
 	}
-	release, ok := fe.countUnlessBackground(w, r, t)
+	release, ok := rs.tenants.countUnlessBackground(w, r, t)
 	if !ok {
 		return
 	}
 	defer release()
 	t.Claim()
-	fe.serveResponse(w, r, t, public, q, after)
+	rs.serveResponse(w, r, t, public, q, after)
 }
 
 // serveResponse answers a create of response t, new or retried (q is the
 // request as sent), and reports whether it ended in success: a background
 // response at once with its object, otherwise its stream (its events after
 // sequence number after; -1: all) or, once it ended, its object.
-func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, after int) bool {
+func (rs *responses) serveResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, q openai.ResponseRequest, after int) bool {
 	if q.Background && !q.Stream {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return true
@@ -192,11 +251,11 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 	if s := snapshotOf(t, 0); s.status == projections.StatusFailed && s.Total == 0 {
 		return writeUnary(w, s)
 	}
-	gone := func() { fe.onClientGone(t) }
+	gone := func() { rs.onClientGone(t) }
 	if q.Stream {
-		return fe.streamResponse(w, r, t, public, after, gone)
+		return rs.streamResponse(w, r, t, public, after, gone)
 	}
-	ok := fe.awaitEnd(r, t, gone)
+	ok := rs.awaitEnd(r, t, gone)
 	if ok {
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 	}
@@ -207,13 +266,13 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 // sent): its rendering on chat for engines, with the turns of its previous
 // response read from the log, and its prompt text. The caller sets the id,
 // time and tenant.
-func (fe *Frontend) responseAccepted(r *http.Request, q openai.ResponseRequest, body []byte) (events.RequestAccepted, *openai.ParamError) {
+func (rs *responses) responseAccepted(r *http.Request, q openai.ResponseRequest, body []byte) (events.RequestAccepted, *openai.ParamError) {
 	var items []openai.InputItem
 	if q.Instructions != "" {
 		items = append(items, openai.InputItem{Type: "message", Role: "system", Text: q.Instructions})
 	}
 	if q.Previous != "" {
-		turns, err := fe.previousTurns(r, q.Previous)
+		turns, err := rs.previousTurns(r, q.Previous)
 		if err != nil {
 			return events.RequestAccepted{}, err
 		}
@@ -221,32 +280,32 @@ func (fe *Frontend) responseAccepted(r *http.Request, q openai.ResponseRequest, 
 	}
 	items = append(items, q.Input...)
 	prompt := openai.PromptText(items)
-	promptTokens := estimateTokens(prompt)
-	if promptTokens > fe.cfg.Runtime.MaxPromptTokens {
+	promptTokens := openai.EstimateTokens(prompt)
+	if promptTokens > rs.cfg.Runtime.MaxPromptTokens {
 		if q.Previous != "" {
 			return events.RequestAccepted{}, openai.BadParam("previous_response_id", "context_length_exceeded",
-				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, fe.cfg.Runtime.MaxPromptTokens)
+				"the conversation is %d tokens with its previous responses, more than the limit of %d (--max-prompt-tokens)", promptTokens, rs.cfg.Runtime.MaxPromptTokens)
 		}
 		return events.RequestAccepted{}, &openai.ParamError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
-			Code: "prompt_too_large", Message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, fe.cfg.Runtime.MaxPromptTokens), Param: "input"}
+			Code: "prompt_too_large", Message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, rs.cfg.Runtime.MaxPromptTokens), Param: "input"}
 	}
-	maxTokens := fe.cfg.DefaultMaxTokens
+	maxTokens := rs.cfg.DefaultMaxTokens
 	if q.MaxOutput > 0 {
 		maxTokens = q.MaxOutput
 	}
 	return events.RequestAccepted{
 		Model: q.Model, Endpoint: events.EndpointResponses, Body: body, Prompt: prompt,
-		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.Stream, Frontend: fe.id,
+		PromptTokens: promptTokens, MaxTokens: maxTokens, Stream: q.Stream, Frontend: rs.id,
 		Resumable:  q.Background || strings.EqualFold(r.Header.Get(headerResumable), "true"),
-		Background: q.Background, ClientModel: fe.cfg.ClientModel,
+		Background: q.Background, ClientModel: rs.cfg.ClientModel,
 		EngineEndpoint: events.EndpointChat, EngineBody: q.EngineBody(items, maxTokens),
 	}, nil
 }
 
 // previousTurns is the conversation that response prev (the caller's)
 // ended, read from the log (openai.PreviousTurns).
-func (fe *Frontend) previousTurns(r *http.Request, prev string) ([]openai.InputItem, *openai.ParamError) {
-	p, err := fe.loadResponse(r, prev)
+func (rs *responses) previousTurns(r *http.Request, prev string) ([]openai.InputItem, *openai.ParamError) {
+	p, err := rs.loadResponse(r, prev)
 	if err != nil {
 		if errors.Is(err, streams.ErrNotFound) {
 			return nil, &openai.ParamError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "previous_response_not_found",

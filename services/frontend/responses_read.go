@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -24,13 +23,13 @@ import (
 // loadResponse is the state of the caller's response public from the log:
 // streams.ErrNotFound for an unknown id, another tenant's, a request that is
 // not a response, or a deleted one.
-func (fe *Frontend) loadResponse(r *http.Request, public string) (*projections.Request, error) {
+func (rs *responses) loadResponse(r *http.Request, public string) (*projections.Request, error) {
 	tenant := tenantOf(r)
 	id, ok := requestID(tenant, public)
 	if !ok {
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, public)
 	}
-	p, err := fe.runtime.Load(r.Context(), id)
+	p, err := rs.runtime.Load(r.Context(), id)
 	if err != nil {
 		return nil, err
 	}
@@ -42,8 +41,8 @@ func (fe *Frontend) loadResponse(r *http.Request, public string) (*projections.R
 
 // attachResponse follows the caller's response public, as loadResponse
 // finds it. The caller holds one reference.
-func (fe *Frontend) attachResponse(r *http.Request, public string) (*runner.Request, error) {
-	t, err := fe.attachFor(r, public)
+func (rs *responses) attachResponse(r *http.Request, public string) (*runner.Request, error) {
+	t, err := rs.attachFor(r, public)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +82,7 @@ func responseObject(public string, t *runner.Request) map[string]any {
 
 // handleResponseGet serves GET /v1/responses/{id}: the object, or with
 // stream=true its events after starting_after, then live.
-func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
+func (rs *responses) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
 	stream, perr := streamWanted(r)
 	if perr != nil {
@@ -95,20 +94,20 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 		writeParamError(w, perr)
 		return
 	}
-	t, err := fe.attachResponse(r, public)
+	t, err := rs.attachResponse(r, public)
 	if err != nil {
 		writeResponseLookupError(w, public, err)
 		return
 	}
 	defer t.Release()
-	release, ok := fe.countUnlessBackground(w, r, t)
+	release, ok := rs.tenants.countUnlessBackground(w, r, t)
 	if !ok {
 		return
 	}
 	defer release()
 	t.Claim() // a response whose owner is gone is taken over by whoever reads it
 	if !stream {
-		fe.catchUp(r, t)
+		rs.catchUp(r, t)
 		writeJSON(w, http.StatusOK, responseObject(public, t))
 		return
 	}
@@ -124,26 +123,14 @@ func (fe *Frontend) handleResponseGet(w http.ResponseWriter, r *http.Request) {
 	}
 	var model string
 	t.View(func(p *projections.Request) { model = p.Accepted.Model })
-	fe.metrics.resumes.WithLabelValues(model).Inc()
-	fe.streamResponse(w, r, t, public, after, func() { fe.onClientGone(t) })
+	rs.metrics.resumes.WithLabelValues(model).Inc()
+	rs.streamResponse(w, r, t, public, after, func() { rs.onClientGone(t) })
 }
 
-// responseAfter reads where a client resumes a response's events: after
-// sequence number ?starting_after=N, or else after Last-Event-ID (the id of
-// the last event it read, as for chat); -1 when it names none.
+// responseAfter reads where a client resumes a response's events
+// (openai.ResponseAfter): -1 when it names none.
 func responseAfter(r *http.Request) (int, *openai.ParamError) {
-	name, param, v := headerLastEventID, "", r.Header.Get(headerLastEventID)
-	if q := r.URL.Query().Get("starting_after"); q != "" {
-		name, param, v = "starting_after", "starting_after", q
-	}
-	if v == "" {
-		return -1, nil
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n < 0 {
-		return -1, openai.BadParam(param, "invalid_value", "'%s' must be a sequence number (a whole number), got %q", name, v)
-	}
-	return n, nil
+	return openai.ResponseAfter(r.Header.Get(headerLastEventID), r.URL.Query().Get("starting_after"))
 }
 
 // pastTheEnd refuses an after (read from name) at or past the last event of
@@ -185,15 +172,15 @@ func streamWanted(r *http.Request) (bool, *openai.ParamError) {
 // response (at once: the tokens so far stay its output) and answers with
 // the object, status cancelled. A response that ended already is answered
 // as it is.
-func (fe *Frontend) handleResponseCancel(w http.ResponseWriter, r *http.Request) {
+func (rs *responses) handleResponseCancel(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
-	t, err := fe.attachResponse(r, public)
+	t, err := rs.attachResponse(r, public)
 	if err != nil {
 		writeResponseLookupError(w, public, err)
 		return
 	}
 	defer t.Release()
-	if err := fe.endResponse(r, t); err != nil {
+	if err := rs.endResponse(r, t); err != nil {
 		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
 		return
 	}
@@ -202,13 +189,13 @@ func (fe *Frontend) handleResponseCancel(w http.ResponseWriter, r *http.Request)
 
 // endResponse cancels t (kill) unless it ended, and waits (at most
 // streams.DefaultTimeout) until this frontend has folded its end.
-func (fe *Frontend) endResponse(r *http.Request, t *runner.Request) error {
+func (rs *responses) endResponse(r *http.Request, t *runner.Request) error {
 	var terminal bool
 	t.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
 	if terminal {
 		return nil
 	}
-	if err := fe.runtime.Cancel(r.Context(), t.ID(), events.CancelKill, "cancelled by API", tenantOf(r)); err != nil {
+	if err := rs.runtime.Cancel(r.Context(), t.ID(), events.CancelKill, "cancelled by API", tenantOf(r)); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), streams.DefaultTimeout)
@@ -231,19 +218,19 @@ func (fe *Frontend) endResponse(r *http.Request, t *runner.Request) error {
 // handleResponseDelete serves DELETE /v1/responses/{id}: a response still
 // running is cancelled, then a tombstone in the log hides it from every
 // frontend.
-func (fe *Frontend) handleResponseDelete(w http.ResponseWriter, r *http.Request) {
+func (rs *responses) handleResponseDelete(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
-	t, err := fe.attachResponse(r, public)
+	t, err := rs.attachResponse(r, public)
 	if err != nil {
 		writeResponseLookupError(w, public, err)
 		return
 	}
 	defer t.Release()
-	if err := fe.endResponse(r, t); err != nil {
+	if err := rs.endResponse(r, t); err != nil {
 		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
 		return
 	}
-	if err := fe.runtime.Delete(r.Context(), t.ID(), tenantOf(r)); err != nil {
+	if err := rs.runtime.Delete(r.Context(), t.ID(), tenantOf(r)); err != nil {
 		writeRecordError(w, "the deletion", err)
 		return
 	}
@@ -254,27 +241,15 @@ func (fe *Frontend) handleResponseDelete(w http.ResponseWriter, r *http.Request)
 // the response's input as the client sent them (not those of its previous
 // responses), with OpenAI's list parameters order (default desc), after and
 // limit (1-100, default 20).
-func (fe *Frontend) handleInputItems(w http.ResponseWriter, r *http.Request) {
+func (rs *responses) handleInputItems(w http.ResponseWriter, r *http.Request) {
 	public := r.PathValue("id")
 	qs := r.URL.Query()
-	limit := 20
-	if v := qs.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 100 {
-			writeParamError(w, openai.BadParam("limit", "invalid_value", "'limit' must be an integer from 1 to 100, got %q", v))
-			return
-		}
-		limit = n
-	}
-	order := qs.Get("order")
-	if order == "" {
-		order = "desc"
-	}
-	if order != "asc" && order != "desc" {
-		writeParamError(w, openai.BadParam("order", "invalid_value", "'order' must be asc or desc, got %q", order))
+	order, limit, perr := openai.InputItemsQuery(qs)
+	if perr != nil {
+		writeParamError(w, perr)
 		return
 	}
-	p, err := fe.loadResponse(r, public)
+	p, err := rs.loadResponse(r, public)
 	if err != nil {
 		writeResponseLookupError(w, public, err)
 		return

@@ -6,6 +6,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
 )
@@ -16,13 +17,13 @@ import (
 // feeding the renderer only the tokens it has not seen, so the events are
 // those every other reader renders, with the same numbers. While it writes, t counts
 // a client, and if t's owner goes away this frontend takes it over.
-func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, after int, gone func()) bool {
+func (rs *responses) streamResponse(w http.ResponseWriter, r *http.Request, t *runner.Request, public string, after int, gone func()) bool {
 	wake := make(chan struct{}, 1)
 	t.Enter()
 	defer t.Leave()
 	defer t.Listen(wake)()
-	w = withWriteDeadline(w, fe.cfg.WriteTimeout) // a client that stops reading is let go
-	defer endWrites(w)
+	w = httpguard.WithWriteDeadline(w, rs.cfg.WriteTimeout) // a client that stops reading is let go
+	defer httpguard.EndWrites(w)
 	flush := openai.StartSSE(w)
 	sse := openai.NewResponseSSE(w, after)
 	var acc events.RequestAccepted
@@ -30,7 +31,7 @@ func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *ru
 	b := openai.NewResponseRender(public, acc, sse.Emit)
 	fed := 0
 	for {
-		pch := fe.fleet.FrontendsChanged()
+		pch := rs.fleet.FrontendsChanged()
 		var tokens []string
 		var details []json.RawMessage
 		var o openai.ResponseOutcome
@@ -50,7 +51,7 @@ func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *ru
 			gone()
 			return false
 		}
-		if !fe.waitChange(r, t, wake, pch, gone) {
+		if !rs.waitChange(r, t, wake, pch, gone) {
 			return false
 		}
 	}
@@ -58,19 +59,19 @@ func (fe *Frontend) streamResponse(w http.ResponseWriter, r *http.Request, t *ru
 
 // awaitEnd waits until t has ended (true), claiming it if its owner goes
 // away, or until the client left or the frontend cut open responses (false).
-func (fe *Frontend) awaitEnd(r *http.Request, t *runner.Request, gone func()) bool {
+func (rs *responses) awaitEnd(r *http.Request, t *runner.Request, gone func()) bool {
 	wake := make(chan struct{}, 1)
 	t.Enter()
 	defer t.Leave()
 	defer t.Listen(wake)()
 	for {
-		pch := fe.fleet.FrontendsChanged()
+		pch := rs.fleet.FrontendsChanged()
 		var terminal bool
 		t.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
 		if terminal {
 			return true
 		}
-		if !fe.waitChange(r, t, wake, pch, gone) {
+		if !rs.waitChange(r, t, wake, pch, gone) {
 			return false
 		}
 	}
@@ -79,12 +80,12 @@ func (fe *Frontend) awaitEnd(r *http.Request, t *runner.Request, gone func()) bo
 // waitChange blocks until t changes (true), claiming it when the
 // frontends' membership changes, or until the client left (calling gone)
 // or the frontend cut open responses (false).
-func (fe *Frontend) waitChange(r *http.Request, t *runner.Request, wake, pch <-chan struct{}, gone func()) bool {
+func (rs *responses) waitChange(r *http.Request, t *runner.Request, wake, pch <-chan struct{}, gone func()) bool {
 	select {
 	case <-wake:
 	case <-pch:
 		t.Claim()
-	case <-fe.closing:
+	case <-rs.closing:
 		return false // cut by shutdown: the response stays resumable
 	case <-r.Context().Done():
 		gone()

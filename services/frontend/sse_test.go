@@ -70,8 +70,7 @@ func TestTokenMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fe := &Frontend{metrics: m}
-		tm := fe.tokenMetrics("mock", time.Now())
+		tm := m.tokens("mock", time.Now())
 		time.Sleep(300 * time.Millisecond)
 		tm.sent(2)
 		time.Sleep(100 * time.Millisecond)

@@ -147,3 +147,11 @@ func FailureBody(f *events.RequestFailed) (int, map[string]any) {
 func ErrorBody(typ, code, message string) map[string]any {
 	return map[string]any{"message": message, "type": typ, "code": code}
 }
+
+// WriteError answers with status and {"error": ErrorBody(typ, code,
+// message)} as JSON.
+func WriteError(w http.ResponseWriter, status int, typ, code, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": ErrorBody(typ, code, message)})
+}

@@ -1,6 +1,7 @@
 // Package openai is OpenAI's wire format for the requests in the log, with
 // no I/O of its own beyond the writer it is given: the chat and text
-// completions (the non-streaming answer, Answer; the chunks of a stream as
+// completions (their request bodies parsed and checked, ParseCompletion;
+// the non-streaming answer, Answer; the chunks of a stream as
 // server-sent events, SSE, with a hand-written fast path for text-only
 // chunks that is byte-identical to the general one; the error bodies), and
 // the Responses API (its request bodies parsed and rendered as the chat

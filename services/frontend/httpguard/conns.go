@@ -1,4 +1,4 @@
-package frontend
+package httpguard
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/baton-dev/baton/services/frontend/openai"
 )
 
 // ProbeHeadroom is how many connections past Config.MaxConnections are
@@ -29,7 +31,7 @@ const overflowDeadline = 2 * time.Second
 // slots for that long.
 const FirstByteTimeout = 2 * time.Second
 
-// limitListener counts open connections. Up to max it accepts them as they
+// Listener counts open connections. Up to max it accepts them as they
 // are; up to max+ProbeHeadroom it marks them overflow (see overflowConn);
 // beyond that it answers 503 and closes them at once, so that a flood of
 // idle connections cannot exhaust the file descriptors of the process. A
@@ -37,7 +39,7 @@ const FirstByteTimeout = 2 * time.Second
 // already has perAddress open (0: no such cap) is answered and closed the
 // same way, so that one client cannot hold every slot. Every connection
 // must send its first byte within FirstByteTimeout.
-type limitListener struct {
+type Listener struct {
 	net.Listener
 	max        int64
 	perAddress int
@@ -49,7 +51,16 @@ type limitListener struct {
 	addrs map[netip.Addr]int // open connections per remote address (perAddress > 0); guarded by mu
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
+// NewListener counts the connections l accepts: at most maxOpen open, and
+// ProbeHeadroom more for the probes; at most perAddress from one remote
+// address (0: no cap). plainTCP says they are not TLS, so that a rejected
+// one is answered 503 before it is closed.
+func NewListener(l net.Listener, maxOpen int64, perAddress int, plainTCP bool) *Listener {
+	return &Listener{Listener: l, max: maxOpen, perAddress: max(0, perAddress), plainTCP: plainTCP}
+}
+
+// Accept accepts the next connection that is admitted.
+func (l *Listener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -85,7 +96,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 
 // admitAddress counts c against its remote address and reports whether
 // that address is under its cap (or there is none).
-func (l *limitListener) admitAddress(c *limitConn) bool {
+func (l *Listener) admitAddress(c *limitConn) bool {
 	if l.perAddress <= 0 {
 		return true
 	}
@@ -107,7 +118,7 @@ func (l *limitListener) admitAddress(c *limitConn) bool {
 }
 
 // leaveAddress gives back c's place under its address's cap.
-func (l *limitListener) leaveAddress(c *limitConn) {
+func (l *Listener) leaveAddress(c *limitConn) {
 	if !c.counted {
 		return
 	}
@@ -160,7 +171,7 @@ const tooManyConnections = "Service temporarily unavailable: too many open conne
 // lingers (up to a second) reading what the client sent, so that the close
 // does not reset the connection before the client reads the answer. At most
 // maxLingering connections linger at once; Accept closes the rest at once.
-func (l *limitListener) reject(c *limitConn) {
+func (l *Listener) reject(c *limitConn) {
 	defer l.lingering.Add(-1)
 	defer c.Close()
 	if !l.plainTCP {
@@ -182,7 +193,7 @@ func (l *limitListener) reject(c *limitConn) {
 }
 
 // answer writes the 503 on a plain TCP connection (a TLS one is just closed).
-func (l *limitListener) answer(c *limitConn) bool {
+func (l *Listener) answer(c *limitConn) bool {
 	if !l.plainTCP {
 		return false
 	}
@@ -198,7 +209,7 @@ const maxLingering = 64
 // connection's never reach past its limit, whatever the server asks for.
 type limitConn struct {
 	net.Conn
-	l        *limitListener
+	l        *Listener
 	once     sync.Once
 	addr     netip.Addr // counted under it, if counted
 	counted  bool
@@ -260,8 +271,8 @@ func (c *limitConn) SetDeadline(t time.Time) error {
 
 type overflowKey struct{}
 
-// connContext marks the requests of an overflow connection.
-func connContext(ctx context.Context, c net.Conn) context.Context {
+// ConnContext marks the requests of an overflow connection.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if tc, ok := c.(*tls.Conn); ok {
 		c = tc.NetConn()
 	}
@@ -274,15 +285,15 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 // probePath reports whether path is a probe, answered on overflow connections.
 func probePath(path string) bool { return path == "/live" || path == "/health" }
 
-// limitConnections answers 503 to everything but the probes on an
+// Overflow answers 503 to everything but the probes on an
 // overflow connection, and closes it after the answer.
-func limitConnections(next http.Handler) http.Handler {
+func Overflow(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if over, _ := r.Context().Value(overflowKey{}).(bool); over {
 			w.Header().Set("Connection", "close")
 			if !probePath(r.URL.Path) {
 				w.Header().Set("Retry-After", "1")
-				writeError(w, http.StatusServiceUnavailable, "service_unavailable", "too_many_connections", tooManyConnections)
+				openai.WriteError(w, http.StatusServiceUnavailable, "service_unavailable", "too_many_connections", tooManyConnections)
 				return
 			}
 		}

@@ -1,10 +1,8 @@
-package frontend
+package openai
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
@@ -15,7 +13,9 @@ import (
 // TestParseRequestEdges: what the request parser refuses, with the code and
 // (part of) the message a client reads, and the limits it applies.
 func TestParseRequestEdges(t *testing.T) {
-	fe := &Frontend{cfg: Config{MaxTokensLimit: 100, DefaultMaxTokens: 10}.withDefaults()}
+	parse := func(endpoint string, body []byte) (Completion, *ParamError) {
+		return ParseCompletion(endpoint, body, 10, 100)
+	}
 	const user = `"messages":[{"role":"user","content":"hi"}]`
 	cases := []struct {
 		name     string
@@ -23,7 +23,7 @@ func TestParseRequestEdges(t *testing.T) {
 		body     string
 		wantCode string // "" accepts
 		wantMsg  string // a substring of the message
-		check    func(parsed) string
+		check    func(Completion) string
 	}{
 		{name: "empty body", endpoint: events.EndpointCompletions, body: ``, wantCode: "invalid_json"},
 		{name: "not JSON", endpoint: events.EndpointCompletions, body: `{model:m}`, wantCode: "invalid_json", wantMsg: "not valid JSON"},
@@ -50,52 +50,52 @@ func TestParseRequestEdges(t *testing.T) {
 		{name: "prompt an empty list", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":[]}`,
 			wantCode: "unsupported_value", wantMsg: "got 0"},
 		{name: "prompt an empty string is accepted", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":""}`,
-			check: func(p parsed) string { return want(p.prompt == "", "prompt %q", p.prompt) }},
+			check: func(p Completion) string { return want(p.Prompt == "", "prompt %q", p.Prompt) }},
 		{name: "messages missing", endpoint: events.EndpointChat, body: `{"model":"m"}`, wantCode: "missing_messages"},
 		{name: "messages empty", endpoint: events.EndpointChat, body: `{"model":"m","messages":[]}`, wantCode: "invalid_value"},
 		{name: "messages an object", endpoint: events.EndpointChat, body: `{"model":"m","messages":{"role":"user"}}`, wantCode: "invalid_type"},
 		{name: "a chat ignores prompt", endpoint: events.EndpointChat, body: `{"model":"m","prompt":"x",` + user + `}`,
-			check: func(p parsed) string { return want(p.prompt == "user: hi", "prompt %q", p.prompt) }},
+			check: func(p Completion) string { return want(p.Prompt == "user: hi", "prompt %q", p.Prompt) }},
 		{name: "a completion ignores messages", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"x",` + user + `}`,
-			check: func(p parsed) string {
-				return want(p.prompt == "x" && p.messages == nil, "prompt %q, messages %v", p.prompt, p.messages)
+			check: func(p Completion) string {
+				return want(p.Prompt == "x" && p.Messages == nil, "prompt %q, messages %v", p.Prompt, p.Messages)
 			}},
 		{name: "text parts are joined", endpoint: events.EndpointChat,
 			body:  `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
-			check: func(p parsed) string { return want(p.prompt == "user: ab", "prompt %q", p.prompt) }},
+			check: func(p Completion) string { return want(p.Prompt == "user: ab", "prompt %q", p.Prompt) }},
 		{name: "max_tokens 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":0}`,
 			wantCode: "invalid_value", wantMsg: "'max_tokens' must be an integer from 1 to 100, got 0"},
 		{name: "max_tokens negative", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":-3}`,
 			wantCode: "invalid_value", wantMsg: "got -3"},
 		{name: "max_tokens at the limit", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":100}`,
-			check: func(p parsed) string { return want(p.maxTokens == 100, "max tokens %d", p.maxTokens) }},
+			check: func(p Completion) string { return want(p.MaxTokens == 100, "max tokens %d", p.MaxTokens) }},
 		{name: "max_tokens over the limit", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":101}`,
 			wantCode: "invalid_value", wantMsg: "'max_tokens' must be an integer from 1 to 100, got 101"},
 		{name: "max_completion_tokens over the limit", endpoint: events.EndpointChat, body: `{"model":"m",` + user + `,"max_completion_tokens":101}`,
 			wantCode: "invalid_value", wantMsg: "'max_completion_tokens' must be an integer from 1 to 100, got 101"},
 		{name: "max_completion_tokens wins over max_tokens", endpoint: events.EndpointChat, body: `{"model":"m",` + user + `,"max_tokens":5,"max_completion_tokens":6}`,
-			check: func(p parsed) string { return want(p.maxTokens == 6, "max tokens %d", p.maxTokens) }},
+			check: func(p Completion) string { return want(p.MaxTokens == 6, "max tokens %d", p.MaxTokens) }},
 		{name: "the configured default", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a"}`,
-			check: func(p parsed) string {
-				return want(p.maxTokens == 10 && p.n == 1 && !p.stream && !p.includeUsage, "%+v", p)
+			check: func(p Completion) string {
+				return want(p.MaxTokens == 10 && p.N == 1 && !p.Stream && !p.IncludeUsage, "%+v", p)
 			}},
 		{name: "max_tokens null is the default", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","max_tokens":null}`,
-			check: func(p parsed) string { return want(p.maxTokens == 10, "max tokens %d", p.maxTokens) }},
+			check: func(p Completion) string { return want(p.MaxTokens == 10, "max tokens %d", p.MaxTokens) }},
 		{name: "n 0", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":0}`, wantCode: "invalid_value", wantMsg: "'n' must be an integer from 1 to 16, got 0"},
 		{name: "n at the most", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","n":16}`,
-			check: func(p parsed) string { return want(p.n == MaxChoices, "n %d", p.n) }},
+			check: func(p Completion) string { return want(p.N == MaxChoices, "n %d", p.N) }},
 		{name: "include_usage false", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":false}}`,
-			check: func(p parsed) string { return want(p.stream && !p.includeUsage, "%+v", p) }},
+			check: func(p Completion) string { return want(p.Stream && !p.IncludeUsage, "%+v", p) }},
 		{name: "stream_options without include_usage", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","stream_options":{}}`,
-			check: func(p parsed) string { return want(!p.includeUsage, "%+v", p) }},
+			check: func(p Completion) string { return want(!p.IncludeUsage, "%+v", p) }},
 		{name: "unknown fields are ignored", endpoint: events.EndpointCompletions, body: `{"model":"m","prompt":"a","logit_bias":{"1":2},"user":"u"}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := fe.parseRequest(tc.endpoint, []byte(tc.body))
+			p, err := parse(tc.endpoint, []byte(tc.body))
 			if tc.wantCode == "" {
 				if err != nil {
-					t.Fatalf("got %v (%s), want accepted", err, err.code)
+					t.Fatalf("got %v (%s), want accepted", err, err.Code)
 				}
 				if tc.check != nil {
 					if msg := tc.check(p); msg != "" {
@@ -107,11 +107,11 @@ func TestParseRequestEdges(t *testing.T) {
 			if err == nil {
 				t.Fatalf("got accepted %+v, want %s", p, tc.wantCode)
 			}
-			if err.code != tc.wantCode || err.status != http.StatusBadRequest || err.typ != "invalid_request_error" {
-				t.Errorf("got %d %s %s, want 400 invalid_request_error %s", err.status, err.typ, err.code, tc.wantCode)
+			if err.Code != tc.wantCode || err.Status != http.StatusBadRequest || err.Type != "invalid_request_error" {
+				t.Errorf("got %d %s %s, want 400 invalid_request_error %s", err.Status, err.Type, err.Code, tc.wantCode)
 			}
-			if !strings.Contains(err.message, tc.wantMsg) {
-				t.Errorf("got message %q, want it to contain %q", err.message, tc.wantMsg)
+			if !strings.Contains(err.Message, tc.wantMsg) {
+				t.Errorf("got message %q, want it to contain %q", err.Message, tc.wantMsg)
 			}
 		})
 	}
@@ -121,7 +121,7 @@ func TestParseRequestEdges(t *testing.T) {
 // OpenAI's ranges on chat and completions, as on /v1/responses; anything
 // else is a 400 whose body names the param (formerly any JSON was accepted).
 func TestParseRequestSampling(t *testing.T) {
-	fe := testFrontend()
+	parse := parseDefault
 	cases := []struct {
 		name, param, value string
 		wantCode           string // "" accepts
@@ -161,26 +161,21 @@ func TestParseRequestSampling(t *testing.T) {
 		for _, tc := range cases {
 			t.Run(endpoint+"/"+tc.name, func(t *testing.T) {
 				body := `{"model":"m","prompt":"a","messages":[{"role":"user","content":"hi"}],"` + tc.param + `":` + tc.value + `}`
-				_, err := fe.parseRequest(endpoint, []byte(body))
+				_, err := parse(endpoint, []byte(body))
 				if tc.wantCode == "" {
 					if err != nil {
-						t.Fatalf("got %d %s %q, want accepted", err.status, err.code, err.message)
+						t.Fatalf("got %d %s %q, want accepted", err.Status, err.Code, err.Message)
 					}
 					return
 				}
 				if err == nil {
 					t.Fatalf("got accepted, want 400 %s", tc.wantCode)
 				}
-				if err.status != http.StatusBadRequest || err.code != tc.wantCode || err.param != tc.param || !strings.Contains(err.message, tc.wantMsg) {
-					t.Errorf("got %d %s param %q %q, want 400 %s param %q containing %q", err.status, err.code, err.param, err.message, tc.wantCode, tc.param, tc.wantMsg)
+				if err.Status != http.StatusBadRequest || err.Code != tc.wantCode || err.Param != tc.param || !strings.Contains(err.Message, tc.wantMsg) {
+					t.Errorf("got %d %s param %q %q, want 400 %s param %q containing %q", err.Status, err.Code, err.Param, err.Message, tc.wantCode, tc.param, tc.wantMsg)
 				}
-				rec := httptest.NewRecorder()
-				writeAPIError(rec, err)
-				var got struct {
-					Error struct{ Message, Type, Code, Param string }
-				}
-				if jerr := json.Unmarshal(rec.Body.Bytes(), &got); jerr != nil || got.Error.Param != tc.param || got.Error.Code != tc.wantCode || got.Error.Type != "invalid_request_error" {
-					t.Errorf("got body %s, want OpenAI's error shape with param %q", rec.Body, tc.param)
+				if body := err.Body(); body["param"] != tc.param || body["code"] != tc.wantCode || body["type"] != "invalid_request_error" {
+					t.Errorf("got body %v, want OpenAI's error shape with param %q", body, tc.param)
 				}
 			})
 		}
@@ -235,6 +230,20 @@ func TestJSONKind(t *testing.T) {
 	for _, tc := range cases {
 		if got := jsonKind(reflect.TypeOf(tc.in)); got != tc.want {
 			t.Errorf("jsonKind(%T): got %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestEstimateTokens(t *testing.T) {
+	cases := []struct {
+		in   string
+		want int
+	}{
+		{"", 0}, {"   ", 0}, {"one", 1}, {"one two  three", 3}, {"a\nb\tc", 3}, {"user: hi\nassistant: ", 3},
+	}
+	for _, tc := range cases {
+		if got := EstimateTokens(tc.in); got != tc.want {
+			t.Errorf("EstimateTokens(%q): got %d, want %d", tc.in, got, tc.want)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package frontend
+package httpguard
 
 import (
 	"net/http"
@@ -27,8 +27,8 @@ type deadlineWriter struct {
 	until   time.Time // the deadline set last; zero: none
 }
 
-// withWriteDeadline wraps w; a timeout of 0 leaves it as it is.
-func withWriteDeadline(w http.ResponseWriter, timeout time.Duration) http.ResponseWriter {
+// WithWriteDeadline wraps w; a timeout of 0 leaves it as it is.
+func WithWriteDeadline(w http.ResponseWriter, timeout time.Duration) http.ResponseWriter {
 	if timeout <= 0 {
 		return w
 	}
@@ -59,9 +59,9 @@ func (w *deadlineWriter) Flush() {
 // Unwrap lets http.ResponseController reach the connection's writer.
 func (w *deadlineWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// endWrites flushes what is left within the deadline, then clears it, so
+// EndWrites flushes what is left within the deadline, then clears it, so
 // that the next response on a kept-alive connection starts with none.
-func endWrites(w http.ResponseWriter) {
+func EndWrites(w http.ResponseWriter) {
 	if d, ok := w.(*deadlineWriter); ok {
 		d.Flush()
 		_ = d.rc.SetWriteDeadline(time.Time{})

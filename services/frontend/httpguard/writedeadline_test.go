@@ -1,4 +1,4 @@
-package frontend
+package httpguard
 
 import (
 	"net"
@@ -12,13 +12,13 @@ import (
 // TestWriteDeadlineFreesNonReader: a handler streaming far more than the
 // socket buffers hold to a client that never reads formerly blocked in its
 // write for as long as the client kept the connection; through
-// withWriteDeadline its write fails once it has waited the timeout.
+// WithWriteDeadline its write fails once it has waited the timeout.
 func TestWriteDeadlineFreesNonReader(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	ended := make(chan error, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		dw := withWriteDeadline(w, timeout)
-		defer endWrites(dw)
+		dw := WithWriteDeadline(w, timeout)
+		defer EndWrites(dw)
 		chunk := make([]byte, 64<<10)
 		for range 1024 { // 64 MiB
 			if _, err := dw.Write(chunk); err != nil {
@@ -59,8 +59,8 @@ func TestWriteDeadlineFreesNonReader(t *testing.T) {
 func TestWriteDeadlineKeepsReader(t *testing.T) {
 	const timeout = 50 * time.Millisecond
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		dw := withWriteDeadline(w, timeout)
-		defer endWrites(dw)
+		dw := WithWriteDeadline(w, timeout)
+		defer EndWrites(dw)
 		for i := range 3 {
 			if i > 0 {
 				time.Sleep(2 * timeout) // a quiet stream between tokens, not a synchronisation

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
@@ -9,44 +9,47 @@ import (
 	"unicode/utf8"
 
 	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/services/frontend/openai"
 )
 
-func testFrontend() *Frontend {
-	return &Frontend{cfg: Config{}.withDefaults()}
+// The edge's defaults of --default-max-tokens and --max-tokens-limit.
+const testDefaultMaxTokens, testMaxTokensLimit = 64, 32768
+
+// parseDefault parses as the edge does with its default limits.
+func parseDefault(endpoint string, body []byte) (Completion, *ParamError) {
+	return ParseCompletion(endpoint, body, testDefaultMaxTokens, testMaxTokensLimit)
 }
 
 func TestParseRequest(t *testing.T) {
-	fe := testFrontend()
+	parse := parseDefault
 	for _, tc := range []struct {
 		name     string
 		endpoint string
 		body     string
 		wantCode string
-		check    func(t *testing.T, p parsed)
+		check    func(t *testing.T, p Completion)
 	}{
 		{"chat", events.EndpointChat, `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true}}`, "",
-			func(t *testing.T, p parsed) {
-				if p.prompt != "system: be brief\nuser: hi" || p.maxTokens != 7 || !p.stream || !p.includeUsage || p.n != 1 {
-					t.Errorf("parsed = %+v", p)
+			func(t *testing.T, p Completion) {
+				if p.Prompt != "system: be brief\nuser: hi" || p.MaxTokens != 7 || !p.Stream || !p.IncludeUsage || p.N != 1 {
+					t.Errorf("Completion = %+v", p)
 				}
 			}},
 		{"completion defaults", events.EndpointCompletions, `{"model":"m","prompt":["one"],"temperature":0.7}`, "",
-			func(t *testing.T, p parsed) {
-				if p.prompt != "one" || p.maxTokens != DefaultMaxTokens || p.stream {
-					t.Errorf("parsed = %+v", p)
+			func(t *testing.T, p Completion) {
+				if p.Prompt != "one" || p.MaxTokens != testDefaultMaxTokens || p.Stream {
+					t.Errorf("Completion = %+v", p)
 				}
 			}},
 		{"max_completion_tokens", events.EndpointChat, `{"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":9}`, "",
-			func(t *testing.T, p parsed) {
-				if p.maxTokens != 9 {
-					t.Errorf("max tokens = %d, want 9", p.maxTokens)
+			func(t *testing.T, p Completion) {
+				if p.MaxTokens != 9 {
+					t.Errorf("max tokens = %d, want 9", p.MaxTokens)
 				}
 			}},
 		{"n", events.EndpointCompletions, `{"model":"m","prompt":"x","n":3}`, "",
-			func(t *testing.T, p parsed) {
-				if p.n != 3 {
-					t.Errorf("n = %d", p.n)
+			func(t *testing.T, p Completion) {
+				if p.N != 3 {
+					t.Errorf("n = %d", p.N)
 				}
 			}},
 		{"array body", events.EndpointCompletions, `[]`, "invalid_type", nil},
@@ -57,11 +60,11 @@ func TestParseRequest(t *testing.T) {
 		{"empty model", events.EndpointCompletions, `{"model":"","prompt":"a"}`, "missing_model", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := fe.parseRequest(tc.endpoint, []byte(tc.body))
+			p, err := parse(tc.endpoint, []byte(tc.body))
 			switch {
 			case tc.wantCode == "" && err != nil:
 				t.Fatalf("error %v, want none", err)
-			case tc.wantCode != "" && (err == nil || err.code != tc.wantCode):
+			case tc.wantCode != "" && (err == nil || err.Code != tc.wantCode):
 				t.Fatalf("error %v, want code %s", err, tc.wantCode)
 			}
 			if tc.check != nil {
@@ -74,8 +77,8 @@ func TestParseRequest(t *testing.T) {
 // TestParseRequestMessages: a rejection says what the field must be, in the
 // client's terms.
 func TestParseRequestMessages(t *testing.T) {
-	fe := testFrontend()
-	limit := fe.cfg.MaxTokensLimit
+	parse := parseDefault
+	limit := testMaxTokensLimit
 	for _, tc := range []struct {
 		name     string
 		body     string // fields after "model" and "prompt"
@@ -116,12 +119,12 @@ func TestParseRequestMessages(t *testing.T) {
 			if !strings.Contains(tc.body, `"model"`) {
 				body = `{"model":"m","prompt":"hi",` + tc.body + `}`
 			}
-			_, err := fe.parseRequest(events.EndpointCompletions, []byte(body))
+			_, err := parse(events.EndpointCompletions, []byte(body))
 			if err == nil {
 				t.Fatalf("accepted %s, want %s", body, tc.wantCode)
 			}
-			if err.status != http.StatusBadRequest || err.code != tc.wantCode || err.message != tc.wantMsg {
-				t.Errorf("got %d %s %q,\nwant 400 %s %q", err.status, err.code, err.message, tc.wantCode, tc.wantMsg)
+			if err.Status != http.StatusBadRequest || err.Code != tc.wantCode || err.Message != tc.wantMsg {
+				t.Errorf("got %d %s %q,\nwant 400 %s %q", err.Status, err.Code, err.Message, tc.wantCode, tc.wantMsg)
 			}
 		})
 	}
@@ -144,13 +147,13 @@ func FuzzParseRequest(f *testing.F) {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
-	fe := testFrontend()
+	parse := parseDefault
 	f.Fuzz(func(t *testing.T, body string, chat bool) {
 		endpoint := events.EndpointCompletions
 		if chat {
 			endpoint = events.EndpointChat
 		}
-		p, err := fe.parseRequest(endpoint, []byte(body))
+		p, err := parse(endpoint, []byte(body))
 		if err == nil {
 			// An accepted sampling parameter is a number in OpenAI's range.
 			var s struct {
@@ -173,21 +176,21 @@ func FuzzParseRequest(f *testing.F) {
 			}
 		}
 		if err != nil {
-			if err.status < 400 || err.status >= 500 || err.message == "" || err.code == "" {
+			if err.Status < 400 || err.Status >= 500 || err.Message == "" || err.Code == "" {
 				t.Fatalf("bad rejection %+v", err)
 			}
-			if !utf8.ValidString(err.message) && utf8.ValidString(body) {
-				t.Fatalf("message is not UTF-8: %q", err.message)
+			if !utf8.ValidString(err.Message) && utf8.ValidString(body) {
+				t.Fatalf("message is not UTF-8: %q", err.Message)
 			}
-			if _, merr := json.Marshal(map[string]any{"error": openai.ErrorBody(err.typ, err.code, err.message)}); merr != nil {
+			if _, merr := json.Marshal(map[string]any{"error": ErrorBody(err.Type, err.Code, err.Message)}); merr != nil {
 				t.Fatalf("error body does not encode: %v", merr)
 			}
 			return
 		}
-		if p.model == "" || p.maxTokens < 1 || p.maxTokens > fe.cfg.MaxTokensLimit || p.n < 1 || p.n > MaxChoices {
+		if p.Model == "" || p.MaxTokens < 1 || p.MaxTokens > testMaxTokensLimit || p.N < 1 || p.N > MaxChoices {
 			t.Fatalf("accepted out of limits: %+v", p)
 		}
-		if err != nil && err.status == http.StatusOK {
+		if err != nil && err.Status == http.StatusOK {
 			t.Fatal("unreachable")
 		}
 	})

@@ -1,4 +1,4 @@
-package frontend
+package httpguard
 
 import (
 	"errors"
@@ -51,7 +51,7 @@ func TestReadAllSized(t *testing.T) {
 	}
 }
 
-// TestRequestBody: the bytes readBody read are the handler's body, not a
+// TestRequestBody: the bytes ReadBody read are the handler's body, not a
 // copy, within the limit; past it the handler sees what it saw before.
 func TestRequestBody(t *testing.T) {
 	for _, tc := range []struct {
@@ -61,9 +61,9 @@ func TestRequestBody(t *testing.T) {
 		buffered bool
 		wantErr  bool
 	}{
-		{name: "read by readBody, within the limit", body: `{"a":1}`, limit: 100, buffered: true},
-		{name: "read by readBody, at the limit", body: `{"a":1}`, limit: 7, buffered: true},
-		{name: "read by readBody, past the limit", body: `{"a":12}`, limit: 7, buffered: true, wantErr: true},
+		{name: "read by ReadBody, within the limit", body: `{"a":1}`, limit: 100, buffered: true},
+		{name: "read by ReadBody, at the limit", body: `{"a":1}`, limit: 7, buffered: true},
+		{name: "read by ReadBody, past the limit", body: `{"a":12}`, limit: 7, buffered: true, wantErr: true},
 		{name: "not read before", body: `{"a":1}`, limit: 100},
 		{name: "not read before, past the limit", body: `{"a":12}`, limit: 7, wantErr: true},
 	} {
@@ -75,14 +75,14 @@ func TestRequestBody(t *testing.T) {
 				if b, ok := r.Body.(*bufferedBody); ok {
 					read = b.data
 				}
-				got, err = requestBody(w, r, tc.limit)
+				got, err = Body(w, r, tc.limit)
 				if rest, _ := io.ReadAll(r.Body); len(rest) != 0 {
-					t.Errorf("the body still reads %q after requestBody", rest)
+					t.Errorf("the body still reads %q after Body", rest)
 				}
 			})
 			var next http.Handler = h
 			if tc.buffered {
-				next = readBody(time.Minute, tc.limit, h)
+				next = ReadBody(time.Minute, tc.limit, h)
 			}
 			req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(tc.body))
 			next.ServeHTTP(httptest.NewRecorder(), req)
@@ -100,7 +100,7 @@ func TestRequestBody(t *testing.T) {
 				t.Errorf("got body %q, want %q", got, tc.body)
 			}
 			if tc.buffered && (len(read) == 0 || &got[0] != &read[0]) {
-				t.Error("got a copy of the body readBody read, want its bytes")
+				t.Error("got a copy of the body ReadBody read, want its bytes")
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package frontend
+package openai
 
 import (
 	"encoding/json"
@@ -16,8 +16,8 @@ func TestChoiceBody(t *testing.T) {
 		{`{"n":3}`, 1, `{"n":3}`},
 		{`{"seed":null}`, 1, `{"seed":null}`},
 	} {
-		if got := string(choiceBody(json.RawMessage(tc.body), tc.i)); got != tc.want {
-			t.Errorf("choiceBody(%s, %d) = %s, want %s", tc.body, tc.i, got, tc.want)
+		if got := string(ChoiceBody(json.RawMessage(tc.body), tc.i)); got != tc.want {
+			t.Errorf("ChoiceBody(%s, %d) = %s, want %s", tc.body, tc.i, got, tc.want)
 		}
 	}
 }
