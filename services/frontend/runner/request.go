@@ -349,11 +349,3 @@ func (rn *Runner) Attach(ctx context.Context, id string) (*Request, error) {
 	rn.mu.Unlock()
 	return t, nil
 }
-
-// appendCancel appends a cancel command for request id. It is idempotent.
-func (rn *Runner) appendCancel(ctx context.Context, id, mode, reason, tenant string) error {
-	ev := events.RequestCancelled{RequestID: id, Mode: mode, Reason: reason, Tenant: tenant}
-	env := rn.events.Envelope(events.ID(id, "cancelled", mode), id, ev)
-	_, err := rn.events.Append(ctx, streams.RequestEvents(id), env, -1)
-	return err
-}

@@ -2,9 +2,7 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
-	"github.com/google/uuid"
 )
 
 // run is the runner of request t: until t ends, another frontend owns it,
@@ -231,32 +228,6 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 	return out, nil
 }
 
-// heldDispatch is a dispatch on its way to a worker that holds the
-// attempt's output until told its routed decision is stored
-// (services/worker/hold.go), sent before that decision was appended.
-type heldDispatch struct {
-	w      projections.Worker
-	done   func() // ends the router's reservation of w
-	d      events.Dispatch
-	answer chan dispatchAnswer // the worker's answer, once
-}
-
-type dispatchAnswer struct {
-	reply streams.DispatchReply
-	err   error
-}
-
-// sendHeld sends d to w, held, and returns at once.
-func (rn *Runner) sendHeld(ctx context.Context, w projections.Worker, done func(), d events.Dispatch) *heldDispatch {
-	d.Hold = uuid.NewString()
-	h := &heldDispatch{w: w, done: done, d: d, answer: make(chan dispatchAnswer, 1)}
-	go func() {
-		reply, err := rn.sendDispatch(ctx, w.ID, d)
-		h.answer <- dispatchAnswer{reply, err}
-	}()
-	return h
-}
-
 // routeHeld records the routed decision of h, sent already. As soon as the
 // decision is stored the worker is told (streams.CommandRouted); when it is
 // not (another writer came first, the log refused it) and the decision the
@@ -280,49 +251,6 @@ func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*
 	return rn.dispatched(ctx, t, h.w, h.done, h.d, ans.reply, ans.err)
 }
 
-// abandon gives up h (if any), which the request no longer needs: the
-// worker is fenced once it answered, and the reservation ends.
-func (rn *Runner) abandon(h *heldDispatch) {
-	if h == nil {
-		return
-	}
-	go func() {
-		if ans := <-h.answer; ans.err != nil || ans.reply.Accepted {
-			rn.fenceHeld(h.d.RequestID, h)
-		}
-		h.done()
-		rn.log.Info("abandoned a held dispatch", "request_id", h.d.RequestID, "attempt", h.d.Attempt, "worker_id", h.w.ID, "hold", h.d.Hold)
-	}()
-}
-
-func (rn *Runner) fenceHeld(id string, h *heldDispatch) {
-	rn.command(h.w.ID, streams.Command{RequestID: id, Attempt: h.d.Attempt, Kind: streams.CommandFence,
-		Reason: "its routed decision was not stored", Hold: h.d.Hold})
-}
-
-// dispatchEarly sends the first dispatch of a new request while its
-// accepted event env is appended, when the policy would dispatch it and
-// the worker it picks holds its output (nil otherwise): the engine starts
-// one more acknowledgement sooner. The runner's first dispatch takes it
-// (carryDispatch).
-func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldDispatch {
-	p := projections.NewRequest()
-	p.Apply(env)
-	a := rn.policy.Step(migrations.State{Request: p}, migrations.Observation{}, time.Now())
-	if a.Kind != migrations.DispatchNext {
-		return nil
-	}
-	w, done, err := rn.fleet.Pick(a.Dispatch, a.Pinned, a.Exclude)
-	if err != nil {
-		return nil
-	}
-	if !w.HoldsUntilRouted {
-		done()
-		return nil
-	}
-	return rn.sendHeld(ctx, w, done, a.Dispatch)
-}
-
 // routedTo reports whether this frontend's fold routes attempt k of t to
 // worker.
 func (rn *Runner) routedTo(t *Request, k int, worker string) bool {
@@ -344,27 +272,6 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	})
 }
 
-// sendDispatch sends d to workerID and waits for its answer; it sets the
-// frontend's prompt limit on it.
-func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
-	data, err := json.Marshal(d)
-	if err != nil {
-		return streams.DispatchReply{}, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, rn.cfg.DispatchTimeout)
-	defer cancel()
-	msg, err := rn.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
-	if err != nil {
-		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
-	}
-	var reply streams.DispatchReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: bad reply: %w", d.RequestID, workerID, err)
-	}
-	return reply, nil
-}
-
 // carryFence carries out a Fence: close the attempt in the log (unless it is
 // already), inhibit its worker, and wait until this frontend has folded the
 // closure.
@@ -376,56 +283,6 @@ func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Actio
 		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()
 	}
 	rn.waitClosed(ctx, t, a.Fence.Attempt)
-}
-
-func (rn *Runner) appendFence(ctx context.Context, ev events.AttemptFailed) {
-	id := ev.RequestID
-	env := rn.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
-	if _, err := rn.events.Append(ctx, streams.RequestTokens(id, ev.Attempt, ev.WorkerID), env, -1); err != nil {
-		rn.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
-	}
-}
-
-// appendDecision appends a decision to the request's events subject, expecting the
-// last sequence this frontend has seen there, and waits until the follower
-// has folded it. It reports false with a nil error when someone else wrote
-// first (the follower has caught up by then: look again).
-func (rn *Runner) appendDecision(ctx context.Context, t *Request, id string, ev events.Event) (bool, error) {
-	seq, ok, err := rn.storeDecision(ctx, t, id, ev)
-	if ok {
-		rn.awaitFolded(ctx, t, seq)
-	}
-	return ok, err
-}
-
-// storeDecision is appendDecision's append, without the wait for the fold:
-// it returns the decision's sequence when stored.
-func (rn *Runner) storeDecision(ctx context.Context, t *Request, id string, ev events.Event) (uint64, bool, error) {
-	expect := int64(t.f.eventsSeq())
-	seq, err := rn.events.Append(ctx, streams.RequestEvents(t.id), rn.events.Envelope(id, t.id, ev), expect)
-	if errors.Is(err, streams.ErrConflict) {
-		rn.catchUp(ctx, t)
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	return seq, true, nil
-}
-
-// awaitFolded waits until this frontend has folded the event at seq (a
-// bounded wait; a catch-up when it times out).
-func (rn *Runner) awaitFolded(ctx context.Context, t *Request, seq uint64) {
-	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-	defer cancel()
-	if err := t.f.waitFor(wctx, func(p *projections.Request) bool { return p.LastSeq() >= seq }); err != nil {
-		rn.catchUp(ctx, t)
-	}
-}
-
-// catchUp reads whatever the follower missed.
-func (rn *Runner) catchUp(ctx context.Context, t *Request) {
-	_ = t.f.catchUp(ctx)
 }
 
 // appendFailure appends the request's terminal failure, trying again (with the
