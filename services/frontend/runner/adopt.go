@@ -337,15 +337,3 @@ func (rn *Runner) acceptedAt(ctx context.Context, at events.StoredAt) (string, b
 	}
 	return acc.RequestID, true
 }
-
-// startDetachClock starts t's detach clock if no client follows it here: an
-// adopted resumable request still ends after the detach timeout with
-// nobody attached (the clock starts again at the adoption: when its client
-// left the departed frontend is not in the log).
-func (rn *Runner) startDetachClock(t *Request) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	if t.clients == 0 && t.detachedSince.IsZero() {
-		t.detachedSince = time.Now()
-	}
-}

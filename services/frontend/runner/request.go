@@ -74,42 +74,8 @@ func (t *Request) takeEarly() *heldDispatch {
 // ErrExists means a request with that id is already in the log.
 var ErrExists = errors.New("runner: request exists")
 
-// register adds t to the requests this frontend follows, with one reference
-// held by the caller. The follower stops when the last reference is released.
-func (rn *Runner) register(t *Request) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	t.refs = 1
-	rn.requests[t.id] = t
-}
-
-// acquire returns the tracked request id with a new reference, if followed here.
-func (rn *Runner) acquire(id string) (*Request, bool) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	t, ok := rn.requests[id]
-	if ok {
-		t.refs++
-	}
-	return t, ok
-}
-
 // Release drops the caller's reference to t.
 func (t *Request) Release() { t.rn.release(t) }
-
-// release drops a reference to t.
-func (rn *Runner) release(t *Request) {
-	rn.mu.Lock()
-	t.refs--
-	last := t.refs == 0
-	if last {
-		delete(rn.requests, t.id)
-	}
-	rn.mu.Unlock()
-	if last {
-		t.f.stop()
-	}
-}
 
 // Accept appends a new request to the log and starts running it. It
 // returns ErrExists if the id is taken. The caller holds one reference.
@@ -241,14 +207,6 @@ func (rn *Runner) runRunners(ctx context.Context, g *errgroup.Group) {
 	}
 }
 
-// runnerEnded records that t's runner ended and drops its reference.
-func (rn *Runner) runnerEnded(t *Request) {
-	rn.mu.Lock()
-	t.running = false
-	rn.mu.Unlock()
-	rn.release(t)
-}
-
 // ensureOwner makes this frontend the owner of t if its owner is gone (its
 // presence key expired or was deleted), and runs it if it owns it. The
 // attached event is appended with the expected sequence, so of two frontends
@@ -301,12 +259,6 @@ func (t *Request) Leave() {
 	}
 	t.rn.mu.Unlock()
 	t.f.decided.Notify() // wake the runner to start its detach timer
-}
-
-func (rn *Runner) detachedSince(t *Request) time.Time {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	return t.detachedSince
 }
 
 // carryDetach cancels a request that no client came back to.
