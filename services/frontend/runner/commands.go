@@ -3,10 +3,12 @@ package runner
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 )
 
 // A worker never reads a request's log: the decisions it must obey (a
@@ -48,25 +50,31 @@ func attemptCommand(p *projections.Request, k int) *streams.Command {
 	return c
 }
 
-// command publishes c to worker. Core NATS: a command lost on the way is
+// commands publishes to workers the commands they must obey, on the
+// frontend's main connection. It is safe for concurrent use.
+type commands struct {
+	nc  *nats.Conn
+	log *slog.Logger
+}
+
+// send publishes c to worker. Core NATS: a command lost on the way is
 // asked for again by the worker after its reconnect.
-func (rn *Runner) command(worker string, c streams.Command) {
+func (cs commands) send(worker string, c streams.Command) {
 	data, err := json.Marshal(c)
 	if err == nil {
-		err = rn.nc.Publish(streams.CommandSubject(worker), data)
+		err = cs.nc.Publish(streams.CommandSubject(worker), data)
 	}
 	if err != nil {
-		rn.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
+		cs.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
 	}
 }
 
-// commandCurrent sends the command the current attempt of p must obey, if
-// any, to its worker.
-func (rn *Runner) commandCurrent(p *projections.Request) {
-	if cur, ok := p.Current(); ok {
-		if c := attemptCommand(p, cur.Attempt); c != nil {
-			rn.command(cur.WorkerID, *c)
-		}
+// cancel sends a cancel in mode to the worker of p's current attempt, if
+// it runs. An attempt routed meanwhile gets it from the owner's runner.
+func (cs commands) cancel(p *projections.Request, mode, reason string) {
+	if cur, ok := p.Current(); ok && !cur.Closed {
+		cs.send(cur.WorkerID, streams.Command{RequestID: p.Accepted.RequestID, Attempt: cur.Attempt,
+			Kind: streams.CommandCancel, Mode: mode, Reason: reason})
 	}
 }
 
@@ -79,8 +87,8 @@ type relay struct {
 }
 
 // note records the command the current attempt of p must obey, unless it
-// was relayed already; send sends it. note runs under the projection's lock,
-// send outside it.
+// was relayed already; commands.relay sends it. note runs under the
+// projection's lock, relay outside it.
 func (r *relay) note(p *projections.Request) {
 	r.pending = nil
 	cur, ok := p.Current()
@@ -96,9 +104,10 @@ func (r *relay) note(p *projections.Request) {
 	}
 }
 
-func (rn *Runner) send(r *relay) {
+// relay sends what r noted, if anything.
+func (cs commands) relay(r *relay) {
 	if r.pending != nil {
-		rn.command(r.worker, *r.pending)
+		cs.send(r.worker, *r.pending)
 		r.pending = nil
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -11,7 +12,19 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 )
+
+// dispatcher sends dispatches to workers and waits for their answers, on
+// the control connection (Runner.openControl). It is safe for concurrent
+// use once Start returned.
+type dispatcher struct {
+	ctl             *nats.Conn    // nc until Start opens a connection of its own, before any runner starts
+	timeout         time.Duration // Config.DispatchTimeout
+	maxPromptTokens int           // Config.MaxPromptTokens, set on each dispatch
+	commands        commands      // fences of held dispatches
+	log             *slog.Logger
+}
 
 // heldDispatch is a dispatch on its way to a worker that holds the
 // attempt's output until told its routed decision is stored
@@ -29,11 +42,11 @@ type dispatchAnswer struct {
 }
 
 // sendHeld sends d to w, held, and returns at once.
-func (rn *Runner) sendHeld(ctx context.Context, w projections.Worker, done func(), d events.Dispatch) *heldDispatch {
+func (ds *dispatcher) sendHeld(ctx context.Context, w projections.Worker, done func(), d events.Dispatch) *heldDispatch {
 	d.Hold = uuid.NewString()
 	h := &heldDispatch{w: w, done: done, d: d, answer: make(chan dispatchAnswer, 1)}
 	go func() {
-		reply, err := rn.sendDispatch(ctx, w.ID, d)
+		reply, err := ds.send(ctx, w.ID, d)
 		h.answer <- dispatchAnswer{reply, err}
 	}()
 	return h
@@ -41,21 +54,22 @@ func (rn *Runner) sendHeld(ctx context.Context, w projections.Worker, done func(
 
 // abandon gives up h (if any), which the request no longer needs: the
 // worker is fenced once it answered, and the reservation ends.
-func (rn *Runner) abandon(h *heldDispatch) {
+func (ds *dispatcher) abandon(h *heldDispatch) {
 	if h == nil {
 		return
 	}
 	go func() {
 		if ans := <-h.answer; ans.err != nil || ans.reply.Accepted {
-			rn.fenceHeld(h.d.RequestID, h)
+			ds.fenceHeld(h.d.RequestID, h)
 		}
 		h.done()
-		rn.log.Info("abandoned a held dispatch", "request_id", h.d.RequestID, "attempt", h.d.Attempt, "worker_id", h.w.ID, "hold", h.d.Hold)
+		ds.log.Info("abandoned a held dispatch", "request_id", h.d.RequestID, "attempt", h.d.Attempt, "worker_id", h.w.ID, "hold", h.d.Hold)
 	}()
 }
 
-func (rn *Runner) fenceHeld(id string, h *heldDispatch) {
-	rn.command(h.w.ID, streams.Command{RequestID: id, Attempt: h.d.Attempt, Kind: streams.CommandFence,
+// fenceHeld fences h's attempt of request id on its worker.
+func (ds *dispatcher) fenceHeld(id string, h *heldDispatch) {
+	ds.commands.send(h.w.ID, streams.Command{RequestID: id, Attempt: h.d.Attempt, Kind: streams.CommandFence,
 		Reason: "its routed decision was not stored", Hold: h.d.Hold})
 }
 
@@ -79,20 +93,20 @@ func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldD
 		done()
 		return nil
 	}
-	return rn.sendHeld(ctx, w, done, a.Dispatch)
+	return rn.dispatcher.sendHeld(ctx, w, done, a.Dispatch)
 }
 
-// sendDispatch sends d to workerID and waits for its answer; it sets the
+// send sends d to workerID and waits for its answer; it sets the
 // frontend's prompt limit on it.
-func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
+func (ds *dispatcher) send(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
+	d.MaxPromptTokens = ds.maxPromptTokens
 	data, err := json.Marshal(d)
 	if err != nil {
 		return streams.DispatchReply{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, rn.cfg.DispatchTimeout)
+	ctx, cancel := context.WithTimeout(ctx, ds.timeout)
 	defer cancel()
-	msg, err := rn.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
+	msg, err := ds.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
 	if err != nil {
 		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
 	}

@@ -19,7 +19,7 @@ import (
 // events subject, so two frontends never both decide for one request.
 func (rn *Runner) run(ctx context.Context, t *Request) {
 	defer t.settle()
-	defer func() { rn.abandon(t.takeEarly()) }() // if the policy never dispatched
+	defer func() { rn.dispatcher.abandon(t.takeEarly()) }() // if the policy never dispatched
 	var (
 		mem     migrations.Memory
 		outcome *migrations.DispatchOutcome
@@ -40,7 +40,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		if mem.Watch.Active {
 			dch = rn.fleet.MembersChanged()
 		}
-		obs := migrations.Observation{DetachedSince: rn.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
+		obs := migrations.Observation{DetachedSince: rn.requests.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
 		lch := rn.room.Changed()
 		var a migrations.Action
 		var model, endpoint string
@@ -58,7 +58,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			}
 			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
 		})
-		rn.send(&relayed)
+		rn.commands.relay(&relayed)
 		mem, outcome = a.Next, nil
 		if firstPending && mem.Watch.Active {
 			// Wake at the attempt's first token: the stall timeout starts
@@ -72,12 +72,12 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		rn.report(model, endpoint, a.Report)
 		switch a.Kind {
 		case migrations.Stop:
-			if !rn.compact(ctx, t) {
-				rn.storeEnd(ctx, t) // not the last word of its events subject: eviction finds it there
+			if !rn.lifecycle.compact(ctx, t) {
+				rn.lifecycle.storeEnd(ctx, t) // not the last word of its events subject: eviction finds it there
 			}
 			return
 		case migrations.Wait:
-			rn.waitStep(ctx, a.Until, fch, dch, lch)
+			waitStep(ctx, a.Until, fch, dch, lch)
 		case migrations.DispatchNext:
 			var done func()
 			outcome, done = rn.carryDispatch(ctx, t, a)
@@ -89,21 +89,21 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 				t.settle()
 			}
 		case migrations.CatchUp:
-			rn.catchUp(ctx, t)
+			catchUp(ctx, t)
 		case migrations.Fence:
 			rn.carryFence(ctx, t, a)
 		case migrations.Migrate:
 			m := a.Migrated
-			if ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m); ok {
+			if ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m); ok {
 				rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
 					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
 			} else if err != nil {
 				rn.log.Warn("record migration", "request_id", t.id, "err", err)
-				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
+				waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Fail:
 			if !rn.appendFailure(ctx, t, a.Failed) {
-				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
+				waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Detach:
 			rn.carryDetach(ctx, t)
@@ -117,7 +117,7 @@ const retryAfterError = time.Second
 
 // waitStep blocks until ctx is done, until (if set), or the request,
 // discovery or the log's room changed (a nil channel never does).
-func (rn *Runner) waitStep(ctx context.Context, until time.Time, request, discovery, room <-chan struct{}) {
+func waitStep(ctx context.Context, until time.Time, request, discovery, room <-chan struct{}) {
 	var timeout <-chan time.Time
 	if !until.IsZero() {
 		timer := time.NewTimer(time.Until(until))
@@ -167,7 +167,7 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		if h.d.Attempt == d.Attempt && h.d.StartOffset == d.StartOffset && (a.Pinned == "" || a.Pinned == h.w.ID) && !slices.Contains(a.Exclude, h.w.ID) {
 			return rn.routeHeld(ctx, t, h)
 		}
-		rn.abandon(h)
+		rn.dispatcher.abandon(h)
 	}
 	w, done, err := rn.fleet.Pick(d, a.Pinned, a.Exclude)
 	if err != nil {
@@ -175,13 +175,13 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 			NotCapable: fleet.IsNotCapable(err), Err: err.Error()}, nil
 	}
 	if w.HoldsUntilRouted {
-		return rn.routeHeld(ctx, t, rn.sendHeld(ctx, w, done, d))
+		return rn.routeHeld(ctx, t, rn.dispatcher.sendHeld(ctx, w, done, d))
 	}
-	ok, err := rn.appendDecision(ctx, t, routedID(t, d), routedOf(t, w, d))
+	ok, err := rn.decisions.append(ctx, t, routedID(t, d, rn.id), routedOf(t, w, d))
 	if !ok {
 		return rn.notRouted(t, done, err), nil
 	}
-	reply, err := rn.sendDispatch(ctx, w.ID, d)
+	reply, err := rn.dispatcher.send(ctx, w.ID, d)
 	return rn.dispatched(ctx, t, w, done, d, reply, err)
 }
 
@@ -189,8 +189,8 @@ func routedOf(t *Request, w projections.Worker, d events.Dispatch) events.Reques
 	return events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
 }
 
-func routedID(t *Request, d events.Dispatch) string {
-	return events.ID(t.id, "routed", d.Attempt, t.rn.id)
+func routedID(t *Request, d events.Dispatch, frontend string) string {
+	return events.ID(t.id, "routed", d.Attempt, frontend)
 }
 
 // notRouted is the outcome of a dispatch whose routed decision was not
@@ -223,8 +223,8 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 		rn.metrics.dispatchUnanswered.WithLabelValues(w.ID).Inc()
 		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
-	rn.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
-	rn.waitClosed(ctx, t, d.Attempt)
+	rn.decisions.fence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	waitClosed(ctx, t, d.Attempt)
 	return out, nil
 }
 
@@ -235,25 +235,25 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 // is fenced once it answered (a fence sent earlier could overtake the
 // dispatch and find no job to end).
 func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*migrations.DispatchOutcome, func()) {
-	seq, ok, err := rn.storeDecision(ctx, t, routedID(t, h.d), routedOf(t, h.w, h.d))
-	routedHere := ok || rn.routedTo(t, h.d.Attempt, h.w.ID)
+	seq, ok, err := rn.decisions.store(ctx, t, routedID(t, h.d, rn.id), routedOf(t, h.w, h.d))
+	routedHere := ok || routedTo(t, h.d.Attempt, h.w.ID)
 	if routedHere {
-		rn.command(h.w.ID, streams.Command{RequestID: t.id, Attempt: h.d.Attempt, Kind: streams.CommandRouted})
+		rn.commands.send(h.w.ID, streams.Command{RequestID: t.id, Attempt: h.d.Attempt, Kind: streams.CommandRouted})
 	}
 	ans := <-h.answer
 	if !ok {
 		if !routedHere && (ans.err != nil || ans.reply.Accepted) {
-			rn.fenceHeld(t.id, h)
+			rn.dispatcher.fenceHeld(t.id, h)
 		}
 		return rn.notRouted(t, h.done, err), nil
 	}
-	rn.awaitFolded(ctx, t, seq)
+	rn.decisions.awaitFolded(ctx, t, seq)
 	return rn.dispatched(ctx, t, h.w, h.done, h.d, ans.reply, ans.err)
 }
 
 // routedTo reports whether this frontend's fold routes attempt k of t to
 // worker.
-func (rn *Runner) routedTo(t *Request, k int, worker string) bool {
+func routedTo(t *Request, k int, worker string) bool {
 	var yes bool
 	t.f.view(func(p *projections.Request) {
 		yes = k < len(p.Attempts) && p.Attempts[k].WorkerID == worker
@@ -263,7 +263,7 @@ func (rn *Runner) routedTo(t *Request, k int, worker string) bool {
 
 // waitClosed waits until this frontend has folded the closure of attempt k
 // (or the request moved past it), for at most streams.DefaultTimeout.
-func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
+func waitClosed(ctx context.Context, t *Request, k int) {
 	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
 	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
@@ -277,12 +277,12 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 // closure.
 func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Action) {
 	if a.AppendFence {
-		rn.appendFence(ctx, a.Fence)
+		rn.decisions.fence(ctx, a.Fence)
 	}
 	if w, ok := rn.fleet.Worker(a.Fence.WorkerID); ok && a.Inhibit && rn.fleet.Inhibit(w, a.InhibitFor) {
 		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()
 	}
-	rn.waitClosed(ctx, t, a.Fence.Attempt)
+	waitClosed(ctx, t, a.Fence.Attempt)
 }
 
 // appendFailure appends the request's terminal failure, trying again (with the
@@ -290,9 +290,9 @@ func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Actio
 // false if the log refused it.
 func (rn *Runner) appendFailure(ctx context.Context, t *Request, ev events.RequestFailed) bool {
 	for range 3 {
-		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "failed"), ev)
+		ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "failed"), ev)
 		if errors.Is(err, streams.ErrStreamFull) {
-			return rn.failUnstored(ctx, t, ev)
+			return rn.lifecycle.failUnstored(ctx, t, ev)
 		}
 		if err != nil {
 			rn.log.Error("record request failure", "request_id", t.id, "err", err)

@@ -257,7 +257,7 @@ func (x *runnerFixture) run(id string) projections.State {
 		x.t.Fatal(err)
 	}
 	defer f.stop()
-	t := x.rn.newRequest(id, f)
+	t := x.rn.requests.newRequest(id, f)
 	x.rn.run(x.ctx, t)
 	x.wg.Wait()
 	var st projections.State
@@ -315,7 +315,7 @@ func TestRunnerRefusalIsNoMigration(t *testing.T) {
 // the request migrates as new_request to the other worker.
 func TestRunnerDispatchUnanswered(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", silent: true}, fakeWorker{id: "w2"})
-	x.rn.cfg.DispatchTimeout = 100 * time.Millisecond
+	x.rn.dispatcher.timeout = 100 * time.Millisecond
 	x.busy("w2") // w1 is the less loaded: tried first
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest || st.Worker != "w2" {
