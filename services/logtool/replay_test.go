@@ -88,14 +88,7 @@ func TestReplayTimelineLines(t *testing.T) {
 		"+0.130s #14 tokens.1 completed attempt 1 completed: finish reason length, 10 completion tokens",
 		"+0.140s #15 tokens.0 completed attempt 0 completed: finish reason length, 6 completion tokens [ignored (after the end)]",
 	}
-	if len(got) != len(want) {
-		t.Fatalf("got %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("line %d:\n got %s\nwant %s", i, got[i], want[i])
-		}
-	}
+	sameLines(t, got, want)
 }
 
 func TestWriteReplay(t *testing.T) {
@@ -253,17 +246,23 @@ func TestReplayTellsTheCarry(t *testing.T) {
 		"+0.060s #7 tokens.1 completed carry for older readers: completed, finish reason length, 10 completion tokens",
 		"+0.070s #8 events compacted compacted: 10 tokens, the history through sequence 15 in one record: attempt 0: tokens 0-4 (5), attempt 1: tokens 5-9 (5)",
 	}
+	sameLines(t, got, want)
+	for _, e := range doc.Timeline {
+		if wantCarry := e.Seq == 6 || e.Seq == 7; e.Carry != wantCarry {
+			t.Errorf("seq %d: got carry %v, want %v", e.Seq, e.Carry, wantCarry)
+		}
+	}
+}
+
+// sameLines fails t unless got and want hold the same lines.
+func sameLines(t *testing.T, got, want []string) {
+	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("got %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
 	}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("line %d:\n got %s\nwant %s", i, got[i], want[i])
-		}
-	}
-	for _, e := range doc.Timeline {
-		if wantCarry := e.Seq == 6 || e.Seq == 7; e.Carry != wantCarry {
-			t.Errorf("seq %d: got carry %v, want %v", e.Seq, e.Carry, wantCarry)
 		}
 	}
 }
