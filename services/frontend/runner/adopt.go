@@ -157,14 +157,8 @@ func (ad *adopter) publish(ctx context.Context) {
 			return
 		case <-ad.listed.changed:
 		}
-		if wait := adoptableEvery - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if !sleep(ctx, adoptableEvery-time.Since(last)) {
+			return
 		}
 		last = time.Now()
 		list, left := ad.listed.list()
@@ -238,14 +232,8 @@ func (ad *adopter) adoptAll(ctx context.Context, from string, list []events.Stor
 		if len(byRank[r]) == 0 {
 			continue
 		}
-		if wait := time.Until(start.Add(time.Duration(r) * adoptStagger)); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if !sleep(ctx, time.Until(start.Add(time.Duration(r)*adoptStagger))) {
+			return
 		}
 		listed := ad.listedByLive()
 		var g errgroup.Group
@@ -360,4 +348,20 @@ func (ad *adopter) acceptedAt(ctx context.Context, at events.StoredAt) (string, 
 		return "", false
 	}
 	return acc.RequestID, true
+}
+
+// sleep waits d (nothing if d is not positive) and reports true, or false
+// as soon as ctx is done.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return true
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
