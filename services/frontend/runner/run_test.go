@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
@@ -438,7 +439,7 @@ func TestAcceptDispatchesEarly(t *testing.T) {
 		t.Fatalf("Accept of a taken id: %v, want ErrExists", err)
 	}
 	var second events.Dispatch
-	waitUntil(t, x.changed, "the second dispatch's fence", func() bool {
+	waitfor.Signal(t, x.changed, "the second dispatch's fence", func() bool {
 		ds := x.sent()
 		if len(ds) < 2 {
 			return false
