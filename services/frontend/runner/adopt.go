@@ -157,7 +157,7 @@ func (ad *adopter) publish(ctx context.Context) {
 			return
 		case <-ad.listed.changed:
 		}
-		if !sleep(ctx, adoptableEvery-time.Since(last)) {
+		if !streams.Sleep(ctx, adoptableEvery-time.Since(last)) {
 			return
 		}
 		last = time.Now()
@@ -232,7 +232,7 @@ func (ad *adopter) adoptAll(ctx context.Context, from string, list []events.Stor
 		if len(byRank[r]) == 0 {
 			continue
 		}
-		if !sleep(ctx, time.Until(start.Add(time.Duration(r)*adoptStagger))) {
+		if !streams.Sleep(ctx, time.Until(start.Add(time.Duration(r)*adoptStagger))) {
 			return
 		}
 		listed := ad.listedByLive()
@@ -348,20 +348,4 @@ func (ad *adopter) acceptedAt(ctx context.Context, at events.StoredAt) (string, 
 		return "", false
 	}
 	return acc.RequestID, true
-}
-
-// sleep waits d (nothing if d is not positive) and reports true, or false
-// as soon as ctx is done.
-func sleep(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return true
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
