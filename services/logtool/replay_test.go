@@ -69,10 +69,7 @@ func TestBuildReplayNotFound(t *testing.T) {
 
 func TestReplayTimelineLines(t *testing.T) {
 	doc, _ := BuildReplay(histories.Envelopes(histories.Migrated()))
-	var got []string
-	for _, l := range coalesce(doc.Timeline) {
-		got = append(got, strings.Join(strings.Fields(l.String()), " "))
-	}
+	got := timelineLines(doc)
 	want := []string{
 		"+0.000s #1 events accepted model mock (completions), 2 prompt tokens, max_tokens 10, owner fe-1, streaming",
 		"+0.010s #2 events routed attempt 0 → worker w1, from token 0",
@@ -232,10 +229,7 @@ func TestReplayTellsTheCarry(t *testing.T) {
 	if want := "t0 t1 t2 t3 t4 t5 t6 t7 t8 t9 "; doc.Output != want || doc.Request.Status != "completed" {
 		t.Fatalf("got %s, output %q; want completed, %q", doc.Request.Status, doc.Output, want)
 	}
-	var got []string
-	for _, l := range coalesce(doc.Timeline) {
-		got = append(got, strings.Join(strings.Fields(l.String()), " "))
-	}
+	got := timelineLines(doc)
 	want := []string{
 		"+0.000s #1 events accepted model mock (completions), 2 prompt tokens, max_tokens 10, owner fe-1, streaming",
 		"+0.010s #2 events routed attempt 0 → worker w1, from token 0",
@@ -265,4 +259,14 @@ func sameLines(t *testing.T, got, want []string) {
 			t.Errorf("line %d:\n got %s\nwant %s", i, got[i], want[i])
 		}
 	}
+}
+
+// timelineLines is doc's coalesced timeline, a line an entry, its runs of
+// spaces made one.
+func timelineLines(doc Doc) []string {
+	var got []string
+	for _, l := range coalesce(doc.Timeline) {
+		got = append(got, strings.Join(strings.Fields(l.String()), " "))
+	}
+	return got
 }
