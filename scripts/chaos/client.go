@@ -132,6 +132,16 @@ type attempts struct {
 	unanswered bool // a POST went unanswered: it may have been accepted
 }
 
+// lost notes a POST of o that got no answer: it may have got in all the
+// same, so the log is asked (through any frontend).
+func (a *attempts) lost(ctx context.Context, pick func(try int) (target, error), o *outcome) {
+	a.unanswered = true
+	o.retries++
+	if exists, _ := probe(ctx, pick, o.id); exists {
+		a.accepted = true
+	}
+}
+
 // post posts the request through t and reads its stream if it is accepted.
 // It reports whether the request has ended, in full or for good.
 func (a *attempts) post(ctx context.Context, pick func(try int) (target, error), t target, o *outcome) bool {
@@ -147,12 +157,7 @@ func (a *attempts) post(ctx context.Context, pick func(try int) (target, error),
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		// Did it get in? Ask the log (through any frontend).
-		a.unanswered = true
-		o.retries++
-		if exists, _ := probe(ctx, pick, o.id); exists {
-			a.accepted = true
-		}
+		a.lost(ctx, pick, o)
 		return false
 	}
 	switch {

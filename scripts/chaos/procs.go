@@ -53,6 +53,20 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
+// term sends SIGTERM and waits up to timeout for the process to exit 0: one
+// still running then is killed, and who names it in the error.
+func (p *proc) term(who string, timeout time.Duration) error {
+	p.signal(syscall.SIGTERM)
+	if !p.wait(timeout) {
+		p.stop()
+		return fmt.Errorf("%s did not exit within %v of SIGTERM; killed", who, timeout)
+	}
+	if p.err != nil {
+		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", who, p.err)
+	}
+	return nil
+}
+
 // wait waits up to timeout for the process to exit.
 func (p *proc) wait(timeout time.Duration) bool {
 	select {

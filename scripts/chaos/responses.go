@@ -31,11 +31,7 @@ func (a *attempts) postResponse(ctx context.Context, pick func(try int) (target,
 	req.Header.Set("X-Request-Id", o.id)
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		a.unanswered = true
-		o.retries++
-		if exists, _ := probe(ctx, pick, o.id); exists {
-			a.accepted = true
-		}
+		a.lost(ctx, pick, o)
 		return false
 	}
 	msg := readBody(resp)
