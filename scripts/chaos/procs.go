@@ -354,18 +354,23 @@ func (h *harness) startNode(n *natsNode) error {
 // parts is the request log's layout of the run.
 func (h *harness) parts() streams.Partitions { return streams.Partitions(h.cfg.partitions) }
 
+// streamInfo reads the info of stream name (within a second).
+func (h *harness) streamInfo(name string) (*jetstream.StreamInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.Info(ctx)
+}
+
 // requestsLeader returns the node leading request partition k once it has a
 // leader and every replica is current.
 func (h *harness) requestsLeader(k int, timeout time.Duration) (leader string, followers []string, err error) {
 	name := h.parts().Stream(k)
 	err = waitUntil(timeout, name+" to have a leader and current replicas", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s, err := h.js.Stream(ctx, name)
-		if err != nil {
-			return false
-		}
-		info, err := s.Info(ctx)
+		info, err := h.streamInfo(name)
 		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != len(h.nodes)-1 {
 			return false
 		}
