@@ -21,6 +21,15 @@ type target struct {
 	inc *feInc
 }
 
+// count edits the counts of t's incarnation, if any, under its lock.
+func (t target) count(edit func(*feInc)) {
+	if t.inc != nil {
+		t.inc.mu.Lock()
+		edit(t.inc)
+		t.inc.mu.Unlock()
+	}
+}
+
 // outcome is one request as its client saw it.
 type outcome struct {
 	id, prompt string
@@ -150,10 +159,8 @@ func (a *attempts) post(ctx context.Context, pick func(try int) (target, error),
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", o.id)
 	req.Header.Set("X-Resumable", "true")
-	if a.unanswered && t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.ambiguous++ // if an earlier POST was stored after all, this one attaches: a resume
-		t.inc.mu.Unlock()
+	if a.unanswered {
+		t.count(func(c *feInc) { c.ambiguous++ }) // if an earlier POST was stored after all, this one attaches: a resume
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
@@ -189,11 +196,7 @@ func (a *attempts) post(ctx context.Context, pick func(try int) (target, error),
 func resume(ctx context.Context, t target, o *outcome) bool {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/v1/requests/"+o.id+"/stream", nil)
 	req.Header.Set("Last-Event-ID", strconv.Itoa(o.tokens))
-	if t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.resumeTry++
-		t.inc.mu.Unlock()
-	}
+	t.count(func(c *feInc) { c.resumeTry++ })
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return false // that frontend is gone: try another
@@ -204,11 +207,7 @@ func resume(ctx context.Context, t target, o *outcome) bool {
 		return false
 	}
 	o.resumes++
-	if t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.resumes++
-		t.inc.mu.Unlock()
-	}
+	t.count(func(c *feInc) { c.resumes++ })
 	if resp.StatusCode != http.StatusOK {
 		// A request that failed before its first token answers its error.
 		o.status, o.errEvent = resp.StatusCode, readBody(resp)
