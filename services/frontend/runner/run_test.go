@@ -120,6 +120,38 @@ func (x *runnerFixture) put(bucket, key string, v any) {
 	}
 }
 
+// start starts the runtime (its presence at a made-up address) and stops
+// it when the test ends.
+func (x *runnerFixture) start() *Runner {
+	x.t.Helper()
+	if err := x.rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
+		x.t.Fatal(err)
+	}
+	x.t.Cleanup(x.rn.Stop)
+	return x.rn
+}
+
+// depart deletes frontend id's presence key once the fleet view holds it
+// and every frontend of alive live.
+func (x *runnerFixture) depart(id string, alive ...string) {
+	x.t.Helper()
+	all := append([]string{id}, alive...)
+	for ch := x.fl.FrontendsChanged(); slices.ContainsFunc(all, func(f string) bool { return !x.fl.FrontendAlive(f) }); ch = x.fl.FrontendsChanged() {
+		select {
+		case <-ch:
+		case <-x.ctx.Done():
+			x.t.Fatalf("the fleet view never saw every one of %v", all)
+		}
+	}
+	kv, err := x.js.KeyValue(x.ctx, streams.FrontendsBucket)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	if err := kv.Delete(x.ctx, id); err != nil {
+		x.t.Fatal(err)
+	}
+}
+
 // waitFleet waits until the fleet view satisfies cond.
 func (x *runnerFixture) waitFleet(what string, cond func() bool) {
 	x.t.Helper()
