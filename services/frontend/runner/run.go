@@ -42,22 +42,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		}
 		obs := migrations.Observation{DetachedSince: rn.requests.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
 		lch := rn.room.Changed()
-		var a migrations.Action
-		var model, endpoint string
-		var firstPending bool // the running attempt has no token yet
-		t.f.read(func(p *projections.Request, progress time.Time) {
-			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
-			relayed.note(p)
-			obs.LastProgress = progress
-			if cur, ok := p.Current(); ok {
-				w, present := rn.fleet.Worker(cur.WorkerID)
-				// A quarantined worker's output is not to be waited for.
-				present = present && w.State != projections.WorkerQuarantined
-				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
-				firstPending = !cur.Closed && p.Len() == cur.StartOffset
-			}
-			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
-		})
+		a, model, endpoint, firstPending := rn.observe(t, mem, obs, &relayed)
 		rn.commands.relay(&relayed)
 		mem, outcome = a.Next, nil
 		if firstPending && mem.Watch.Active {
@@ -93,12 +78,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		case migrations.Fence:
 			rn.carryFence(ctx, t, a)
 		case migrations.Migrate:
-			m := a.Migrated
-			if ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m); ok {
-				rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
-					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
-			} else if err != nil {
-				rn.log.Warn("record migration", "request_id", t.id, "err", err)
+			if !rn.carryMigrate(ctx, t, a.Migrated) {
 				waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Fail:
@@ -109,6 +89,43 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			rn.carryDetach(ctx, t)
 		}
 	}
+}
+
+// observe reads t's fold under its lock and asks the policy's Step with
+// mem and obs (completed from the fold and the fleet view): it returns the
+// action, the request's model and endpoint, and whether the running attempt
+// has no token yet, and notes in relayed what the current attempt must obey.
+func (rn *Runner) observe(t *Request, mem migrations.Memory, obs migrations.Observation, relayed *relay) (a migrations.Action, model, endpoint string, firstPending bool) {
+	t.f.read(func(p *projections.Request, progress time.Time) {
+		model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
+		relayed.note(p)
+		obs.LastProgress = progress
+		if cur, ok := p.Current(); ok {
+			w, present := rn.fleet.Worker(cur.WorkerID)
+			// A quarantined worker's output is not to be waited for.
+			present = present && w.State != projections.WorkerQuarantined
+			obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
+			firstPending = !cur.Closed && p.Len() == cur.StartOffset
+		}
+		a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
+	})
+	return a, model, endpoint, firstPending
+}
+
+// carryMigrate records migration m of t. It reports false when the log
+// refused it (not when another writer came first: the next step looks
+// again).
+func (rn *Runner) carryMigrate(ctx context.Context, t *Request, m events.RequestMigrated) bool {
+	ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m)
+	switch {
+	case ok:
+		rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
+			"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
+	case err != nil:
+		rn.log.Warn("record migration", "request_id", t.id, "err", err)
+		return false
+	}
+	return true
 }
 
 // retryAfterError is how long a runner waits before deciding again when the
