@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,27 +40,13 @@ const (
 )
 
 func (c Config) withDefaults() Config {
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
-	if c.RequestsMaxAge == 0 {
-		c.RequestsMaxAge = DefaultRequestsMaxAge
-	}
-	if c.RequestsMaxBytes == 0 {
-		c.RequestsMaxBytes = DefaultRequestsMaxBytes
-	}
-	if c.MaxMsgsPerSubject == 0 {
-		c.MaxMsgsPerSubject = DefaultMaxMsgsPerSubject
-	}
-	if c.MaxMsgSize == 0 {
-		c.MaxMsgSize = DefaultMaxMsgSize
-	}
-	if c.WorkersMaxAge == 0 {
-		c.WorkersMaxAge = DefaultWorkersMaxAge
-	}
-	if c.MarkerTTL == 0 {
-		c.MarkerTTL = DefaultMarkerTTL
-	}
+	c.Replicas = cmp.Or(c.Replicas, 1)
+	c.RequestsMaxAge = cmp.Or(c.RequestsMaxAge, DefaultRequestsMaxAge)
+	c.RequestsMaxBytes = cmp.Or(c.RequestsMaxBytes, DefaultRequestsMaxBytes)
+	c.MaxMsgsPerSubject = cmp.Or(c.MaxMsgsPerSubject, DefaultMaxMsgsPerSubject)
+	c.MaxMsgSize = cmp.Or(c.MaxMsgSize, DefaultMaxMsgSize)
+	c.WorkersMaxAge = cmp.Or(c.WorkersMaxAge, DefaultWorkersMaxAge)
+	c.MarkerTTL = cmp.Or(c.MarkerTTL, DefaultMarkerTTL)
 	return c
 }
 

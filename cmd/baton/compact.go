@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/baton-dev/baton/services/retention"
-	"github.com/baton-dev/baton/streams"
 )
 
 const compactSummary = `Compacts finished requests by hand: folds each one's token deltas into its
@@ -34,34 +32,22 @@ func runCompact(ctx context.Context, env *environment, args []string) error {
 	if len(ids) == 0 {
 		return usagef("want at least one request id (see 'baton compact --help')")
 	}
-	for _, id := range ids {
-		if !streams.ValidRequestID(id) {
-			return usagef("%q is not a request id (letters, digits, '-', '_', or <tenant>:<id>)", id)
-		}
+	if err := checkRequestIDs(ids); err != nil {
+		return err
 	}
 	if err := nf.validate(); err != nil {
 		return err
 	}
-	nc, js, parts, err := connectTool(ctx, env, common, nf, "compact")
+	nc, log, parts, err := connectLog(ctx, env, common, nf, "compact")
 	if nc == nil {
 		return err
 	}
 	defer nc.Close()
-	log := streams.NewLog(js, "baton/frontend/compact")
-	log.SetPartitions(parts)
-	var errs []error
-	for _, id := range ids {
-		cctx, cancel := context.WithTimeout(ctx, compactTimeout)
-		err := retention.CompactFromLog(cctx, log, parts, id)
-		cancel()
-		switch {
-		case errors.Is(err, streams.ErrNotFound):
-			errs = append(errs, errRequestNotFound(id))
-		case err != nil:
-			errs = append(errs, err)
-		default:
+	return eachRequest(ctx, ids, compactTimeout, func(ctx context.Context, id string) error {
+		err := retention.CompactFromLog(ctx, log, parts, id)
+		if err == nil {
 			fmt.Fprintf(env.stdout, "compacted %s\n", id)
 		}
-	}
-	return errors.Join(errs...)
+		return err
+	})
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -56,10 +55,8 @@ func runEvict(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 	}
-	for _, id := range ids {
-		if !streams.ValidRequestID(id) {
-			return usagef("%q is not a request id (letters, digits, '-', '_', or <tenant>:<id>)", id)
-		}
+	if err := checkRequestIDs(ids); err != nil {
+		return err
 	}
 	if grace < 0 {
 		return usagef("--grace %v: must not be negative", grace)
@@ -67,36 +64,29 @@ func runEvict(ctx context.Context, env *environment, args []string) error {
 	if err := nf.validate(); err != nil {
 		return err
 	}
-	nc, js, parts, err := connectTool(ctx, env, common, nf, "evict")
+	nc, log, parts, err := connectLog(ctx, env, common, nf, "evict")
 	if nc == nil {
 		return err
 	}
 	defer nc.Close()
-	log := streams.NewLog(js, "baton/frontend/evict")
-	log.SetPartitions(parts)
 	if tenant != "" {
 		if ids, err = retention.TenantRequests(ctx, log, parts, tenant, cutoff); err != nil {
 			return err
 		}
 		fmt.Fprintf(env.stdout, "%d requests of %s began before %s\n", len(ids), tenant, cutoff.Format(time.RFC3339))
 	}
-	var errs []error
-	for _, id := range ids {
-		ectx, cancel := context.WithTimeout(ctx, evictTimeout)
-		got, err := retention.EvictByHand(ectx, log, parts, id, grace)
-		cancel()
-		switch {
-		case errors.Is(err, streams.ErrNotFound):
-			errs = append(errs, errRequestNotFound(id))
-		case err != nil:
-			errs = append(errs, err)
-		case got.Cancelled:
+	return eachRequest(ctx, ids, evictTimeout, func(ctx context.Context, id string) error {
+		got, err := retention.EvictByHand(ctx, log, parts, id, grace)
+		if err != nil {
+			return err
+		}
+		if got.Cancelled {
 			fmt.Fprintf(env.stdout, "evicted %s (it was running: cancelled first; %d messages purged)\n", id, got.Purged)
-		default:
+		} else {
 			fmt.Fprintf(env.stdout, "evicted %s (%d messages purged)\n", id, got.Purged)
 		}
-	}
-	return errors.Join(errs...)
+		return nil
+	})
 }
 
 // parseBefore reads --before: an RFC 3339 time, or a duration before now.

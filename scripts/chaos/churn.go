@@ -273,13 +273,8 @@ func (h *harness) replaceFrontend(slot int, term bool) error {
 	old.draining, old.termed = term, term
 	old.mu.Unlock()
 	if term {
-		old.p.signal(syscall.SIGTERM)
-		if !old.p.wait(30 * time.Second) {
-			old.p.stop()
-			return fmt.Errorf("%s did not exit within 30s of SIGTERM; killed", old.id)
-		}
-		if old.p.err != nil {
-			return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", old.id, old.p.err)
+		if err := old.p.term(old.id, 30*time.Second); err != nil {
+			return err
 		}
 	} else if err := old.p.kill(10 * time.Second); err != nil {
 		return err

@@ -21,6 +21,15 @@ type target struct {
 	inc *feInc
 }
 
+// count edits the counts of t's incarnation, if any, under its lock.
+func (t target) count(edit func(*feInc)) {
+	if t.inc != nil {
+		t.inc.mu.Lock()
+		edit(t.inc)
+		t.inc.mu.Unlock()
+	}
+}
+
 // outcome is one request as its client saw it.
 type outcome struct {
 	id, prompt string
@@ -132,6 +141,16 @@ type attempts struct {
 	unanswered bool // a POST went unanswered: it may have been accepted
 }
 
+// lost notes a POST of o that got no answer: it may have got in all the
+// same, so the log is asked (through any frontend).
+func (a *attempts) lost(ctx context.Context, pick func(try int) (target, error), o *outcome) {
+	a.unanswered = true
+	o.retries++
+	if exists, _ := probe(ctx, pick, o.id); exists {
+		a.accepted = true
+	}
+}
+
 // post posts the request through t and reads its stream if it is accepted.
 // It reports whether the request has ended, in full or for good.
 func (a *attempts) post(ctx context.Context, pick func(try int) (target, error), t target, o *outcome) bool {
@@ -140,19 +159,12 @@ func (a *attempts) post(ctx context.Context, pick func(try int) (target, error),
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", o.id)
 	req.Header.Set("X-Resumable", "true")
-	if a.unanswered && t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.ambiguous++ // if an earlier POST was stored after all, this one attaches: a resume
-		t.inc.mu.Unlock()
+	if a.unanswered {
+		t.count(func(c *feInc) { c.ambiguous++ }) // if an earlier POST was stored after all, this one attaches: a resume
 	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		// Did it get in? Ask the log (through any frontend).
-		a.unanswered = true
-		o.retries++
-		if exists, _ := probe(ctx, pick, o.id); exists {
-			a.accepted = true
-		}
+		a.lost(ctx, pick, o)
 		return false
 	}
 	switch {
@@ -184,11 +196,7 @@ func (a *attempts) post(ctx context.Context, pick func(try int) (target, error),
 func resume(ctx context.Context, t target, o *outcome) bool {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.url+"/v1/requests/"+o.id+"/stream", nil)
 	req.Header.Set("Last-Event-ID", strconv.Itoa(o.tokens))
-	if t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.resumeTry++
-		t.inc.mu.Unlock()
-	}
+	t.count(func(c *feInc) { c.resumeTry++ })
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return false // that frontend is gone: try another
@@ -199,11 +207,7 @@ func resume(ctx context.Context, t target, o *outcome) bool {
 		return false
 	}
 	o.resumes++
-	if t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.resumes++
-		t.inc.mu.Unlock()
-	}
+	t.count(func(c *feInc) { c.resumes++ })
 	if resp.StatusCode != http.StatusOK {
 		// A request that failed before its first token answers its error.
 		o.status, o.errEvent = resp.StatusCode, readBody(resp)

@@ -182,13 +182,7 @@ func (h *harness) newLeader(k int, old string, timeout time.Duration) error {
 	name := h.parts().Stream(k)
 	var leader string
 	err := waitUntil(timeout, name+" to elect a leader other than "+old, func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s, err := h.js.Stream(ctx, name)
-		if err != nil {
-			return false
-		}
-		info, err := s.Info(ctx)
+		info, err := h.streamInfo(name)
 		if err != nil || info.Cluster == nil {
 			return false
 		}

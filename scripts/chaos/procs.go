@@ -53,6 +53,20 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
+// term sends SIGTERM and waits up to timeout for the process to exit 0: one
+// still running then is killed, and who names it in the error.
+func (p *proc) term(who string, timeout time.Duration) error {
+	p.signal(syscall.SIGTERM)
+	if !p.wait(timeout) {
+		p.stop()
+		return fmt.Errorf("%s did not exit within %v of SIGTERM; killed", who, timeout)
+	}
+	if p.err != nil {
+		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", who, p.err)
+	}
+	return nil
+}
+
 // wait waits up to timeout for the process to exit.
 func (p *proc) wait(timeout time.Duration) bool {
 	select {
@@ -340,18 +354,23 @@ func (h *harness) startNode(n *natsNode) error {
 // parts is the request log's layout of the run.
 func (h *harness) parts() streams.Partitions { return streams.Partitions(h.cfg.partitions) }
 
+// streamInfo reads the info of stream name (within a second).
+func (h *harness) streamInfo(name string) (*jetstream.StreamInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	s, err := h.js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return s.Info(ctx)
+}
+
 // requestsLeader returns the node leading request partition k once it has a
 // leader and every replica is current.
 func (h *harness) requestsLeader(k int, timeout time.Duration) (leader string, followers []string, err error) {
 	name := h.parts().Stream(k)
 	err = waitUntil(timeout, name+" to have a leader and current replicas", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s, err := h.js.Stream(ctx, name)
-		if err != nil {
-			return false
-		}
-		info, err := s.Info(ctx)
+		info, err := h.streamInfo(name)
 		if err != nil || info.Cluster == nil || info.Cluster.Leader == "" || len(info.Cluster.Replicas) != len(h.nodes)-1 {
 			return false
 		}

@@ -31,11 +31,7 @@ func (a *attempts) postResponse(ctx context.Context, pick func(try int) (target,
 	req.Header.Set("X-Request-Id", o.id)
 	resp, err := httpClient.Do(req)
 	if err != nil {
-		a.unanswered = true
-		o.retries++
-		if exists, _ := probe(ctx, pick, o.id); exists {
-			a.accepted = true
-		}
+		a.lost(ctx, pick, o)
 		return false
 	}
 	msg := readBody(resp)
@@ -62,11 +58,7 @@ func resumeResponse(ctx context.Context, t target, o *outcome) bool {
 		url += "&starting_after=" + strconv.Itoa(o.seq)
 	}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.resumeTry++
-		t.inc.mu.Unlock()
-	}
+	t.count(func(c *feInc) { c.resumeTry++ })
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return false
@@ -76,11 +68,7 @@ func resumeResponse(ctx context.Context, t target, o *outcome) bool {
 		return false
 	}
 	o.resumes++
-	if t.inc != nil {
-		t.inc.mu.Lock()
-		t.inc.resumes++
-		t.inc.mu.Unlock()
-	}
+	t.count(func(c *feInc) { c.resumes++ })
 	if o.readResponseEvents(resp) {
 		return true
 	}

@@ -104,13 +104,8 @@ func (h *harness) upgrade(rng *rand.Rand, begin time.Time) []fault {
 // again, with its store, on the harness's current binary; it returns once
 // every request partition has a leader and current replicas.
 func (h *harness) restartNode(n *natsNode) error {
-	n.p.signal(syscall.SIGTERM)
-	if !n.p.wait(30 * time.Second) {
-		n.p.stop()
-		return fmt.Errorf("%s did not exit within 30s of SIGTERM; killed", n.name)
-	}
-	if n.p.err != nil {
-		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", n.name, n.p.err)
+	if err := n.p.term(n.name, 30*time.Second); err != nil {
+		return err
 	}
 	if err := h.startNode(n); err != nil {
 		return err
@@ -169,15 +164,7 @@ func (h *harness) rollFrontend(slot int) error {
 	old.mu.Lock()
 	old.killed, old.termed, old.draining = true, true, true
 	old.mu.Unlock()
-	old.p.signal(syscall.SIGTERM)
-	if !old.p.wait(30 * time.Second) {
-		old.p.stop()
-		return fmt.Errorf("%s did not exit within 30s of SIGTERM; killed", old.id)
-	}
-	if old.p.err != nil {
-		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", old.id, old.p.err)
-	}
-	return nil
+	return old.p.term(old.id, 30*time.Second)
 }
 
 // checkUpgrade holds the upgrade profile's bars: no failed request, no 503,

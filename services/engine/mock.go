@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,21 +58,11 @@ type MockConfig struct {
 }
 
 func (c MockConfig) withDefaults() MockConfig {
-	if c.TokensPerSec == 0 {
-		c.TokensPerSec = DefaultMockTokensPerSec
-	}
-	if c.TTFT == 0 {
-		c.TTFT = DefaultMockTTFT
-	}
-	if c.KVBlocks == 0 {
-		c.KVBlocks = DefaultMockKVBlocks
-	}
-	if c.BlockSize == 0 {
-		c.BlockSize = DefaultMockBlockSize
-	}
-	if c.SpeedupRatio == 0 {
-		c.SpeedupRatio = 1
-	}
+	c.TokensPerSec = cmp.Or(c.TokensPerSec, DefaultMockTokensPerSec)
+	c.TTFT = cmp.Or(c.TTFT, DefaultMockTTFT)
+	c.KVBlocks = cmp.Or(c.KVBlocks, DefaultMockKVBlocks)
+	c.BlockSize = cmp.Or(c.BlockSize, DefaultMockBlockSize)
+	c.SpeedupRatio = cmp.Or(c.SpeedupRatio, 1)
 	return c
 }
 

@@ -132,6 +132,9 @@ func (f *Fleet) Run(ctx context.Context) error {
 	}
 	stop()
 	_ = g.Wait()
+	if ctx.Err() != nil {
+		return nil // stopped, if need be before the view was loaded
+	}
 	return err
 }
 

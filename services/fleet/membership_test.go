@@ -5,33 +5,15 @@ import (
 	"encoding/json"
 	"log/slog"
 	"testing"
-	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
-	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
-
-// waitUntil waits for cond, re-checking it at every notification of sig.
-func waitUntil(t *testing.T, sig *notify.Signal, what string, cond func() bool) {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		ch := sig.C()
-		if cond() {
-			return
-		}
-		select {
-		case <-ch:
-		case <-timeout:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
 
 type membershipFixture struct {
 	js  jetstream.JetStream
@@ -121,7 +103,7 @@ func TestDiscoveryFollowsLeasesAndLoad(t *testing.T) {
 	}
 	for _, s := range steps {
 		s.do()
-		waitUntil(t, d.changed, s.name, s.done)
+		waitfor.Signal(t, d.changed, s.name, s.done)
 	}
 	var routable []string
 	d.read(func(v *projections.Discovery) {
@@ -143,7 +125,7 @@ func TestFrontendsFollowTheBucket(t *testing.T) {
 	if err := p.start(x.ctx, x.ctx, x.js, x.g); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, p.changed, "the first key seen", func() bool { return p.isAlive("fe-a") })
+	waitfor.Signal(t, p.changed, "the first key seen", func() bool { return p.isAlive("fe-a") })
 
 	steps := []struct {
 		name string
@@ -165,7 +147,7 @@ func TestFrontendsFollowTheBucket(t *testing.T) {
 	}
 	for _, s := range steps {
 		s.do()
-		waitUntil(t, p.changed, s.name, s.done)
+		waitfor.Signal(t, p.changed, s.name, s.done)
 	}
 	cases := []struct {
 		client uint64

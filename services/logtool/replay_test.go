@@ -69,10 +69,7 @@ func TestBuildReplayNotFound(t *testing.T) {
 
 func TestReplayTimelineLines(t *testing.T) {
 	doc, _ := BuildReplay(histories.Envelopes(histories.Migrated()))
-	var got []string
-	for _, l := range coalesce(doc.Timeline) {
-		got = append(got, strings.Join(strings.Fields(l.String()), " "))
-	}
+	got := timelineLines(doc)
 	want := []string{
 		"+0.000s #1 events accepted model mock (completions), 2 prompt tokens, max_tokens 10, owner fe-1, streaming",
 		"+0.010s #2 events routed attempt 0 → worker w1, from token 0",
@@ -88,14 +85,7 @@ func TestReplayTimelineLines(t *testing.T) {
 		"+0.130s #14 tokens.1 completed attempt 1 completed: finish reason length, 10 completion tokens",
 		"+0.140s #15 tokens.0 completed attempt 0 completed: finish reason length, 6 completion tokens [ignored (after the end)]",
 	}
-	if len(got) != len(want) {
-		t.Fatalf("got %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("line %d:\n got %s\nwant %s", i, got[i], want[i])
-		}
-	}
+	sameLines(t, got, want)
 }
 
 func TestWriteReplay(t *testing.T) {
@@ -239,10 +229,7 @@ func TestReplayTellsTheCarry(t *testing.T) {
 	if want := "t0 t1 t2 t3 t4 t5 t6 t7 t8 t9 "; doc.Output != want || doc.Request.Status != "completed" {
 		t.Fatalf("got %s, output %q; want completed, %q", doc.Request.Status, doc.Output, want)
 	}
-	var got []string
-	for _, l := range coalesce(doc.Timeline) {
-		got = append(got, strings.Join(strings.Fields(l.String()), " "))
-	}
+	got := timelineLines(doc)
 	want := []string{
 		"+0.000s #1 events accepted model mock (completions), 2 prompt tokens, max_tokens 10, owner fe-1, streaming",
 		"+0.010s #2 events routed attempt 0 → worker w1, from token 0",
@@ -253,6 +240,17 @@ func TestReplayTellsTheCarry(t *testing.T) {
 		"+0.060s #7 tokens.1 completed carry for older readers: completed, finish reason length, 10 completion tokens",
 		"+0.070s #8 events compacted compacted: 10 tokens, the history through sequence 15 in one record: attempt 0: tokens 0-4 (5), attempt 1: tokens 5-9 (5)",
 	}
+	sameLines(t, got, want)
+	for _, e := range doc.Timeline {
+		if wantCarry := e.Seq == 6 || e.Seq == 7; e.Carry != wantCarry {
+			t.Errorf("seq %d: got carry %v, want %v", e.Seq, e.Carry, wantCarry)
+		}
+	}
+}
+
+// sameLines fails t unless got and want hold the same lines.
+func sameLines(t *testing.T, got, want []string) {
+	t.Helper()
 	if len(got) != len(want) {
 		t.Fatalf("got %d lines, want %d:\n%s", len(got), len(want), strings.Join(got, "\n"))
 	}
@@ -261,9 +259,14 @@ func TestReplayTellsTheCarry(t *testing.T) {
 			t.Errorf("line %d:\n got %s\nwant %s", i, got[i], want[i])
 		}
 	}
-	for _, e := range doc.Timeline {
-		if wantCarry := e.Seq == 6 || e.Seq == 7; e.Carry != wantCarry {
-			t.Errorf("seq %d: got carry %v, want %v", e.Seq, e.Carry, wantCarry)
-		}
+}
+
+// timelineLines is doc's coalesced timeline, a line an entry, its runs of
+// spaces made one.
+func timelineLines(doc Doc) []string {
+	var got []string
+	for _, l := range coalesce(doc.Timeline) {
+		got = append(got, strings.Join(strings.Fields(l.String()), " "))
 	}
+	return got
 }

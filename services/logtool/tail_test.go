@@ -10,6 +10,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -46,10 +47,10 @@ func TestTailLogFollow(t *testing.T) {
 			return nil
 		})
 	}()
-	waitUntil(t, "the stored event", func() bool { return len(got()) == 1 })
+	waitfor.Poll(t, "the stored event", func() bool { return len(got()) == 1 })
 	appendOr(fl, streams.RequestEvents("r9"), "acc", events.RequestAccepted{RequestID: "r9", Model: "mock", Frontend: "fe-1"})
 	appendOr(wl, streams.WorkerEvents("w1"), "drain", events.WorkerDraining{WorkerID: "w1", Reason: "sigterm"})
-	waitUntil(t, "the new events", func() bool { return len(got()) == 3 })
+	waitfor.Poll(t, "the new events", func() bool { return len(got()) == 3 })
 	stop()
 	select {
 	case err := <-done:
@@ -64,17 +65,6 @@ func TestTailLogFollow(t *testing.T) {
 		if !strings.Contains(all, want) {
 			t.Errorf("output lacks %q:\n%s", want, all)
 		}
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -86,36 +87,18 @@ func (c Config) withDefaults() Config {
 	if c.ID == "" {
 		c.ID = NewID()
 	}
-	if c.Model == "" {
-		c.Model = DefaultModel
-	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = DefaultLeaseTTL
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.DeltaMaxTokens == 0 {
-		c.DeltaMaxTokens = DefaultDeltaMaxTokens
-	}
-	if c.DeltaMaxDelay == 0 {
-		c.DeltaMaxDelay = DefaultDeltaMaxDelay
-	}
-	if c.LoadInterval == 0 {
-		c.LoadInterval = DefaultLoadInterval
-	}
-	if c.CanaryWait == 0 {
-		c.CanaryWait = DefaultCanaryWait
-	}
+	c.Model = cmp.Or(c.Model, DefaultModel)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.DeltaMaxTokens = cmp.Or(c.DeltaMaxTokens, DefaultDeltaMaxTokens)
+	c.DeltaMaxDelay = cmp.Or(c.DeltaMaxDelay, DefaultDeltaMaxDelay)
+	c.LoadInterval = cmp.Or(c.LoadInterval, DefaultLoadInterval)
+	c.CanaryWait = cmp.Or(c.CanaryWait, DefaultCanaryWait)
 	if c.UpstreamProbeInterval <= 0 {
 		c.UpstreamProbeInterval = DefaultUpstreamProbeInterval
 	}
-	if c.HealthCheckTimeout == 0 {
-		c.HealthCheckTimeout = DefaultHealthCheckTimeout
-	}
-	if c.LivenessInterval == 0 {
-		c.LivenessInterval = DefaultLivenessInterval
-	}
+	c.HealthCheckTimeout = cmp.Or(c.HealthCheckTimeout, DefaultHealthCheckTimeout)
+	c.LivenessInterval = cmp.Or(c.LivenessInterval, DefaultLivenessInterval)
 	if c.LivenessTimeout <= 0 {
 		c.LivenessTimeout = DefaultLivenessTimeout
 	}
@@ -135,29 +118,24 @@ func (c Config) Validate() error {
 		// The server keeps per-message TTLs in whole seconds, at least one.
 		errs = append(errs, fmt.Errorf("lease ttl %v: want at least %v", c.LeaseTTL, minLeaseTTL))
 	}
-	if c.MaxConcurrentRequests < 0 {
-		errs = append(errs, fmt.Errorf("max concurrent requests %d: must not be negative", c.MaxConcurrentRequests))
+	errs = append(errs,
+		negative("max concurrent requests", c.MaxConcurrentRequests),
+		negative("shutdown timeout", c.ShutdownTimeout),
+		negative("delta max tokens", c.DeltaMaxTokens),
+		negative("delta max delay", c.DeltaMaxDelay),
+		negative("load interval", c.LoadInterval),
+		negative("canary wait", c.CanaryWait),
+		negative("health check timeout", c.HealthCheckTimeout),
+		c.Streams.Validate(),
+	)
+	return errors.Join(errs...) // drops the nils
+}
+
+// negative is the problem of setting name when v, which must not be
+// negative, is; nil when it is not.
+func negative[T int | time.Duration](name string, v T) error {
+	if v < 0 {
+		return fmt.Errorf("%s %v: must not be negative", name, v)
 	}
-	if c.ShutdownTimeout < 0 {
-		errs = append(errs, fmt.Errorf("shutdown timeout %v: must not be negative", c.ShutdownTimeout))
-	}
-	if c.DeltaMaxTokens < 0 {
-		errs = append(errs, fmt.Errorf("delta max tokens %d: must not be negative", c.DeltaMaxTokens))
-	}
-	if c.DeltaMaxDelay < 0 {
-		errs = append(errs, fmt.Errorf("delta max delay %v: must not be negative", c.DeltaMaxDelay))
-	}
-	if c.LoadInterval < 0 {
-		errs = append(errs, fmt.Errorf("load interval %v: must not be negative", c.LoadInterval))
-	}
-	if c.CanaryWait < 0 {
-		errs = append(errs, fmt.Errorf("canary wait %v: must not be negative", c.CanaryWait))
-	}
-	if c.HealthCheckTimeout < 0 {
-		errs = append(errs, fmt.Errorf("health check timeout %v: must not be negative", c.HealthCheckTimeout))
-	}
-	if err := c.Streams.Validate(); err != nil {
-		errs = append(errs, err)
-	}
-	return errors.Join(errs...)
+	return nil
 }

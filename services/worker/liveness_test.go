@@ -53,6 +53,23 @@ func watched(p *pinger) *Worker {
 	}
 }
 
+// startWatch runs w.watchEngine until the test ends.
+func startWatch(t *testing.T, w *Worker) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); w.watchEngine(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// addJob gives w a running generation, ended when the test ends; it
+// returns the generation's ctx.
+func addJob(t *testing.T, w *Worker) context.Context {
+	jctx, jcancel := context.WithCancelCause(context.Background())
+	t.Cleanup(func() { jcancel(nil) })
+	w.jobs[jobKey{"r", 0}] = &job{ctx: jctx, cancel: jcancel}
+	return jctx
+}
+
 // TestWatchSeesDeadAndHungEngines: with no traffic, a dead engine makes the
 // worker not ready within one interval (2 s), a hung one within an interval
 // and a timeout (3 s), stopping what runs on it; an answer makes it ready
@@ -61,10 +78,7 @@ func TestWatchSeesDeadAndHungEngines(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &pinger{}
 		w := watched(p)
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { defer close(done); w.watchEngine(ctx) }()
-		defer func() { cancel(); <-done }()
+		startWatch(t, w)
 
 		time.Sleep(time.Second) // between two pings
 		synctest.Wait()
@@ -122,12 +136,8 @@ func TestWatchTokensProveAHungListingWrong(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &pinger{}
 		w := watched(p)
-		jctx, jcancel := context.WithCancelCause(context.Background())
-		defer jcancel(nil)
-		w.jobs[jobKey{"r", 0}] = &job{ctx: jctx, cancel: jcancel}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { defer close(done); w.watchEngine(ctx) }()
+		jctx := addJob(t, w)
+		startWatch(t, w)
 		tokens := make(chan struct{})
 		go func() { // a token every 100 ms
 			for {
@@ -152,8 +162,6 @@ func TestWatchTokensProveAHungListingWrong(t *testing.T) {
 		if n < 3 || n > 4 {
 			t.Errorf("%d pings in 10s, want one every 2s and a timeout of 1s", n)
 		}
-		cancel()
-		<-done
 	})
 }
 
@@ -163,18 +171,12 @@ func TestWatchHeldWorkerIsInconclusive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &pinger{state: "held"}
 		w := watched(p)
-		jctx, jcancel := context.WithCancelCause(context.Background())
-		defer jcancel(nil)
-		w.jobs[jobKey{"r", 0}] = &job{ctx: jctx, cancel: jcancel}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { defer close(done); w.watchEngine(ctx) }()
+		jctx := addJob(t, w)
+		startWatch(t, w)
 		time.Sleep(12 * time.Second)
 		synctest.Wait()
 		if healthy, why := w.health.state(); !healthy || jctx.Err() != nil {
 			t.Errorf("health %v %s, generation %v; want healthy and running", healthy, why, jctx.Err())
 		}
-		cancel()
-		<-done
 	})
 }

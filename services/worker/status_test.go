@@ -80,19 +80,7 @@ func (e *env) startStatus(eng engine.Engine, cfg worker.Config) (*running, strin
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{w: w, reg: reg, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- w.Run(ctx) }()
-	e.t.Cleanup(func() {
-		cancel()
-		select {
-		case <-r.done:
-		case <-time.After(20 * time.Second):
-			e.t.Error("worker did not stop")
-		}
-	})
-	e.waitRegistered(w)
-	return r, "http://" + addr.String()
+	return e.run(w, reg), "http://" + addr.String()
 }
 
 func get(t *testing.T, url string) (int, string) {

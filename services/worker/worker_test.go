@@ -82,6 +82,13 @@ func (e *env) startEngine(nc *nats.Conn, eng engine.Engine, cfg worker.Config) *
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	return e.run(w, reg)
+}
+
+// run runs w until the test ends (its Run must return within 20 s of
+// that), once it is registered.
+func (e *env) run(w *worker.Worker, reg *prometheus.Registry) *running {
+	e.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{w: w, reg: reg, cancel: cancel, done: make(chan error, 1)}
 	go func() { r.done <- w.Run(ctx) }()

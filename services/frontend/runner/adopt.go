@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"hash/fnv"
+	"log/slog"
 	"slices"
 	"strconv"
 	"sync"
@@ -13,6 +14,8 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -71,6 +74,27 @@ type adoptable struct {
 	changed chan struct{} // capacity 1: changes coalesce
 }
 
+// adopter lists the adoptable requests this frontend runs in its presence
+// key, and adopts those of the frontends that depart.
+type adopter struct {
+	id       string // this frontend's
+	log      *slog.Logger
+	js       jetstream.JetStream
+	parts    streams.Partitions // set by Start (Runner.provision) before anything reads it
+	fleet    Fleet              // who is live, and what the departed listed
+	presence *presence          // this frontend's key, where its list goes
+	listed   *adoptable
+	adopted  prometheus.Counter
+	runtime  takeOver
+}
+
+// takeOver is what adoption needs of the runtime (Runner): to follow a
+// request, and to take it over (and run it here) if its owner is gone.
+type takeOver interface {
+	Attach(ctx context.Context, id string) (*Request, error)
+	ensureOwner(ctx context.Context, t *Request)
+}
+
 func newAdoptable() *adoptable {
 	return &adoptable{set: map[events.StoredAt]struct{}{}, changed: make(chan struct{}, 1)}
 }
@@ -106,70 +130,64 @@ func (a *adoptable) list() ([]events.StoredAt, int) {
 	return out, 0
 }
 
-// listAdoptable lists t while its runner runs, if it is meant to outlive
+// list lists t while its runner runs, if it is meant to outlive
 // its client; the returned func unlists it.
-func (rn *Runner) listAdoptable(t *Request) (unlist func()) {
+func (ad *adopter) list(t *Request) (unlist func()) {
 	var at events.StoredAt
 	t.f.view(func(p *projections.Request) {
 		if p.Accepted.Background || p.Accepted.Resumable {
-			at = events.StoredAt{Partition: rn.parts.PartitionOf(t.id), Seq: p.AcceptedSeq()}
+			at = events.StoredAt{Partition: ad.parts.PartitionOf(t.id), Seq: p.AcceptedSeq()}
 		}
 	})
 	if at.Seq == 0 {
 		return func() {}
 	}
-	rn.listed.add(at)
-	return func() { rn.listed.remove(at) }
+	ad.listed.add(at)
+	return func() { ad.listed.remove(at) }
 }
 
-// publishAdoptable writes the list into this frontend's presence key each
+// publish writes the list into this frontend's presence key each
 // time it changes, at most every adoptableEvery, until ctx is done.
-func (rn *Runner) publishAdoptable(ctx context.Context) {
+func (ad *adopter) publish(ctx context.Context) {
 	var last time.Time
 	warned := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-rn.listed.changed:
+		case <-ad.listed.changed:
 		}
-		if wait := adoptableEvery - time.Since(last); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if !streams.Sleep(ctx, adoptableEvery-time.Since(last)) {
+			return
 		}
 		last = time.Now()
-		list, left := rn.listed.list()
+		list, left := ad.listed.list()
 		if left > 0 && !warned {
 			warned = true
-			rn.log.Warn("too many adoptable requests to list in the presence key: the rest are taken over only by a reader if this frontend dies",
+			ad.log.Warn("too many adoptable requests to list in the presence key: the rest are taken over only by a reader if this frontend dies",
 				"listed", len(list), "left_out", left)
 		}
-		err := rn.presence.update(func(v *events.FrontendPresence) { v.Adoptable = list })
+		err := ad.presence.update(func(v *events.FrontendPresence) { v.Adoptable = list })
 		if err != nil && ctx.Err() == nil && !errors.Is(err, streams.ErrSessionClosed) { // closed: deregistered, shutting down
-			rn.log.Warn("list adoptable requests in the presence key", "err", err)
+			ad.log.Warn("list adoptable requests in the presence key", "err", err)
 		}
 	}
 }
 
-// adoptOrphans watches the frontends until ctx is done, and adopts the
+// watch watches the frontends until ctx is done, and adopts the
 // listed requests of each one that departs (on g).
-func (rn *Runner) adoptOrphans(ctx context.Context, g *errgroup.Group) {
+func (ad *adopter) watch(ctx context.Context, g *errgroup.Group) {
 	handled := map[string]uint64{} // departed frontend → the revision of the list taken
 	for {
-		ch := rn.fleet.FrontendsChanged()
-		live := rn.fleet.Frontends()
+		ch := ad.fleet.FrontendsChanged()
+		live := ad.fleet.Frontends()
 		alive := map[string]bool{}
 		ids := make([]string, 0, len(live))
 		for _, f := range live {
 			alive[f.FrontendID] = true
 			ids = append(ids, f.FrontendID)
 		}
-		known := rn.fleet.KnownFrontends()
+		known := ad.fleet.KnownFrontends()
 		departed := map[string]bool{}
 		for _, f := range known {
 			departed[f.FrontendID] = !alive[f.FrontendID]
@@ -180,13 +198,13 @@ func (rn *Runner) adoptOrphans(ctx context.Context, g *errgroup.Group) {
 			}
 		}
 		for _, f := range known {
-			if alive[f.FrontendID] || f.FrontendID == rn.id || len(f.Adoptable) == 0 || handled[f.FrontendID] == f.Revision {
+			if alive[f.FrontendID] || f.FrontendID == ad.id || len(f.Adoptable) == 0 || handled[f.FrontendID] == f.Revision {
 				continue
 			}
 			handled[f.FrontendID] = f.Revision
 			from, list := f.FrontendID, f.Adoptable
 			g.Go(func() error {
-				rn.adoptAll(ctx, from, list, ids)
+				ad.adoptAll(ctx, from, list, ids)
 				return nil
 			})
 		}
@@ -200,30 +218,24 @@ func (rn *Runner) adoptOrphans(ctx context.Context, g *errgroup.Group) {
 
 // adoptAll adopts the requests of list (departed frontend from's) whose
 // turn comes to this frontend, ranked among live, in order of rank.
-func (rn *Runner) adoptAll(ctx context.Context, from string, list []events.StoredAt, live []string) {
+func (ad *adopter) adoptAll(ctx context.Context, from string, list []events.StoredAt, live []string) {
 	byRank := map[int][]events.StoredAt{}
 	maxRank := 0
 	for _, at := range list {
-		r := adoptRank(at, rn.id, live)
+		r := adoptRank(at, ad.id, live)
 		byRank[r] = append(byRank[r], at)
 		maxRank = max(maxRank, r)
 	}
-	rn.log.Info("adopting the requests of a departed frontend", "frontend", from, "listed", len(list), "first_here", len(byRank[0]))
+	ad.log.Info("adopting the requests of a departed frontend", "frontend", from, "listed", len(list), "first_here", len(byRank[0]))
 	start := time.Now()
 	for r := 0; r <= maxRank; r++ {
 		if len(byRank[r]) == 0 {
 			continue
 		}
-		if wait := time.Until(start.Add(time.Duration(r) * adoptStagger)); wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
+		if !streams.Sleep(ctx, time.Until(start.Add(time.Duration(r)*adoptStagger))) {
+			return
 		}
-		listed := rn.listedByLive()
+		listed := ad.listedByLive()
 		var g errgroup.Group
 		g.SetLimit(adoptParallel)
 		for _, at := range byRank[r] {
@@ -231,7 +243,7 @@ func (rn *Runner) adoptAll(ctx context.Context, from string, list []events.Store
 				continue // adopted already by a frontend ranked before this one
 			}
 			g.Go(func() error {
-				rn.adopt(ctx, at, from)
+				ad.adopt(ctx, at, from)
 				return nil
 			})
 		}
@@ -269,9 +281,9 @@ func mix(z uint64) uint64 {
 }
 
 // listedByLive is every request a live frontend lists as its own.
-func (rn *Runner) listedByLive() map[events.StoredAt]bool {
+func (ad *adopter) listedByLive() map[events.StoredAt]bool {
 	out := map[events.StoredAt]bool{}
-	for _, f := range rn.fleet.Frontends() {
+	for _, f := range ad.fleet.Frontends() {
 		for _, at := range f.Adoptable {
 			out[at] = true
 		}
@@ -282,17 +294,17 @@ func (rn *Runner) listedByLive() map[events.StoredAt]bool {
 // adopt takes over the request whose accepted event is stored at at, listed
 // by departed frontend from, if it is still in flight, meant to outlive its
 // client, and owned by no live frontend.
-func (rn *Runner) adopt(ctx context.Context, at events.StoredAt, from string) {
-	if at.Partition < 0 || at.Partition >= rn.parts.Count() {
+func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
+	if at.Partition < 0 || at.Partition >= ad.parts.Count() {
 		return
 	}
-	id, ok := rn.acceptedAt(ctx, at)
+	id, ok := ad.acceptedAt(ctx, at)
 	if !ok {
 		return
 	}
-	t, err := rn.Attach(ctx, id)
+	t, err := ad.runtime.Attach(ctx, id)
 	if err != nil {
-		rn.log.Warn("adopt request", "request_id", id, "from", from, "err", err)
+		ad.log.Warn("adopt request", "request_id", id, "from", from, "err", err)
 		return
 	}
 	defer t.Release()
@@ -301,25 +313,25 @@ func (rn *Runner) adopt(ctx context.Context, at events.StoredAt, from string) {
 	t.View(func(p *projections.Request) {
 		owner, same, live = p.Owner, p.AcceptedSeq() == at.Seq, !p.Status.Terminal()
 	})
-	if !same || !live || (owner != rn.id && rn.fleet.FrontendAlive(owner)) {
+	if !same || !live || (owner != ad.id && ad.fleet.FrontendAlive(owner)) {
 		return
 	}
 	was := owner
-	rn.startDetachClock(t)
-	rn.ensureOwner(ctx, t) // runs it here if it is this frontend's already
+	t.requests.startDetachClock(t)
+	ad.runtime.ensureOwner(ctx, t) // runs it here if it is this frontend's already
 	t.View(func(p *projections.Request) { owner = p.Owner })
-	if owner == rn.id && was != rn.id {
-		rn.metrics.adoptions.Inc()
-		rn.log.Info("adopted an orphaned request", "request_id", id, "from", from)
+	if owner == ad.id && was != ad.id {
+		ad.adopted.Inc()
+		ad.log.Info("adopted an orphaned request", "request_id", id, "from", from)
 	}
 }
 
 // acceptedAt is the id of the request whose accepted event is stored at at,
 // if that event is there and the request outlives its client.
-func (rn *Runner) acceptedAt(ctx context.Context, at events.StoredAt) (string, bool) {
-	m, err := streams.MsgAt(ctx, rn.js, rn.parts.Stream(at.Partition), at.Seq)
+func (ad *adopter) acceptedAt(ctx context.Context, at events.StoredAt) (string, bool) {
+	m, err := streams.MsgAt(ctx, ad.js, ad.parts.Stream(at.Partition), at.Seq)
 	if err != nil {
-		rn.log.Warn("read an adoptable request", "stream", rn.parts.Stream(at.Partition), "seq", at.Seq, "err", err)
+		ad.log.Warn("read an adoptable request", "stream", ad.parts.Stream(at.Partition), "seq", at.Seq, "err", err)
 		return "", false
 	}
 	if m == nil {
@@ -331,21 +343,9 @@ func (rn *Runner) acceptedAt(ctx context.Context, at events.StoredAt) (string, b
 	}
 	acc, ok := env.Event.(events.RequestAccepted)
 	rs, perr := streams.ParseRequestSubject(m.Subject)
-	if !ok || perr != nil || rs.Kind != "events" || rs.ID != acc.RequestID || rn.parts.PartitionOf(rs.ID) != at.Partition ||
+	if !ok || perr != nil || rs.Kind != "events" || rs.ID != acc.RequestID || ad.parts.PartitionOf(rs.ID) != at.Partition ||
 		!(acc.Background || acc.Resumable) {
 		return "", false
 	}
 	return acc.RequestID, true
-}
-
-// startDetachClock starts t's detach clock if no client follows it here: an
-// adopted resumable request still ends after the detach timeout with
-// nobody attached (the clock starts again at the adoption: when its client
-// left the departed frontend is not in the log).
-func (rn *Runner) startDetachClock(t *Request) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	if t.clients == 0 && t.detachedSince.IsZero() {
-		t.detachedSince = time.Now()
-	}
 }

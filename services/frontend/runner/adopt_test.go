@@ -64,11 +64,7 @@ func TestAdoptableList(t *testing.T) {
 // This frontend's own key lists what it runs.
 func TestAdoptsOrphans(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1"})
-	rn := x.rn
-	if err := rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
-		t.Fatal(err)
-	}
-	defer rn.Stop()
+	rn := x.start()
 	accept := func(id string, background bool) events.StoredAt {
 		acc := events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe-gone", Background: background}
 		seq, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0)
@@ -79,20 +75,7 @@ func TestAdoptsOrphans(t *testing.T) {
 	}
 	list := []events.StoredAt{accept("bg", true), accept("plain", false)}
 	x.put(streams.FrontendsBucket, "fe-gone", events.FrontendPresence{FrontendID: "fe-gone", Adoptable: list})
-	for ch := x.fl.FrontendsChanged(); !x.fl.FrontendAlive("fe-gone"); ch = x.fl.FrontendsChanged() {
-		select {
-		case <-ch:
-		case <-x.ctx.Done():
-			t.Fatal("the fleet view never saw fe-gone")
-		}
-	}
-	kv, err := x.js.KeyValue(x.ctx, streams.FrontendsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kv.Delete(x.ctx, "fe-gone"); err != nil {
-		t.Fatal(err)
-	}
+	x.depart("fe-gone")
 
 	bg, err := rn.Attach(x.ctx, "bg")
 	if err != nil {
@@ -120,11 +103,7 @@ func TestAdoptsOrphans(t *testing.T) {
 // frontend lists as its own is left to it.
 func TestAdoptionStepsIn(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1"})
-	rn := x.rn
-	if err := rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
-		t.Fatal(err)
-	}
-	defer rn.Stop()
+	rn := x.start()
 	live := []string{"fe", "fe-other"}
 	byRank := map[int]string{} // rank of fe → a request
 	ats := map[string]events.StoredAt{}
@@ -145,20 +124,7 @@ func TestAdoptionStepsIn(t *testing.T) {
 	// nothing else: it never adopts second.
 	x.put(streams.FrontendsBucket, "fe-other", events.FrontendPresence{FrontendID: "fe-other", Adoptable: []events.StoredAt{ats[first]}})
 	x.put(streams.FrontendsBucket, "fe-gone", events.FrontendPresence{FrontendID: "fe-gone", Adoptable: []events.StoredAt{ats[first], ats[second]}})
-	for ch := x.fl.FrontendsChanged(); !x.fl.FrontendAlive("fe-gone") || !x.fl.FrontendAlive("fe-other") || !x.fl.FrontendAlive("fe"); ch = x.fl.FrontendsChanged() {
-		select {
-		case <-ch:
-		case <-x.ctx.Done():
-			t.Fatal("the fleet view never saw every frontend")
-		}
-	}
-	kv, err := x.js.KeyValue(x.ctx, streams.FrontendsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kv.Delete(x.ctx, "fe-gone"); err != nil {
-		t.Fatal(err)
-	}
+	x.depart("fe-gone", "fe-other", "fe")
 	gone := time.Now()
 	req, err := rn.Attach(x.ctx, second)
 	if err != nil {
@@ -182,11 +148,7 @@ func TestAdoptionStepsIn(t *testing.T) {
 // frontend's presence key while it runs, and no longer once it ended.
 func TestListsAdoptable(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", silent: true})
-	rn := x.rn
-	if err := rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
-		t.Fatal(err)
-	}
-	defer rn.Stop()
+	rn := x.start()
 	req, err := rn.Accept(x.ctx, events.RequestAccepted{RequestID: "bg", Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe", Background: true})
 	if err != nil {
 		t.Fatal(err)

@@ -15,11 +15,7 @@ import (
 // read the request until it ends, attach to it again, cancel, stop.
 func TestAPI(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1"})
-	rn := x.rn
-	if err := rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
-		t.Fatal(err)
-	}
-	defer rn.Stop()
+	rn := x.start()
 
 	for _, tc := range []struct {
 		name, model, pinned string

@@ -31,14 +31,14 @@ func (rn *Runner) Cancel(ctx context.Context, id, mode, reason, tenant string) e
 			continue
 		}
 		if !p.Status.Terminal() {
-			err := rn.appendCancel(ctx, cur, mode, reason, tenant)
+			err := rn.decisions.cancel(ctx, cur, mode, reason, tenant)
 			if errors.Is(err, streams.ErrStreamFull) && mode == events.CancelKill {
-				err = rn.storeKill(ctx, p, reason, tenant) // a kill is an end: it always fits
+				err = rn.lifecycle.storeKill(ctx, p, reason, tenant) // a kill is an end: it always fits
 			}
 			if err != nil {
 				errs = append(errs, err)
 			} else {
-				rn.commandCancel(p, mode, reason)
+				rn.commands.cancel(p, mode, reason)
 				rn.metrics.cancellations.WithLabelValues(p.Accepted.Model, p.Accepted.Endpoint, requestType(p.Accepted.Stream)).Inc()
 			}
 		}
@@ -64,8 +64,8 @@ func requestType(stream bool) string {
 // projection if it follows it, else folded from the log. It returns
 // streams.ErrNotFound for an unknown id.
 func (rn *Runner) Load(ctx context.Context, id string) (*projections.Request, error) {
-	if t, ok := rn.acquire(id); ok {
-		defer rn.release(t)
+	if t, ok := rn.requests.acquire(id); ok {
+		defer rn.requests.release(t)
 		p := projections.NewRequest()
 		t.f.view(func(cur *projections.Request) { *p = *cur })
 		return p, nil
@@ -81,13 +81,4 @@ func (rn *Runner) Load(ctx context.Context, id string) (*projections.Request, er
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, id)
 	}
 	return p, nil
-}
-
-// commandCancel sends a cancel in mode to the worker of p's current attempt, if
-// it runs. An attempt routed meanwhile gets it from the owner's runner.
-func (rn *Runner) commandCancel(p *projections.Request, mode, reason string) {
-	if cur, ok := p.Current(); ok && !cur.Closed {
-		rn.command(cur.WorkerID, streams.Command{RequestID: p.Accepted.RequestID, Attempt: cur.Attempt,
-			Kind: streams.CommandCancel, Mode: mode, Reason: reason})
-	}
 }

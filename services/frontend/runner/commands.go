@@ -1,17 +1,14 @@
 package runner
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
+	"log/slog"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
-	"golang.org/x/sync/errgroup"
 )
 
 // A worker never reads a request's log: the decisions it must obey (a
@@ -53,25 +50,31 @@ func attemptCommand(p *projections.Request, k int) *streams.Command {
 	return c
 }
 
-// command publishes c to worker. Core NATS: a command lost on the way is
+// commands publishes to workers the commands they must obey, on the
+// frontend's main connection. It is safe for concurrent use.
+type commands struct {
+	nc  *nats.Conn
+	log *slog.Logger
+}
+
+// send publishes c to worker. Core NATS: a command lost on the way is
 // asked for again by the worker after its reconnect.
-func (rn *Runner) command(worker string, c streams.Command) {
+func (cs commands) send(worker string, c streams.Command) {
 	data, err := json.Marshal(c)
 	if err == nil {
-		err = rn.nc.Publish(streams.CommandSubject(worker), data)
+		err = cs.nc.Publish(streams.CommandSubject(worker), data)
 	}
 	if err != nil {
-		rn.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
+		cs.log.Warn("send command", "request_id", c.RequestID, "worker_id", worker, "kind", c.Kind, "err", err)
 	}
 }
 
-// commandCurrent sends the command the current attempt of p must obey, if
-// any, to its worker.
-func (rn *Runner) commandCurrent(p *projections.Request) {
-	if cur, ok := p.Current(); ok {
-		if c := attemptCommand(p, cur.Attempt); c != nil {
-			rn.command(cur.WorkerID, *c)
-		}
+// cancel sends a cancel in mode to the worker of p's current attempt, if
+// it runs. An attempt routed meanwhile gets it from the owner's runner.
+func (cs commands) cancel(p *projections.Request, mode, reason string) {
+	if cur, ok := p.Current(); ok && !cur.Closed {
+		cs.send(cur.WorkerID, streams.Command{RequestID: p.Accepted.RequestID, Attempt: cur.Attempt,
+			Kind: streams.CommandCancel, Mode: mode, Reason: reason})
 	}
 }
 
@@ -84,8 +87,8 @@ type relay struct {
 }
 
 // note records the command the current attempt of p must obey, unless it
-// was relayed already; send sends it. note runs under the projection's lock,
-// send outside it.
+// was relayed already; commands.relay sends it. note runs under the
+// projection's lock, relay outside it.
 func (r *relay) note(p *projections.Request) {
 	r.pending = nil
 	cur, ok := p.Current()
@@ -101,84 +104,10 @@ func (r *relay) note(p *projections.Request) {
 	}
 }
 
-func (rn *Runner) send(r *relay) {
+// relay sends what r noted, if anything.
+func (cs commands) relay(r *relay) {
 	if r.pending != nil {
-		rn.command(r.worker, *r.pending)
+		cs.send(r.worker, *r.pending)
 		r.pending = nil
 	}
-}
-
-// checkers is how many checks a frontend answers at once.
-const checkers = 4
-
-// answerChecks answers the workers' checks (one frontend of the queue group
-// answers each) on g until ctx is done.
-func (rn *Runner) answerChecks(ctx context.Context, g *errgroup.Group) error {
-	ch := make(chan *nats.Msg, 256)
-	limit := newCheckLimiter(checkShare, checkBurst, time.Now)
-	sub, err := rn.nc.QueueSubscribe(streams.CheckSubjects, streams.CheckQueue, func(m *nats.Msg) { admitCheck(limit, ch, m) })
-	if err != nil {
-		return fmt.Errorf("subscribe to checks: %w", err)
-	}
-	g.Go(func() error {
-		<-ctx.Done()
-		_ = sub.Unsubscribe()
-		return nil
-	})
-	for range checkers {
-		g.Go(func() error {
-			for {
-				select {
-				case <-ctx.Done():
-					return nil
-				case m := <-ch:
-					start := time.Now()
-					cctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-					data, _ := json.Marshal(rn.check(cctx, m.Subject, m.Data))
-					cancel()
-					_ = m.Respond(data)
-					if w, err := streams.CheckWorker(m.Subject); err == nil {
-						limit.done(w, time.Since(start))
-					}
-				}
-			}
-		})
-	}
-	return nil
-}
-
-// check answers a worker's check. The worker is the one its subject names
-// (NATS permissions let a worker publish only its own): it learns nothing
-// of an attempt not routed to it, and a detach cancels only a request whose
-// current attempt it runs and whose owner is gone.
-func (rn *Runner) check(ctx context.Context, subject string, data []byte) streams.CheckReply {
-	worker, err := streams.CheckWorker(subject)
-	var c streams.Check
-	if err == nil {
-		err = json.Unmarshal(data, &c)
-	}
-	if err != nil || !streams.ValidRequestID(c.RequestID) {
-		return streams.CheckReply{Error: "malformed check"}
-	}
-	p, err := rn.Load(ctx, c.RequestID)
-	if errors.Is(err, streams.ErrNotFound) {
-		return streams.CheckReply{}
-	}
-	if err != nil {
-		return streams.CheckReply{Error: "read the request: " + err.Error()}
-	}
-	if c.Attempt < 0 || c.Attempt >= len(p.Attempts) || p.Attempts[c.Attempt].WorkerID != worker {
-		return streams.CheckReply{}
-	}
-	cmd := attemptCommand(p, c.Attempt)
-	if cmd != nil || !c.Detach || p.Owner == "" || rn.fleet.FrontendAlive(p.Owner) {
-		return streams.CheckReply{Command: cmd, Owner: p.Owner}
-	}
-	reason := "detached: frontend " + p.Owner + " is gone and no client re-attached"
-	if err := rn.Cancel(ctx, c.RequestID, events.CancelKill, reason, ""); err != nil {
-		return streams.CheckReply{Error: "cancel the detached request: " + err.Error()}
-	}
-	rn.log.Info("cancelled detached request", "request_id", c.RequestID, "owner", p.Owner, "worker_id", worker)
-	return streams.CheckReply{Owner: p.Owner, Command: &streams.Command{RequestID: c.RequestID, Attempt: c.Attempt,
-		Kind: streams.CommandCancel, Mode: events.CancelKill, Reason: reason}}
 }

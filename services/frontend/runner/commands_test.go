@@ -104,7 +104,7 @@ func TestCheck(t *testing.T) {
 		data, _ := json.Marshal(c)
 		ctx, cancel := context.WithTimeout(x.ctx, 5*time.Second)
 		defer cancel()
-		return x.rn.check(ctx, streams.CheckSubject(worker), data)
+		return x.rn.checks.check(ctx, streams.CheckSubject(worker), data)
 	}
 	if r := ask("w1", streams.Check{RequestID: "run", Attempt: 0}); r.Command != nil || r.Owner != "fe-gone" || r.Error != "" {
 		t.Errorf("running: %+v, want no command, owner fe-gone", r)
@@ -127,7 +127,7 @@ func TestCheck(t *testing.T) {
 	if p, _ := x.rn.Load(x.ctx, "gone"); p.Status != projections.StatusCancelled {
 		t.Errorf("after the detach check: status %s, want cancelled", p.Status)
 	}
-	if r := x.rn.check(x.ctx, "baton.checks.a.b", []byte(`{}`)); r.Error == "" {
+	if r := x.rn.checks.check(x.ctx, "baton.checks.a.b", []byte(`{}`)); r.Error == "" {
 		t.Errorf("malformed check: %+v, want an error", r)
 	}
 }

@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -53,21 +54,11 @@ const (
 )
 
 func (c Config) withDefaults() Config {
-	if c.StallTimeout == 0 {
-		c.StallTimeout = DefaultStallTimeout
-	}
-	if c.DetachTimeout == 0 {
-		c.DetachTimeout = DefaultDetachTimeout
-	}
-	if c.DispatchTimeout == 0 {
-		c.DispatchTimeout = DefaultDispatchTimeout
-	}
-	if c.MaxPromptTokens == 0 {
-		c.MaxPromptTokens = DefaultMaxPromptTokens
-	}
-	if c.MaxChildren == 0 {
-		c.MaxChildren = DefaultMaxChildren
-	}
+	c.StallTimeout = cmp.Or(c.StallTimeout, DefaultStallTimeout)
+	c.DetachTimeout = cmp.Or(c.DetachTimeout, DefaultDetachTimeout)
+	c.DispatchTimeout = cmp.Or(c.DispatchTimeout, DefaultDispatchTimeout)
+	c.MaxPromptTokens = cmp.Or(c.MaxPromptTokens, DefaultMaxPromptTokens)
+	c.MaxChildren = cmp.Or(c.MaxChildren, DefaultMaxChildren)
 	return c
 }
 

@@ -13,6 +13,6 @@
 // The HTTP edge (package frontend) drives it through a small API: Accept,
 // AcceptParent, Link, Attach, Cancel, Load, Admit, and per request View,
 // Listen, Dispatched, Enter, Leave, Claim and Release. The runtime never imports the edge. Its state is a
-// cache rebuilt from the log (invariant 1): Runner.mu guards only the
+// cache rebuilt from the log (invariant 1): the registry's mu guards only the
 // requests followed here and their reference counts.
 package runner

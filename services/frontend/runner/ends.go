@@ -90,31 +90,31 @@ func endID(id string) string { return events.ID(id, "ended") }
 // storeEnd stores the end of t, a request this frontend owns and has ended
 // (its fold is terminal), in the ends place; when the ends place does not
 // take it, it is kept and stored again (retryEnds).
-func (rn *Runner) storeEnd(ctx context.Context, t *Request) {
+func (lc *lifecycle) storeEnd(ctx context.Context, t *Request) {
 	var ev events.RequestEnded
 	var ok bool
 	var accepted uint64
 	t.f.view(func(p *projections.Request) {
-		if p.Owner == rn.id {
-			ev, ok = p.End(rn.id)
+		if p.Owner == lc.id {
+			ev, ok = p.End(lc.id)
 			accepted = p.AcceptedSeq()
 		}
 	})
 	if !ok {
 		return
 	}
-	if _, err := streams.StoreEnd(ctx, rn.events, endID(t.id), ev, accepted); err != nil {
-		if rn.ended.keep(ev, accepted) {
-			rn.log.Warn("store a request's end in the ends place: kept to store again", "request_id", t.id, "err", err)
+	if _, err := streams.StoreEnd(ctx, lc.events, endID(t.id), ev, accepted); err != nil {
+		if lc.ended.keep(ev, accepted) {
+			lc.log.Warn("store a request's end in the ends place: kept to store again", "request_id", t.id, "err", err)
 		} else {
-			rn.log.Error("store a request's end in the ends place: too many kept, dropped", "request_id", t.id, "err", err)
+			lc.log.Error("store a request's end in the ends place: too many kept, dropped", "request_id", t.id, "err", err)
 		}
 	}
 }
 
 // retryEnds stores the ends kept by storeEnd again, every endsRetryEvery,
 // until ctx is done.
-func (rn *Runner) retryEnds(ctx context.Context) {
+func (lc *lifecycle) retryEnds(ctx context.Context) {
 	t := time.NewTicker(endsRetryEvery)
 	defer t.Stop()
 	for {
@@ -123,9 +123,9 @@ func (rn *Runner) retryEnds(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, e := range rn.ended.all() {
-			if _, err := streams.StoreEnd(ctx, rn.events, endID(e.ev.RequestID), e.ev, e.acceptedSeq); err == nil {
-				rn.ended.done(e.ev.RequestID)
+		for _, e := range lc.ended.all() {
+			if _, err := streams.StoreEnd(ctx, lc.events, endID(e.ev.RequestID), e.ev, e.acceptedSeq); err == nil {
+				lc.ended.done(e.ev.RequestID)
 			}
 		}
 	}
@@ -137,27 +137,27 @@ func (rn *Runner) retryEnds(ctx context.Context) {
 // same). A request whose end is stored somewhere is not reported: eviction
 // finds it there, and evicting one that just ended here could purge it
 // under its compaction.
-func (rn *Runner) Ended(id string) bool { return rn.ended.has(id) }
+func (lc *lifecycle) Ended(id string) bool { return lc.ended.has(id) }
 
 // EndsKnown changes whenever this frontend keeps an end it could not store
 // (the retention monitor's cue that Ended may say more than the ends place).
-func (rn *Runner) EndsKnown() uint64 { return rn.ended.generation() }
+func (lc *lifecycle) EndsKnown() uint64 { return lc.ended.generation() }
 
 // storeKill stores a kill of p, a running request, in the ends place when
 // the log refused its cancel (full): its owner and every follower fold the
 // end from there (the ends place republishes it), and the worker of its
 // current attempt is told at once.
-func (rn *Runner) storeKill(ctx context.Context, p *projections.Request, reason, tenant string) error {
+func (lc *lifecycle) storeKill(ctx context.Context, p *projections.Request, reason, tenant string) error {
 	id := p.Accepted.RequestID
 	ev := events.RequestCancelled{RequestID: id, Mode: events.CancelKill, Reason: reason, Tenant: tenant}
-	p.Apply(rn.events.Envelope(events.ID(id, "cancelled", events.CancelKill), id, ev))
-	end, ok := p.End(rn.id)
+	p.Apply(lc.events.Envelope(events.ID(id, "cancelled", events.CancelKill), id, ev))
+	end, ok := p.End(lc.id)
 	if !ok {
 		return nil
 	}
-	if _, err := streams.StoreEnd(ctx, rn.events, endID(id), end, p.AcceptedSeq()); err != nil {
+	if _, err := streams.StoreEnd(ctx, lc.events, endID(id), end, p.AcceptedSeq()); err != nil {
 		return fmt.Errorf("cancel %s: store its end: %w", id, err)
 	}
-	rn.room.Refused(id)
+	lc.room.Refused(id)
 	return nil
 }

@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -16,20 +18,36 @@ import (
 // mark, ends a request whose events can no longer be stored, and
 // compacts the finished requests it owns.
 
+// lifecycle is this frontend's part in the request log's lifecycle:
+// admission at the high-water mark, the ends of the requests it owns
+// (ends.go) and their compaction. It is safe for concurrent use.
+type lifecycle struct {
+	id           string // this frontend's
+	log          *slog.Logger
+	events       *streams.Log
+	parts        streams.Partitions // set by Start (Runner.provision) before anything reads it
+	room         *retention.Monitor
+	fleet        Fleet // who is live: whether they all read compact records
+	decisions    decisions
+	noCompaction bool        // Config.NoCompaction
+	holdBack     atomic.Bool // compaction was held back for an earlier release's frontend (said once)
+	ended        pendingEnds // ends the ends place did not take yet (ends.go)
+}
+
 // LogHealth says why the request log cannot take new requests ("" when it
 // can): the partitions above the high-water mark.
 func (rn *Runner) LogHealth() string { return rn.room.Health() }
 
-// admitLog refuses a new request id while its partition is above the
+// admit refuses a new request id while its partition is above the
 // high-water mark, or when the log refused the append of its accepted
 // event at a limit (err, from that append): a *retention.FullError.
-func (rn *Runner) admitLog(id string, err error) error {
+func (lc *lifecycle) admit(id string, err error) error {
 	if err == nil {
-		return rn.room.Admit(id)
+		return lc.room.Admit(id)
 	}
 	if errors.Is(err, streams.ErrStreamFull) {
-		rn.room.Refused(id)
-		return &retention.FullError{Stream: rn.parts.StreamOf(id), Used: 1, HighWater: rn.room.HighWater()}
+		lc.room.Refused(id)
+		return &retention.FullError{Stream: lc.parts.StreamOf(id), Used: 1, HighWater: lc.room.HighWater()}
 	}
 	return err
 }
@@ -45,17 +63,17 @@ const (
 // a limit: its clients get the error at once (the failure is folded
 // locally), and the failure is stored once there is room again, quietly,
 // for at most logFullPatience. It reports whether it was stored.
-func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.RequestFailed) bool {
-	rn.room.Refused(t.id)
-	t.f.apply(rn.events.Envelope(events.ID(t.id, "failed"), t.id, ev))
+func (lc *lifecycle) failUnstored(ctx context.Context, t *Request, ev events.RequestFailed) bool {
+	lc.room.Refused(t.id)
+	t.f.apply(lc.events.Envelope(events.ID(t.id, "failed"), t.id, ev))
 	t.f.changed.Notify()
-	rn.log.Error("request log full: request ended", "request_id", t.id, "code", ev.Code)
-	rn.storeEnd(ctx, t) // where deltas cannot crowd it out; the log gets it too once there is room
+	lc.log.Error("request log full: request ended", "request_id", t.id, "code", ev.Code)
+	lc.storeEnd(ctx, t) // where deltas cannot crowd it out; the log gets it too once there is room
 	deadline := time.Now().Add(logFullPatience)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
-		rn.waitStep(ctx, time.Now().Add(logFullRetry), nil, nil, nil)
-		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "failed"), ev)
-		if ok || (err == nil && !rn.room.Full(t.id)) {
+		waitStep(ctx, time.Now().Add(logFullRetry), nil, nil, nil)
+		ok, err := lc.decisions.append(ctx, t, events.ID(t.id, "failed"), ev)
+		if ok || (err == nil && !lc.room.Full(t.id)) {
 			return true
 		}
 	}
@@ -66,11 +84,11 @@ func (rn *Runner) failUnstored(ctx context.Context, t *Request, ev events.Reques
 // records. During a rolling upgrade from a release that does not, finished
 // requests keep their deltas (eviction still bounds the log), and the first
 // time this frontend holds back it says why.
-func (rn *Runner) everyoneReadsCompacted() bool {
-	for _, f := range rn.fleet.Frontends() {
+func (lc *lifecycle) everyoneReadsCompacted() bool {
+	for _, f := range lc.fleet.Frontends() {
 		if !f.ReadsCompacted {
-			if rn.holdBack.CompareAndSwap(false, true) {
-				rn.log.Info("not compacting finished requests: a live frontend of an earlier release does not read compact records",
+			if lc.holdBack.CompareAndSwap(false, true) {
+				lc.log.Info("not compacting finished requests: a live frontend of an earlier release does not read compact records",
 					"frontend", f.FrontendID)
 			}
 			return false
@@ -84,8 +102,8 @@ func (rn *Runner) everyoneReadsCompacted() bool {
 // meanwhile makes it read the log and try again; it gives up after three
 // tries, leaving the deltas for eviction. It reports whether the log holds
 // the record (stored now or before).
-func (rn *Runner) compact(ctx context.Context, t *Request) bool {
-	if rn.cfg.NoCompaction || !rn.everyoneReadsCompacted() {
+func (lc *lifecycle) compact(ctx context.Context, t *Request) bool {
+	if lc.noCompaction || !lc.everyoneReadsCompacted() {
 		return false
 	}
 	for range 3 {
@@ -96,7 +114,7 @@ func (rn *Runner) compact(ctx context.Context, t *Request) bool {
 		owned := false
 		seq := t.f.eventsSeq()
 		t.f.view(func(p *projections.Request) {
-			owned = p.Owner == rn.id && p.Accepted.Choices <= 1
+			owned = p.Owner == lc.id && p.Accepted.Choices <= 1
 			if owned {
 				plan, err = retention.Record(p)
 				subjects, through = retention.Subjects(p), p.CompactedThrough()
@@ -106,20 +124,20 @@ func (rn *Runner) compact(ctx context.Context, t *Request) bool {
 			return false
 		}
 		if err == nil {
-			err = retention.Compact(ctx, rn.events, rn.parts, t.id, plan, subjects, seq, through, rn.room.Purges())
+			err = retention.Compact(ctx, lc.events, lc.parts, t.id, plan, subjects, seq, through, lc.room.Purges())
 		}
 		if err == nil || errors.Is(err, retention.ErrPurgeSkipped) { // counted by the Pacer
 			return true
 		}
 		if !errors.Is(err, streams.ErrConflict) {
 			if errors.Is(err, streams.ErrStreamFull) {
-				rn.room.Refused(t.id)
+				lc.room.Refused(t.id)
 			} else if ctx.Err() == nil {
-				rn.log.Warn("compact finished request", "request_id", t.id, "err", err)
+				lc.log.Warn("compact finished request", "request_id", t.id, "err", err)
 			}
 			return false
 		}
-		rn.catchUp(ctx, t)
+		catchUp(ctx, t)
 	}
 	return false
 }

@@ -5,32 +5,13 @@ import (
 	"encoding/json"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
-	"github.com/baton-dev/baton/internal/notify"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 )
-
-// waitUntil waits for cond, re-checking it at every notification of sig.
-func waitUntil(t *testing.T, sig *notify.Signal, what string, cond func() bool) {
-	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		ch := sig.C()
-		if cond() {
-			return
-		}
-		select {
-		case <-ch:
-		case <-timeout:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
-}
 
 // startPresence registers frontend id's presence on a new embedded
 // JetStream, and returns it with the frontends bucket.

@@ -24,17 +24,11 @@ func (rn *Runner) catchUpOnReconnect(ctx context.Context, g *errgroup.Group) {
 				if !ok {
 					return nil
 				}
-				rn.mu.Lock()
-				followed := make([]*Request, 0, len(rn.requests))
-				for _, t := range rn.requests {
-					t.refs++
-					followed = append(followed, t)
-				}
-				rn.mu.Unlock()
+				followed := rn.requests.followed()
 				rn.log.Info("reconnected to NATS; catching up followed requests", "requests", len(followed))
 				for _, t := range followed {
-					rn.catchUp(ctx, t)
-					rn.release(t)
+					catchUp(ctx, t)
+					rn.requests.release(t)
 				}
 			}
 		}

@@ -43,8 +43,8 @@ func TestCatchUpOnReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.stop()
-	rn := &Runner{nc: nc, log: slog.New(slog.DiscardHandler), requests: map[string]*Request{}}
-	rn.requests["r1"] = &Request{id: "r1", f: f, refs: 1}
+	rn := &Runner{nc: nc, log: slog.New(slog.DiscardHandler), requests: newRegistry()}
+	rn.requests.requests["r1"] = &Request{id: "r1", f: f, refs: 1}
 	var g errgroup.Group
 	rctx, rcancel := context.WithCancel(ctx)
 	rn.catchUpOnReconnect(rctx, &g)

@@ -18,7 +18,7 @@ import (
 // runner that carries out its migration decisions. A holder of a Request
 // holds one reference to it and gives it back with Release.
 type Request struct {
-	rn         *Runner
+	requests   *registry // the registry that holds it
 	id         string
 	f          *follower
 	dispatched chan struct{} // closed once the first dispatch settled (accepted or failed)
@@ -28,15 +28,11 @@ type Request struct {
 	// (Runner.dispatchEarly); the runner's first dispatch takes it.
 	early *heldDispatch
 
-	// Guarded by Runner.mu.
+	// Guarded by requests.mu.
 	refs          int       // holders: clients, the runner, lookups
 	running       bool      // a runner runs for it here
 	clients       int       // client responses being written
 	detachedSince time.Time // when the last client left (zero while one is attached)
-}
-
-func (rn *Runner) newRequest(id string, f *follower) *Request {
-	return &Request{rn: rn, id: id, f: f, dispatched: make(chan struct{})}
 }
 
 // ID is the request's (internal) id.
@@ -74,47 +70,13 @@ func (t *Request) takeEarly() *heldDispatch {
 // ErrExists means a request with that id is already in the log.
 var ErrExists = errors.New("runner: request exists")
 
-// register adds t to the requests this frontend follows, with one reference
-// held by the caller. The follower stops when the last reference is released.
-func (rn *Runner) register(t *Request) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	t.refs = 1
-	rn.requests[t.id] = t
-}
-
-// acquire returns the tracked request id with a new reference, if followed here.
-func (rn *Runner) acquire(id string) (*Request, bool) {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	t, ok := rn.requests[id]
-	if ok {
-		t.refs++
-	}
-	return t, ok
-}
-
 // Release drops the caller's reference to t.
-func (t *Request) Release() { t.rn.release(t) }
-
-// release drops a reference to t.
-func (rn *Runner) release(t *Request) {
-	rn.mu.Lock()
-	t.refs--
-	last := t.refs == 0
-	if last {
-		delete(rn.requests, t.id)
-	}
-	rn.mu.Unlock()
-	if last {
-		t.f.stop()
-	}
-}
+func (t *Request) Release() { t.requests.release(t) }
 
 // Accept appends a new request to the log and starts running it. It
 // returns ErrExists if the id is taken. The caller holds one reference.
 func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Request, error) {
-	if err := rn.admitLog(acc.RequestID, nil); err != nil {
+	if err := rn.lifecycle.admit(acc.RequestID, nil); err != nil {
 		return nil, err
 	}
 	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
@@ -124,28 +86,28 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
 	f, err := follow(ctx, rn.live, rn.js, rn.parts, acc.RequestID, false)
 	if err != nil {
-		rn.abandon(early)
+		rn.dispatcher.abandon(early)
 		return nil, err
 	}
 	appending := time.Now()
 	seq, err := rn.events.Append(ctx, streams.RequestEvents(acc.RequestID), env, 0)
 	appended := time.Now()
 	if err != nil {
-		rn.abandon(early)
+		rn.dispatcher.abandon(early)
 		f.stop()
 		if errors.Is(err, streams.ErrConflict) {
 			return nil, ErrExists
 		}
-		return nil, rn.admitLog(acc.RequestID, err)
+		return nil, rn.lifecycle.admit(acc.RequestID, err)
 	}
-	t := rn.newRequest(acc.RequestID, f)
+	t := rn.requests.newRequest(acc.RequestID, f)
 	t.acceptedAt, t.early = appended, early
 	t.noteAccepted(appended.Sub(appending))
 	// Fold the accepted event now: the runner must not wait for the
 	// republished copy to know what to dispatch.
 	env.Seq, env.Stored = seq, streams.RequestEvents(acc.RequestID)
 	f.apply(env)
-	rn.register(t)
+	rn.requests.register(t)
 	rn.startRunner(t)
 	return t, nil
 }
@@ -154,7 +116,7 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 // requests (Accept each, then Link it), without following it. It returns
 // ErrExists if the id is taken.
 func (rn *Runner) AcceptParent(ctx context.Context, parent events.RequestAccepted) error {
-	if err := rn.admitLog(parent.RequestID, nil); err != nil {
+	if err := rn.lifecycle.admit(parent.RequestID, nil); err != nil {
 		return err
 	}
 	env := rn.events.Envelope(events.ID(parent.RequestID, "accepted"), parent.RequestID, parent)
@@ -162,7 +124,7 @@ func (rn *Runner) AcceptParent(ctx context.Context, parent events.RequestAccepte
 		if errors.Is(err, streams.ErrConflict) {
 			return ErrExists
 		}
-		return rn.admitLog(parent.RequestID, err)
+		return rn.lifecycle.admit(parent.RequestID, err)
 	}
 	return nil
 }
@@ -184,20 +146,15 @@ func (rn *Runner) Link(ctx context.Context, parent, child string) {
 // startRunner has runRunners start the runner of t, unless one runs
 // already, holding a reference while it runs.
 func (rn *Runner) startRunner(t *Request) {
-	rn.mu.Lock()
-	if t.running {
-		rn.mu.Unlock()
+	if !rn.requests.startRunning(t) {
 		return
 	}
-	t.running = true
-	t.refs++
-	rn.mu.Unlock()
 	select {
-	case rn.launch <- t:
-	case <-rn.stopped:
+	case rn.requests.launch <- t:
+	case <-rn.requests.stopped:
 		t.settle() // nobody will dispatch it here
-		rn.abandon(t.takeEarly())
-		rn.runnerEnded(t)
+		rn.dispatcher.abandon(t.takeEarly())
+		rn.requests.runnerEnded(t)
 	}
 }
 
@@ -205,48 +162,38 @@ func (rn *Runner) startRunner(t *Request) {
 // if this frontend owns it). HTTP handlers call it; the work, which may
 // append to the log, is done on the runtime's goroutines.
 func (t *Request) Claim() {
-	rn := t.rn
-	rn.mu.Lock()
-	t.refs++
-	rn.mu.Unlock()
+	r := t.requests
+	r.hold(t)
 	select {
-	case rn.claims <- t:
-	case <-rn.stopped:
-		rn.release(t)
+	case r.claims <- t:
+	case <-r.stopped:
+		r.release(t)
 	}
 }
 
 // runRunners starts the runners startRunner asks for and the takeovers
 // Claim asks for, on g, until ctx is done.
 func (rn *Runner) runRunners(ctx context.Context, g *errgroup.Group) {
-	defer close(rn.stopped)
+	defer close(rn.requests.stopped)
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case t := <-rn.launch:
+		case t := <-rn.requests.launch:
 			g.Go(func() error {
-				defer rn.runnerEnded(t)
-				defer rn.listAdoptable(t)() // adopted by another frontend if this one dies
+				defer rn.requests.runnerEnded(t)
+				defer rn.adopter.list(t)() // adopted by another frontend if this one dies
 				rn.run(ctx, t)
 				return nil
 			})
-		case t := <-rn.claims:
+		case t := <-rn.requests.claims:
 			g.Go(func() error {
-				defer rn.release(t)
+				defer rn.requests.release(t)
 				rn.ensureOwner(ctx, t)
 				return nil
 			})
 		}
 	}
-}
-
-// runnerEnded records that t's runner ended and drops its reference.
-func (rn *Runner) runnerEnded(t *Request) {
-	rn.mu.Lock()
-	t.running = false
-	rn.mu.Unlock()
-	rn.release(t)
 }
 
 // ensureOwner makes this frontend the owner of t if its owner is gone (its
@@ -270,7 +217,7 @@ func (rn *Runner) ensureOwner(ctx context.Context, t *Request) {
 		}
 		seq := t.f.eventsSeq()
 		ev := events.RequestAttached{RequestID: t.id, Frontend: rn.id, Offset: offset}
-		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "attached", rn.id, seq), ev)
+		ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "attached", rn.id, seq), ev)
 		if err != nil {
 			rn.log.Warn("take over request", "request_id", t.id, "err", err)
 			return
@@ -286,27 +233,21 @@ func (rn *Runner) ensureOwner(ctx context.Context, t *Request) {
 // Enter and Leave count the clients of t; a request left without clients
 // is cancelled after the detach timeout by its runner.
 func (t *Request) Enter() {
-	t.rn.mu.Lock()
+	t.requests.mu.Lock()
 	t.clients++
 	t.detachedSince = time.Time{}
-	t.rn.mu.Unlock()
+	t.requests.mu.Unlock()
 }
 
 // Leave ends a client of t (see Enter).
 func (t *Request) Leave() {
-	t.rn.mu.Lock()
+	t.requests.mu.Lock()
 	t.clients--
 	if t.clients == 0 {
 		t.detachedSince = time.Now()
 	}
-	t.rn.mu.Unlock()
+	t.requests.mu.Unlock()
 	t.f.decided.Notify() // wake the runner to start its detach timer
-}
-
-func (rn *Runner) detachedSince(t *Request) time.Time {
-	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	return t.detachedSince
 }
 
 // carryDetach cancels a request that no client came back to.
@@ -322,7 +263,7 @@ func (rn *Runner) carryDetach(ctx context.Context, t *Request) {
 // log). It returns streams.ErrNotFound for an unknown id. The caller holds one
 // reference.
 func (rn *Runner) Attach(ctx context.Context, id string) (*Request, error) {
-	if t, ok := rn.acquire(id); ok {
+	if t, ok := rn.requests.acquire(id); ok {
 		return t, nil
 	}
 	f, err := follow(ctx, rn.live, rn.js, rn.parts, id, true)
@@ -335,25 +276,11 @@ func (rn *Runner) Attach(ctx context.Context, id string) (*Request, error) {
 		f.stop()
 		return nil, fmt.Errorf("%w: %s", streams.ErrNotFound, id)
 	}
-	t := rn.newRequest(id, f)
+	t := rn.requests.newRequest(id, f)
 	t.settle()
-	rn.mu.Lock()
-	if existing, ok := rn.requests[id]; ok { // lost a race with another client
-		existing.refs++
-		rn.mu.Unlock()
+	if existing, ok := rn.requests.registerNew(t); !ok { // lost a race with another client
 		f.stop()
 		return existing, nil
 	}
-	t.refs = 1
-	rn.requests[id] = t
-	rn.mu.Unlock()
 	return t, nil
-}
-
-// appendCancel appends a cancel command for request id. It is idempotent.
-func (rn *Runner) appendCancel(ctx context.Context, id, mode, reason, tenant string) error {
-	ev := events.RequestCancelled{RequestID: id, Mode: mode, Reason: reason, Tenant: tenant}
-	env := rn.events.Envelope(events.ID(id, "cancelled", mode), id, ev)
-	_, err := rn.events.Append(ctx, streams.RequestEvents(id), env, -1)
-	return err
 }

@@ -2,9 +2,7 @@ package runner
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
-	"github.com/google/uuid"
 )
 
 // run is the runner of request t: until t ends, another frontend owns it,
@@ -22,7 +19,7 @@ import (
 // events subject, so two frontends never both decide for one request.
 func (rn *Runner) run(ctx context.Context, t *Request) {
 	defer t.settle()
-	defer func() { rn.abandon(t.takeEarly()) }() // if the policy never dispatched
+	defer func() { rn.dispatcher.abandon(t.takeEarly()) }() // if the policy never dispatched
 	var (
 		mem     migrations.Memory
 		outcome *migrations.DispatchOutcome
@@ -43,25 +40,10 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		if mem.Watch.Active {
 			dch = rn.fleet.MembersChanged()
 		}
-		obs := migrations.Observation{DetachedSince: rn.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
+		obs := migrations.Observation{DetachedSince: rn.requests.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
 		lch := rn.room.Changed()
-		var a migrations.Action
-		var model, endpoint string
-		var firstPending bool // the running attempt has no token yet
-		t.f.read(func(p *projections.Request, progress time.Time) {
-			model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
-			relayed.note(p)
-			obs.LastProgress = progress
-			if cur, ok := p.Current(); ok {
-				w, present := rn.fleet.Worker(cur.WorkerID)
-				// A quarantined worker's output is not to be waited for.
-				present = present && w.State != projections.WorkerQuarantined
-				obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
-				firstPending = !cur.Closed && p.Len() == cur.StartOffset
-			}
-			a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
-		})
-		rn.send(&relayed)
+		a, model, endpoint, firstPending := rn.observe(t, mem, obs, &relayed)
+		rn.commands.relay(&relayed)
 		mem, outcome = a.Next, nil
 		if firstPending && mem.Watch.Active {
 			// Wake at the attempt's first token: the stall timeout starts
@@ -75,12 +57,12 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		rn.report(model, endpoint, a.Report)
 		switch a.Kind {
 		case migrations.Stop:
-			if !rn.compact(ctx, t) {
-				rn.storeEnd(ctx, t) // not the last word of its events subject: eviction finds it there
+			if !rn.lifecycle.compact(ctx, t) {
+				rn.lifecycle.storeEnd(ctx, t) // not the last word of its events subject: eviction finds it there
 			}
 			return
 		case migrations.Wait:
-			rn.waitStep(ctx, a.Until, fch, dch, lch)
+			waitStep(ctx, a.Until, fch, dch, lch)
 		case migrations.DispatchNext:
 			var done func()
 			outcome, done = rn.carryDispatch(ctx, t, a)
@@ -92,26 +74,58 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 				t.settle()
 			}
 		case migrations.CatchUp:
-			rn.catchUp(ctx, t)
+			catchUp(ctx, t)
 		case migrations.Fence:
 			rn.carryFence(ctx, t, a)
 		case migrations.Migrate:
-			m := a.Migrated
-			if ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m); ok {
-				rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
-					"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
-			} else if err != nil {
-				rn.log.Warn("record migration", "request_id", t.id, "err", err)
-				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
+			if !rn.carryMigrate(ctx, t, a.Migrated) {
+				waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Fail:
 			if !rn.appendFailure(ctx, t, a.Failed) {
-				rn.waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
+				waitStep(ctx, time.Now().Add(retryAfterError), fch, dch, lch)
 			}
 		case migrations.Detach:
 			rn.carryDetach(ctx, t)
 		}
 	}
+}
+
+// observe reads t's fold under its lock and asks the policy's Step with
+// mem and obs (completed from the fold and the fleet view): it returns the
+// action, the request's model and endpoint, and whether the running attempt
+// has no token yet, and notes in relayed what the current attempt must obey.
+func (rn *Runner) observe(t *Request, mem migrations.Memory, obs migrations.Observation, relayed *relay) (a migrations.Action, model, endpoint string, firstPending bool) {
+	t.f.read(func(p *projections.Request, progress time.Time) {
+		model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
+		relayed.note(p)
+		obs.LastProgress = progress
+		if cur, ok := p.Current(); ok {
+			w, present := rn.fleet.Worker(cur.WorkerID)
+			// A quarantined worker's output is not to be waited for.
+			present = present && w.State != projections.WorkerQuarantined
+			obs.Worker = migrations.WorkerSeen{Present: present, LeaseID: w.LeaseID, FirstTokenTimeout: w.FirstTokenTimeout}
+			firstPending = !cur.Closed && p.Len() == cur.StartOffset
+		}
+		a = rn.policy.Step(migrations.State{Request: p, Memory: mem}, obs, time.Now())
+	})
+	return a, model, endpoint, firstPending
+}
+
+// carryMigrate records migration m of t. It reports false when the log
+// refused it (not when another writer came first: the next step looks
+// again).
+func (rn *Runner) carryMigrate(ctx context.Context, t *Request, m events.RequestMigrated) bool {
+	ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "migrated", m.FromAttempt, rn.id), m)
+	switch {
+	case ok:
+		rn.log.Info("migrating request", "request_id", t.id, "from_worker", m.FromWorker,
+			"migration_type", m.MigrationType, "reason", m.Reason, "offset", m.Cut)
+	case err != nil:
+		rn.log.Warn("record migration", "request_id", t.id, "err", err)
+		return false
+	}
+	return true
 }
 
 // retryAfterError is how long a runner waits before deciding again when the
@@ -120,7 +134,7 @@ const retryAfterError = time.Second
 
 // waitStep blocks until ctx is done, until (if set), or the request,
 // discovery or the log's room changed (a nil channel never does).
-func (rn *Runner) waitStep(ctx context.Context, until time.Time, request, discovery, room <-chan struct{}) {
+func waitStep(ctx context.Context, until time.Time, request, discovery, room <-chan struct{}) {
 	var timeout <-chan time.Time
 	if !until.IsZero() {
 		timer := time.NewTimer(time.Until(until))
@@ -170,7 +184,7 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		if h.d.Attempt == d.Attempt && h.d.StartOffset == d.StartOffset && (a.Pinned == "" || a.Pinned == h.w.ID) && !slices.Contains(a.Exclude, h.w.ID) {
 			return rn.routeHeld(ctx, t, h)
 		}
-		rn.abandon(h)
+		rn.dispatcher.abandon(h)
 	}
 	w, done, err := rn.fleet.Pick(d, a.Pinned, a.Exclude)
 	if err != nil {
@@ -178,13 +192,13 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 			NotCapable: fleet.IsNotCapable(err), Err: err.Error()}, nil
 	}
 	if w.HoldsUntilRouted {
-		return rn.routeHeld(ctx, t, rn.sendHeld(ctx, w, done, d))
+		return rn.routeHeld(ctx, t, rn.dispatcher.sendHeld(ctx, w, done, d))
 	}
-	ok, err := rn.appendDecision(ctx, t, routedID(t, d), routedOf(t, w, d))
+	ok, err := rn.decisions.append(ctx, t, routedID(t, d, rn.id), routedOf(t, w, d))
 	if !ok {
 		return rn.notRouted(t, done, err), nil
 	}
-	reply, err := rn.sendDispatch(ctx, w.ID, d)
+	reply, err := rn.dispatcher.send(ctx, w.ID, d)
 	return rn.dispatched(ctx, t, w, done, d, reply, err)
 }
 
@@ -192,8 +206,8 @@ func routedOf(t *Request, w projections.Worker, d events.Dispatch) events.Reques
 	return events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
 }
 
-func routedID(t *Request, d events.Dispatch) string {
-	return events.ID(t.id, "routed", d.Attempt, t.rn.id)
+func routedID(t *Request, d events.Dispatch, frontend string) string {
+	return events.ID(t.id, "routed", d.Attempt, frontend)
 }
 
 // notRouted is the outcome of a dispatch whose routed decision was not
@@ -226,35 +240,9 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 		rn.metrics.dispatchUnanswered.WithLabelValues(w.ID).Inc()
 		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
-	rn.appendFence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
-	rn.waitClosed(ctx, t, d.Attempt)
+	rn.decisions.fence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	waitClosed(ctx, t, d.Attempt)
 	return out, nil
-}
-
-// heldDispatch is a dispatch on its way to a worker that holds the
-// attempt's output until told its routed decision is stored
-// (services/worker/hold.go), sent before that decision was appended.
-type heldDispatch struct {
-	w      projections.Worker
-	done   func() // ends the router's reservation of w
-	d      events.Dispatch
-	answer chan dispatchAnswer // the worker's answer, once
-}
-
-type dispatchAnswer struct {
-	reply streams.DispatchReply
-	err   error
-}
-
-// sendHeld sends d to w, held, and returns at once.
-func (rn *Runner) sendHeld(ctx context.Context, w projections.Worker, done func(), d events.Dispatch) *heldDispatch {
-	d.Hold = uuid.NewString()
-	h := &heldDispatch{w: w, done: done, d: d, answer: make(chan dispatchAnswer, 1)}
-	go func() {
-		reply, err := rn.sendDispatch(ctx, w.ID, d)
-		h.answer <- dispatchAnswer{reply, err}
-	}()
-	return h
 }
 
 // routeHeld records the routed decision of h, sent already. As soon as the
@@ -264,68 +252,25 @@ func (rn *Runner) sendHeld(ctx context.Context, w projections.Worker, done func(
 // is fenced once it answered (a fence sent earlier could overtake the
 // dispatch and find no job to end).
 func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*migrations.DispatchOutcome, func()) {
-	seq, ok, err := rn.storeDecision(ctx, t, routedID(t, h.d), routedOf(t, h.w, h.d))
-	routedHere := ok || rn.routedTo(t, h.d.Attempt, h.w.ID)
+	seq, ok, err := rn.decisions.store(ctx, t, routedID(t, h.d, rn.id), routedOf(t, h.w, h.d))
+	routedHere := ok || routedTo(t, h.d.Attempt, h.w.ID)
 	if routedHere {
-		rn.command(h.w.ID, streams.Command{RequestID: t.id, Attempt: h.d.Attempt, Kind: streams.CommandRouted})
+		rn.commands.send(h.w.ID, streams.Command{RequestID: t.id, Attempt: h.d.Attempt, Kind: streams.CommandRouted})
 	}
 	ans := <-h.answer
 	if !ok {
 		if !routedHere && (ans.err != nil || ans.reply.Accepted) {
-			rn.fenceHeld(t.id, h)
+			rn.dispatcher.fenceHeld(t.id, h)
 		}
 		return rn.notRouted(t, h.done, err), nil
 	}
-	rn.awaitFolded(ctx, t, seq)
+	rn.decisions.awaitFolded(ctx, t, seq)
 	return rn.dispatched(ctx, t, h.w, h.done, h.d, ans.reply, ans.err)
-}
-
-// abandon gives up h (if any), which the request no longer needs: the
-// worker is fenced once it answered, and the reservation ends.
-func (rn *Runner) abandon(h *heldDispatch) {
-	if h == nil {
-		return
-	}
-	go func() {
-		if ans := <-h.answer; ans.err != nil || ans.reply.Accepted {
-			rn.fenceHeld(h.d.RequestID, h)
-		}
-		h.done()
-		rn.log.Info("abandoned a held dispatch", "request_id", h.d.RequestID, "attempt", h.d.Attempt, "worker_id", h.w.ID, "hold", h.d.Hold)
-	}()
-}
-
-func (rn *Runner) fenceHeld(id string, h *heldDispatch) {
-	rn.command(h.w.ID, streams.Command{RequestID: id, Attempt: h.d.Attempt, Kind: streams.CommandFence,
-		Reason: "its routed decision was not stored", Hold: h.d.Hold})
-}
-
-// dispatchEarly sends the first dispatch of a new request while its
-// accepted event env is appended, when the policy would dispatch it and
-// the worker it picks holds its output (nil otherwise): the engine starts
-// one more acknowledgement sooner. The runner's first dispatch takes it
-// (carryDispatch).
-func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldDispatch {
-	p := projections.NewRequest()
-	p.Apply(env)
-	a := rn.policy.Step(migrations.State{Request: p}, migrations.Observation{}, time.Now())
-	if a.Kind != migrations.DispatchNext {
-		return nil
-	}
-	w, done, err := rn.fleet.Pick(a.Dispatch, a.Pinned, a.Exclude)
-	if err != nil {
-		return nil
-	}
-	if !w.HoldsUntilRouted {
-		done()
-		return nil
-	}
-	return rn.sendHeld(ctx, w, done, a.Dispatch)
 }
 
 // routedTo reports whether this frontend's fold routes attempt k of t to
 // worker.
-func (rn *Runner) routedTo(t *Request, k int, worker string) bool {
+func routedTo(t *Request, k int, worker string) bool {
 	var yes bool
 	t.f.view(func(p *projections.Request) {
 		yes = k < len(p.Attempts) && p.Attempts[k].WorkerID == worker
@@ -335,7 +280,7 @@ func (rn *Runner) routedTo(t *Request, k int, worker string) bool {
 
 // waitClosed waits until this frontend has folded the closure of attempt k
 // (or the request moved past it), for at most streams.DefaultTimeout.
-func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
+func waitClosed(ctx context.Context, t *Request, k int) {
 	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
 	_ = t.f.waitFor(wctx, func(p *projections.Request) bool {
@@ -344,88 +289,17 @@ func (rn *Runner) waitClosed(ctx context.Context, t *Request, k int) {
 	})
 }
 
-// sendDispatch sends d to workerID and waits for its answer; it sets the
-// frontend's prompt limit on it.
-func (rn *Runner) sendDispatch(ctx context.Context, workerID string, d events.Dispatch) (streams.DispatchReply, error) {
-	d.MaxPromptTokens = rn.cfg.MaxPromptTokens
-	data, err := json.Marshal(d)
-	if err != nil {
-		return streams.DispatchReply{}, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, rn.cfg.DispatchTimeout)
-	defer cancel()
-	msg, err := rn.ctl.RequestWithContext(ctx, streams.DispatchSubject(workerID), data)
-	if err != nil {
-		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: %w", d.RequestID, workerID, err)
-	}
-	var reply streams.DispatchReply
-	if err := json.Unmarshal(msg.Data, &reply); err != nil {
-		return streams.DispatchReply{}, fmt.Errorf("dispatch %s to %s: bad reply: %w", d.RequestID, workerID, err)
-	}
-	return reply, nil
-}
-
 // carryFence carries out a Fence: close the attempt in the log (unless it is
 // already), inhibit its worker, and wait until this frontend has folded the
 // closure.
 func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Action) {
 	if a.AppendFence {
-		rn.appendFence(ctx, a.Fence)
+		rn.decisions.fence(ctx, a.Fence)
 	}
 	if w, ok := rn.fleet.Worker(a.Fence.WorkerID); ok && a.Inhibit && rn.fleet.Inhibit(w, a.InhibitFor) {
 		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()
 	}
-	rn.waitClosed(ctx, t, a.Fence.Attempt)
-}
-
-func (rn *Runner) appendFence(ctx context.Context, ev events.AttemptFailed) {
-	id := ev.RequestID
-	env := rn.events.Envelope(events.ID(id, ev.Attempt, "fenced"), id, ev)
-	if _, err := rn.events.Append(ctx, streams.RequestTokens(id, ev.Attempt, ev.WorkerID), env, -1); err != nil {
-		rn.log.Warn("fence attempt", "request_id", id, "attempt", ev.Attempt, "err", err)
-	}
-}
-
-// appendDecision appends a decision to the request's events subject, expecting the
-// last sequence this frontend has seen there, and waits until the follower
-// has folded it. It reports false with a nil error when someone else wrote
-// first (the follower has caught up by then: look again).
-func (rn *Runner) appendDecision(ctx context.Context, t *Request, id string, ev events.Event) (bool, error) {
-	seq, ok, err := rn.storeDecision(ctx, t, id, ev)
-	if ok {
-		rn.awaitFolded(ctx, t, seq)
-	}
-	return ok, err
-}
-
-// storeDecision is appendDecision's append, without the wait for the fold:
-// it returns the decision's sequence when stored.
-func (rn *Runner) storeDecision(ctx context.Context, t *Request, id string, ev events.Event) (uint64, bool, error) {
-	expect := int64(t.f.eventsSeq())
-	seq, err := rn.events.Append(ctx, streams.RequestEvents(t.id), rn.events.Envelope(id, t.id, ev), expect)
-	if errors.Is(err, streams.ErrConflict) {
-		rn.catchUp(ctx, t)
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, err
-	}
-	return seq, true, nil
-}
-
-// awaitFolded waits until this frontend has folded the event at seq (a
-// bounded wait; a catch-up when it times out).
-func (rn *Runner) awaitFolded(ctx context.Context, t *Request, seq uint64) {
-	wctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
-	defer cancel()
-	if err := t.f.waitFor(wctx, func(p *projections.Request) bool { return p.LastSeq() >= seq }); err != nil {
-		rn.catchUp(ctx, t)
-	}
-}
-
-// catchUp reads whatever the follower missed.
-func (rn *Runner) catchUp(ctx context.Context, t *Request) {
-	_ = t.f.catchUp(ctx)
+	waitClosed(ctx, t, a.Fence.Attempt)
 }
 
 // appendFailure appends the request's terminal failure, trying again (with the
@@ -433,9 +307,9 @@ func (rn *Runner) catchUp(ctx context.Context, t *Request) {
 // false if the log refused it.
 func (rn *Runner) appendFailure(ctx context.Context, t *Request, ev events.RequestFailed) bool {
 	for range 3 {
-		ok, err := rn.appendDecision(ctx, t, events.ID(t.id, "failed"), ev)
+		ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "failed"), ev)
 		if errors.Is(err, streams.ErrStreamFull) {
-			return rn.failUnstored(ctx, t, ev)
+			return rn.lifecycle.failUnstored(ctx, t, ev)
 		}
 		if err != nil {
 			rn.log.Error("record request failure", "request_id", t.id, "err", err)

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/streams"
@@ -115,6 +116,38 @@ func (x *runnerFixture) put(bucket, key string, v any) {
 	}
 	data, _ := json.Marshal(v)
 	if _, err := kv.Put(x.ctx, key, data); err != nil {
+		x.t.Fatal(err)
+	}
+}
+
+// start starts the runtime (its presence at a made-up address) and stops
+// it when the test ends.
+func (x *runnerFixture) start() *Runner {
+	x.t.Helper()
+	if err := x.rn.Start(x.ctx, "127.0.0.1:1"); err != nil {
+		x.t.Fatal(err)
+	}
+	x.t.Cleanup(x.rn.Stop)
+	return x.rn
+}
+
+// depart deletes frontend id's presence key once the fleet view holds it
+// and every frontend of alive live.
+func (x *runnerFixture) depart(id string, alive ...string) {
+	x.t.Helper()
+	all := append([]string{id}, alive...)
+	for ch := x.fl.FrontendsChanged(); slices.ContainsFunc(all, func(f string) bool { return !x.fl.FrontendAlive(f) }); ch = x.fl.FrontendsChanged() {
+		select {
+		case <-ch:
+		case <-x.ctx.Done():
+			x.t.Fatalf("the fleet view never saw every one of %v", all)
+		}
+	}
+	kv, err := x.js.KeyValue(x.ctx, streams.FrontendsBucket)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	if err := kv.Delete(x.ctx, id); err != nil {
 		x.t.Fatal(err)
 	}
 }
@@ -257,7 +290,7 @@ func (x *runnerFixture) run(id string) projections.State {
 		x.t.Fatal(err)
 	}
 	defer f.stop()
-	t := x.rn.newRequest(id, f)
+	t := x.rn.requests.newRequest(id, f)
 	x.rn.run(x.ctx, t)
 	x.wg.Wait()
 	var st projections.State
@@ -315,7 +348,7 @@ func TestRunnerRefusalIsNoMigration(t *testing.T) {
 // the request migrates as new_request to the other worker.
 func TestRunnerDispatchUnanswered(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", silent: true}, fakeWorker{id: "w2"})
-	x.rn.cfg.DispatchTimeout = 100 * time.Millisecond
+	x.rn.dispatcher.timeout = 100 * time.Millisecond
 	x.busy("w2") // w1 is the less loaded: tried first
 	st := x.run("r")
 	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].MigrationType != events.MigrationNewRequest || st.Worker != "w2" {
@@ -438,7 +471,7 @@ func TestAcceptDispatchesEarly(t *testing.T) {
 		t.Fatalf("Accept of a taken id: %v, want ErrExists", err)
 	}
 	var second events.Dispatch
-	waitUntil(t, x.changed, "the second dispatch's fence", func() bool {
+	waitfor.Signal(t, x.changed, "the second dispatch's fence", func() bool {
 		ds := x.sent()
 		if len(ds) < 2 {
 			return false

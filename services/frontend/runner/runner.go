@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
-	"sync/atomic"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/migrations"
@@ -22,6 +20,12 @@ import (
 // Runner is the request runtime of one frontend. Create it with New, start it
 // with Start and stop it with Stop; every other method is safe for
 // concurrent use once Start returned.
+//
+// It runs the requests it owns (run.go) and drives its parts, each of
+// which holds only what it needs: the requests followed here (registry),
+// the decisions it appends (decisions), the dispatches and the commands to
+// workers (dispatcher, commands), the workers' checks (checks), its part
+// in the log's lifecycle (lifecycle) and adoption (adopter).
 type Runner struct {
 	id       string
 	cfg      Config
@@ -36,22 +40,18 @@ type Runner struct {
 	policy   migrations.Policy
 	room     *retention.Monitor // how full the request log is; evicts finished requests
 	guard    *retention.Guard   // purges workers' junk from the request log, quarantines who writes it
-	holdBack atomic.Bool        // compaction was held back for an earlier release's frontend (said once)
-	ended    pendingEnds        // ends the ends place did not take yet (ends.go)
-	listed   *adoptable         // the requests run here that outlive their clients, in the presence key (adopt.go)
+	live     *live              // the one live subscription of every followed request
 
-	launch  chan *Request // requests whose runner runRunners should start
-	claims  chan *Request // requests runRunners should take over if their owner is gone
-	stopped chan struct{} // closed when runRunners no longer starts runners
-
-	ctl  *nats.Conn // dispatches: nc until Start opens a connection of their own, before any runner starts
-	live *live      // the one live subscription of every followed request
+	requests   *registry   // registry.go
+	decisions  decisions   // decisions.go
+	dispatcher *dispatcher // dispatch.go
+	commands   commands    // commands.go
+	checks     *checks     // checks.go
+	lifecycle  *lifecycle  // lifecycle.go, ends.go
+	adopter    *adopter    // adopt.go
 
 	cancelRun context.CancelFunc // ends what Start started
 	g         errgroup.Group     // what Start started
-
-	mu       sync.Mutex
-	requests map[string]*Request
 }
 
 // New builds the runtime of frontend cfg.ID on connection nc, routing with
@@ -77,20 +77,26 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 		return nil, fmt.Errorf("runner: jetstream: %w", err)
 	}
 	rn := &Runner{
-		id: cfg.ID, cfg: cfg, log: log, nc: nc, ctl: nc, js: js,
+		id: cfg.ID, cfg: cfg, log: log, nc: nc, js: js,
 		events: streams.NewLog(js, "baton/frontend/"+cfg.ID), metrics: m,
 		fleet: fl,
 		policy: migrations.Policy{
 			Limit: cfg.MigrationLimit, MaxSeqLen: cfg.MigrationMaxSeqLen, Frontend: cfg.ID,
 			StallTimeout: cfg.StallTimeout, DetachTimeout: cfg.DetachTimeout, ExactOnly: cfg.MigrationExactOnly,
 		},
-		requests: map[string]*Request{},
-		launch:   make(chan *Request), claims: make(chan *Request), stopped: make(chan struct{}),
-		listed: newAdoptable(),
+		requests: newRegistry(),
+		commands: commands{nc: nc, log: log},
 	}
 	if rn.room, err = retention.NewMonitor(js, reg, log, cfg.Log); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
+	rn.decisions = decisions{events: rn.events, log: log}
+	rn.dispatcher = &dispatcher{ctl: nc, timeout: cfg.DispatchTimeout, maxPromptTokens: cfg.MaxPromptTokens, commands: rn.commands, log: log}
+	rn.checks = &checks{nc: nc, log: log, fleet: fl, requests: rn}
+	rn.lifecycle = &lifecycle{id: cfg.ID, log: log, events: rn.events, room: rn.room, fleet: fl,
+		decisions: rn.decisions, noCompaction: cfg.NoCompaction}
+	rn.adopter = &adopter{id: cfg.ID, log: log, js: js, fleet: fl, presence: &rn.presence,
+		listed: newAdoptable(), adopted: m.adoptions, runtime: rn}
 	// The guard reads at the monitor's pace, and through it: admission
 	// answers from its readings too.
 	if rn.guard, err = retention.NewGuard(js, rn.room, reg, log, retention.GuardConfig{Interval: cfg.Log.Interval}); err != nil {
@@ -140,7 +146,7 @@ func (rn *Runner) Start(ctx context.Context, addr string) error {
 	rn.g.Go(func() error { return rn.room.Run(runCtx) })
 	rn.g.Go(func() error { return rn.guard.Run(runCtx) })
 	rn.g.Go(func() error {
-		rn.retryEnds(runCtx)
+		rn.lifecycle.retryEnds(runCtx)
 		return nil
 	})
 	if err := rn.startWatchers(ctx, runCtx, &rn.g, addr); err != nil {
@@ -160,7 +166,7 @@ func (rn *Runner) Deregister(ctx context.Context) error { return rn.presence.rev
 // resumable elsewhere. Call it once, after Start succeeded.
 func (rn *Runner) Stop() { rn.cancelRun() }
 
-// openControl opens the connection dispatches go over (Runner.ctl), with
+// openControl opens the connection dispatches go over (dispatcher.ctl), with
 // nc's options: on nc their replies would queue behind the token deltas of
 // every open stream, and a reply late by seconds inhibits a healthy worker.
 func (rn *Runner) openControl() (*nats.Conn, error) {
@@ -170,7 +176,7 @@ func (rn *Runner) openControl() (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runner: control connection: %w", err)
 	}
-	rn.ctl = ctl
+	rn.dispatcher.ctl = ctl
 	return ctl, nil
 }
 
@@ -181,12 +187,12 @@ func (rn *Runner) provision(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rn.parts = parts
+	rn.parts, rn.lifecycle.parts, rn.adopter.parts = parts, parts, parts
 	rn.events.SetPartitions(parts)
 	rn.room.SetPartitions(parts)
 	rn.guard.SetPartitions(parts)
 	rn.guard.SetFleet(rn.fleet.GuardView())
-	rn.room.SetEnds(rn)
+	rn.room.SetEnds(rn.lifecycle)
 	rn.log.Info("request log", "partitions", parts.Count(), "streams", strings.Join(parts.Streams(), ","))
 	return nil
 }
@@ -213,15 +219,15 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	if err != nil {
 		return err
 	}
-	if err := rn.answerChecks(runCtx, g); err != nil {
+	if err := rn.checks.answer(runCtx, g); err != nil {
 		return err
 	}
 	g.Go(func() error {
-		rn.publishAdoptable(runCtx)
+		rn.adopter.publish(runCtx)
 		return nil
 	})
 	g.Go(func() error {
-		rn.adoptOrphans(runCtx, g)
+		rn.adopter.watch(runCtx, g)
 		return nil
 	})
 	rn.catchUpOnReconnect(runCtx, g)
