@@ -99,6 +99,10 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
+	if apiErr := fe.admitLogShare(tenant); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
 	parent, apiErr := fe.parentOf(r, tenant)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -166,6 +170,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 		return
 	}
 	defer t.Release()
+	fe.ledger.add(acc)
 	if acc.ParentID != "" {
 		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}

@@ -257,6 +257,12 @@ func (fe *Frontend) handleUsage(w http.ResponseWriter, r *http.Request) {
 	fe.mu.Unlock()
 	budget := map[string]any{"rpm": b.RPM, "tpm": b.TPM, "weight": b.Weight}
 	body := map[string]any{"object": "tenant.usage", "tenant": name, "budget": budget, "frontend": fe.id}
+	if b.Log > 0 {
+		budget["log"] = b.Log
+	}
+	if n, a := fe.logBytes(tenant); a > 0 { // every frontend's estimate (logshare.go)
+		body["log"] = map[string]any{"bytes": n, "limit_bytes": a}
+	}
 	if n := fe.limits.maxOf(tenant); n > 0 { // per frontend; counted only under a cap
 		budget["concurrent"], body["open_here"] = n, fe.limits.open(tenant)
 	}

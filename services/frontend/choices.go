@@ -52,6 +52,7 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 			writeRecordError(w, fmt.Sprintf("choice %d", i), err)
 			return
 		}
+		fe.ledger.add(child)
 		ts = append(ts, t)
 	}
 	fe.metrics.active.WithLabelValues(parent.Model).Inc()

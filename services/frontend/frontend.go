@@ -42,6 +42,7 @@ type Frontend struct {
 	limits   *tenantLimits
 	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
 	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
+	ledger   *logLedger     // tenants' bytes in the log (log=F); nil without a budgets file; set by Run before it serves
 	console  *consoleView
 
 	draining chan struct{} // closed when shutdown starts
@@ -174,6 +175,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	runShares, err := fe.startLogShares(startCtx)
+	if err != nil {
+		fe.runtime.Stop()
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: %w", err)
+	}
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -184,6 +191,14 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		g.Go(func() error {
 			if err := runBudgets(runCtx); err != nil {
 				fe.log.Error("tenant budgets: the other frontends' budgets are not compared", "err", err)
+			}
+			return nil
+		})
+	}
+	if runShares != nil { // until the end of the shutdown, then it deletes its key
+		g.Go(func() error {
+			if err := runShares(runCtx); err != nil {
+				fe.log.Error("tenant log shares: the other frontends' counts are not read", "err", err)
 			}
 			return nil
 		})

@@ -97,6 +97,10 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		writeAPIError(w, apiErr)
 		return
 	}
+	if apiErr := fe.admitLogShare(tenant); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
 	var apiErr *apiError
 	if acc.ParentID, apiErr = fe.parentOf(r, tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -128,6 +132,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 		return
 	}
 	defer t.Release()
+	fe.ledger.add(acc)
 	if q.Background {
 		fe.countUntilEnd(t, tenant, spent.end)
 	} else {
