@@ -157,6 +157,7 @@ func (fe *Frontend) chargeBudget(w http.ResponseWriter, r *http.Request, tenant 
 	var over *quota.OverError
 	switch {
 	case errors.As(err, &over):
+		fe.tenants.throttle(tenant, over.Resource) // throttleRequests or throttleTokens
 		w.Header().Set("Retry-After", retryAfter(over.RetryAfter))
 		writeError(w, http.StatusTooManyRequests, over.Resource, "rate_limit_exceeded", over.Error())
 		return nil, false

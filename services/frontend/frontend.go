@@ -44,6 +44,7 @@ type Frontend struct {
 	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
 	ledger   *logLedger     // tenants' bytes in the log (log=F); nil without a budgets file; set by Run before it serves
 	console  *consoleView
+	tenants  *tenantMetrics // per-tenant series, served at /metrics/tenants (the admin's)
 
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
@@ -106,6 +107,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	fe.limits.setPerTenant(concurrentOf(fe.budgets))
+	if fe.tenants, err = newTenantMetrics(); err != nil {
+		return nil, fmt.Errorf("frontend: tenant metrics: %w", err)
+	}
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
 	}
@@ -284,6 +288,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics/tenants", fe.handleTenantMetrics())
 	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if notFoundOrMethod(mux, w, r) {

@@ -250,6 +250,7 @@ func (fe *Frontend) admitLogShare(tenant string) *apiError {
 		return nil
 	}
 	if n := fe.ledger.shares.Bytes(tenant); n >= a {
+		fe.tenants.throttle(tenant, throttleLogShare)
 		return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: codeLogFull,
 			message: fmt.Sprintf("tenant %s stores about %d bytes of the request log, its share (log=%g of the log below its high-water mark) is %d: its new requests are refused until its finished requests are evicted",
 				tenant, n, b.Log, a)}
