@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -105,6 +106,22 @@ func (k *keyring) reload() error {
 	k.keys = keys
 	k.mu.Unlock()
 	return nil
+}
+
+// tenants lists the tenants the keys name, each once, sorted.
+func (k *keyring) tenants() []string {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, key := range k.keys {
+		if !seen[key.tenant] {
+			seen[key.tenant] = true
+			out = append(out, key.tenant)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (k *keyring) size() int {

@@ -3,6 +3,7 @@ package frontend
 import (
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/projections"
@@ -39,11 +40,62 @@ type tenantMetrics struct {
 	queueWait *prometheus.HistogramVec // tenant
 	tokens    *prometheus.CounterVec   // tenant, kind
 	logBytes  *prometheus.GaugeVec     // tenant
+	mu        sync.Mutex
+	counts    map[string]*tenantCount // the same counts for the console, by tenant label
+}
+
+// tenantCount is what this frontend counted of one tenant, for the console.
+type tenantCount struct {
+	Admitted  int64            `json:"admitted"`
+	Throttled map[string]int64 `json:"throttled,omitempty"` // by reason
+	Queued    int64            `json:"queued"`
+	Tokens    int64            `json:"tokens"` // prompt and completion
+}
+
+// count runs fn on tenant's counts, under the lock.
+func (m *tenantMetrics) count(label string, fn func(c *tenantCount)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.counts[label]
+	if !ok {
+		c = &tenantCount{}
+		m.counts[label] = c
+	}
+	fn(c)
+}
+
+// snapshot is a copy of tenant's counts (zero when none).
+func (m *tenantMetrics) snapshot(label string) tenantCount {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.counts[label]
+	if !ok {
+		return tenantCount{}
+	}
+	out := *c
+	if c.Throttled != nil {
+		out.Throttled = make(map[string]int64, len(c.Throttled))
+		for k, v := range c.Throttled {
+			out.Throttled[k] = v
+		}
+	}
+	return out
+}
+
+// counted lists the tenant labels counted so far.
+func (m *tenantMetrics) counted() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.counts))
+	for t := range m.counts {
+		out = append(out, t)
+	}
+	return out
 }
 
 func newTenantMetrics() (*tenantMetrics, error) {
 	m := &tenantMetrics{
-		reg: prometheus.NewRegistry(),
+		reg: prometheus.NewRegistry(), counts: map[string]*tenantCount{},
 		admitted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_tenant_admitted_total", Help: "Creates (completions, chat completions, responses) this frontend admitted, by tenant.",
 		}, []string{"tenant", "endpoint"}),
@@ -78,16 +130,39 @@ func tenantLabel(tenant string) string {
 	return tenant
 }
 
-// admit counts a create of tenant admitted, with its prompt's tokens.
+// throttleReasons are the reasons this frontend refuses for; the admission
+// queue's are added where they are counted.
+var throttleReasons = []string{throttleRequests, throttleTokens, throttleRate, throttleConcurrent, throttleLogShare}
+
+// admit counts a create of tenant admitted, with its prompt's tokens. A
+// tenant's first admission starts its other series at 0, so that a rate
+// of them is 0 rather than no data until the first refusal.
 func (m *tenantMetrics) admit(tenant, endpoint string, promptTokens int) {
 	t := tenantLabel(tenant)
+	m.mu.Lock()
+	_, seen := m.counts[t]
+	m.mu.Unlock()
+	if !seen {
+		for _, r := range throttleReasons {
+			m.throttled.WithLabelValues(t, r)
+		}
+		m.queued.WithLabelValues(t)
+		m.tokens.WithLabelValues(t, "completion")
+	}
 	m.admitted.WithLabelValues(t, endpoint).Inc()
 	m.tokens.WithLabelValues(t, "prompt").Add(float64(max(promptTokens, 0)))
+	m.count(t, func(c *tenantCount) { c.Admitted++; c.Tokens += int64(max(promptTokens, 0)) })
 }
 
 // throttle counts a request of tenant refused for reason.
 func (m *tenantMetrics) throttle(tenant, reason string) {
 	m.throttled.WithLabelValues(tenantLabel(tenant), reason).Inc()
+	m.count(tenantLabel(tenant), func(c *tenantCount) {
+		if c.Throttled == nil {
+			c.Throttled = map[string]int64{}
+		}
+		c.Throttled[reason]++
+	})
 }
 
 // queue counts a create of tenant held in the admission queue, and wait,
@@ -96,6 +171,7 @@ func (m *tenantMetrics) queue(tenant string, wait time.Duration) {
 	t := tenantLabel(tenant)
 	m.queued.WithLabelValues(t).Inc()
 	m.queueWait.WithLabelValues(t).Observe(wait.Seconds())
+	m.count(t, func(c *tenantCount) { c.Queued++ })
 }
 
 // completed counts the completion tokens of the requests ts, which tenant
@@ -110,6 +186,7 @@ func (m *tenantMetrics) completed(tenant string, ts ...*runner.Request) {
 		})
 	}
 	m.tokens.WithLabelValues(tenantLabel(tenant), "completion").Add(float64(n))
+	m.count(tenantLabel(tenant), func(c *tenantCount) { c.Tokens += int64(n) })
 }
 
 // handleTenantMetrics serves GET /metrics/tenants, the per-tenant series
