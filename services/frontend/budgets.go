@@ -257,7 +257,8 @@ func (fe *Frontend) handleUsage(w http.ResponseWriter, r *http.Request) {
 	b := fe.budgets.For(tenant)
 	fe.mu.Unlock()
 	budget := map[string]any{"rpm": b.RPM, "tpm": b.TPM, "weight": b.Weight}
-	body := map[string]any{"object": "tenant.usage", "tenant": name, "budget": budget, "frontend": fe.id}
+	body := map[string]any{"object": "tenant.usage", "tenant": name, "budget": budget, "frontend": fe.id,
+		"here": fe.tenants.snapshot(tenantLabel(tenant))} // this frontend's counts (tenantmetrics.go)
 	if b.Log > 0 {
 		budget["log"] = b.Log
 	}

@@ -66,7 +66,11 @@ func TestTenantMetrics(t *testing.T) {
 			t.Errorf("/metrics/tenants has no %s:\n%s", want, body)
 		}
 	}
-	if _, public := call(http.MethodGet, "/metrics", "", ""); strings.Contains(public, "baton_tenant_") || strings.Contains(public, `tenant="alice"`) {
+	if code, body := call(http.MethodGet, "/v1/tenants/alice/usage", "alice-0123456789abcdef", ""); code != http.StatusOK ||
+		!strings.Contains(body, `"here":{"admitted":2,"throttled":{"requests":1}`) {
+		t.Errorf("alice's usage: got %d %s, want this frontend's counts of her", code, body)
+	}
+	if _, public := call(http.MethodGet, "/metrics", "", "");  strings.Contains(public, "baton_tenant_") || strings.Contains(public, `tenant="alice"`) {
 		t.Error("the public /metrics names tenants")
 	}
 }
