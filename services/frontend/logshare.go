@@ -57,6 +57,7 @@ type logLedger struct {
 type logEntry struct {
 	tenant  string
 	base    int64 // its compact record without tokens, about
+	tokens  int   // as of the last time it was followed here
 	bytes   int64
 	done    bool      // no longer followed here: its estimate is final
 	checked time.Time // when its presence in the log was last verified
@@ -147,15 +148,14 @@ func (l *logLedger) tick(ctx context.Context) {
 		})
 		l.mu.Lock()
 		if e, ok := l.entries[id]; ok {
+			if followed {
+				e.tokens = tokens
+			}
 			per := int64(shareTokenBytesInFlight)
 			if terminal || !followed {
 				per = shareTokenBytes // compacted, or as good as: it is no longer followed here
 			}
-			if followed || e.bytes == e.base {
-				e.bytes = e.base + int64(tokens)*per
-			} else {
-				e.bytes = e.base + (e.bytes-e.base)*shareTokenBytes/shareTokenBytesInFlight
-			}
+			e.bytes = e.base + int64(e.tokens)*per
 			e.done = !followed
 		}
 		l.mu.Unlock()

@@ -70,7 +70,7 @@ func TestTenantMetrics(t *testing.T) {
 		!strings.Contains(body, `"here":{"admitted":2,"throttled":{"requests":1}`) {
 		t.Errorf("alice's usage: got %d %s, want this frontend's counts of her", code, body)
 	}
-	if _, public := call(http.MethodGet, "/metrics", "", "");  strings.Contains(public, "baton_tenant_") || strings.Contains(public, `tenant="alice"`) {
+	if _, public := call(http.MethodGet, "/metrics", "", ""); strings.Contains(public, "baton_tenant_") || strings.Contains(public, `tenant="alice"`) {
 		t.Error("the public /metrics names tenants")
 	}
 }
