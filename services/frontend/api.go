@@ -172,7 +172,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	defer t.Release()
 	fe.ledger.add(acc)
 	fe.tenants.admit(acc.Tenant, acc.Endpoint, acc.PromptTokens)
-	defer fe.tenants.completed(acc.Tenant, t)
+	defer fe.createEnded(acc.Tenant, t)
 	if acc.ParentID != "" {
 		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}

@@ -56,7 +56,7 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 		ts = append(ts, t)
 	}
 	fe.tenants.admit(parent.Tenant, parent.Endpoint, n*parent.PromptTokens)
-	defer fe.tenants.completed(parent.Tenant, ts...) // before the deferred releases
+	defer fe.createEnded(parent.Tenant, ts...) // before the deferred releases
 	fe.metrics.active.WithLabelValues(parent.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(parent.Model).Dec()
 	for _, t := range ts {

@@ -311,7 +311,7 @@ func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string, ended func()
 			var terminal bool
 			held.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
 			if terminal {
-				fe.tenants.completed(tenant, held)
+				fe.createEnded(tenant, held)
 				return
 			}
 			select {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/frontend/runner"
 	"github.com/baton-dev/baton/services/quota"
 	"github.com/baton-dev/baton/streams"
 )
@@ -127,6 +128,30 @@ func (l *logLedger) add(acc events.RequestAccepted) {
 	l.entries[acc.RequestID] = &logEntry{tenant: acc.Tenant, base: base, bytes: base, checked: time.Now()}
 	l.totals[acc.Tenant] += base
 	l.shares.Set(l.totals)
+}
+
+// observe takes the token counts of requests ts, which the caller still
+// holds, for their entries: a request that ends between two ticks is
+// counted with its tokens.
+func (l *logLedger) observe(ts ...*runner.Request) {
+	if l == nil {
+		return
+	}
+	for _, t := range ts {
+		var tokens int
+		var terminal bool
+		t.View(func(p *projections.Request) { tokens, terminal = p.Len(), p.Status.Terminal() })
+		l.mu.Lock()
+		if e, ok := l.entries[t.ID()]; ok && !e.done {
+			e.tokens = tokens
+			per := int64(shareTokenBytesInFlight)
+			if terminal {
+				per = shareTokenBytes
+			}
+			e.bytes = e.base + int64(tokens)*per
+		}
+		l.mu.Unlock()
+	}
 }
 
 // tick brings the entries' estimates up to date, drops those the log no

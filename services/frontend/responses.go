@@ -135,7 +135,7 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	fe.ledger.add(acc)
 	fe.tenants.admit(acc.Tenant, acc.Endpoint, acc.PromptTokens)
 	if !q.Background { // a background one's are counted when it ends (countUntilEnd)
-		defer fe.tenants.completed(acc.Tenant, t)
+		defer fe.createEnded(acc.Tenant, t)
 	}
 	if q.Background {
 		fe.countUntilEnd(t, tenant, spent.end)

@@ -189,6 +189,14 @@ func (m *tenantMetrics) completed(tenant string, ts ...*runner.Request) {
 	m.count(tenantLabel(tenant), func(c *tenantCount) { c.Tokens += int64(n) })
 }
 
+// createEnded is called as the handler of a create of tenant (or the
+// watcher of a background response) lets its requests ts go: their tokens
+// are counted, and the log share's ledger takes their last token counts.
+func (fe *Frontend) createEnded(tenant string, ts ...*runner.Request) {
+	fe.tenants.completed(tenant, ts...)
+	fe.ledger.observe(ts...)
+}
+
 // handleTenantMetrics serves GET /metrics/tenants, the per-tenant series
 // (the admin's only: adminPath), with each tenant's log bytes read now.
 func (fe *Frontend) handleTenantMetrics() http.Handler {
