@@ -139,7 +139,7 @@ func TestDashboard(t *testing.T) {
 		if !strings.Contains(conf, r.old) {
 			t.Fatalf("docs/grafana/prometheus.yml lacks %q", r.old)
 		}
-		conf = strings.Replace(conf, r.old, r.new, 1)
+		conf = strings.ReplaceAll(conf, r.old, r.new) // the frontends twice: /metrics and /metrics/tenants
 	}
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(conf), 0o644); err != nil {
@@ -164,9 +164,9 @@ func TestDashboard(t *testing.T) {
 			promMu.Unlock()
 		}
 	})
-	waitFor(t, 30*time.Second, "prometheus to scrape all five targets", func() bool {
+	waitFor(t, 30*time.Second, "prometheus to scrape all seven targets", func() bool {
 		v, err := promQuery(promURL, `sum(up)`)
-		return err == nil && len(v) == 1 && v[0] == 5
+		return err == nil && len(v) == 1 && v[0] == 7
 	})
 
 	// Traffic. One request on fe2 goes over its max-seq-len at once.

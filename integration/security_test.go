@@ -29,7 +29,7 @@ const (
 	carolKey = "carol-0123456789abcdef"
 )
 
-func writeKeys(t *testing.T, path string, lines ...string) {
+func writeKeys(t testing.TB, path string, lines ...string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte("# test tenants\n"+strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -49,7 +49,7 @@ func (s *securityFlags) add(f *flagSet, cfg *frontend.Config) {
 	f.Float64Var(&cfg.TenantRPS, "tenant-rps", 0, "most API requests per second per tenant, burst max(1, rps) (429 with Retry-After beyond); 0 unlimited")
 	f.bindEnv("tenant-rps", "BATON_TENANT_RPS", nil)
 	f.showDefault("tenant-rps", "unlimited")
-	f.StringVar(&cfg.TenantBudgetsFile, "tenant-budgets-file", "", "`file` of per-tenant budgets, lines of 'TENANT [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]' ('#' comments): rpm and tpm are one budget across every frontend (the same file on each), in every 60 s window; SIGHUP reloads it")
+	f.StringVar(&cfg.TenantBudgetsFile, "tenant-budgets-file", "", "`file` of per-tenant budgets, lines of 'TENANT [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]' ('#' comments): rpm and tpm are one budget across every frontend (the same file on each), in every 60 s window; log is the tenant's share of the request log (503 log_full past it); SIGHUP reloads it")
 	f.bindEnv("tenant-budgets-file", "BATON_TENANT_BUDGETS_FILE", nil)
 	f.showDefault("tenant-budgets-file", "none")
 	f.Int64Var(&cfg.TenantRPM, "tenant-rpm", 0, "completions and responses created per minute per tenant without an rpm in --tenant-budgets-file, one budget across every frontend (429 rate_limit_exceeded beyond); 0 unlimited")

@@ -81,6 +81,9 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	promptTokens := openai.EstimateTokens(p.Prompt)
 	pinned := r.Header.Get(headerWorkerID)
 	parent, apiErr := fe.checkNew(r, tenant, public, p.Model, endpoint, pinned, promptTokens)
+	if apiErr == nil {
+		apiErr = fe.admitLogShare(tenant)
+	}
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -184,6 +187,8 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 		return
 	}
 	defer t.Release()
+	fe.noteAdmitted(acc)
+	defer fe.createEnded(acc.Tenant, t)
 	if acc.ParentID != "" {
 		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}

@@ -52,8 +52,10 @@ func openPath(path string) bool {
 }
 
 // adminPath reports whether path is the admin's only: the console's data,
-// which shows every tenant's requests.
-func adminPath(path string) bool { return strings.HasPrefix(path, "/v1/console/") }
+// which shows every tenant's requests, and the per-tenant metrics.
+func adminPath(path string) bool {
+	return strings.HasPrefix(path, "/v1/console/") || path == "/metrics/tenants"
+}
 
 // authenticate admits a request with a known key (Authorization: Bearer)
 // and records its tenant; everything but openPath needs one. Without a
@@ -82,7 +84,7 @@ func (fe *Frontend) authenticate(next http.Handler) http.Handler {
 		}
 		if adminPath(r.URL.Path) && tenant != streams.AdminTenant {
 			writeError(w, http.StatusForbidden, "invalid_request_error", "permission_denied",
-				"the console's data covers every tenant: it needs the key of the tenant admin")
+				"the console's data and the per-tenant metrics cover every tenant: they need the key of the tenant admin")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))

@@ -157,6 +157,7 @@ func (fe *Frontend) chargeBudget(w http.ResponseWriter, r *http.Request, tenant 
 	var over *quota.OverError
 	switch {
 	case errors.As(err, &over):
+		fe.tenants.throttle(tenant, over.Resource) // throttleRequests or throttleTokens
 		w.Header().Set("Retry-After", retryAfter(over.RetryAfter))
 		writeError(w, http.StatusTooManyRequests, over.Resource, "rate_limit_exceeded", over.Error())
 		return nil, false
@@ -256,7 +257,14 @@ func (fe *Frontend) handleUsage(w http.ResponseWriter, r *http.Request) {
 	b := fe.budgets.For(tenant)
 	fe.mu.Unlock()
 	budget := map[string]any{"rpm": b.RPM, "tpm": b.TPM, "weight": b.Weight}
-	body := map[string]any{"object": "tenant.usage", "tenant": name, "budget": budget, "frontend": fe.id}
+	body := map[string]any{"object": "tenant.usage", "tenant": name, "budget": budget, "frontend": fe.id,
+		"here": fe.tenants.snapshot(tenantLabel(tenant))} // this frontend's counts (tenantmetrics.go)
+	if b.Log > 0 {
+		budget["log"] = b.Log
+	}
+	if n, a := fe.logBytes(tenant); a > 0 { // every frontend's estimate (logshare.go)
+		body["log"] = map[string]any{"bytes": n, "limit_bytes": a}
+	}
 	if n := fe.limits.maxOf(tenant); n > 0 { // per frontend; counted only under a cap
 		budget["concurrent"], body["open_here"] = n, fe.limits.open(tenant)
 	}

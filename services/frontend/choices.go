@@ -47,8 +47,11 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 			writeRecordError(w, fmt.Sprintf("choice %d", i), err)
 			return
 		}
+		fe.ledger.add(child)
 		ts = append(ts, t)
 	}
+	fe.tenants.admit(parent.Tenant, parent.Endpoint, n*parent.PromptTokens)
+	defer fe.createEnded(parent.Tenant, ts...) // before the deferred releases
 	fe.metrics.active.WithLabelValues(parent.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(parent.Model).Dec()
 	for _, t := range ts {

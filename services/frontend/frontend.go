@@ -41,7 +41,9 @@ type Frontend struct {
 	limits   *tenantLimits
 	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
 	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
+	ledger   *logLedger     // tenants' bytes in the log (log=F); nil without a budgets file; set by Run before it serves
 	console  *consoleView
+	tenants  *tenantMetrics // per-tenant series, served at /metrics/tenants (the admin's)
 	listener net.Listener
 
 	mu sync.Mutex // guards budgets and quota against a reload
@@ -95,6 +97,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	fe.limits.setPerTenant(concurrentOf(fe.budgets))
+	if fe.tenants, err = newTenantMetrics(); err != nil {
+		return nil, fmt.Errorf("frontend: tenant metrics: %w", err)
+	}
 	fe.responses = &responses{requests: fe.requests, fleet: fl, limits: fe.limits, tenants: fe}
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
@@ -164,6 +169,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	runShares, err := fe.startLogShares(startCtx)
+	if err != nil {
+		fe.runtime.Stop()
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: %w", err)
+	}
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -174,6 +185,14 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		g.Go(func() error {
 			if err := runBudgets(runCtx); err != nil {
 				fe.log.Error("tenant budgets: the other frontends' budgets are not compared", "err", err)
+			}
+			return nil
+		})
+	}
+	if runShares != nil { // until the end of the shutdown, then it deletes its key
+		g.Go(func() error {
+			if err := runShares(runCtx); err != nil {
+				fe.log.Error("tenant log shares: the other frontends' counts are not read", "err", err)
 			}
 			return nil
 		})
@@ -259,6 +278,7 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics/tenants", fe.handleTenantMetrics())
 	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if notFoundOrMethod(mux, w, r) {

@@ -138,6 +138,7 @@ func (fe *Frontend) rateLimit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !openPath(r.URL.Path) {
 			if wait, ok := fe.limits.allow(tenantOf(r), time.Now()); !ok {
+				fe.tenants.throttle(tenantOf(r), throttleRate)
 				w.Header().Set("Retry-After", retryAfter(wait))
 				writeError(w, http.StatusTooManyRequests, "requests", "rate_limit_exceeded",
 					fmt.Sprintf("Rate limit reached: %v requests per second for this API key, please retry later", fe.cfg.TenantRPS))
@@ -165,6 +166,7 @@ func (fe *Frontend) concurrent(h http.HandlerFunc) http.HandlerFunc {
 // writeConcurrencyLimit answers 429 to a tenant at its maximum of open
 // responses.
 func (fe *Frontend) writeConcurrencyLimit(w http.ResponseWriter, tenant string) {
+	fe.tenants.throttle(tenant, throttleConcurrent)
 	w.Header().Set("Retry-After", "1")
 	writeError(w, http.StatusTooManyRequests, "requests", "concurrency_limit_exceeded",
 		fmt.Sprintf("Too many concurrent requests: at most %d open at once for this API key, please retry later", fe.limits.maxOf(tenant)))
@@ -217,6 +219,7 @@ func (fe *Frontend) countUntilEnd(t *runner.Request, tenant string, ended func()
 			var terminal bool
 			held.View(func(p *projections.Request) { terminal = p.Status.Terminal() })
 			if terminal {
+				fe.createEnded(tenant, held)
 				return
 			}
 			select {

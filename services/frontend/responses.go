@@ -47,6 +47,12 @@ type tenantSlots interface {
 	writeConcurrencyLimit(w http.ResponseWriter, tenant string)
 	countUnlessBackground(w http.ResponseWriter, r *http.Request, t *runner.Request) (release func(), ok bool)
 	countUntilEnd(t *runner.Request, tenant string, ended func())
+	// admitLogShare refuses a tenant over its share of the log (logshare.go).
+	admitLogShare(tenant string) *apiError
+	// noteAdmitted counts an admitted request for its tenant (its log bytes
+	// and metrics), createEnded its end (tenantmetrics.go).
+	noteAdmitted(acc events.RequestAccepted)
+	createEnded(tenant string, ts ...*runner.Request)
 }
 
 // register adds the Responses API's routes to mux.
@@ -89,6 +95,10 @@ func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = c.id, start.Unix(), c.tenant, c.bodySHA
 	acc.PinnedWorker = r.Header.Get(headerWorkerID)
 	if apiErr := rs.admit(c.q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	if apiErr := rs.tenants.admitLogShare(c.tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
@@ -187,6 +197,10 @@ func (rs *responses) start(w http.ResponseWriter, r *http.Request, c create, acc
 		return
 	}
 	defer t.Release()
+	rs.tenants.noteAdmitted(acc)
+	if !c.q.Background { // a background one's are counted when it ends (countUntilEnd)
+		defer rs.tenants.createEnded(acc.Tenant, t)
+	}
 	if c.q.Background {
 		rs.tenants.countUntilEnd(t, c.tenant, spent.end)
 	} else {

@@ -22,6 +22,7 @@ type Budget struct {
 	TPM        int64   // tokens per minute, prompt + completion (reserved: prompt + max tokens)
 	Concurrent int     // concurrent requests, background responses included
 	Weight     float64 // weight for fair admission (parsed and kept; not used yet)
+	Log        float64 // share of the request log's bytes, 0 to 1; 0: none (the whole log)
 }
 
 // Budgets are the budgets of every tenant: Tenants' lines, and Default's
@@ -50,6 +51,17 @@ func (b Budgets) For(tenant string) Budget {
 	return t
 }
 
+// LogShares reports whether any tenant has a share of the request log
+// (log=F below 1): without one a frontend accounts no tenant's bytes.
+func (b Budgets) LogShares() bool {
+	for _, t := range b.Tenants {
+		if t.Log > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Shared reports whether any tenant has a per-minute budget, which is
 // what the shared bucket holds: without one a frontend sends nothing to it.
 func (b Budgets) Shared() bool {
@@ -76,7 +88,11 @@ func (b Budgets) Hash() string {
 	fmt.Fprintf(h, "default %d %d\n", b.Default.RPM, b.Default.TPM)
 	for _, n := range names {
 		t := b.Tenants[n]
-		fmt.Fprintf(h, "%s %d %d %d %g\n", n, t.RPM, t.TPM, t.Concurrent, t.Weight)
+		fmt.Fprintf(h, "%s %d %d %d %g", n, t.RPM, t.TPM, t.Concurrent, t.Weight)
+		if t.Log > 0 { // a file without log= hashes as it did before log= was enforced
+			fmt.Fprintf(h, " log=%g", t.Log)
+		}
+		fmt.Fprintln(h)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
@@ -84,7 +100,8 @@ func (b Budgets) Hash() string {
 // Parse reads a budgets file: lines "TENANT key=value…", '#' starts a
 // comment, blank lines are skipped, one line per tenant. Keys are rpm, tpm
 // and concurrent (whole numbers, at least 1), weight (a number above 0) and
-// log (0 to 1, accepted and not enforced yet). Every problem is reported,
+// log (a share of the request log's bytes above 0, at most 1; 1 is the
+// whole log, as without it). Every problem is reported,
 // with its line number.
 func Parse(data []byte) (map[string]Budget, error) {
 	out := map[string]Budget{}
@@ -161,8 +178,12 @@ func parseFields(fields []string) (Budget, error) {
 			b.Weight = w
 		case "log":
 			s, err := strconv.ParseFloat(v, 64)
-			if err != nil || !(s >= 0 && s <= 1) {
-				errs = append(errs, fmt.Errorf("log=%s: want a share from 0 to 1", v))
+			if err != nil || !(s > 0 && s <= 1) {
+				errs = append(errs, fmt.Errorf("log=%s: want a share above 0, at most 1", v))
+				continue
+			}
+			if s < 1 {
+				b.Log = s
 			}
 		default:
 			errs = append(errs, fmt.Errorf("unknown key %q (want rpm, tpm, concurrent, log or weight)", k))

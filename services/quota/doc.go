@@ -13,5 +13,10 @@
 // period (the bucket then refills past it). Checks that the local slice
 // covers cost no network call.
 //
-// A Limiter is safe for concurrent use. Parse reads a budgets file.
+// LogShares adds up, in the same bucket, each frontend's count of the
+// bytes each tenant stores in the request log (one key per frontend), for
+// the tenants' shares of the log (log=F).
+//
+// A Limiter and a LogShares are safe for concurrent use. Parse reads a
+// budgets file.
 package quota

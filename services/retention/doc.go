@@ -15,7 +15,9 @@
 //     baton_log_used_ratio{stream}, and evicts the oldest finished requests
 //     (every subject purged) while a partition is above its eviction mark.
 //     A request in flight is never evicted: the room between the
-//     high-water mark and the limit is its reserve.
+//     high-water mark and the limit is its reserve. The finished requests
+//     of tenants over their share of the log (SetOverShare) go first, and
+//     are evicted whatever the partition's usage.
 //   - A Guard, the junk guard, looks at what the workers wrote to each
 //     partition after each reading of its own, purges their junk (written
 //     outside the attempts routed to them, or after their request ended),

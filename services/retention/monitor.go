@@ -118,6 +118,9 @@ type Monitor struct {
 	refused  map[string]time.Time     // by stream: when an append was last refused at the limit
 	changed  chan struct{}            // closed and replaced when a partition crosses a mark
 	fullSeen map[string]bool          // by stream: above the high-water mark at the last reading
+	// overShare reports the tenants over their share of the log, whose
+	// finished requests are evicted first (share.go); nil: none.
+	overShare func() []string
 }
 
 // NewMonitor returns a Monitor of the request log, with its metrics
@@ -182,6 +185,8 @@ func (m *Monitor) Run(ctx context.Context) error {
 			}
 			if !m.cfg.NoEvict && u.Ratio() >= m.evictAt() {
 				m.evictChanged(ctx, u)
+			} else if !m.cfg.NoEvict {
+				m.evictOverShare(ctx, u, tenantEvictRound)
 			}
 		}
 		select {
@@ -299,20 +304,26 @@ func (m *Monitor) Health() string {
 // enough, from the stream's first message on, every request folded, where
 // a subject no reader folds (a malformed one, or a worker's junk) is
 // purged too. Each pass looks at most at maxScan messages. A request in
-// flight is skipped: it keeps its history. It returns the requests evicted.
+// flight is skipped: it keeps its history. Before all that, the finished
+// requests of tenants over their share of the log go first (share.go). It
+// returns the requests evicted.
 func (m *Monitor) evict(ctx context.Context, u streams.Usage) int {
 	stream, err := m.js.Stream(ctx, u.Stream)
 	if err != nil {
 		return 0
 	}
-	n, below, err := m.evictEnded(ctx, stream, u)
-	if err != nil { // a server without batched gets (before 2.11): one at a time
-		var more int
-		more, below = m.evictPass(ctx, stream, u, streams.NextStoredEvents, false)
-		n += more
+	_, below := m.evictOverShare(ctx, u, 0) // counted there
+	var n int
+	if !below {
+		more, under, err := m.evictEnded(ctx, stream, u, 0, nil)
+		n, below = more, under
+		if err != nil { // a server without batched gets (before 2.11): one at a time
+			more, below = m.evictPass(ctx, stream, u, streams.NextStoredEvents, false, 0, nil)
+			n += more
+		}
 	}
 	if !below && ctx.Err() == nil {
-		more, _ := m.evictPass(ctx, stream, u, streams.NextStored, true)
+		more, _ := m.evictPass(ctx, stream, u, streams.NextStored, true, 0, nil)
 		n += more
 	}
 	if n > 0 {
@@ -329,10 +340,16 @@ func (m *Monitor) evict(ctx context.Context, u streams.Usage) int {
 // time: on a busy server each question waits milliseconds, and requests
 // may finish faster than one eviction after another can keep up with. It
 // reads the usage after each batch. An error means batched gets are not
-// served (nats-server before 2.11), before anything was evicted.
-func (m *Monitor) evictEnded(ctx context.Context, stream jetstream.Stream, u streams.Usage) (n int, below bool, err error) {
-	seq, seen := u.FirstSeq, map[string]bool{}
-	for scanned := 0; scanned < maxScan*8 && ctx.Err() == nil; {
+// served (nats-server before 2.11), before anything was evicted. With only
+// set, the requests it rejects are left alone; with limit above 0 (a
+// round of a tenant's share) it stops once it evicted that many, whatever
+// the stream's usage.
+func (m *Monitor) evictEnded(ctx context.Context, stream jetstream.Stream, u streams.Usage, limit int, only func(id string) bool) (n int, below bool, err error) {
+	seq, seen, scan := u.FirstSeq, map[string]bool{}, maxScan*8
+	if limit > 0 {
+		scan = maxScan // a round, repeated every Interval
+	}
+	for scanned := 0; scanned < scan && ctx.Err() == nil; {
 		batch, err := streams.NextStoredEventsBatch(ctx, m.js, u.Stream, seq, evictBatch, 1<<20)
 		if err != nil && n == 0 && scanned == 0 {
 			return 0, false, err
@@ -344,10 +361,13 @@ func (m *Monitor) evictEnded(ctx context.Context, stream jetstream.Stream, u str
 		seq = batch[len(batch)-1].Seq + 1
 		var ids []string
 		for _, st := range batch {
-			if st.RequestID != "" && !seen[st.RequestID] {
+			if st.RequestID != "" && !seen[st.RequestID] && (only == nil || only(st.RequestID)) {
 				seen[st.RequestID] = true
 				ids = append(ids, st.RequestID)
 			}
+		}
+		if limit > 0 && len(ids) > limit-n {
+			ids = ids[:limit-n]
 		}
 		var mu sync.Mutex
 		var g errgroup.Group
@@ -367,24 +387,30 @@ func (m *Monitor) evictEnded(ctx context.Context, stream jetstream.Stream, u str
 			})
 		}
 		_ = g.Wait()
-		if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+		if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() && limit == 0 {
 			return n, true, nil
+		}
+		if limit > 0 && n >= limit {
+			return n, false, nil
 		}
 	}
 	return n, false, nil
 }
 
 // evictPass is one pass of evict over the messages next finds; it returns
-// the requests it evicted and whether the stream got below the band.
+// the requests it evicted and whether the stream got below the band. With
+// only set it looks at the requests only accepts and nothing else; with
+// limit above 0 it stops once it evicted that many, whatever the usage.
 func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u streams.Usage,
-	next func(context.Context, jetstream.JetStream, string, uint64) (streams.Stored, bool, error), fold bool) (n int, below bool) {
+	next func(context.Context, jetstream.JetStream, string, uint64) (streams.Stored, bool, error), fold bool,
+	limit int, only func(id string) bool) (n int, below bool) {
 	seq, skip, read := u.FirstSeq, map[string]bool{}, time.Now()
 	for scanned := 0; scanned < maxScan && ctx.Err() == nil; scanned++ {
 		if time.Since(read) >= m.cfg.Interval {
 			// Read as often as Run would: admission and /health answer
 			// from the last reading, and a pass can take seconds.
 			read = time.Now()
-			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() && limit == 0 {
 				return n, true
 			}
 		}
@@ -394,6 +420,8 @@ func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u stre
 		}
 		seq = st.Seq + 1
 		switch {
+		case only != nil && (st.RequestID == "" || !only(st.RequestID)):
+			continue
 		case st.RequestID == "":
 			_, err = streams.PurgeSubject(ctx, m.js, u.Stream, st.Subject)
 		case skip[st.RequestID]:
@@ -406,6 +434,9 @@ func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u stre
 				continue
 			}
 			n++
+			if limit > 0 && n >= limit {
+				return n, false
+			}
 		}
 		if err != nil {
 			m.log.Warn("evict from the request log", "stream", u.Stream, "subject", st.Subject, "err", err)
@@ -413,7 +444,7 @@ func (m *Monitor) evictPass(ctx context.Context, stream jetstream.Stream, u stre
 		}
 		if n%32 == 0 {
 			read = time.Now()
-			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() {
+			if nu, err := m.refresh(ctx, u.Stream); err == nil && nu.Ratio() < m.evictTo() && limit == 0 {
 				return n, true
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -124,4 +125,20 @@ func (k *Keyring) Tenant(secret string) (string, bool) {
 		return "", false
 	}
 	return k.keys[found].tenant, true
+}
+
+// Tenants lists the tenants the keys name, each once, sorted.
+func (k *Keyring) Tenants() []string {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	seen := map[string]bool{}
+	var out []string
+	for _, key := range k.keys {
+		if !seen[key.tenant] {
+			seen[key.tenant] = true
+			out = append(out, key.tenant)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -237,6 +237,43 @@ function renderRequests() {
   renderTimelineActions();
 }
 
+// ---- tenants, polled (GET /v1/console/tenants) ------------------------
+
+function left(w) {
+  if (!w) return '–';
+  const pct = w.limit ? Math.round(100 * w.remaining / w.limit * 10) : 0; // of the burst, a tenth of the minute's budget
+  return `<span class="bar"><i style="width:${Math.min(100, pct)}%"></i></span>${w.remaining} <small>of ${w.limit}/min</small>`;
+}
+
+function bytes(n) {
+  if (n >= 1 << 20) return (n / (1 << 20)).toFixed(1) + ' MiB';
+  if (n >= 1 << 10) return (n / (1 << 10)).toFixed(1) + ' KiB';
+  return n + ' B';
+}
+
+function renderTenants(rows) {
+  syncRows($('#tenants tbody'), rows.map((t) => {
+    const h = t.here || {};
+    const throttled = Object.entries(h.throttled || {}).map(([k, v]) => `${v} <small>${esc(k)}</small>`).join(' ');
+    const share = t.log_limit_bytes ? `<span class="bar"><i style="width:${Math.min(100, Math.round(100 * t.log_bytes / t.log_limit_bytes))}%"></i></span>${bytes(t.log_bytes)} <small>of ${bytes(t.log_limit_bytes)}</small>`
+      : (t.log_share ? String(t.log_share) : '–');
+    const conc = t.concurrent ? `${t.open_here ?? 0} <small>of ${t.concurrent} here</small>` : '–';
+    return { key: t.tenant, attrs: { 'data-tenant': t.tenant, class: '' }, cells: [
+      `<b>${esc(t.tenant)}</b>`, left(t.requests), left(t.tokens), conc, share, String(t.weight || 1),
+      String(h.admitted || 0), throttled || '0', String(h.queued || 0), String(h.tokens || 0)] };
+  }));
+}
+
+async function pollTenants() {
+  for (;;) {
+    try {
+      const r = await api('/v1/console/tenants');
+      if (r.ok) renderTenants((await r.json()).data || []);
+    } catch (e) { /* the event stream's fail-over moves st.base to a live frontend */ }
+    await sleep(2000);
+  }
+}
+
 function inFlight(status) { return status === 'pending' || status === 'running'; }
 
 // renderTimelineActions offers stop and kill for the open timeline only
@@ -439,3 +476,4 @@ $('#keyform').addEventListener('submit', (ev) => {
 setInterval(() => { st.now = Date.now() - st.skew; renderWorkers(); }, 1000);
 if (location.hash.length > 1) openTimeline(decodeURIComponent(location.hash.slice(1)));
 run();
+pollTenants();
