@@ -95,10 +95,13 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pinned := r.Header.Get(headerWorkerID)
-	if apiErr := fe.admit(p.model, endpoint, pinned); apiErr != nil {
+	tk, apiErr := fe.admitNew(r, tenant, p.model, endpoint, pinned, int64(p.n*(promptTokens+p.maxTokens)))
+	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
+	defer tk.end(fe.choiceIDs(id, p.n))
+	r = withTicket(r, tk)
 	parent, apiErr := fe.parentOf(r, tenant)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -178,6 +181,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
+	settleTicket(r)
 	out := fe.respond(w, r, acc, []*runner.Request{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
 }

@@ -43,6 +43,8 @@ type Frontend struct {
 	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
 	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
 	console  *consoleView
+	// admission is the fair queue (nil: off, a busy pool answers 503 at once).
+	admission *admission
 
 	draining chan struct{} // closed when shutdown starts
 	closing  chan struct{} // closed when open streams are cut at the end of the budget
@@ -105,6 +107,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	fe.limits.setPerTenant(concurrentOf(fe.budgets))
+	if cfg.AdmissionQueue > 0 {
+		fe.admission = newAdmission(fe, cfg.AdmissionQueue, cfg.AdmissionWait)
+	}
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
 	}
@@ -174,6 +179,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	runAdmission, err := fe.startAdmission(startCtx)
+	if err != nil {
+		fe.runtime.Stop()
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: admission: %w", err)
+	}
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -184,6 +195,14 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		g.Go(func() error {
 			if err := runBudgets(runCtx); err != nil {
 				fe.log.Error("tenant budgets: the other frontends' budgets are not compared", "err", err)
+			}
+			return nil
+		})
+	}
+	if runAdmission != nil { // the fair queue's scheduler and its counters, shared with the other frontends
+		g.Go(func() error {
+			if err := runAdmission(runCtx); err != nil {
+				fe.log.Error("fair admission: the other frontends' counters are not seen: tenants are admitted by weight on this frontend alone", "err", err)
 			}
 			return nil
 		})

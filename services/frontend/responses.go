@@ -93,11 +93,13 @@ func (fe *Frontend) handleResponseCreate(w http.ResponseWriter, r *http.Request)
 	}
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = id, start.Unix(), tenant, bodySHA
 	acc.PinnedWorker = r.Header.Get(headerWorkerID)
-	if apiErr := fe.admit(q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
+	tk, apiErr := fe.admitNew(r, tenant, q.Model, events.EndpointResponses, acc.PinnedWorker, int64(acc.PromptTokens+acc.MaxTokens))
+	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
-	var apiErr *apiError
+	defer tk.end([]string{id})
+	r = withTicket(r, tk)
 	if acc.ParentID, apiErr = fe.parentOf(r, tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -189,6 +191,7 @@ func (fe *Frontend) serveResponse(w http.ResponseWriter, r *http.Request, t *run
 	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
+	settleTicket(r)
 	if s := snapshotOf(t, 0); s.status == projections.StatusFailed && s.Total == 0 {
 		return writeUnary(w, s)
 	}
