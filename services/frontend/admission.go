@@ -24,11 +24,15 @@ const (
 	// after this long, its view differs and this one admits.
 	holdBackFor = 250 * time.Millisecond
 	// settleFor bounds how long the scheduler waits, after it admitted a
-	// request, for the request's first dispatch; settleReport how long it
-	// then waits for the worker's load report to show it, so that one free
-	// worker is not given to two queued requests.
-	settleFor    = time.Second
-	settleReport = 50 * time.Millisecond
+	// request, for the request's first dispatch: until then neither the
+	// router nor a load report counts it, and the worker it goes to looks
+	// free (fleet.Fleet.Free).
+	settleFor = time.Second
+	// pollQueued is how often the scheduler looks again while requests
+	// are queued, without an event: a request's end reaches the router a
+	// little after the worker's report of it, and only the report wakes
+	// the scheduler.
+	pollQueued = 5 * time.Millisecond
 )
 
 // admission is weighted fair admission when every worker is busy
@@ -109,6 +113,7 @@ func (tk *ticket) end(ids []string) {
 		return
 	}
 	tk.settle()
+	defer tk.a.fair.Done(tk.tenant)
 	if tk.tokens <= 0 {
 		return
 	}
@@ -166,6 +171,7 @@ func (fe *Frontend) admitNew(r *http.Request, tenant, model, endpoint, pinned st
 	a.mu.Lock()
 	if err == nil && a.emptyLocked() && !a.fair.QueuedElsewhere(now, model) {
 		a.mu.Unlock()
+		a.fair.Start(tenant)
 		a.fair.Charge(tenant, units)
 		return tk, nil
 	}
@@ -294,19 +300,12 @@ func (a *admission) run(ctx context.Context) {
 }
 
 // settle waits, after w was admitted, until its first dispatch settled
-// and the fleet view changed after it (the worker's load report), each
-// within its bound.
+// (the router counts it), within settleFor.
 func (a *admission) settle(ctx context.Context, w *waiter) {
 	t := time.NewTimer(settleFor)
-	select {
-	case <-w.settled:
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	t.Reset(settleReport)
 	defer t.Stop()
 	select {
-	case <-a.fe.fleet.WorkersChanged():
+	case <-w.settled:
 	case <-t.C:
 	case <-ctx.Done():
 	}
@@ -324,16 +323,20 @@ func (a *admission) step(now time.Time) (*waiter, time.Duration) {
 		h := q[0]
 		ok, seen := free[h.model]
 		if !seen {
-			ok = a.fe.fleet.Admit(h.model, "") == nil
+			ok = a.fe.fleet.Free(h.model)
 			free[h.model] = ok
 		}
 		if ok {
 			cands = append(cands, quota.Candidate{Tenant: tenant, Model: h.model, Units: h.units, Queued: len(q)})
 		}
 	}
+	queued := len(a.queues) > 0
 	a.mu.Unlock()
 	if len(cands) == 0 {
 		a.heldSince = time.Time{}
+		if queued {
+			return nil, pollQueued
+		}
 		return nil, 0
 	}
 	best, hold := a.fair.Pick(now, cands)
@@ -342,7 +345,7 @@ func (a *admission) step(now time.Time) (*waiter, time.Duration) {
 			a.heldSince = now
 		}
 		if left := holdBackFor - now.Sub(a.heldSince); left > 0 {
-			return nil, left
+			return nil, min(left, pollQueued)
 		}
 	}
 	a.heldSince = time.Time{}
@@ -358,6 +361,7 @@ func (a *admission) step(now time.Time) (*waiter, time.Duration) {
 	models := modelsOf(q[1:])
 	a.mu.Unlock()
 	a.fair.Leave(best.Tenant, models)
+	a.fair.Start(best.Tenant)
 	a.fair.Charge(best.Tenant, w.units)
 	close(w.ready)
 	return w, 0

@@ -19,6 +19,8 @@ type Share struct {
 	L float64  `json:"l,omitempty"`
 	Q int      `json:"q,omitempty"`
 	M []string `json:"m,omitempty"`
+
+	running int // admitted here and not ended: not published
 }
 
 // fairKey is the value of a frontend's fair-admission key.
@@ -125,14 +127,16 @@ func (f *Fair) QueuedElsewhere(now time.Time, model string) bool {
 }
 
 // Join counts one more request of tenant queued here for model. A tenant
-// that was queued nowhere (returning from idle) has its counter lifted to
-// the lowest counter of the tenants queued (here or elsewhere), or, when
-// none is, to the highest counter known: idle time earns no credit.
+// returning from idle (nothing queued or running here, nothing queued
+// elsewhere) has its counter lifted to the lowest counter of the tenants
+// queued (here or elsewhere), or, when none is, to the highest counter
+// known: idle time earns no credit. A tenant with requests running is
+// not idle: its queue emptying for a moment loses it nothing.
 func (f *Fair) Join(now time.Time, tenant, model string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	s := f.share(tenant)
-	if s.Q == 0 && !f.queuedLocked(now, tenant) {
+	if s.Q == 0 && s.running == 0 && !f.queuedLocked(now, tenant) {
 		target, any := math.Inf(1), false
 		f.eachQueuedLocked(now, func(t string) {
 			if t != tenant {
@@ -208,6 +212,23 @@ func (f *Fair) Leave(tenant string, models []string) {
 		s.M = nil
 	}
 	f.version++
+}
+
+// Start counts a request of tenant admitted here, until Done.
+func (f *Fair) Start(tenant string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.share(tenant).running++
+}
+
+// Done counts down what Start counted: the request ended (or its
+// handler did: a background response runs on, not counted).
+func (f *Fair) Done(tenant string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s := f.share(tenant); s.running > 0 {
+		s.running--
+	}
 }
 
 // Charge adds units (tokens over the tenant's weight) to the service this

@@ -60,6 +60,22 @@ func TestFairLiftsReturningTenant(t *testing.T) {
 	if got := f.Counter("b"); got != 101 {
 		t.Errorf("b joining again while queued: counter %v, want 101", got)
 	}
+	// b's queue empties while a request of hers runs: joining again is
+	// not a return from idle, so she keeps what she is behind.
+	f.Leave("b", nil)
+	f.Leave("b", nil)
+	f.Start("b")
+	f.Charge("a", 50) // a, queued, moves ahead to 150
+	f.Join(t0, "b", "m")
+	if got := f.Counter("b"); got != 101 {
+		t.Errorf("b joining with a request running: counter %v, want 101 (no lift)", got)
+	}
+	f.Done("b")
+	f.Leave("b", nil)
+	f.Join(t0, "b", "m")
+	if got := f.Counter("b"); got != 150 {
+		t.Errorf("b joining idle: counter %v, want lifted to a's 150", got)
+	}
 	g := NewFair("fe-1", time.Second)
 	g.Charge("a", 70)
 	g.Join(t0, "d", "m")
