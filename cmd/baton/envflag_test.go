@@ -136,6 +136,18 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				t.Errorf("got rpm %d, tpm %d, file %q; want 60, 9000, /dev/null", c.TenantRPM, c.TenantTPM, c.TenantBudgetsFile)
 			}
 		}},
+		{"admission queue env, the flag wins", []string{"--admission-wait", "2s"}, map[string]string{
+			"BATON_ADMISSION_QUEUE": "8", "BATON_ADMISSION_WAIT": "9s",
+		}, func(t *testing.T, c frontend.Config) {
+			if c.AdmissionQueue != 8 || c.AdmissionWait != 2*time.Second {
+				t.Errorf("got admission queue %d, wait %v; want 8, 2s", c.AdmissionQueue, c.AdmissionWait)
+			}
+		}},
+		{"admission queue off by default", nil, nil, func(t *testing.T, c frontend.Config) {
+			if c.AdmissionQueue != 0 {
+				t.Errorf("got admission queue %d, want 0 (off)", c.AdmissionQueue)
+			}
+		}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
 			func(t *testing.T, c frontend.Config) {
 				if c.Runtime.Log.HighWater != 0.75 || !c.Runtime.NoCompaction {

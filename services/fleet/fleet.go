@@ -215,6 +215,18 @@ func (f *Fleet) Admit(model, pinned string) error {
 	return nil
 }
 
+// Free reports whether a routable worker of model could take a new request
+// now, as Admit would let one through, and its last load report already
+// counts every request this frontend runs on it: a worker this frontend
+// just dispatched to, whose report does not show it yet, is not free. The
+// fair admission queue admits on it, one request at a time, so that one
+// free worker is not given to several queued requests before its report.
+func (f *Fleet) Free(model string) bool {
+	var cands []projections.Worker
+	f.disc.read(func(v *projections.Discovery) { cands = v.Routable(model) })
+	return f.router.free(cands)
+}
+
 // Pick chooses the worker of dispatch d (worker pinned, if set; never one of
 // exclude) and counts a dispatch to it until done is called, so that
 // concurrent dispatches see each other's choices; done is nil on error. A

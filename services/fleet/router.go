@@ -167,6 +167,20 @@ func (r *router) pickLocked(candidates []projections.Worker, exclude map[string]
 	return best[rand.IntN(len(best))], nil
 }
 
+// free reports whether some candidate is neither inhibited nor busy, and
+// its load report counts at least the dispatches this frontend has running
+// on it (a report that does not is older than the last of them).
+func (r *router) free(candidates []projections.Worker) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range candidates {
+		if !r.isInhibitedLocked(w) && !r.busy(w) && r.active[w.ID] <= w.Load.ActiveRequests {
+			return true
+		}
+	}
+	return false
+}
+
 // leastRecentlyFailedLocked is the inhibited candidate of the highest tier,
 // not excluded and not busy, whose inhibition was set longest ago;
 // errNoWorkers if none.

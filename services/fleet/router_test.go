@@ -461,3 +461,39 @@ func TestRouterTiersLastResort(t *testing.T) {
 		}
 	})
 }
+
+// TestRouterFree: a worker is free for the fair queue when it is not busy
+// and its load report counts every dispatch this frontend runs on it; a
+// dispatch its report does not show yet makes it not free, until a report
+// that counts it, or until the dispatch ends.
+func TestRouterFree(t *testing.T) {
+	zero := 0.0
+	r := newRouter(Config{ActiveDecodeBlocksThreshold: &zero, InhibitedDuration: time.Minute}, time.Now)
+	idle := loaded(worker("w1", "lease-1"), events.Load{KVBlocksTotal: 4})
+	if !r.free([]projections.Worker{idle}) {
+		t.Fatal("an idle worker: got not free, want free")
+	}
+	_, done, err := r.reserve([]projections.Worker{idle}, nil, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.free([]projections.Worker{idle}) {
+		t.Error("dispatched to, its report not showing it: got free, want not free")
+	}
+	running := loaded(worker("w1", "lease-1"), events.Load{ActiveRequests: 1, KVBlocksTotal: 4})
+	if !r.free([]projections.Worker{running}) {
+		t.Error("its report counts the dispatch and it is not busy: got not free, want free")
+	}
+	busy := loaded(worker("w1", "lease-1"), events.Load{ActiveRequests: 1, KVBlocksUsed: 1, KVBlocksTotal: 4})
+	if r.free([]projections.Worker{busy}) {
+		t.Error("over the threshold: got free, want not free")
+	}
+	done()
+	if !r.free([]projections.Worker{idle}) {
+		t.Error("the dispatch ended: got not free, want free")
+	}
+	r.inhibit(idle, time.Minute)
+	if r.free([]projections.Worker{idle}) {
+		t.Error("inhibited: got free, want not free")
+	}
+}

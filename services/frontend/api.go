@@ -80,10 +80,22 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	promptTokens := openai.EstimateTokens(p.Prompt)
 	pinned := r.Header.Get(headerWorkerID)
-	parent, apiErr := fe.checkNew(r, tenant, public, p.Model, endpoint, pinned, promptTokens)
+	apiErr = fe.checkNew(tenant, public, promptTokens)
 	if apiErr == nil {
 		apiErr = fe.admitLogShare(tenant)
 	}
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	tk, apiErr := fe.admitNew(r, tenant, p.Model, endpoint, pinned, int64(p.N*(promptTokens+p.MaxTokens)))
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	defer tk.end(choiceIDs(id, p.N))
+	r = withTicket(r, tk)
+	parent, apiErr := fe.parentOf(r, tenant)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -113,22 +125,17 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 }
 
 // checkNew checks what a new chat or completion (not a retry) must pass
-// before anything is written to the log, in this order: an id in the
-// caller's own namespace, a prompt within --max-prompt-tokens, a model and
-// a worker that can take it (admit), and a parent the caller may hang it
-// off. It returns the parent's internal id ("" for none).
-func (rq *requests) checkNew(r *http.Request, tenant, public, model, endpoint, pinned string, promptTokens int) (string, *apiError) {
+// before it is admitted (admitNew) and anything is written to the log: an
+// id in the caller's own namespace and a prompt within --max-prompt-tokens.
+func (rq *requests) checkNew(tenant, public string, promptTokens int) *apiError {
 	if createsInOtherTenant(tenant, public) {
-		return "", badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public)
+		return badRequest("invalid_request_id", "the admin creates requests under ids without ':'; %s names another tenant's request, which does not exist", public)
 	}
 	if promptTokens > rq.cfg.Runtime.MaxPromptTokens {
-		return "", &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "prompt_too_large",
+		return &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", code: "prompt_too_large",
 			message: fmt.Sprintf("the prompt is %d tokens, more than the limit of %d", promptTokens, rq.cfg.Runtime.MaxPromptTokens)}
 	}
-	if apiErr := rq.admit(model, endpoint, pinned); apiErr != nil {
-		return "", apiErr
-	}
-	return rq.parentOf(r, tenant)
+	return nil
 }
 
 // groupIDError refuses an id too long for the ids of n > 1 choices
@@ -201,6 +208,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
+	settleTicket(r)
 	out := fe.respond(w, r, acc, []*runner.Request{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
 }

@@ -101,6 +101,14 @@ type Config struct {
 	// BudgetLease is how long a frontend holds a slice of a tenant's
 	// budget before it returns what is left (quota.Config.Lease); default 2s.
 	BudgetLease time.Duration
+	// AdmissionQueue, if above 0, turns on weighted fair admission: a new
+	// request that finds every worker busy waits, in a queue of at most
+	// this many requests per tenant, for at most AdmissionWait (default
+	// DefaultAdmissionWait), and frontends admit the queued tenants by
+	// weight (the budgets file's weight=W) as workers free up. 0 (the
+	// default): a busy pool answers 503 at once.
+	AdmissionQueue int
+	AdmissionWait  time.Duration
 	// TLSCertFile and TLSKeyFile, if set, serve the API over TLS.
 	TLSCertFile, TLSKeyFile string
 }
@@ -173,6 +181,9 @@ func (c Config) withDefaults() Config {
 	if c.ConsoleLostWorkers == 0 {
 		c.ConsoleLostWorkers = DefaultConsoleLostWorkers
 	}
+	if c.AdmissionQueue > 0 && c.AdmissionWait == 0 {
+		c.AdmissionWait = DefaultAdmissionWait
+	}
 	return c
 }
 
@@ -194,6 +205,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConnections < 0 || c.WriteTimeout < 0 || c.TenantRPS < 0 || c.TenantRPM < 0 || c.TenantTPM < 0 || c.BudgetLease < 0 {
 		errs = append(errs, errors.New("max connections, the write timeout and tenant limits must not be negative"))
+	}
+	if c.AdmissionQueue < 0 || c.AdmissionWait < 0 {
+		errs = append(errs, errors.New("the admission queue and its wait must not be negative"))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("a TLS certificate and key go together"))

@@ -44,7 +44,9 @@ type Frontend struct {
 	ledger   *logLedger     // tenants' bytes in the log (log=F); nil without a budgets file; set by Run before it serves
 	console  *consoleView
 	tenants  *tenantMetrics // per-tenant series, served at /metrics/tenants (the admin's)
-	listener net.Listener
+	// admission is the fair queue (nil: off, a busy pool answers 503 at once).
+	admission *admission
+	listener  net.Listener
 
 	mu sync.Mutex // guards budgets and quota against a reload
 }
@@ -99,6 +101,9 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	fe.limits.setPerTenant(concurrentOf(fe.budgets))
 	if fe.tenants, err = newTenantMetrics(); err != nil {
 		return nil, fmt.Errorf("frontend: tenant metrics: %w", err)
+	}
+	if cfg.AdmissionQueue > 0 {
+		fe.admission = newAdmission(fe, cfg.AdmissionQueue, cfg.AdmissionWait)
 	}
 	fe.responses = &responses{requests: fe.requests, fleet: fl, limits: fe.limits, tenants: fe}
 	if err := fe.initConsole(reg); err != nil {
@@ -175,6 +180,12 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
+	runAdmission, err := fe.startAdmission(startCtx)
+	if err != nil {
+		fe.runtime.Stop()
+		fe.listener.Close()
+		return fmt.Errorf("frontend: start: admission: %w", err)
+	}
 	// The console lives until cancelRun, which comes at the end of the
 	// shutdown, not with ctx.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
@@ -193,6 +204,14 @@ func (fe *Frontend) Run(ctx context.Context) error {
 		g.Go(func() error {
 			if err := runShares(runCtx); err != nil {
 				fe.log.Error("tenant log shares: the other frontends' counts are not read", "err", err)
+			}
+			return nil
+		})
+	}
+	if runAdmission != nil { // the fair queue's scheduler and its counters, shared with the other frontends
+		g.Go(func() error {
+			if err := runAdmission(runCtx); err != nil {
+				fe.log.Error("fair admission: the other frontends' counters are not seen: tenants are admitted by weight on this frontend alone", "err", err)
 			}
 			return nil
 		})

@@ -53,6 +53,9 @@ type tenantSlots interface {
 	// and metrics), createEnded its end (tenantmetrics.go).
 	noteAdmitted(acc events.RequestAccepted)
 	createEnded(tenant string, ts ...*runner.Request)
+	// admitNew admits a new request by the pool's capacity, through the
+	// fair queue when it is on (admission.go).
+	admitNew(r *http.Request, tenant, model, endpoint, pinned string, tokens int64) (*ticket, *apiError)
 }
 
 // register adds the Responses API's routes to mux.
@@ -94,15 +97,17 @@ func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request
 	}
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = c.id, start.Unix(), c.tenant, c.bodySHA
 	acc.PinnedWorker = r.Header.Get(headerWorkerID)
-	if apiErr := rs.admit(c.q.Model, events.EndpointResponses, acc.PinnedWorker); apiErr != nil {
-		writeAPIError(w, apiErr)
-		return
-	}
 	if apiErr := rs.tenants.admitLogShare(c.tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
 	}
-	var apiErr *apiError
+	tk, apiErr := rs.tenants.admitNew(r, c.tenant, c.q.Model, events.EndpointResponses, acc.PinnedWorker, int64(acc.PromptTokens+acc.MaxTokens))
+	if apiErr != nil {
+		writeAPIError(w, apiErr)
+		return
+	}
+	defer tk.end([]string{c.id})
+	r = withTicket(r, tk)
 	if acc.ParentID, apiErr = rs.parentOf(r, c.tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -262,6 +267,7 @@ func (rs *responses) serveResponse(w http.ResponseWriter, r *http.Request, t *ru
 	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
+	settleTicket(r)
 	if s := snapshotOf(t, 0); s.status == projections.StatusFailed && s.Total == 0 {
 		return writeUnary(w, s)
 	}

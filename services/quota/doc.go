@@ -17,6 +17,17 @@
 // bytes each tenant stores in the request log (one key per frontend), for
 // the tenants' shares of the log (log=F).
 //
-// A Limiter and a LogShares are safe for concurrent use. Parse reads a
-// budgets file.
+// Fair is weighted fair admission's virtual token counter (VTC, OSDI
+// '24): a tenant's counter is the service admitted for it over its weight,
+// the largest lift any frontend gave it added, and the frontend's queue
+// admits the queued tenant with the lowest. Each frontend's FairShare
+// writes its part (service, lift, queue lengths) under vtc.<frontend>,
+// at most every FairInterval, and applies the others' as they come: a sum
+// and a maximum, so views agree in any order. A frontend holds back while
+// a tenant queued elsewhere is behind its own best by more than one
+// request's charge; views up to ~150 ms late let two backlogged counters
+// drift apart by about that much, a bounded error, not a cumulative one.
+//
+// A Limiter, a LogShares and a Fair are safe for concurrent use. Parse
+// reads a budgets file.
 package quota

@@ -17,3 +17,9 @@ func (rn *Runner) Admit(model, endpoint, pinned string) error {
 	}
 	return err
 }
+
+// Rejected counts a request of model refused because every worker is busy
+// after it waited in the edge's fair queue (dynamo_frontend_model_rejection_total).
+func (rn *Runner) Rejected(model, endpoint string) {
+	rn.metrics.rejections.WithLabelValues(model, endpoint).Inc()
+}

@@ -1,0 +1,391 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/fleet"
+	"github.com/baton-dev/baton/services/quota"
+	"github.com/baton-dev/baton/streams"
+)
+
+// DefaultAdmissionWait is Config.AdmissionWait's default once the queue is on.
+const DefaultAdmissionWait = 5 * time.Second
+
+// Timings of the admission scheduler.
+const (
+	// holdBackFor is the longest a frontend leaves a free worker to another
+	// frontend whose queued tenant is further behind: that frontend sees
+	// the same free worker and takes it within milliseconds; if it has not
+	// after this long, its view differs and this one admits.
+	holdBackFor = 250 * time.Millisecond
+	// settleFor bounds how long the scheduler waits, after it admitted a
+	// request, for the request's first dispatch: until then neither the
+	// router nor a load report counts it, and the worker it goes to looks
+	// free (fleet.Fleet.Free).
+	settleFor = time.Second
+	// pollQueued is how often the scheduler looks again while requests
+	// are queued, without an event: a request's end reaches the router a
+	// little after the worker's report of it, and only the report wakes
+	// the scheduler.
+	pollQueued = 5 * time.Millisecond
+)
+
+// admission is weighted fair admission when every worker is busy
+// (--admission-queue, --admission-wait): a new request that finds the
+// pool full, or others queued before it, waits in its tenant's queue, of
+// at most size requests, for at most wait; the scheduler admits, one at a
+// time as workers free up, the queued tenant with the lowest virtual
+// token counter (quota.Fair), which every frontend shares through the
+// budgets bucket. Requests already running are never touched.
+type admission struct {
+	fe   *Frontend
+	fair *quota.Fair
+	size int
+	wait time.Duration
+
+	mu     sync.Mutex
+	queues map[string][]*waiter // by tenant, oldest first; bounded by size per tenant
+	kick   chan struct{}        // capacity 1: a request joined a queue
+
+	heldSince time.Time // when the scheduler began to hold back; the scheduler's own
+}
+
+// waiter is one queued request.
+type waiter struct {
+	tenant, model string
+	units         float64       // its charge: tokens reserved over the tenant's weight
+	ready         chan struct{} // closed when admitted
+	admitted      bool          // guarded by admission.mu
+	settled       chan struct{} // closed by its ticket once its first dispatch settled
+	once          sync.Once
+}
+
+func newAdmission(fe *Frontend, size int, wait time.Duration) *admission {
+	return &admission{fe: fe, fair: quota.NewFair(fe.id, quota.FairStale), size: size, wait: wait,
+		queues: map[string][]*waiter{}, kick: make(chan struct{}, 1)}
+}
+
+// ticket is an admitted request's part in the scheduler: settle tells it
+// the first dispatch is over (the next queued request may be looked at),
+// end corrects the tenant's counter with the tokens the request used.
+// A nil ticket (admission off, or a pinned request) does nothing.
+type ticket struct {
+	a      *admission
+	w      *waiter
+	tenant string
+	units  float64
+	tokens int64
+}
+
+type ticketKey struct{}
+
+// withTicket is r carrying tk, for serveNew and serveResponse to settle.
+func withTicket(r *http.Request, tk *ticket) *http.Request {
+	if tk == nil {
+		return r
+	}
+	return r.WithContext(context.WithValue(r.Context(), ticketKey{}, tk))
+}
+
+// settleTicket settles r's ticket, if it has one: its first dispatch is over.
+func settleTicket(r *http.Request) {
+	if tk, ok := r.Context().Value(ticketKey{}).(*ticket); ok {
+		tk.settle()
+	}
+}
+
+func (tk *ticket) settle() {
+	if tk != nil && tk.w != nil {
+		tk.w.once.Do(func() { close(tk.w.settled) })
+	}
+}
+
+// end settles tk and gives back to the tenant's counter the share of what
+// it charged that requests ids did not use, once all of them ended (one
+// that goes on, detached or in the background, keeps its charge).
+func (tk *ticket) end(ids []string) {
+	if tk == nil {
+		return
+	}
+	tk.settle()
+	defer tk.a.fair.Done(tk.tenant)
+	if tk.tokens <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
+	defer cancel()
+	var used int64
+	for _, id := range ids {
+		t, err := tk.a.fe.runtime.Attach(ctx, id)
+		if errors.Is(err, streams.ErrNotFound) {
+			continue // never accepted (refused after admission): nothing used
+		}
+		if err != nil {
+			return
+		}
+		var done bool
+		t.View(func(p *projections.Request) {
+			done = p.Status.Terminal()
+			used += int64(p.PromptTokens() + p.CompletionTokens())
+		})
+		t.Release()
+		if !done {
+			return
+		}
+	}
+	if used < tk.tokens {
+		tk.a.fair.Charge(tk.tenant, -tk.units*float64(tk.tokens-used)/float64(tk.tokens))
+	}
+}
+
+// weight is tenant's weight from the budgets file (1 without one).
+func (fe *Frontend) weight(tenant string) float64 {
+	fe.mu.Lock()
+	defer fe.mu.Unlock()
+	return fe.budgets.For(tenant).Weight
+}
+
+// admitNew is admit for a new request of tenant reserving tokens, through
+// the fair queue when it is on: a request that finds every worker busy, or
+// other requests queued for its model (here or at another frontend),
+// waits its turn; past the queue's length or its wait it gets the busy
+// 503 as without the queue. Pinned requests and unknown models are
+// answered as by admit.
+func (fe *Frontend) admitNew(r *http.Request, tenant, model, endpoint, pinned string, tokens int64) (*ticket, *apiError) {
+	a := fe.admission
+	if a == nil || pinned != "" {
+		return nil, fe.admit(model, endpoint, pinned)
+	}
+	err := fe.fleet.Admit(model, "")
+	if err != nil && !errors.Is(err, fleet.ErrAllBusy) {
+		return nil, fe.admit(model, endpoint, pinned) // the same answer, counted as admit counts it
+	}
+	units := float64(tokens) / fe.weight(tenant)
+	tk := &ticket{a: a, tenant: tenant, units: units, tokens: tokens}
+	now := time.Now()
+	a.mu.Lock()
+	if err == nil && a.emptyLocked() && !a.fair.QueuedElsewhere(now, model) {
+		a.mu.Unlock()
+		a.fair.Start(tenant)
+		a.fair.Charge(tenant, units)
+		return tk, nil
+	}
+	if len(a.queues[tenant]) >= a.size {
+		a.mu.Unlock()
+		fe.runtime.Rejected(model, endpoint)
+		return nil, busyError()
+	}
+	w := &waiter{tenant: tenant, model: model, units: units, ready: make(chan struct{}), settled: make(chan struct{})}
+	a.queues[tenant] = append(a.queues[tenant], w)
+	a.fair.Join(now, tenant, model)
+	a.mu.Unlock()
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+	timer := time.NewTimer(a.wait)
+	defer timer.Stop()
+	var why *apiError
+	select {
+	case <-w.ready:
+		tk.w = w
+		return tk, nil
+	case <-timer.C:
+		why = busyError()
+	case <-fe.draining:
+		why = &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "draining",
+			message: "Service temporarily unavailable: this frontend is shutting down, please retry"}
+	case <-r.Context().Done():
+		why = busyError()
+	}
+	if a.leave(w) {
+		tk.w = w
+		return tk, nil // admitted as it gave up: take it
+	}
+	if why.code == "all_workers_busy" && r.Context().Err() == nil {
+		fe.runtime.Rejected(model, endpoint)
+	}
+	return nil, why
+}
+
+func busyError() *apiError {
+	return &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable", code: "all_workers_busy", message: busyMessage}
+}
+
+func (a *admission) emptyLocked() bool {
+	for _, q := range a.queues {
+		if len(q) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// leave takes w out of its queue, unless the scheduler admitted it
+// first: then it reports true.
+func (a *admission) leave(w *waiter) bool {
+	a.mu.Lock()
+	if w.admitted {
+		a.mu.Unlock()
+		return true
+	}
+	q := a.queues[w.tenant]
+	for i, x := range q {
+		if x == w {
+			q = append(q[:i:i], q[i+1:]...)
+			break
+		}
+	}
+	a.setQueueLocked(w.tenant, q)
+	models := modelsOf(q)
+	a.mu.Unlock()
+	a.fair.Leave(w.tenant, models)
+	return false
+}
+
+func (a *admission) setQueueLocked(tenant string, q []*waiter) {
+	if len(q) == 0 {
+		delete(a.queues, tenant)
+		return
+	}
+	a.queues[tenant] = q
+}
+
+func modelsOf(q []*waiter) []string {
+	var out []string
+	for _, w := range q {
+		found := false
+		for _, m := range out {
+			found = found || m == w.model
+		}
+		if !found {
+			out = append(out, w.model)
+		}
+	}
+	return out
+}
+
+// run admits queued requests as workers free up, until ctx is done. It
+// looks again whenever the fleet view changes (a load report: a worker
+// freed up), a request joins a queue, another frontend's counters arrive,
+// or a hold-back ends.
+func (a *admission) run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		changed := a.fe.fleet.WorkersChanged()
+		w, again := a.step(time.Now())
+		if w != nil {
+			a.settle(ctx, w)
+			continue
+		}
+		if again == 0 {
+			again = time.Hour // only at the next event
+		}
+		timer.Reset(again)
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.kick:
+		case <-changed:
+		case <-a.fair.Changed():
+		case <-timer.C:
+		}
+	}
+}
+
+// settle waits, after w was admitted, until its first dispatch settled
+// (the router counts it), within settleFor.
+func (a *admission) settle(ctx context.Context, w *waiter) {
+	t := time.NewTimer(settleFor)
+	defer t.Stop()
+	select {
+	case <-w.settled:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// step admits the queued request the counters choose, if a worker can
+// take it now and no other frontend should have it first, and returns it;
+// otherwise it returns how long until it must look again without an event
+// (0: only at the next one).
+func (a *admission) step(now time.Time) (*waiter, time.Duration) {
+	a.mu.Lock()
+	var cands []quota.Candidate
+	free := map[string]bool{}
+	for tenant, q := range a.queues {
+		h := q[0]
+		ok, seen := free[h.model]
+		if !seen {
+			ok = a.fe.fleet.Free(h.model)
+			free[h.model] = ok
+		}
+		if ok {
+			cands = append(cands, quota.Candidate{Tenant: tenant, Model: h.model, Units: h.units, Queued: len(q)})
+		}
+	}
+	queued := len(a.queues) > 0
+	a.mu.Unlock()
+	if len(cands) == 0 {
+		a.heldSince = time.Time{}
+		if queued {
+			return nil, pollQueued
+		}
+		return nil, 0
+	}
+	best, hold := a.fair.Pick(now, cands)
+	if hold {
+		if a.heldSince.IsZero() {
+			a.heldSince = now
+		}
+		if left := holdBackFor - now.Sub(a.heldSince); left > 0 {
+			return nil, min(left, pollQueued)
+		}
+	}
+	a.heldSince = time.Time{}
+	a.mu.Lock()
+	q := a.queues[best.Tenant]
+	if len(q) == 0 { // its requests gave up meanwhile
+		a.mu.Unlock()
+		return nil, time.Millisecond
+	}
+	w := q[0]
+	w.admitted = true
+	a.setQueueLocked(best.Tenant, q[1:])
+	models := modelsOf(q[1:])
+	a.mu.Unlock()
+	a.fair.Leave(best.Tenant, models)
+	a.fair.Start(best.Tenant)
+	a.fair.Charge(best.Tenant, w.units)
+	close(w.ready)
+	return w, 0
+}
+
+// startAdmission starts the fair queue when --admission-queue is set:
+// Run runs the returned function (the scheduler and the counters' carrier
+// through the budgets bucket) until the end of the shutdown.
+func (fe *Frontend) startAdmission(ctx context.Context) (run func(context.Context) error, err error) {
+	if fe.admission == nil {
+		return nil, nil
+	}
+	kv, err := fe.js.KeyValue(ctx, streams.BudgetsBucket)
+	if err != nil {
+		return nil, err
+	}
+	share := quota.NewFairShare(kv, fe.admission.fair, fe.id, fe.log)
+	fe.log.Info("weighted fair admission when every worker is busy", "queue_per_tenant", fe.admission.size,
+		"wait", fe.admission.wait.String(), "bucket", streams.BudgetsBucket)
+	return func(ctx context.Context) error {
+		done := make(chan struct{})
+		go func() { defer close(done); fe.admission.run(ctx) }()
+		err := share.Run(ctx)
+		<-done
+		return err
+	}, nil
+}
