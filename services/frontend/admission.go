@@ -178,6 +178,7 @@ func (fe *Frontend) admitNew(r *http.Request, tenant, model, endpoint, pinned st
 	if len(a.queues[tenant]) >= a.size {
 		a.mu.Unlock()
 		fe.runtime.Rejected(model, endpoint)
+		fe.tenants.throttle(tenant, "queue")
 		return nil, busyError()
 	}
 	w := &waiter{tenant: tenant, model: model, units: units, ready: make(chan struct{}), settled: make(chan struct{})}
@@ -190,6 +191,7 @@ func (fe *Frontend) admitNew(r *http.Request, tenant, model, endpoint, pinned st
 	}
 	timer := time.NewTimer(a.wait)
 	defer timer.Stop()
+	defer func() { fe.tenants.queue(tenant, time.Since(now)) }()
 	var why *apiError
 	select {
 	case <-w.ready:
@@ -209,6 +211,7 @@ func (fe *Frontend) admitNew(r *http.Request, tenant, model, endpoint, pinned st
 	}
 	if why.code == "all_workers_busy" && r.Context().Err() == nil {
 		fe.runtime.Rejected(model, endpoint)
+		fe.tenants.throttle(tenant, "queue")
 	}
 	return nil, why
 }
