@@ -75,6 +75,7 @@ func readRenderings(t *testing.T, s *stack, f *frontend, id string, body map[str
 // does not compact (--log-compaction=false) serves them first; `baton
 // compact` then compacts them by hand, as the owner does at the end.
 func TestCompactionKeepsEveryRendering(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil, "--log-compaction=false", "--migration-limit", "3")
 	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
@@ -184,6 +185,7 @@ func TestCompactionKeepsEveryRendering(t *testing.T) {
 // request once it ends: the log keeps its lifecycle events and one record,
 // and no delta.
 func TestFinishedRequestsAreCompacted(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil)
 	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
@@ -520,6 +522,7 @@ func TestFullLogEndsRequestsInFlightClearly(t *testing.T) {
 // compacted one without its tokens; once it is gone, requests are
 // compacted again.
 func TestCompactionWaitsForEarlierFrontends(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil)
 	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
