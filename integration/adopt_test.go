@@ -91,6 +91,7 @@ func killBoth(t *testing.T, s *stack, f1 *frontend, id string, n int) time.Time 
 // both killed: frontend 2 adopts it with no reader, migrates it, and the
 // log says it completed with the undisturbed text.
 func TestOrphanBackgroundResponseAdopted(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t, "--default-max-tokens", "300", "--migration-limit", "2")
 	question := "nobody reads this background answer"
 	created, err := sdk(f1.url, "").Responses.New(context.Background(), responses.ResponseNewParams{
@@ -119,6 +120,7 @@ func TestOrphanBackgroundResponseAdopted(t *testing.T) {
 // in the log. (A plain request whose frontend died is not adopted, and is
 // cancelled after the detach timeout as before: TestCrashedFrontendLeaksNothing.)
 func TestOrphanResumableStreamAdopted(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t, "--migration-limit", "2", "--detach-timeout", "60s")
 	prompt := "the client of this stream left"
 	// The client leaves after 10 tokens.
@@ -153,6 +155,7 @@ func TestOrphanResumableStreamAdopted(t *testing.T) {
 // client comes back to is still cancelled after the detach timeout: the
 // adoption does not keep it alive for good.
 func TestOrphanResumableStillDetaches(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t, "--detach-timeout", "2s")
 	var once sync.Once
 	res := postStream(t, f1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "gone for good", "max_tokens": 3000},
@@ -224,6 +227,7 @@ func TestOrphanAdoptedAtPresenceExpiry(t *testing.T) {
 // its presence key once its streams are cut, and the background response it
 // owned is adopted at once and completes, on its own worker.
 func TestOrphanAdoptedAfterShutdown(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t, "--default-max-tokens", "800")
 	question := "handed over at shutdown"
 	created, err := sdk(f1.url, "").Responses.New(context.Background(), responses.ResponseNewParams{

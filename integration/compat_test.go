@@ -24,6 +24,7 @@ import (
 // fault-free text, and `baton replay` shows each unreadable event as
 // skipped, with its reason.
 func TestFutureEventsInALiveRequest(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t)
 	js := s.jetStream(t)
 	const id, prompt, maxTokens = "future-live", "a newer build writes here too", 200

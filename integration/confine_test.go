@@ -112,12 +112,15 @@ func (a *asyncErrors) add(err error) {
 // fold ignores it, and the frontend's guard purges it as junk), and the
 // victim's answer is the fault-free text.
 func TestWorkerConfinedToItsRequests(t *testing.T) {
+	t.Parallel()
 	c := confinedStack(t, "w1", "w2")
 	// No compaction at the end, so that replay shows w1's writes ignored;
 	// baton compact then purges them, as the owner would have.
 	f := c.frontend(nil, append([]string{"--log-compaction=false"}, c.auth...)...)
 	c.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
-	c.worker("w2", "--mock-tokens-per-sec", "10", "--mock-ttft", "5ms") // the victim runs for 12 s
+	// The victim runs on w2, held at its token 60 until every attack is
+	// done (SIGUSR1 opens the hold).
+	c.worker("w2", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms", "--mock-hold-at-token", "60")
 	f.waitRoutable(t, "w1", "w2")
 
 	const id, prompt, maxTokens = "victim-1", "the victim's secret prompt", 120
@@ -144,8 +147,8 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	writeAttacks(ctx, t, c, js, id)
 	commandAttacks(t, c, nc, id)
 	if st := f.state(t, id); st.Status != "running" {
-		t.Fatalf("the victim is %s after %d tokens right after w1's writes, want running: a forged event was taken "+
-			"(or the machine is too slow for the writes to land while it runs)", st.Status, st.TokensGenerated)
+		t.Fatalf("the victim is %s after %d tokens right after w1's writes, want running (held): a forged event was taken",
+			st.Status, st.TokensGenerated)
 	}
 	readAttacks(t, c, nc, id)
 	cctx, ccancel := context.WithTimeout(ctx, time.Second)
@@ -156,6 +159,7 @@ func TestWorkerConfinedToItsRequests(t *testing.T) {
 	ccancel()
 	c.expectViolation("w1", "$JS.API.STREAM.CREATE.CAPTURE")
 
+	c.workers["w2"].signal(syscall.SIGUSR1) // the attacks are over: the victim may finish
 	res := <-result
 	checkComplete(t, res, prompt, maxTokens)
 	if st := f.state(t, id); st.Status != "completed" || st.Worker != "w2" {
@@ -281,6 +285,7 @@ func writeAttacks(ctx context.Context, t *testing.T, c *confined, js jetstream.J
 // cancels the request once the detach timeout has passed; the worker stops
 // and the server logs no violation of the worker's.
 func TestDetachedRequestCancelledByAFrontend(t *testing.T) {
+	t.Parallel()
 	c := confinedStack(t, "w1")
 	detach := []string{"--detach-timeout", "1500ms"}
 	f1 := c.frontend(nil, append(detach, c.auth...)...)

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -122,6 +123,7 @@ func chatRequest(content string, maxTokens int, extra map[string]any) map[string
 // streams and a first-token timeout migrate as ongoing_request, and the
 // answer equals the fault-free one.
 func TestEngineFailureClasses(t *testing.T) {
+	t.Parallel()
 	sim := startSim(t, "sim", "--greedy", "--token-delay", "5ms")
 	s := newStack(t)
 	// No local inhibition: each case starts with both workers routable.
@@ -280,6 +282,7 @@ func teeReader(resp *http.Response, w *strings.Builder) teeBody { return teeBody
 // upstream streamed reach the client; the non-streaming answer and a resume
 // from the log say the same; X-Worker-Id names the worker.
 func TestEngineSDKChatWithTools(t *testing.T) {
+	t.Parallel()
 	sim := startSim(t, "sim", "--token-delay", "20ms") // tokens far enough apart to stream as several deltas
 	s := newStack(t)
 	fe := s.frontend(nil)
@@ -499,9 +502,41 @@ func killMidAnswer(t *testing.T, s *stack, fe *frontend, id string, body map[str
 // direct is the simulator's own answer to body: what a fault-free run says.
 func direct(t *testing.T, sim *simProc, body map[string]any) string {
 	t.Helper()
+	return directAsync(sim, body)(t)
+}
+
+// directAsync asks sim for its own answer to body while the caller goes on
+// (the answer takes as long as the stream it is compared with, at the
+// simulator's token delay, so a test can start its stack meanwhile); the
+// function it returns waits for the answer, failing t if there is none.
+func directAsync(sim *simProc, body map[string]any) func(t *testing.T) string {
+	type answer struct {
+		text string
+		err  error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		text, err := directAnswer(sim, body)
+		ch <- answer{text, err}
+	}()
+	return func(t *testing.T) string {
+		t.Helper()
+		a := <-ch
+		if a.err != nil {
+			t.Fatalf("direct answer: %v", a.err)
+		}
+		return a.text
+	}
+}
+
+func directAnswer(sim *simProc, body map[string]any) (string, error) {
 	b := maps.Clone(body)
 	b["stream"] = false
-	resp := post(t, sim.url+"/v1/chat/completions", b, nil)
+	data, _ := json.Marshal(b)
+	resp, err := http.Post(sim.url+"/v1/chat/completions", "application/json", bytes.NewReader(data))
+	if err != nil {
+		return "", err
+	}
 	defer resp.Body.Close()
 	var out struct {
 		Choices []struct {
@@ -510,10 +545,13 @@ func direct(t *testing.T, sim *simProc, body map[string]any) string {
 			} `json:"message"`
 		} `json:"choices"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) == 0 {
-		t.Fatalf("direct answer: %v", err)
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return "", fmt.Errorf("status %d: %w", resp.StatusCode, err)
 	}
-	return out.Choices[0].Message.Content
+	if len(out.Choices) == 0 {
+		return "", fmt.Errorf("status %d: no choices", resp.StatusCode)
+	}
+	return out.Choices[0].Message.Content, nil
 }
 
 // TestEngineKillContinuesTokenExact: kill -9 of the serving worker mid-answer
@@ -524,6 +562,7 @@ func direct(t *testing.T, sim *simProc, body map[string]any) string {
 // token ids (--no-token-ids) the continuation is assistant prefill, and the
 // answer is the same too.
 func TestEngineKillContinuesTokenExact(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -532,18 +571,20 @@ func TestEngineKillContinuesTokenExact(t *testing.T) {
 		{name: "prefill", args: []string{"--no-token-ids"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			sims := map[string]*simProc{
 				"oa1": startSim(t, "sim-a", append([]string{"--token-delay", "40ms"}, tc.args...)...),
 				"oa2": startSim(t, "sim-b", append([]string{"--token-delay", "40ms"}, tc.args...)...),
 			}
+			const maxTokens = 30
+			body := chatRequest("tell me a long story about rivers", maxTokens, map[string]any{"seed": 7, "temperature": 1.1})
+			faultFree := directAsync(sims["oa1"], body) // while the stack starts
 			s := newStack(t)
 			fe := s.frontend(nil, "--migration-limit", "2")
 			s.openaiWorker("oa1", sims["oa1"])
 			s.openaiWorker("oa2", sims["oa2"])
 			fe.waitRoutable(t, "oa1", "oa2")
-			const maxTokens = 30
-			body := chatRequest("tell me a long story about rivers", maxTokens, map[string]any{"seed": 7, "temperature": 1.1})
-			want := direct(t, sims["oa1"], body)
+			want := faultFree(t) // before the stream, so that it is no generation of the stream's
 			res, killed := killMidAnswer(t, s, fe, "kill-"+strings.ReplaceAll(tc.name, " ", "-"), body, 8, nil)
 			if !res.done || res.errorBody != "" || res.text != want {
 				t.Fatalf("answer after the kill (done %v, error %s):\n got %q\nwant %q", res.done, res.errorBody, res.text, want)
@@ -590,6 +631,7 @@ func TestEngineKillContinuesTokenExact(t *testing.T) {
 // there: it fails cleanly (an error event, no [DONE], the reason in the log)
 // with migration budget left, and the fallback is never sent a prefill.
 func TestEngineNoWorkerCanContinue(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
 	simA := startSim(t, "sim-a", "--token-delay", "40ms", "--no-token-ids")
 	simB := startSim(t, "sim-b", "--token-delay", "40ms", "--no-token-ids", "--reject-prefill")
 	s := newStack(t)
@@ -661,6 +703,7 @@ func TestEngineSeededChoices(t *testing.T) {
 // of few words, but the model server counts more tokens: the client gets
 // 413 before any token, and nothing migrates.
 func TestEnginePromptLimitInServerTokens(t *testing.T) {
+	t.Parallel()
 	sim := startSim(t, "sim")
 	s := newStack(t)
 	fe := s.frontend(nil, "--max-prompt-tokens", "20", "--migration-limit", "2")

@@ -39,6 +39,7 @@ func finalMark(t *testing.T, res sseResult) (exact, ok bool) {
 // prefill as Ollama does (--retokenize-prefill), the continuation is
 // prefill, the text diverges at the cut, and both say exact:false.
 func TestEngineMigrationExactMarker(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
 	for _, tc := range []struct {
 		name  string
 		args  []string
@@ -48,16 +49,18 @@ func TestEngineMigrationExactMarker(t *testing.T) {
 		{name: "re-tokenized prefill", args: []string{"--no-token-ids", "--retokenize-prefill", "8"}, exact: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			args := append([]string{"--token-delay", "40ms", "--greedy"}, tc.args...)
 			simA, simB := startSim(t, "sim-a", args...), startSim(t, "sim-b", args...)
+			body := chatRequest("tell me a long story about rivers", 30, map[string]any{"temperature": 0,
+				"stream_options": map[string]any{"include_usage": true}})
+			faultFree := directAsync(simA, body) // while the stack starts
 			s := newStack(t)
 			fe := s.frontend(nil, "--migration-limit", "2")
 			s.openaiWorker("oa1", simA)
 			s.openaiWorker("oa2", simB)
 			fe.waitRoutable(t, "oa1", "oa2")
-			body := chatRequest("tell me a long story about rivers", 30, map[string]any{"temperature": 0,
-				"stream_options": map[string]any{"include_usage": true}})
-			want := direct(t, simA, body)
+			want := faultFree(t) // before the stream, so that it is no generation of the stream's
 			id := "exact-" + strings.ReplaceAll(tc.name, " ", "-")
 			res, _ := killMidAnswer(t, s, fe, id, body, 12, nil)
 			if !res.done || res.errorBody != "" {
@@ -95,6 +98,7 @@ func TestEngineMigrationExactMarker(t *testing.T) {
 // attempted: the stream ends with an error event and no [DONE], the
 // reason in the log, and the other simulator is sent no prefill.
 func TestEngineMigrationExactOnly(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
 	simA := startSim(t, "sim-a", "--token-delay", "40ms", "--greedy", "--no-token-ids")
 	simB := startSim(t, "sim-b", "--token-delay", "40ms", "--greedy", "--no-token-ids")
 	s := newStack(t)
@@ -131,6 +135,7 @@ func TestEngineMigrationExactOnly(t *testing.T) {
 // (exact:true, and the fault-free text), more on one that re-tokenizes it
 // as Ollama does (exact:false, and the text diverges).
 func TestEngineMigrationPrefillShownExact(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
 	for _, tc := range []struct {
 		name  string
 		args  []string
@@ -140,14 +145,16 @@ func TestEngineMigrationPrefillShownExact(t *testing.T) {
 		{name: "re-tokenized", args: []string{"--retokenize-prefill", "8"}, exact: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			simA := startSim(t, "sim-a", "--token-delay", "40ms", "--greedy")
 			simB := startSim(t, "sim-b", append([]string{"--token-delay", "40ms", "--greedy", "--no-token-ids"}, tc.args...)...)
+			body := chatRequest("tell me a long story about rivers", 80, map[string]any{"temperature": 0})
+			faultFree := directAsync(simA, body) // while the stack starts
 			s := newStack(t)
 			fe := s.frontend(nil, "--migration-limit", "2")
 			s.openaiWorker("oa1", simA)
 			fe.waitRoutable(t, "oa1")
-			body := chatRequest("tell me a long story about rivers", 80, map[string]any{"temperature": 0})
-			want := direct(t, simA, body)
+			want := faultFree(t) // before the stream, so that it is no generation of the stream's
 			id := "shown-" + strings.ReplaceAll(tc.name, " ", "-")
 			res, killed := killMidAnswer(t, s, fe, id, body, 12, func() {
 				s.openaiWorker("oa2", simB)

@@ -22,6 +22,7 @@ import (
 // new request to w1. Now each frontend logs the events as ignored, w2 stays
 // ready, serves the requests once w1 is gone, and baton events says why.
 func TestForgedWorkerEventsIgnored(t *testing.T) {
+	t.Parallel()
 	c := confinedStack(t, "w1", "w2")
 	f1 := c.frontend(nil, c.auth...)
 	c.worker("w1", "--mock-ttft", "5ms")

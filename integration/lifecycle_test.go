@@ -75,6 +75,7 @@ func readRenderings(t *testing.T, s *stack, f *frontend, id string, body map[str
 // does not compact (--log-compaction=false) serves them first; `baton
 // compact` then compacts them by hand, as the owner does at the end.
 func TestCompactionKeepsEveryRendering(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil, "--log-compaction=false", "--migration-limit", "3")
 	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")
@@ -184,6 +185,7 @@ func TestCompactionKeepsEveryRendering(t *testing.T) {
 // request once it ends: the log keeps its lifecycle events and one record,
 // and no delta.
 func TestFinishedRequestsAreCompacted(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil)
 	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
@@ -303,7 +305,8 @@ func TestFullLogAdmission(t *testing.T) {
 }
 
 // soakDuration is how long TestLogLifecycleSoak runs: BATON_LOG_SOAK (a
-// duration), 60 s by default.
+// duration), 20 s by default (the suite's short profile: four worker kills,
+// the traffic several times the cap; .ci/run runs it for 60 s).
 func soakDuration(t *testing.T) time.Duration {
 	if v := os.Getenv("BATON_LOG_SOAK"); v != "" {
 		d, err := time.ParseDuration(v)
@@ -312,7 +315,7 @@ func soakDuration(t *testing.T) time.Duration {
 		}
 		return d
 	}
-	return 60 * time.Second
+	return 20 * time.Second
 }
 
 // TestLogLifecycleSoak streams continuously into a request log capped far
@@ -520,6 +523,7 @@ func TestFullLogEndsRequestsInFlightClearly(t *testing.T) {
 // compacted one without its tokens; once it is gone, requests are
 // compacted again.
 func TestCompactionWaitsForEarlierFrontends(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil)
 	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")

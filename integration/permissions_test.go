@@ -71,6 +71,7 @@ func (v *violations) all() []string {
 // with one request stream, and with three partitions and the sets expanded
 // as the docs say (natsserver.ForPartitions).
 func TestLeastPrivilegePermissions(t *testing.T) {
+	t.Parallel()
 	for _, partitions := range []int{1, 3} {
 		t.Run(fmt.Sprintf("partitions=%d", partitions), func(t *testing.T) { leastPrivilege(t, partitions) })
 	}

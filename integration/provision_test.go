@@ -23,6 +23,7 @@ import (
 // worker exit 2 naming the difference, until the operator removes it and
 // `baton provision` creates the log.
 func TestProvisioningCannotBeHijacked(t *testing.T) {
+	t.Parallel()
 	c := confinedStack(t, "w1")
 	nc, _ := c.connectAs("w1")
 	js, err := jetstream.New(nc)

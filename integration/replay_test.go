@@ -212,6 +212,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 // the same events with one renderer (openai.Response), so even the times
 // (created, created_at, completed_at) come from the log, not the clock.
 func TestReplayRendersWhatTheClientGot(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil, "--log-compaction=false")
 	s.worker("w1", "--mock-speedup-ratio", "20")

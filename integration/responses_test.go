@@ -204,6 +204,7 @@ func TestResponsesStreamed(t *testing.T) {
 // events are contiguous across the resume, the text is the undisturbed one,
 // the response completes.
 func TestResponsesBackgroundSurvivesFrontendAndWorker(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t, "--default-max-tokens", "150")
 	ctx := context.Background()
 	question := "a background answer outlives its frontend and its worker"
@@ -407,6 +408,7 @@ func TestResponsesTenancy(t *testing.T) {
 // deltas are folded into its compact record: the object, the whole event
 // stream and a resume from the middle.
 func TestResponsesCompactionKeepsRenderings(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	f := s.frontend(nil, "--log-compaction=false", "--migration-limit", "3", "--nats-system-url", s.sysURL())
 	s.worker("w1", "--mock-tokens-per-sec", "300", "--mock-ttft", "5ms")

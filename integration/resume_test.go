@@ -106,6 +106,7 @@ func releaseWhenOwned(f *frontend, id, owner string, pid int) {
 // TestResumeAfterFrontendKill kills the frontend mid-stream; the client
 // resumes on the other frontend from its last SSE id and gets exactly the rest.
 func TestResumeAfterFrontendKill(t *testing.T) {
+	t.Parallel()
 	_, f1, f2 := twoFrontends(t)
 	prompt := "resume after a frontend crash"
 	var once sync.Once
@@ -129,6 +130,7 @@ func TestResumeAfterFrontendKill(t *testing.T) {
 // serving worker while no frontend owns the request; the frontend the client
 // resumes on takes the request over and migrates it.
 func TestResumeMigratesWhenWorkerDiedUnattended(t *testing.T) {
+	t.Parallel()
 	s, f1, f2 := twoFrontends(t)
 	prompt := "both the frontend and the worker die"
 	var once sync.Once
@@ -157,6 +159,7 @@ func TestResumeMigratesWhenWorkerDiedUnattended(t *testing.T) {
 // bad offsets, of unknown ids, and two clients resuming one request on two
 // frontends at once.
 func TestResumeCases(t *testing.T) {
+	t.Parallel()
 	_, f1, f2 := twoFrontends(t)
 	prompt := "resume cases"
 	full := postStream(t, f1.url, "/v1/chat/completions", map[string]any{
@@ -282,6 +285,7 @@ func TestDetachTimeout(t *testing.T) {
 // ever re-attaches: the worker cancels the request once the detach timeout
 // has passed since the owner vanished, and goes idle.
 func TestCrashedFrontendLeaksNothing(t *testing.T) {
+	t.Parallel()
 	_, f1, f2 := twoFrontends(t, "--detach-timeout", "1s")
 	var once sync.Once
 	first := postStream(t, f1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "orphan", "max_tokens": 2000},

@@ -70,6 +70,7 @@ func resilientStream(t testing.TB, pick func() *frontend, id, prompt string, max
 // load and starts a new one in its place; every request completes, with the
 // fault-free text, for clients that resume.
 func TestRollingRestartOfFrontends(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	env := []string{"DYN_HTTP_GRACEFUL_SHUTDOWN_TIMEOUT_SECS=1"}
 	args := []string{"--nats-system-url", s.sysURL()}

@@ -78,6 +78,7 @@ func (n *routeNode) start(t *testing.T, dir string, routes []string, extra ...st
 // nothing of what is published on the cluster (formerly it received the
 // prompts).
 func TestRogueNodeCannotJoin(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cert, key, _ := selfSigned(t, dir)
 	tlsArgs := []string{"--cluster-tls-cert", cert, "--cluster-tls-key", key, "--cluster-tls-ca", cert}
@@ -157,6 +158,7 @@ func TestRogueNodeCannotJoin(t *testing.T) {
 // it with mode 0600 in its store directory and uses it again after a
 // restart; --sys-password (or BATON_NATS_SYS_PASSWORD) sets it.
 func TestNoDefaultSystemPassword(t *testing.T) {
+	t.Parallel()
 	s := newStack(t)
 	file := filepath.Join(s.dir, "nats", "sys-password")
 	st, err := os.Stat(file)
@@ -213,6 +215,7 @@ func TestNoDefaultSystemPassword(t *testing.T) {
 // read prompts. Now it exits 2 saying why; --cluster-insecure starts it,
 // with a warning, and route authentication without TLS warns too.
 func TestOpenRoutesRefused(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	args := func(name string, extra ...string) []string {
 		cport := strconv.Itoa(freePort(t))

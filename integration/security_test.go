@@ -261,6 +261,7 @@ func TestAPIKeys(t *testing.T) {
 // everything by internal id ("<tenant>:<id>"), which baton replay and
 // baton events take too; accepted and cancelled record the tenant.
 func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
 	s, f, _ := keyedStack(t)
 	alice, bob, admin := apiClient{f.url, aliceKey}, apiClient{f.url, bobKey}, apiClient{f.url, adminKey}
 
@@ -403,6 +404,7 @@ func resumeAs(t *testing.T, c apiClient, id, last string) sseResult {
 // survives the loss of its worker like any other: it migrates, the client
 // gets the fault-free text, and the log shows the migration under its id.
 func TestTenantRequestMigrates(t *testing.T) {
+	t.Parallel()
 	s, f, _ := keyedStack(t, "--migration-limit", "3")
 	s.worker("w2", "--mock-tokens-per-sec", "200", "--mock-ttft", "5ms")
 	alice, admin := apiClient{f.url, aliceKey}, apiClient{f.url, adminKey}

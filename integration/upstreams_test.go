@@ -92,6 +92,7 @@ func TestUpstreamListingIsAdvisory(t *testing.T) {
 // gave the same answer; no worker is inhibited, so every other client keeps
 // getting 200 in the inhibition window that follows.
 func TestUpstreamPoisonedRequest(t *testing.T) {
+	t.Parallel()
 	simA := startSim(t, "sim-a", "--greedy")
 	simB := startSim(t, "sim-b", "--greedy")
 	s := newStack(t)
@@ -152,6 +153,7 @@ func TestUpstreamPoisonedRequest(t *testing.T) {
 // included: before an attempt's first token only the worker's first-token
 // deadline applies.
 func TestUpstreamQueueIsNotAStall(t *testing.T) {
+	t.Parallel()
 	sim := startSim(t, "sim-queue", "--greedy", "--slots", "1", "--token-delay", "40ms")
 	s := newStack(t)
 	fe := s.frontend(nil, "--migration-limit", "3", "--stall-timeout", "1s")
@@ -186,6 +188,7 @@ func TestUpstreamQueueIsNotAStall(t *testing.T) {
 // failed by the worker's own first-token deadline, not by the frontend's
 // shorter stall timeout, and the request continues on the other worker.
 func TestUpstreamFirstTokenTimeoutFires(t *testing.T) {
+	t.Parallel()
 	sim := startSim(t, "sim-silent", "--greedy")
 	s := newStack(t)
 	fe := s.frontend(nil, "--migration-limit", "3", "--stall-timeout", "1s")
@@ -488,6 +491,7 @@ func TestUpstreamModelInTheAnswer(t *testing.T) {
 // dies mid-answer then fails cleanly (an error event, no [DONE]) instead of
 // continuing with an answer to another prompt presented as a success.
 func TestUpstreamTemplatedCompletionsFailCleanly(t *testing.T) {
+	t.Parallel()
 	simA := startSim(t, "sim-tmpl-a", "--greedy", "--templated-completions", "--no-token-ids", "--token-delay", "40ms")
 	simB := startSim(t, "sim-tmpl-b", "--greedy", "--templated-completions", "--no-token-ids", "--token-delay", "40ms")
 	s := newStack(t)
@@ -526,6 +530,7 @@ func TestUpstreamTemplatedCompletionsFailCleanly(t *testing.T) {
 // a long answer in a one-slot engine), X-Worker-Id is absent rather than
 // naming a worker that may never produce a token.
 func TestUpstreamSlowFirstTokenNamesNoWorker(t *testing.T) {
+	t.Parallel()
 	sim := startSim(t, "sim-slow", "--greedy", "--slots", "1", "--token-delay", "50ms")
 	s := newStack(t)
 	fe := s.frontend(nil)

@@ -28,6 +28,7 @@ func TestWorkerPermissionsDocumented(t *testing.T) {
 // read its dispatches; now each is a permissions violation and the victim
 // keeps serving.
 func TestWorkerUsersConfined(t *testing.T) {
+	t.Parallel()
 	c := confinedStack(t, "w1", "w2")
 	f := c.frontend(nil, c.auth...)
 	for _, id := range []string{"w1", "w2"} {
