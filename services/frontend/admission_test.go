@@ -1,0 +1,116 @@
+package frontend_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/baton-dev/baton/services/engine"
+	"github.com/baton-dev/baton/services/frontend"
+)
+
+// busyOnce waits until the one worker of url runs a request (its load
+// report shows KV blocks in use: busy at a threshold of 0).
+func busyOnce(t *testing.T, url string, busy bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url + "/v1/workers")
+		if err == nil {
+			var out struct {
+				Data []struct {
+					Load struct {
+						KVBlocksUsed int `json:"kv_blocks_used"`
+					} `json:"load"`
+				} `json:"data"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&out)
+			resp.Body.Close()
+			if err == nil && len(out.Data) == 1 && (out.Data[0].Load.KVBlocksUsed > 0) == busy {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for the worker busy=%v", busy)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestAdmissionQueueEdge: with --admission-queue 1 and the one worker busy,
+// a tenant's first new request waits in the queue, its second is refused
+// at once with the busy 503 (the queue is full), and the one waiting is
+// admitted and served when the worker frees up; a request that waits
+// longer than --admission-wait gets the busy 503 with Retry-After.
+func TestAdmissionQueueEdge(t *testing.T) {
+	zero := 0.0
+	cfg := frontend.Config{AdmissionQueue: 1, AdmissionWait: 700 * time.Millisecond}
+	cfg.Fleet.ActiveDecodeBlocksThreshold = &zero
+	url := inProcessWith(t, engine.MockConfig{TTFT: 1500 * time.Millisecond, TokensPerSec: 1000}, cfg)
+	const slow = `{"model":"mock","prompt":"occupy","max_tokens":5}`
+	const quick = `{"model":"mock","prompt":"queued","max_tokens":5}`
+
+	type answer struct {
+		status     int
+		retryAfter string
+		body       string
+		took       time.Duration
+	}
+	send := func(body string) answer {
+		start := time.Now()
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return answer{}
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{resp.StatusCode, resp.Header.Get("Retry-After"), string(b), time.Since(start)}
+	}
+	isBusy := func(a answer) bool {
+		return a.status == http.StatusServiceUnavailable && a.retryAfter != "" && strings.Contains(a.body, `"code":"all_workers_busy"`)
+	}
+
+	// Past the wait: the worker stays busy for 1.5 s, the wait is 0.7 s.
+	var wg sync.WaitGroup
+	var first answer
+	wg.Go(func() { first = send(slow) })
+	busyOnce(t, url, true)
+	if got := send(quick); !isBusy(got) || got.took < 600*time.Millisecond {
+		t.Errorf("waiting past --admission-wait: got %d %q after %v, want the busy 503 with Retry-After after about 0.7 s", got.status, got.body, got.took)
+	}
+	wg.Wait()
+	if first.status != http.StatusOK {
+		t.Fatalf("the request that occupied the worker: %d %s", first.status, first.body)
+	}
+	busyOnce(t, url, false)
+
+	// Within the wait: a longer one, and the queue of one is full.
+	cfg.AdmissionWait = 10 * time.Second
+	url = inProcessWith(t, engine.MockConfig{TTFT: 1500 * time.Millisecond, TokensPerSec: 1000}, cfg)
+	wg.Go(func() { first = send(slow) })
+	busyOnce(t, url, true)
+	// Two more of the same tenant at once: one waits in the queue of one
+	// and is served once the worker frees up, the other finds the queue
+	// full and is refused at once.
+	var two [2]answer
+	for i := range two {
+		wg.Go(func() { two[i] = send(quick) })
+	}
+	wg.Wait()
+	if first.status != http.StatusOK {
+		t.Fatalf("the request that occupied the worker: %d %s", first.status, first.body)
+	}
+	served, refused := two[0], two[1]
+	if isBusy(served) {
+		served, refused = refused, served
+	}
+	if served.status != http.StatusOK || !isBusy(refused) || refused.took > 500*time.Millisecond {
+		t.Errorf("got %d after %v and %d %q after %v; want one served once the worker freed up and one busy 503 at once",
+			served.status, served.took, refused.status, refused.body, refused.took)
+	}
+}
