@@ -2,6 +2,7 @@ package frontend_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
 )
@@ -17,28 +19,21 @@ import (
 // report shows KV blocks in use: busy at a threshold of 0).
 func busyOnce(t *testing.T, url string, busy bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waitfor.Poll(t, fmt.Sprintf("the worker busy=%v", busy), func() bool {
 		resp, err := http.Get(url + "/v1/workers")
-		if err == nil {
-			var out struct {
-				Data []struct {
-					Load struct {
-						KVBlocksUsed int `json:"kv_blocks_used"`
-					} `json:"load"`
-				} `json:"data"`
-			}
-			err = json.NewDecoder(resp.Body).Decode(&out)
-			resp.Body.Close()
-			if err == nil && len(out.Data) == 1 && (out.Data[0].Load.KVBlocksUsed > 0) == busy {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for the worker busy=%v", busy)
+		defer resp.Body.Close()
+		var out struct {
+			Data []struct {
+				Load struct {
+					KVBlocksUsed int `json:"kv_blocks_used"`
+				} `json:"load"`
+			} `json:"data"`
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return json.NewDecoder(resp.Body).Decode(&out) == nil && len(out.Data) == 1 && (out.Data[0].Load.KVBlocksUsed > 0) == busy
+	})
 }
 
 // TestAdmissionQueueEdge: with --admission-queue 1 and the one worker busy,

@@ -2,6 +2,7 @@ package frontend_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
 )
@@ -58,13 +60,7 @@ func TestLogShareEstimate(t *testing.T) {
 		}
 		return u.Log.Bytes
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for logBytes() != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("alice's log bytes: got %d, want %d", logBytes(), want)
-		}
-		time.Sleep(50 * time.Millisecond) // the ledger's next tick (every 500 ms)
-	}
+	waitfor.Poll(t, fmt.Sprintf("alice's log bytes to be %d", want), func() bool { return logBytes() == want })
 	// Three ticks later it is still the finished request's estimate.
 	for end := time.Now().Add(1600 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
 		if got := logBytes(); got != want {

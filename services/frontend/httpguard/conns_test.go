@@ -13,6 +13,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/baton-dev/baton/internal/waitfor"
 )
 
 // pipeListener accepts the server ends of net.Pipe connections.
@@ -269,11 +271,5 @@ func TestRejectAnswersTheRequest(t *testing.T) {
 			t.Fatalf("request %d past the headroom: %d %s, want 503 too_many_connections", i, resp.StatusCode, body)
 		}
 	}
-	waitLingering := time.Now().Add(5 * time.Second)
-	for l.lingering.Load() != 0 {
-		if time.Now().After(waitLingering) {
-			t.Fatalf("%d rejected connections still linger", l.lingering.Load())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.Poll(t, "no rejected connection to linger", func() bool { return l.lingering.Load() == 0 })
 }
