@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/quota"
 	"github.com/baton-dev/baton/streams"
@@ -117,26 +116,9 @@ func (tk *ticket) end(ids []string) {
 	if tk.tokens <= 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
-	defer cancel()
-	var used int64
-	for _, id := range ids {
-		t, err := tk.a.fe.runtime.Attach(ctx, id)
-		if errors.Is(err, streams.ErrNotFound) {
-			continue // never accepted (refused after admission): nothing used
-		}
-		if err != nil {
-			return
-		}
-		var done bool
-		t.View(func(p *projections.Request) {
-			done = p.Status.Terminal()
-			used += int64(p.PromptTokens() + p.CompletionTokens())
-		})
-		t.Release()
-		if !done {
-			return
-		}
+	used, ended := tk.a.fe.tokensUsed(ids, true) // an id never accepted (refused after admission) used nothing
+	if !ended {
+		return
 	}
 	if used < tk.tokens {
 		tk.a.fair.Charge(tk.tenant, -tk.units*float64(tk.tokens-used)/float64(tk.tokens))

@@ -189,13 +189,26 @@ func (b *budget) end() {
 	if b == nil || b.fe == nil {
 		return
 	}
+	used, ended := b.fe.tokensUsed(b.ids, false)
+	if !ended {
+		return
+	}
+	b.grant.Release(used)
+}
+
+// tokensUsed is what requests ids used, prompt and completion, and whether
+// every one of them ended (false too when one cannot be read). With
+// skipUnknown an id the log does not know (never accepted) used nothing.
+func (fe *Frontend) tokensUsed(ids []string, skipUnknown bool) (used int64, ended bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), streams.DefaultTimeout)
 	defer cancel()
-	var used int64
-	for _, id := range b.ids {
-		t, err := b.fe.runtime.Attach(ctx, id)
+	for _, id := range ids {
+		t, err := fe.runtime.Attach(ctx, id)
+		if skipUnknown && errors.Is(err, streams.ErrNotFound) {
+			continue
+		}
 		if err != nil {
-			return
+			return used, false
 		}
 		var done bool
 		t.View(func(p *projections.Request) {
@@ -204,10 +217,10 @@ func (b *budget) end() {
 		})
 		t.Release()
 		if !done {
-			return
+			return used, false
 		}
 	}
-	b.grant.Release(used)
+	return used, true
 }
 
 // withBudgetsNote adds to a /health body the frontends whose budgets differ
