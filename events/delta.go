@@ -94,10 +94,10 @@ func (d *DeltaEncoder) EncodeInto(h Header, id string, t time.Time, ev TokensGen
 	v := new([5]string)
 	v[0], v[1] = id, string(t.AppendFormat(tsBuf[:0], time.RFC3339Nano))
 	idV := v[0:1:1]
-	// Sized for every attribute a delta may carry, and the two a worker
-	// adds (its first delta's upstream TTFT, a benchmark's emit time): a
-	// map literal of the seven common ones grew, and rehashed, when the
-	// binary form's were added, the largest allocation of a delta.
+	// Sized for every attribute a delta may carry, and two that a producer
+	// may add (deltaHeaders): a map literal of the seven common ones grew,
+	// and rehashed, when the binary form's were added, the largest
+	// allocation of a delta.
 	if h == nil {
 		h = make(Header, deltaHeaders)
 	} else {
@@ -136,7 +136,9 @@ func (d *DeltaEncoder) EncodeInto(h Header, id string, t time.Time, ev TokensGen
 
 // deltaHeaders is how many headers a delta's message may have: the seven
 // of every event, Content-Type, attempt, offset, token lengths and ids, and
-// two that a worker may add.
+// two extension attributes that a producer may add and this package does
+// not read (a worker adds one, its first delta's upstream time to first
+// token, streams.HeaderUpstreamTTFT).
 const deltaHeaders = 14
 
 // binaryDelta reports whether ev is written with its text as data: it has

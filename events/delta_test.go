@@ -165,9 +165,9 @@ func TestDeltaEncoderRejects(t *testing.T) {
 	}
 }
 
-// extensionEmitNS is an extension attribute this package does not read (a
-// benchmark's, streams.HeaderBenchEmit): a delta carrying it decodes as one
-// without it.
+// extensionEmitNS is an extension attribute this package does not read
+// (once a benchmark's emit time, which the mock engine now writes as its
+// text): a delta carrying it decodes as one without it.
 const extensionEmitNS = "ce-emitns"
 
 // FuzzDelta feeds the binary delta decoder arbitrary extension attributes

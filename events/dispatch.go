@@ -66,4 +66,15 @@ type Dispatch struct {
 	// Frontends set it only for workers whose lease says they hold
 	// (Lease.HoldsUntilRouted).
 	Hold string `json:"hold,omitempty"`
+	// Output, when OutputBatched, asks a worker whose lease says
+	// WritesBatched to write the attempt's output (its deltas and its end)
+	// in batches to its own output stream (streams.WorkerOutput(worker,
+	// Frontend)) instead of per-token messages on the request's partition.
+	// Any other value, or a worker without its stream, writes per token as
+	// before. No frontend sets it yet (docs/internals.md, issue 33's write
+	// path); older workers ignore it.
+	Output string `json:"output,omitempty"`
 }
+
+// OutputBatched is Dispatch.Output for an attempt written in batches.
+const OutputBatched = "batched"

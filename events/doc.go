@@ -12,6 +12,9 @@
 //     Unreadable that says why (a newer version, an unknown fact, bad data),
 //     for readers that show what they skipped. Unknown fields are ignored.
 //     docs/compatibility.md is the whole rule.
+//   - A batch (TypeTokensBatch, batch.go) carries many request events in one
+//     message, without headers of their own; each entry decodes to exactly
+//     the envelope its own message decodes to. Nothing writes one yet.
 //
 // The package is pure: no I/O, no logging, no clocks (callers set Time).
 package events

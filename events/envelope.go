@@ -159,6 +159,15 @@ func isAlnum(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
 }
 
+// headerValue is h's first value of k, or "" (a Header is a plain map, as
+// NATS's is, so it has no Get of its own).
+func headerValue(h Header, k string) string {
+	if v := h[k]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 // Unmarshal decodes a message written by Marshal. It returns ErrNotEvent for a
 // message without CloudEvents attributes. For a type this build does not know
 // it returns ErrUnknownType, and for data that does not decode as its type a
@@ -166,12 +175,7 @@ func isAlnum(c byte) bool {
 // its Event is an Unreadable that says why, so that a reader can skip the
 // event knowingly. Unknown fields of a known type are ignored.
 func Unmarshal(h Header, data []byte) (Envelope, error) {
-	get := func(k string) string {
-		if v := h[k]; len(v) > 0 {
-			return v[0]
-		}
-		return ""
-	}
+	get := func(k string) string { return headerValue(h, k) }
 	if get(HeaderSpecVersion) == "" {
 		return Envelope{}, ErrNotEvent
 	}
@@ -205,6 +209,13 @@ func Unmarshal(h Header, data []byte) (Envelope, error) {
 		e.Event = ev
 		return e, nil
 	}
+	return decodeJSON(e, typ, data)
+}
+
+// decodeJSON sets e's event to data, the JSON of an event of type typ, as
+// Unmarshal does: an Unreadable that says why, and the error, for a type
+// this build does not know or data that does not decode.
+func decodeJSON(e Envelope, typ string, data []byte) (Envelope, error) {
 	newEvent, ok := registry[typ]
 	if !ok {
 		e.Event = Unreadable{Type: typ, Reason: unknownReason(typ)}

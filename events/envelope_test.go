@@ -27,6 +27,7 @@ func samples() map[string]events.Event {
 		events.TypeTokensGenerated:  events.TokensGenerated{RequestID: "r1", Attempt: 1, Offset: 4, Tokens: []string{"a ", "b", "\u00e9"}},
 		events.TypeRequestCompleted: events.RequestCompleted{RequestID: "r1", Attempt: 1, FinishReason: "stop", PromptTokens: 3, CompletionTokens: 7},
 		events.TypeAttemptFailed:    events.AttemptFailed{RequestID: "r1", Attempt: 0, WorkerID: "w1", Offset: 4, Reason: "engine error"},
+		events.TypeAttemptFenced:    events.AttemptFenced{RequestID: "r1", Attempt: 0, Frontend: "fe-2"},
 		events.TypeRequestMigrated: events.RequestMigrated{RequestID: "r1", FromAttempt: 0, FromWorker: "w1", Cut: 4,
 			MigrationType: events.MigrationOngoingRequest, Reason: "lease lost", Frontend: "fe-2"},
 		events.TypeRequestFailed:    events.RequestFailed{RequestID: "r1", Code: "migration_exhausted", Message: "no", Status: 503, Offset: 4},

@@ -2,7 +2,11 @@ package events_test
 
 import (
 	"bytes"
+	"errors"
+	"io"
+	"maps"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -65,4 +69,82 @@ func data(t *testing.T, e events.Envelope) []byte {
 		t.Fatalf("marshal %#v: %v", e, err)
 	}
 	return d
+}
+
+// FuzzDecodeBatch feeds the batch decoder arbitrary bodies. It must never
+// panic, every call after a framing error must return it again, and every
+// entry it decodes must be written again by a BatchEncoder and read back
+// equal (so a reader can always forward what it read). The seed corpus is
+// testdata/fuzz/FuzzDecodeBatch.
+func FuzzDecodeBatch(f *testing.F) {
+	h := events.Header{
+		events.HeaderSpecVersion: {"1.0"}, events.HeaderID: {"w1.1"}, events.HeaderType: {events.TypeTokensBatch},
+		events.HeaderSource: {batchSource}, events.HeaderTime: {"2026-03-14T15:09:26.535897932Z"},
+		events.HeaderContentType: {events.ContentTypeBatch},
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		d, err := events.DecodeBatch(h, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range len(body) + 1 { // each entry takes at least one byte
+			e, err := d.Next()
+			if errors.Is(err, io.EOF) {
+				return
+			}
+			if errors.Is(err, events.ErrBadBatch) {
+				if _, again := d.Next(); again == nil || again.Error() != err.Error() {
+					t.Fatalf("after %v: %v", err, again)
+				}
+				return
+			}
+			if err != nil {
+				if _, ok := e.Event.(events.Unreadable); !ok {
+					t.Fatalf("error %v with event %#v, want an Unreadable", err, e.Event)
+				}
+				continue
+			}
+			rewrite(t, e)
+		}
+		t.Fatalf("more entries than bytes in %q", body)
+	})
+}
+
+// rewrite writes e as the one entry of a new batch and checks that it reads
+// back equal.
+func rewrite(t *testing.T, e events.Envelope) {
+	t.Helper()
+	enc, err := events.NewBatchEncoder(e.Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range slices.Sorted(maps.Keys(e.Header)) {
+		for _, v := range e.Header[k] {
+			if err := enc.AppendAttribute(k, v); err != nil {
+				t.Fatalf("attribute %s of %#v: %v", k, e, err)
+			}
+		}
+	}
+	if err := enc.AppendEvent(e); err != nil {
+		t.Fatalf("rewrite %#v: %v", e, err)
+	}
+	h, body, err := enc.Message(nil, "again")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := events.DecodeBatch(h, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := d.Next()
+	if err != nil {
+		t.Fatalf("read back %q: %v", body, err)
+	}
+	requireEqual(t, got, e)
+	if got.Time != e.Time {
+		t.Errorf("time %#v, want %#v", got.Time, e.Time)
+	}
+	if _, err := d.Next(); !errors.Is(err, io.EOF) {
+		t.Errorf("after the entry: %v, want io.EOF", err)
+	}
 }

@@ -18,6 +18,7 @@ const (
 	TypeRequestAttached  = "baton.request.attached.v1"
 	TypeRequestCancelled = "baton.request.cancelled.v1"
 	TypeChildAdded       = "baton.request.child_added.v1"
+	TypeAttemptFenced    = "baton.request.attempt_fenced.v1"
 )
 
 // RequestEvent is an event of a request's history. Every request event type
@@ -225,6 +226,11 @@ const (
 	// FailureNotReady: the upstream cannot serve at all (401, 403, 404
 	// model). The worker turns not ready; the request migrates as new_request.
 	FailureNotReady = "worker_not_ready"
+	// FailureLogFull: the request log refused the attempt's tokens at its
+	// limits, so the worker stopped. The request fails with log_full (503);
+	// no migration, no inhibition: the worker is healthy. A frontend of a
+	// release before this class takes it for a worker failure.
+	FailureLogFull = "log_full"
 )
 
 // CodeEmptyAnswer is the AttemptFailed.Code of an upstream server that
@@ -232,6 +238,27 @@ const (
 // finish reason nor [DONE] (Ollama's answer, streamed, to an invalid JSON
 // schema): an answer, like an error status, so possibly the request's own.
 const CodeEmptyAnswer = "upstream_empty_answer"
+
+// AttemptFenced is a frontend's fence of attempt Attempt, stored among its
+// worker's output (an entry of a batch on the worker's subject, so that it
+// is ordered with the worker's batches): a reader accepts nothing of the
+// attempt stored after it. Issue 33's design (docs/internals.md) closes an
+// attempt this way; nothing writes it yet.
+type AttemptFenced struct {
+	RequestID string `json:"request_id"`
+	Attempt   int    `json:"attempt"`
+	Frontend  string `json:"frontend"`
+}
+
+func (AttemptFenced) EventType() string { return TypeAttemptFenced }
+func (e AttemptFenced) Request() string { return e.RequestID }
+
+func (e *AttemptFenced) validate() error {
+	if e.RequestID == "" || e.Attempt < 0 {
+		return fmt.Errorf("missing request_id or negative attempt")
+	}
+	return nil
+}
 
 // Migration types, as in Dynamo's dynamo_frontend_model_migration_total.
 const (
@@ -318,8 +345,24 @@ func init() {
 	register[TokensGenerated]()
 	register[RequestCompleted]()
 	register[AttemptFailed]()
+	register[AttemptFenced]()
 	register[RequestMigrated]()
 	register[RequestFailed]()
 	register[RequestAttached]()
 	register[RequestCancelled]()
+}
+
+// AttemptOutput reports whether ev is what an attempt produces (a delta, its
+// completion, its failure), stored on the attempt's tokens subject, and
+// which attempt: every other event of a request is a decision.
+func AttemptOutput(ev Event) (attempt int, ok bool) {
+	switch ev := ev.(type) {
+	case TokensGenerated:
+		return ev.Attempt, true
+	case RequestCompleted:
+		return ev.Attempt, true
+	case AttemptFailed:
+		return ev.Attempt, true
+	}
+	return 0, false
 }

@@ -96,6 +96,13 @@ type Lease struct {
 	// among the highest tier's workers that can take a request, a lower
 	// tier only when none can. Absent (0): older builds, the default tier.
 	Priority int `json:"priority,omitempty"`
+	// WritesBatched says the worker has an output stream of its own
+	// (streams.WorkerOutputStream, created by a frontend when the worker
+	// asked, --batched-output) and writes an attempt's output there in
+	// batches when its dispatch says Dispatch.Output "batched". Absent:
+	// older builds, and workers without the switch or whose ask no
+	// frontend answered; they write per-token messages on the partition.
+	WritesBatched bool `json:"writes_batched,omitempty"`
 }
 
 // Capabilities is what a worker's engine can do: serve chat and
@@ -156,6 +163,11 @@ type FrontendPresence struct {
 	// read this bucket, and an id may name a tenant). When the key goes, a
 	// live frontend adopts them (docs/fault-tolerance.md).
 	Adoptable []StoredAt `json:"adoptable,omitempty"`
+	// ManagesOutputs says this frontend answers workers' asks for their
+	// output streams and takes its turn deleting those of workers gone
+	// for the stream's MaxAge (--batched-output). Absent: older builds and
+	// frontends without the switch, which are never ranked to delete.
+	ManagesOutputs bool `json:"manages_outputs,omitempty"`
 }
 
 // StoredAt is where a request's accepted event is stored: the partition of

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -56,16 +55,11 @@ func BenchmarkBudgets(b *testing.B) {
 		window = d
 	}
 	s := newStack(b)
-	keys, budgets := filepath.Join(s.dir, "keys"), filepath.Join(s.dir, "budgets")
-	writeKeys(b, keys, "alice "+aliceKey, "bob "+bobKey, "admin "+adminKey, "budgeted "+benchBudgetedKey,
-		"free "+benchFreeKey, "killed "+benchKilledKey)
-	file := "alice rpm=600\nbob tpm=60000\nbudgeted rpm=1000000 tpm=1000000000\nkilled rpm=400\n"
-	if err := os.WriteFile(budgets, []byte(file), 0o600); err != nil {
-		b.Fatal(err)
-	}
+	args, _ := s.tenantFiles(b, "alice rpm=600\nbob tpm=60000\nbudgeted rpm=1000000 tpm=1000000000\nkilled rpm=400\n",
+		"alice "+aliceKey, "bob "+bobKey, "admin "+adminKey, "budgeted "+benchBudgetedKey, "free "+benchFreeKey, "killed "+benchKilledKey)
 	var fes []*frontend
 	for range 3 {
-		fes = append(fes, s.frontend(nil, "--api-keys-file", keys, "--tenant-budgets-file", budgets))
+		fes = append(fes, s.frontend(nil, args...))
 	}
 	s.worker("w1", "--mock-tokens-per-sec", "100000", "--mock-ttft", "1ms")
 	s.worker("w2", "--mock-tokens-per-sec", "100000", "--mock-ttft", "1ms")
@@ -250,14 +244,7 @@ func killHolding(b *testing.B, victim, other *frontend) (back time.Duration, adm
 	taken := time.Now()
 	victim.signal(syscall.SIGKILL)
 	c := apiClient{other.url, benchKilledKey}
-	remaining := func() int64 {
-		var u struct{ Requests struct{ Remaining int64 } }
-		r := c.get(b, "/v1/tenants/killed/usage")
-		if r.status != http.StatusOK || json.Unmarshal(r.body, &u) != nil {
-			b.Fatalf("usage: %d %s", r.status, r.body)
-		}
-		return u.Requests.Remaining
-	}
+	remaining := func() int64 { return c.usage(b, "killed").Requests.Remaining }
 	waitFor(b, 20*time.Second, "the killed frontend's slice back", func() bool { return remaining() == 40 })
 	back = time.Since(taken)
 	start := time.Now()

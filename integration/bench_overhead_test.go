@@ -12,7 +12,14 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/services/engine"
 )
+
+// What baton adds to a token: BenchmarkOverhead (its rate search is in
+// bench_overhead_rate_test.go) and TestServerTimingAndAddedTTFT,
+// BenchmarkEngineOverhead through each engine, and the tests of the
+// benchmark mode's flags (--bench-emit-time, --bench-log-off).
 
 // timedStream is one streamed answer as a client saw it: time to first
 // token and the gaps between tokens.
@@ -178,10 +185,7 @@ func reportOverhead(b *testing.B, name string, direct, through []time.Duration) 
 // added time to first token counts each stream, below the time to first
 // token the client saw.
 func TestServerTimingAndAddedTTFT(t *testing.T) {
-	s := newStack(t)
-	f := s.frontend(nil)
-	s.worker("w1", "--mock-tokens-per-sec", "200", "--mock-ttft", "30ms")
-	f.waitRoutable(t, "w1")
+	_, f := oneWorker(t, []string{"--mock-tokens-per-sec", "200", "--mock-ttft", "30ms"})
 	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "timed", "max_tokens": 5}, nil, nil)
 	if !res.done {
 		t.Fatalf("stream: %+v", res)
@@ -212,5 +216,119 @@ func TestServerTimingAndAddedTTFT(t *testing.T) {
 	// (0 until the process's first collection.)
 	if _, ok := scrape(f.url+"/metrics", "go_gc_heap_live_bytes")["go_gc_heap_live_bytes"]; !ok {
 		t.Error("no go_gc_heap_live_bytes on /metrics")
+	}
+}
+
+// BenchmarkEngineOverhead measures what a token costs through each engine:
+// concurrent streams through one frontend, pinned to a mock worker at full
+// speed, or to an OpenAI-engine worker in front of a vLLM simulator with no
+// delays; beside it the simulator's own rate, streamed to a client
+// directly. The time per token through the OpenAI worker minus the
+// simulator's own is what the adapter and baton add per token.
+func BenchmarkEngineOverhead(b *testing.B) {
+	const streams, tokens = 20, 256
+	sim := startSim(b, "sim")
+	s := newStack(b)
+	fe := s.frontend(nil)
+	s.worker("mock1", "--model", "sim", "--mock-speedup-ratio", "1e9")
+	s.openaiWorker("oa1", sim)
+	fe.waitRoutable(b, "mock1", "oa1")
+
+	rate := func(url, path string, header map[string]string, i int) float64 {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for c := range streams {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res := postStream(b, url, path, map[string]any{"model": "sim", "prompt": fmt.Sprintf("bench %d %d", i, c),
+					"max_tokens": tokens, "temperature": 0}, header, nil)
+				if res.status != 200 || res.errorBody != "" {
+					b.Errorf("stream failed: %d %s", res.status, res.errorBody)
+				}
+			}()
+		}
+		wg.Wait()
+		return float64(streams*tokens) / time.Since(start).Seconds()
+	}
+	var mock, oa, direct float64
+	n := 0
+	for i := 0; b.Loop(); i++ {
+		mock += rate(fe.url, "/v1/completions", map[string]string{"X-Worker-Id": "mock1"}, i)
+		oa += rate(fe.url, "/v1/completions", map[string]string{"X-Worker-Id": "oa1"}, i)
+		direct += rate(sim.url, "/v1/completions", nil, i)
+		n++
+	}
+	mock, oa, direct = mock/float64(n), oa/float64(n), direct/float64(n)
+	b.ReportMetric(mock, "mock_tokens/s")
+	b.ReportMetric(oa, "openai_tokens/s")
+	b.ReportMetric(direct, "sim_direct_tokens/s")
+	b.ReportMetric(1e6/mock, "mock_us/token")
+	b.ReportMetric(1e6/oa, "openai_us/token")
+	b.ReportMetric(1e6/oa-1e6/direct, "openai_added_us/token")
+}
+
+// TestBenchEmitTime checks the benchmark's latency probe, measured at the
+// ends: a worker run with --bench-emit-time has its mock engine write each
+// token's emit time as its text, which reaches the client as any text does;
+// a worker without the flag answers the mock's deterministic text.
+func TestBenchEmitTime(t *testing.T) {
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.worker("stamped", "--bench-emit-time", "--mock-tokens-per-sec", "500")
+	s.worker("plain", "--mock-tokens-per-sec", "500")
+	fe.waitRoutable(t, "stamped", "plain")
+	const n = 40
+	for _, worker := range []string{"stamped", "plain"} {
+		t.Run(worker, func(t *testing.T) {
+			prompt := "emit " + worker
+			before := time.Now().UnixNano()
+			res := postStream(t, fe.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": n},
+				map[string]string{"X-Worker-Id": worker}, nil)
+			after := time.Now().UnixNano()
+			if !res.done {
+				t.Fatalf("stream did not end with [DONE]: %q", res.errorBody)
+			}
+			checkIDs(t, res, 0)
+			emits := engine.EmitTimes(nil, res.text)
+			if worker == "plain" {
+				if want := engine.MockText(prompt, 0, n); res.text != want || len(emits) != 0 {
+					t.Errorf("got %q (%d emit times), want the mock's text %q", res.text, len(emits), want)
+				}
+				return
+			}
+			if len(emits) != n {
+				t.Errorf("%d emit times in the text, want %d: %q", len(emits), n, res.text)
+			}
+			for _, v := range emits {
+				if v < before || v > after {
+					t.Errorf("emit time %d: want a Unix ns time within the request (%d..%d)", v, before, after)
+				}
+			}
+			if !slices.IsSorted(emits) {
+				t.Errorf("emit times out of order: %v", emits)
+			}
+		})
+	}
+}
+
+// TestBenchLogOff checks the benchmark's log-off baseline: a worker run with
+// --bench-log-off streams the whole answer to the client through a frontend,
+// and the log stores none of its tokens.
+func TestBenchLogOff(t *testing.T) {
+	s := newStack(t)
+	// Nothing of a log-off request is stored: nothing to compact either.
+	fe := s.frontend(nil, "--log-compaction=false")
+	s.worker("w1", "--bench-log-off", "--mock-tokens-per-sec", "500")
+	fe.waitRoutable(t, "w1")
+	const prompt, n = "log off", 50
+	res := postStream(t, fe.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": n}, map[string]string{"X-Request-Id": "logoff-1"}, nil)
+	if want := engine.MockText(prompt, 0, n); !res.done || res.text != want {
+		t.Fatalf("done=%v error=%q\n got %q\nwant %q", res.done, res.errorBody, res.text, want)
+	}
+	checkIDs(t, res, 0)
+	js := s.jetStream(t)
+	if stored, deltas, _ := storedTokens(t, js, "logoff-1"); stored != 0 {
+		t.Errorf("the log stores %d tokens in %d deltas; want none with the log off", stored, deltas)
 	}
 }

@@ -20,10 +20,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/internal/promtext"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// BenchmarkScale: what one stream costs when thousands are open.
 
 // scaleCase is one workload of BenchmarkScale.
 type scaleCase struct {
@@ -496,29 +499,12 @@ func gcLiveAt(out string, at int) float64 {
 // scrape returns the values of the named metrics at url, each the sum over
 // its series (all its label values).
 func scrape(url string, names ...string) map[string]float64 {
-	out := map[string]float64{}
 	resp, err := http.Get(url)
 	if err != nil {
-		return out
+		return map[string]float64{}
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		series, v, ok := strings.Cut(line, " ")
-		if i := strings.IndexByte(line, '}'); i >= 0 { // label values may hold spaces
-			series, v, ok = line[:i+1], strings.TrimSpace(line[i+1:]), true
-		}
-		name, _, _ := strings.Cut(series, "{")
-		if ok && slices.Contains(names, name) {
-			f, _ := strconv.ParseFloat(v, 64)
-			out[name] += f
-		}
-	}
+	out, _ := promtext.Sums(resp.Body, names...) // what was read before an error counts
 	return out
 }
 

@@ -19,6 +19,9 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
+// The console in headless chromium against real processes: the live feed
+// and timelines (TestConsoleBrowser), and the tenants panel.
+
 // chromiumPath finds Debian's chromium (installed by .ci/run when missing).
 func chromiumPath(t *testing.T) string {
 	t.Helper()
@@ -110,8 +113,8 @@ func TestConsoleBrowser(t *testing.T) {
 	fe1 := s.frontend(nil, args...)
 	fe2 := s.frontend(nil, append(args, "--console-lost-workers", "1s")...)
 	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1"}
-	for _, id := range []string{"w1", "w2"} {
-		s.worker(id, "--mock-tokens-per-sec", "40", "--mock-ttft", "10ms")
+	for _, id := range []string{"w1", "w2"} { // held at token 40 until the page has killed the victim
+		s.worker(id, "--mock-tokens-per-sec", "40", "--mock-ttft", "10ms", "--mock-hold-at-token", "40")
 	}
 	fe1.waitRoutable(t, "w1", "w2")
 	fe2.waitRoutable(t, "w1", "w2")
@@ -136,7 +139,9 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.Click(css(`#keyform button`)),
 	)
 
-	// A long stream, and another one to kill from the page later.
+	// A long stream, and another one to kill from the page later: both run
+	// until the release below (held at token 40, the long one again after
+	// its migration), however long the page takes.
 	const prompt = "a long story about migrations"
 	longDone := make(chan sseResult, 1)
 	go func() {
@@ -216,14 +221,8 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.WaitNotVisible(css(`#timeline-panel button[data-tl-action="stop"]`)),
 		chromedp.WaitNotVisible(css(`#timeline-panel button[data-tl-action="kill"]`)),
 	)
-	select {
-	case res := <-victimDone:
-		if res.done || res.errorBody == "" {
-			t.Errorf("the killed stream ended with done=%v error=%q, want an error event", res.done, res.errorBody)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the killed request's stream did not end")
-	}
+	waitErrorEnd(t, victimDone, "the killed request's stream")
+	s.release(worker)
 	res := <-longDone
 	checkComplete(t, res, prompt, 400)
 	browse(t, ctx, 20*time.Second, "see the long request complete",
@@ -445,4 +444,49 @@ func httpGetJSON(url string, v any) (int, error) {
 		return resp.StatusCode, fmt.Errorf("status %d", resp.StatusCode)
 	}
 	return resp.StatusCode, json.NewDecoder(resp.Body).Decode(v)
+}
+
+// TestConsoleTenants: the console's tenants panel, in headless chromium,
+// lists every tenant of the keys file with the admin's key, and shows
+// alice's budget left across the frontends, her share of the log, and what
+// this frontend admitted and refused of hers.
+func TestConsoleTenants(t *testing.T) {
+	s := newStack(t)
+	args, _ := s.tenantFiles(t, "alice rpm=20 log=0.3\n", "alice "+aliceKey, "bob "+bobKey, "admin "+adminKey)
+	f := s.frontend(nil, args...)
+	s.worker("w1", "--mock-tokens-per-sec", "2000", "--mock-ttft", "1ms")
+	waitRoutableAs(t, apiClient{f.url, adminKey}, "w1")
+	body, _ := bodyOf(map[string]any{"model": "mock", "prompt": "counted", "max_tokens": 2})
+	var codes []int
+	for range 3 { // rpm 20: a burst of 2
+		codes = append(codes, apiClient{f.url, aliceKey}.do(t, http.MethodPost, "/v1/completions", body, nil).status)
+	}
+	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
+		t.Fatalf("alice's creates: got %v, want 200 200 429", codes)
+	}
+	apiClient{f.url, aliceKey}.get(t, "/v1/console/tenants").want(t, "the tenants panel's data with alice's key", http.StatusForbidden, "permission_denied")
+
+	ctx := newBrowser(t)
+	browse(t, ctx, 20*time.Second, "load the console and enter the admin's key",
+		chromedp.Navigate(f.url+"/console"),
+		chromedp.SendKeys(css(`#key`), adminKey),
+		chromedp.Click(css(`#keyform button`)),
+	)
+	alice := `#tenants tr[data-tenant="alice"]`
+	browse(t, ctx, 20*time.Second, "see alice's and bob's rows, alice's counts",
+		chromedp.WaitVisible(css(`#tenants tr[data-tenant="bob"]`)),
+		chromedp.WaitVisible(css(alice)),
+		chromedp.Poll[chromedp.Void](`document.querySelector('`+alice+` td:nth-child(7)')?.textContent === '2'`,
+			chromedp.WithPollingInterval(50*time.Millisecond)),
+	)
+	for _, c := range []struct{ col, want string }{
+		{"2", "of 20/min"},
+		{"5", " of "}, // her bytes of her share's limit
+		{"8", "1 requests"},
+	} {
+		got := value(t, ctx, "read alice's column "+c.col, chromedp.Text(css(alice+` td:nth-child(`+c.col+`)`)))
+		if !strings.Contains(got, c.want) {
+			t.Errorf("alice's column %s: got %q, want it to contain %q", c.col, got, c.want)
+		}
+	}
 }

@@ -14,6 +14,9 @@ import (
 	"time"
 )
 
+// docs/debugging.md run as written: its walk-through and every example
+// command must print what the doc shows.
+
 // docExample is one example of a doc: the commands after its `$ ` and the
 // lines it shows them printing.
 type docExample struct {
@@ -140,31 +143,23 @@ func TestDocsDebugging(t *testing.T) {
 	// loaded machine could end the request before the takeover, which the
 	// doc's examples show.
 	const id, prompt, maxTokens = "story-1", "tell me a story about a river", 200
-	var killWorker, killFrontend sync.Once
 	killed := ""
-	first := postStream(t, feB.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": maxTokens},
-		map[string]string{"X-Request-Id": id, "X-Resumable": "true"}, func(e sseEvent) {
-			n, _ := strconv.Atoi(e.id)
-			if n >= 40 {
-				killWorker.Do(func() {
-					killed = feB.servingWorker(t, id)
-					ws, err := feB.workers()
-					if err != nil {
+	first := streamFaults(t, feB, id, prompt, maxTokens, true,
+		faultAt{40, func() {
+			killed = feB.servingWorker(t, id)
+			ws, err := feB.workers()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range ws {
+				if w.ID == killed {
+					if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
 						t.Fatal(err)
 					}
-					for _, w := range ws {
-						if w.ID == killed {
-							if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
-								t.Fatal(err)
-							}
-						}
-					}
-				})
+				}
 			}
-			if n >= 120 {
-				killFrontend.Do(func() { feB.signal(syscall.SIGKILL) })
-			}
-		})
+		}},
+		faultAt{120, func() { feB.signal(syscall.SIGKILL) }})
 	if first.done || killed == "" {
 		t.Fatalf("the first stream completed (%v) or no worker was killed (%q): the kills came too late", first.done, killed)
 	}

@@ -79,13 +79,20 @@ func shBlocks(text string) [][]string {
 // shell runs one command line with bash, no terminal, and a deadline.
 func shell(t *testing.T, line string, env []string) (string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return shellWithin(t, line, env, 60*time.Second)
+}
+
+// shellWithin is shell with a bound of its own: the Go program's commands
+// compile openai-go, which takes minutes on a loaded two-core machine.
+func shellWithin(t *testing.T, line string, env []string, bound time.Duration) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-c", line)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
-		t.Fatalf("%s: still running after 60s:\n%s", line, out)
+		t.Fatalf("%s: still running after %v:\n%s", line, bound, out)
 	}
 	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
@@ -161,18 +168,19 @@ func readmeGoProgram(t *testing.T, askText string, cmds []string, port int) {
 		t.Fatal(err)
 	}
 	env := []string{"GOFLAGS=", "GOWORK=off", "GOTOOLCHAIN=local"}
-	if out, code := shell(t, "cd "+dir+" && "+cmds[0], append(env, "GOPROXY=off", "GOSUMDB=off")); code != 0 {
+	const compiling = 5 * time.Minute
+	if out, code := shellWithin(t, "cd "+dir+" && "+cmds[0], append(env, "GOPROXY=off", "GOSUMDB=off"), compiling); code != 0 {
 		t.Logf("%s: not from the module cache alone (exit %d), now through the module proxy:\n%s", cmds[0], code, out)
 		for _, f := range []string{"go.mod", "go.sum"} {
 			if err := os.Remove(filepath.Join(dir, f)); err != nil && !os.IsNotExist(err) {
 				t.Fatal(err)
 			}
 		}
-		if out, code := shell(t, "cd "+dir+" && "+cmds[0], env); code != 0 {
+		if out, code := shellWithin(t, "cd "+dir+" && "+cmds[0], env, compiling); code != 0 {
 			t.Fatalf("%s: exit %d:\n%s", cmds[0], code, out)
 		}
 	}
-	out, code := shell(t, "cd "+dir+" && "+cmds[1], env)
+	out, code := shellWithin(t, "cd "+dir+" && "+cmds[1], env, compiling)
 	if want := engine.MockText("user: hello", 0, 50) + "\n"; code != 0 || out != want {
 		t.Errorf("%s: exit %d, want 0 and the mock's answer:\n got %q\nwant %q", cmds[1], code, out, want)
 	}

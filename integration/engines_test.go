@@ -18,6 +18,10 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 )
 
+// The OpenAI engine in front of the vLLM simulator: upstream failure
+// classes, an SDK chat with tools, readiness, token-exact continuation after
+// a kill, seeded choices, prompt limits and Retry-After.
+
 // simProc is a running vLLM simulator (cmd/vllmsim).
 type simProc struct {
 	*proc
@@ -28,17 +32,7 @@ type simProc struct {
 // until it answers /health.
 func startSim(t testing.TB, name string, args ...string) *simProc {
 	t.Helper()
-	port := freePort(t)
-	all := append([]string{"--port", strconv.Itoa(port), "--model", "sim"}, args...)
-	s := &simProc{proc: startBin(t, vllmsimBin, name, nil, all...), url: "http://127.0.0.1:" + strconv.Itoa(port)}
-	waitFor(t, 20*time.Second, name+" to serve", func() bool {
-		resp, err := http.Get(s.url + "/health")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
-	return s
+	return startSimOn(t, name, freePort(t), args...)
 }
 
 // simRecord is a request the simulator received.
@@ -73,37 +67,6 @@ func (s *simProc) generations(t testing.TB) []simRecord {
 func (s *stack) openaiWorker(id string, sim *simProc, args ...string) *proc {
 	s.t.Helper()
 	return s.worker(id, append([]string{"--engine", "openai", "--openai-url", sim.url, "--model", "sim"}, args...)...)
-}
-
-// attemptState is an attempt in GET /v1/requests/{id}.
-type attemptState struct {
-	Attempt      int    `json:"attempt"`
-	WorkerID     string `json:"worker_id"`
-	CloseReason  string `json:"close_reason"`
-	CloseClass   string `json:"close_class"`
-	CloseStatus  int    `json:"close_status"`
-	CloseCode    string `json:"close_code"`
-	CloseMessage string `json:"close_message"`
-	RetryAfterMS int64  `json:"retry_after_ms"`
-}
-
-type engineState struct {
-	Status     string         `json:"status"`
-	Attempts   []attemptState `json:"attempts"`
-	Migrations []struct {
-		MigrationType string `json:"migration_type"`
-	} `json:"migrations"`
-	Error *struct {
-		Message string `json:"message"`
-		Code    string `json:"code"`
-	} `json:"error"`
-}
-
-func (f *frontend) engineState(t testing.TB, id string) engineState {
-	t.Helper()
-	var st engineState
-	getJSON(t, f.url+"/v1/requests/"+id, 200, &st)
-	return st
 }
 
 func chatRequest(content string, maxTokens int, extra map[string]any) map[string]any {
@@ -179,13 +142,7 @@ func TestEngineFailureClasses(t *testing.T) {
 				}
 			} else {
 				resp := post(t, fe.url+"/v1/chat/completions", body, map[string]string{"X-Request-Id": id})
-				var out struct {
-					Choices []struct {
-						Message struct {
-							Content string `json:"content"`
-						} `json:"message"`
-					} `json:"choices"`
-				}
+				var out chatAnswer
 				raw := new(strings.Builder)
 				_ = json.NewDecoder(teeReader(resp, raw)).Decode(&out)
 				resp.Body.Close()
@@ -197,7 +154,7 @@ func TestEngineFailureClasses(t *testing.T) {
 			if status != tc.status {
 				t.Fatalf("status %d, want %d: %s", status, tc.status, errBody)
 			}
-			st := fe.engineState(t, id)
+			st := fe.state(t, id)
 			if tc.status != 200 {
 				var e struct {
 					Error struct {
@@ -430,20 +387,10 @@ func TestEngineNotReadyReason(t *testing.T) {
 	s.workerEnv = []string{"OPENAI_API_KEY=right"}
 	s.openaiWorker("good", sim)
 	fe.waitRoutable(t, "good")
-	type view struct {
-		ID           string         `json:"id"`
-		State        string         `json:"state"`
-		Reason       string         `json:"reason"`
-		Capabilities map[string]any `json:"capabilities"`
-	}
-	var workers map[string]view
+	var workers map[string]workerInfo
 	waitFor(t, 20*time.Second, "worker bad listed not ready", func() bool {
-		var out struct {
-			Data []view `json:"data"`
-		}
-		getJSON(t, fe.url+"/v1/workers", 200, &out)
-		workers = map[string]view{}
-		for _, w := range out.Data {
+		workers = map[string]workerInfo{}
+		for _, w := range fe.listWorkers(t) {
 			workers[w.ID] = w
 		}
 		return workers["bad"].State == "not_ready"
@@ -499,6 +446,30 @@ func killMidAnswer(t *testing.T, s *stack, fe *frontend, id string, body map[str
 	return res, killed
 }
 
+// killWithNoContinuation streams body as request id from oa1, the only
+// worker, starts oa2 in front of next once 5 tokens came, then kills oa1:
+// next cannot continue the answer, so the stream must end with an error
+// event that says why (want) and no [DONE], and next must never have been
+// sent a prefill.
+func killWithNoContinuation(t *testing.T, s *stack, fe *frontend, next *simProc, id string, body map[string]any, want string) {
+	t.Helper()
+	res, killed := killMidAnswer(t, s, fe, id, body, 5, func() {
+		s.openaiWorker("oa2", next)
+		fe.waitRoutable(t, "oa2")
+	})
+	if killed != "oa1" {
+		t.Fatalf("served by %q, want oa1", killed)
+	}
+	if res.done || !strings.Contains(res.errorBody, want) {
+		t.Fatalf("done %v, error %q; want an error event saying %q and no [DONE]", res.done, res.errorBody, want)
+	}
+	for _, g := range next.generations(t) {
+		if g.Body["continue_final_message"] == true {
+			t.Errorf("%s, which cannot continue the answer, was sent a prefill: %v", next.name, g.Body)
+		}
+	}
+}
+
 // direct is the simulator's own answer to body: what a fault-free run says.
 func direct(t *testing.T, sim *simProc, body map[string]any) string {
 	t.Helper()
@@ -529,6 +500,17 @@ func directAsync(sim *simProc, body map[string]any) func(t *testing.T) string {
 	}
 }
 
+// chatAnswer is what the tests read of a chat completion: its choices'
+// messages.
+type chatAnswer struct {
+	Choices []struct {
+		Index   int `json:"index"`
+		Message struct {
+			Content string `json:"content"`
+		} `json:"message"`
+	} `json:"choices"`
+}
+
 func directAnswer(sim *simProc, body map[string]any) (string, error) {
 	b := maps.Clone(body)
 	b["stream"] = false
@@ -538,13 +520,7 @@ func directAnswer(sim *simProc, body map[string]any) (string, error) {
 		return "", err
 	}
 	defer resp.Body.Close()
-	var out struct {
-		Choices []struct {
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-	}
+	var out chatAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
 		return "", fmt.Errorf("status %d: %w", resp.StatusCode, err)
 	}
@@ -638,25 +614,14 @@ func TestEngineNoWorkerCanContinue(t *testing.T) {
 	fe := s.frontend(nil, "--migration-limit", "3")
 	s.openaiWorker("oa1", simA)
 	fe.waitRoutable(t, "oa1")
-	body := chatRequest("tell me a long story about rivers", 30, map[string]any{"seed": 3, "temperature": 0.9})
-	res, killed := killMidAnswer(t, s, fe, "no-continue", body, 5, func() {
-		s.openaiWorker("oa2", simB)
-		fe.waitRoutable(t, "oa2")
-	})
-	if killed != "oa1" {
-		t.Fatalf("served by %q, want oa1", killed)
-	}
-	if res.done || !strings.Contains(res.errorBody, "continue") {
-		t.Fatalf("done %v, error %q; want an error event about continuing and no [DONE]", res.done, res.errorBody)
-	}
-	st := fe.engineState(t, "no-continue")
+	// 300 tokens take oa1 12 s: the kill comes mid-answer however long oa2
+	// takes to start while the stream waits (30 once ended before it, on a
+	// loaded machine). Nothing after the kill is generated.
+	body := chatRequest("tell me a long story about rivers", 300, map[string]any{"seed": 3, "temperature": 0.9})
+	killWithNoContinuation(t, s, fe, simB, "no-continue", body, "continue")
+	st := fe.state(t, "no-continue")
 	if st.Status != "failed" || st.Error == nil || !strings.Contains(st.Error.Message, "continue") {
 		t.Errorf("state %+v, want failed with the reason", st)
-	}
-	for _, g := range simB.generations(t) {
-		if g.Body["continue_final_message"] == true {
-			t.Errorf("the fallback that rejects prefill was sent one: %v", g.Body)
-		}
 	}
 }
 
@@ -672,14 +637,7 @@ func TestEngineSeededChoices(t *testing.T) {
 	body := chatRequest("two stories", 12, map[string]any{"seed": 40, "temperature": 1.3, "n": 2})
 	resp := post(t, fe.url+"/v1/chat/completions", body, nil)
 	defer resp.Body.Close()
-	var out struct {
-		Choices []struct {
-			Index   int `json:"index"`
-			Message struct {
-				Content string `json:"content"`
-			} `json:"message"`
-		} `json:"choices"`
-	}
+	var out chatAnswer
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Choices) != 2 {
 		t.Fatalf("answer %+v: %v", out, err)
 	}
@@ -714,7 +672,7 @@ func TestEnginePromptLimitInServerTokens(t *testing.T) {
 	if res.status != 413 || !strings.Contains(res.errorBody, "prompt_too_large") || !strings.Contains(res.errorBody, "model server") {
 		t.Fatalf("status %d %s, want 413 prompt_too_large in the server's count", res.status, res.errorBody)
 	}
-	if st := fe.engineState(t, "long-prompt"); len(st.Migrations) != 0 || st.Status != "failed" {
+	if st := fe.state(t, "long-prompt"); len(st.Migrations) != 0 || st.Status != "failed" {
 		t.Errorf("state %+v, want failed without a migration", st)
 	}
 }
@@ -735,7 +693,7 @@ func TestEngineRetryAfterInhibits(t *testing.T) {
 	if !res.done {
 		t.Fatalf("request did not complete: %+v", res)
 	}
-	st := fe.engineState(t, "ra")
+	st := fe.state(t, "ra")
 	inhibited, other := st.Attempts[0].WorkerID, res.header.Get("X-Worker-Id")
 	if inhibited == other || st.Attempts[0].RetryAfterMS != 4000 {
 		t.Fatalf("attempts %+v, served by %s", st.Attempts, other)

@@ -17,10 +17,10 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
+
+// Fair admission across frontends by tenant weight, and within a tenant's
+// share under another's flood (BenchmarkFairness runs the 60 s).
 
 // fairClient sends completions as one tenant through one frontend, again
 // and again, until its context ends, and records what each served.
@@ -176,15 +176,7 @@ func fairStack(t testing.TB, frontends, workers int, budgets string, workerArgs 
 // fairCounters logs the frontends' fair-admission keys (vtc.<frontend> in
 // baton_budgets): each tenant's service over its weight, lift and queue.
 func fairCounters(t testing.TB, s *stack) {
-	nc, err := nats.Connect(s.natsURL)
-	if err != nil {
-		t.Fatalf("connect %s: %v", s.natsURL, err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := s.jetStream(t)
 	kv, err := js.KeyValue(context.Background(), "baton_budgets")
 	if err != nil {
 		t.Fatal(err)
@@ -211,17 +203,6 @@ func TestFairAdmissionAcrossFrontends(t *testing.T) {
 	ratio, _ := fairRatio(t, 20*time.Second)
 	if math.Abs(ratio-4)/4 > 0.10 {
 		t.Errorf("alice:bob = %.2f:1, want 4:1 within 10%%", ratio)
-	}
-}
-
-// BenchmarkFairness is TestFairAdmissionAcrossFrontends over the issue's
-// 60 s: the ratio of tokens served (target 4:1 within 10%; Dynamo's
-// per-process flow control: 163:162) and the pool's throughput.
-func BenchmarkFairness(b *testing.B) {
-	for b.Loop() {
-		ratio, rate := fairRatio(b, time.Minute)
-		b.ReportMetric(ratio, "ratio_a:b")
-		b.ReportMetric(rate, "tokens/s")
 	}
 }
 
@@ -267,9 +248,54 @@ func fairRatio(t testing.TB, window time.Duration) (ratio, rate float64) {
 // token is within 1.5x of what she gets with the pool to herself. (The
 // mock's 400 ms to first token is most of a request's time, as prefill of
 // a long prompt is: a new request waits at most for the next of three
-// running requests to end.)
+// running requests to end.) With carol and bob each on a frontend of their
+// own, BenchmarkFairness measures the same (1.03x): as a test it met, once
+// in a clean CI run, the known busy 503 of two frontends admitting on one
+// free worker (about once in 400-500 requests, docs/security.md), a defect
+// still open, so the test runs on one frontend.
 func TestFairAdmissionWithinShare(t *testing.T) {
-	_, fs := fairStack(t, 1, 3, "carol weight=1\nbob weight=1\n", "--mock-tokens-per-sec", "100", "--mock-ttft", "400ms")
+	for _, frontends := range []int{1} {
+		t.Run(fmt.Sprintf("frontends=%d", frontends), func(t *testing.T) {
+			alone, flooded := withinShare(t, frontends)
+			if float64(flooded) > 1.5*float64(alone) {
+				t.Errorf("carol's p50 time to first token during the flood %v, want within 1.5x of %v alone", flooded, alone)
+			}
+		})
+	}
+}
+
+// BenchmarkFairness is TestFairAdmissionAcrossFrontends over the issue's
+// 60 s (ratio: the tokens served, target 4:1 within 10%; Dynamo's
+// per-process flow control: 163:162, and the pool's throughput), and
+// TestFairAdmissionWithinShare's p50 time to first token during the flood
+// over alone (within-share: target 1.5x at most), with carol and bob on
+// one frontend and (within-share-2fe) each on its own.
+func BenchmarkFairness(b *testing.B) {
+	b.Run("ratio", func(b *testing.B) {
+		for b.Loop() {
+			ratio, rate := fairRatio(b, time.Minute)
+			b.ReportMetric(ratio, "ratio_a:b")
+			b.ReportMetric(rate, "tokens/s")
+		}
+	})
+	for name, frontends := range map[string]int{"within-share": 1, "within-share-2fe": 2} {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				alone, flooded := withinShare(b, frontends)
+				b.ReportMetric(float64(flooded)/float64(alone), "ttft_flood/alone")
+				b.ReportMetric(float64(alone.Microseconds())/1000, "ms_alone")
+				b.ReportMetric(float64(flooded.Microseconds())/1000, "ms_flood")
+			}
+		})
+	}
+}
+
+// withinShare runs TestFairAdmissionWithinShare's scenario and returns
+// carol's p50 time to first token alone and during bob's flood: with one
+// frontend both send through it; with two, carol through the first and
+// bob through the second.
+func withinShare(t testing.TB, frontends int) (alone, flooded time.Duration) {
+	_, fs := fairStack(t, frontends, 3, "carol weight=1\nbob weight=1\n", "--mock-tokens-per-sec", "100", "--mock-ttft", "400ms")
 	carol := fairClient{fs[0].url, carolKey}
 	p50 := func(phase string) time.Duration {
 		var ttfts []time.Duration
@@ -284,10 +310,11 @@ func TestFairAdmissionWithinShare(t *testing.T) {
 		t.Logf("carol %s: time to first token %v", phase, ttfts)
 		return ttfts[len(ttfts)/2]
 	}
-	alone := p50("alone")
+	alone = p50("alone")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	bob, bw := fairClient{fs[0].url, bobKey}.flood(ctx, t, 15, 5)
+	bobs := fs[len(fs)-1]
+	bob, bw := fairClient{bobs.url, bobKey}.flood(ctx, t, 15, 5)
 	defer func() { cancel(); bw.Wait() }()
 	// The pool is saturated once every worker runs one of bob's requests
 	// and bob has more waiting in the queue than the pool holds.
@@ -308,13 +335,11 @@ func TestFairAdmissionWithinShare(t *testing.T) {
 		}
 		return busy == 3 && len(got) >= 6
 	})
-	flooded := p50("during the flood")
+	flooded = p50("during the flood")
 	got, other := bob()
 	cancel()
 	bw.Wait()
-	t.Logf("carol's p50 time to first token: %v alone, %v during bob's flood (%.2fx); bob served %d, other answers %v",
-		alone, flooded, float64(flooded)/float64(alone), len(got), other)
-	if float64(flooded) > 1.5*float64(alone) {
-		t.Errorf("carol's p50 time to first token during the flood %v, want within 1.5x of %v alone", flooded, alone)
-	}
+	t.Logf("within share, %d frontend(s): carol's p50 time to first token: %v alone, %v during bob's flood (%.2fx); bob served %d, other answers %v",
+		frontends, alone, flooded, float64(flooded)/float64(alone), len(got), other)
+	return alone, flooded
 }

@@ -13,10 +13,14 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/streams"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// The fault tests' kit: a stack of one frontend and scripted workers, a
+// request's full state, streams timed or cut at an offset, the log read
+// directly, and the checks of a migrated request.
 
 // faultOpts describes a stack for a fault test.
 type faultOpts struct {
@@ -54,42 +58,10 @@ func faultStack(t *testing.T, o faultOpts) (*stack, *frontend, []string) {
 	return s, fe, ids
 }
 
-// fullState is the part of GET /v1/requests/{id} the fault tests read.
-type fullState struct {
-	Status          string `json:"status"`
-	Worker          string `json:"worker"`
-	MaxTokens       int    `json:"max_tokens"`
-	TokensGenerated int    `json:"tokens_generated"`
-	FinishReason    string `json:"finish_reason"`
-	Attempts        []struct {
-		Attempt     int    `json:"attempt"`
-		WorkerID    string `json:"worker_id"`
-		StartOffset int    `json:"start_offset"`
-		Closed      bool   `json:"closed"`
-		Cut         int    `json:"cut"`
-		CloseReason string `json:"close_reason"`
-	} `json:"attempts"`
-	Migrations []struct {
-		FromAttempt   int    `json:"from_attempt"`
-		FromWorker    string `json:"from_worker"`
-		MigrationType string `json:"migration_type"`
-		Offset        int    `json:"offset"`
-		Reason        string `json:"reason"`
-	} `json:"migrations"`
-	Error *apiErrorBody `json:"error"`
-}
-
 type apiErrorBody struct {
 	Message string `json:"message"`
 	Type    string `json:"type"`
 	Code    string `json:"code"`
-}
-
-func (f *frontend) fullState(t testing.TB, id string) fullState {
-	t.Helper()
-	var st fullState
-	getJSON(t, f.url+"/v1/requests/"+id, 200, &st)
-	return st
 }
 
 // completion is the body of a completion request for the mock model.
@@ -165,33 +137,16 @@ func occupy(t *testing.T, fe *frontend, id string) {
 	// The load report follows the dispatch; wait until discovery shows it,
 	// so that both the frontend's own count and the worker's report agree.
 	waitFor(t, 10*time.Second, id+" reported busy", func() bool {
-		ws, err := fe.workers()
-		if err != nil {
-			return false
-		}
-		for _, w := range ws {
-			if w.ID == id {
-				return w.Load.ActiveRequests >= 1
-			}
-		}
-		return false
+		w, ok := fe.workerNamed(id)
+		return ok && w.Load.ActiveRequests >= 1
 	})
 }
 
 // jetStream connects to the stack's NATS server for direct inspection or
 // manipulation of the log.
-func (s *stack) jetStream(t *testing.T) jetstream.JetStream {
+func (s *stack) jetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(s.natsURL)
-	if err != nil {
-		t.Fatalf("connect %s: %v", s.natsURL, err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return natstest.JetStream(t, s.natsURL)
 }
 
 // readLog reads request id from the log, learning the request log's layout
@@ -220,9 +175,20 @@ func (s *stack) deleteLease(t *testing.T, id string) {
 	}
 }
 
+// migratedOnce checks that request id's stream res completed with the
+// undisturbed answer of maxTokens to prompt after one ongoing_request
+// migration, and returns the request's state as fe tells it.
+func migratedOnce(t *testing.T, fe *frontend, id string, res sseResult, prompt string, maxTokens int) requestState {
+	t.Helper()
+	checkComplete(t, res, prompt, maxTokens)
+	st := fe.state(t, id)
+	checkMigrated(t, st, 1, events.MigrationOngoingRequest)
+	return st
+}
+
 // checkMigrated checks that the request migrated exactly n times, every time
 // as migration type typ, at increasing offsets, from distinct workers.
-func checkMigrated(t *testing.T, st fullState, n int, typ string) {
+func checkMigrated(t *testing.T, st requestState, n int, typ string) {
 	t.Helper()
 	if len(st.Migrations) != n {
 		t.Fatalf("migrations = %+v, want %d", st.Migrations, n)

@@ -39,9 +39,7 @@ func TestSIGSTOPServingWorker(t *testing.T) {
 				stopped = fe.servingWorker(t, "stop")
 				s.workers[stopped].signal(syscall.SIGSTOP)
 			}))
-			checkComplete(t, res, prompt, 150)
-			st := fe.fullState(t, "stop")
-			checkMigrated(t, st, 1, events.MigrationOngoingRequest)
+			st := migratedOnce(t, fe, "stop", res, prompt, 150)
 			if m := st.Migrations[0]; m.FromWorker != stopped || m.Reason != tc.reason {
 				t.Errorf("migration = %+v, want from %s for %q", m, stopped, tc.reason)
 			}
@@ -73,7 +71,7 @@ func TestNewRequestMigration(t *testing.T) {
 			prompt := "new request " + sig.String()
 			res, _ := streamWithin(t, 30*time.Second, fe, "nr", completion(prompt, 40), nil)
 			checkComplete(t, res, prompt, 40)
-			st := fe.fullState(t, "nr")
+			st := fe.state(t, "nr")
 			checkMigrated(t, st, 1, events.MigrationNewRequest)
 			if m := st.Migrations[0]; m.FromWorker != "w1" || m.Offset != 0 {
 				t.Errorf("migration = %+v, want from w1 at offset 0", m)
@@ -103,7 +101,7 @@ func TestCrashDuringMigration(t *testing.T) {
 		second(e)
 	})
 	checkComplete(t, res, prompt, 200)
-	st := fe.fullState(t, "twice")
+	st := fe.state(t, "twice")
 	checkMigrated(t, st, 2, events.MigrationOngoingRequest)
 	if len(st.Attempts) != 3 {
 		t.Errorf("attempts = %+v, want 3", st.Attempts)
@@ -144,7 +142,7 @@ func TestAllWorkersDead(t *testing.T) {
 			return false
 		}
 		defer resp.Body.Close()
-		var st fullState
+		var st requestState
 		return resp.StatusCode == 200 && json.NewDecoder(resp.Body).Decode(&st) == nil && st.TokensGenerated >= 20
 	})
 	// A stream, killed at the same moment.
@@ -229,7 +227,7 @@ func TestZombieWorker(t *testing.T) {
 				case zombie == nil && off >= 20:
 					zombie, stopAt = s.workers[fe.servingWorker(t, "zombie")], off
 					zombie.signal(syscall.SIGSTOP)
-				case zombie != nil && off > stopAt && stopAt >= 0 && len(fe.fullState(t, "zombie").Migrations) > 0:
+				case zombie != nil && off > stopAt && stopAt >= 0 && len(fe.state(t, "zombie").Migrations) > 0:
 					// The continuation streams: the request migrated. Wake the
 					// zombie while the stream is still running. (Tokens past
 					// the stop can also be ones the zombie sent just before
@@ -242,7 +240,7 @@ func TestZombieWorker(t *testing.T) {
 			if stopAt != -1 {
 				t.Fatalf("the stream never continued after the stop")
 			}
-			st := fe.fullState(t, "zombie")
+			st := fe.state(t, "zombie")
 			checkMigrated(t, st, 1, events.MigrationOngoingRequest)
 			// How much did the zombie write past its cut? Informational: it
 			// races with the migrated event that tells it to stop.

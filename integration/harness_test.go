@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +20,8 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/internal/faultcheck"
+	"github.com/baton-dev/baton/internal/freeport"
+	"github.com/baton-dev/baton/internal/promtext"
 )
 
 // batonBin is the binary under test and vllmsimBin the vLLM simulator,
@@ -73,9 +74,11 @@ type proc struct {
 	err  error
 }
 
+// syncWriter writes to b under mu: a process's stdout and stderr into one
+// buffer that the test reads while it runs.
 type syncWriter struct {
 	mu *sync.Mutex
-	b  *bytes.Buffer
+	b  io.Writer
 }
 
 func (w syncWriter) Write(p []byte) (int, error) {
@@ -168,15 +171,7 @@ func (p *proc) killed(timeout time.Duration) error {
 	case <-time.After(timeout):
 		return fmt.Errorf("sent SIGKILL, still running after %v: the fault did not take effect", timeout)
 	}
-	var ee *exec.ExitError
-	if !errors.As(p.err, &ee) {
-		return fmt.Errorf("sent SIGKILL, but it exited with %v: it was not the kill that ended it", p.err)
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		return fmt.Errorf("sent SIGKILL, but it exited with %v: it was not the kill that ended it", p.err)
-	}
-	_, err := faultcheck.Gone(p.pid(), timeout)
-	return err
+	return faultcheck.Killed(p.pid(), p.err, timeout)
 }
 
 // wait waits for the process to exit and returns its exit code.
@@ -202,12 +197,11 @@ func (p *proc) wait(timeout time.Duration) int {
 // freePort returns a TCP port that was free a moment ago.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Get()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // waitFor polls cond until it holds or the timeout passes.
@@ -271,13 +265,7 @@ func (s *stack) frontend(env []string, args ...string) *frontend {
 	name := fmt.Sprintf("frontend-%d", len(s.fronts)+1)
 	all := append(append([]string{"frontend", "--nats", s.natsURL, "--http-port", strconv.Itoa(port), "--frontend-id", name}, s.partitionArgs()...), args...)
 	f := &frontend{proc: start(s.t, name, env, all...), url: "http://127.0.0.1:" + strconv.Itoa(port)}
-	waitFor(s.t, 20*time.Second, name+" to serve", func() bool {
-		resp, err := http.Get(f.url + "/live")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	waitFor(s.t, 20*time.Second, name+" to serve", func() bool { return answers200(http.DefaultClient, f.url+"/live") })
 	s.fronts = append(s.fronts, f)
 	return f
 }
@@ -296,6 +284,32 @@ func (s *stack) partitionArgs() []string {
 		return nil
 	}
 	return []string{"--request-partitions", strconv.Itoa(s.partitions)}
+}
+
+// waitErrorEnd waits up to 10 s for the stream whose result comes on ch,
+// and checks that it ended with an error event, not [DONE]; what names the
+// stream.
+func waitErrorEnd(t *testing.T, ch <-chan sseResult, what string) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r.done || r.errorBody == "" {
+			t.Errorf("%s ended with done=%v error=%q, want an error event", what, r.done, r.errorBody)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not end", what)
+	}
+}
+
+// release opens the hold (--mock-hold-at-token) of every worker of the
+// stack still running but the one named except: they go on with the
+// requests they hold, and hold no more.
+func (s *stack) release(except string) {
+	for id, w := range s.workers {
+		if id != except && w.running() {
+			w.signal(syscall.SIGUSR1)
+		}
+	}
 }
 
 // waitRoutable waits until frontend f sees exactly the given workers ready.
@@ -321,6 +335,19 @@ func (f *frontend) waitRoutable(t testing.TB, ids ...string) {
 	})
 }
 
+// answers200 reports whether GET url with c answers 200 (an error is a
+// no), for waitFor.
+func answers200(c *http.Client, url string) bool {
+	resp, err := c.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// workerInfo is a worker as GET /v1/workers lists it, with what the tests
+// read of it.
 type workerInfo struct {
 	ID    string `json:"id"`
 	State string `json:"state"`
@@ -329,10 +356,35 @@ type workerInfo struct {
 	// Reason says why a not_ready worker is not ready.
 	Reason string `json:"reason"`
 	Load   struct {
-		ActiveRequests int `json:"active_requests"`
-		KVBlocksUsed   int `json:"kv_blocks_used"`
-		KVBlocksTotal  int `json:"kv_blocks_total"`
+		ActiveRequests int  `json:"active_requests"`
+		KVBlocksUsed   int  `json:"kv_blocks_used"`
+		KVBlocksTotal  int  `json:"kv_blocks_total"`
+		Busy           bool `json:"busy"`
 	} `json:"load"`
+	Priority     *int            `json:"priority"`     // nil when the list omits it
+	Capabilities map[string]bool `json:"capabilities"` // nil until probed
+}
+
+// listWorkers is f's GET /v1/workers, failing t when it cannot be read.
+func (f *frontend) listWorkers(t testing.TB) []workerInfo {
+	t.Helper()
+	var out struct {
+		Data []workerInfo `json:"data"`
+	}
+	getJSON(t, f.url+"/v1/workers", 200, &out)
+	return out.Data
+}
+
+// listedWorker is worker id as f lists it at /v1/workers (false when it
+// does not), failing t when the list cannot be read.
+func (f *frontend) listedWorker(t testing.TB, id string) (workerInfo, bool) {
+	t.Helper()
+	for _, w := range f.listWorkers(t) {
+		if w.ID == id {
+			return w, true
+		}
+	}
+	return workerInfo{}, false
 }
 
 func (f *frontend) workers() ([]workerInfo, error) {
@@ -347,6 +399,21 @@ func (f *frontend) workers() ([]workerInfo, error) {
 	return out.Data, json.NewDecoder(resp.Body).Decode(&out)
 }
 
+// workerNamed is worker id as the frontend lists it at /v1/workers; false
+// when it does not list it (or cannot be asked).
+func (f *frontend) workerNamed(id string) (workerInfo, bool) {
+	ws, err := f.workers()
+	if err != nil {
+		return workerInfo{}, false
+	}
+	for _, w := range ws {
+		if w.ID == id {
+			return w, true
+		}
+	}
+	return workerInfo{}, false
+}
+
 // metric returns the sum of the samples of a metric whose labels contain
 // every given label pair.
 func (f *frontend) metric(t testing.TB, name string, labels ...string) float64 {
@@ -356,32 +423,9 @@ func (f *frontend) metric(t testing.TB, name string, labels ...string) float64 {
 		t.Fatalf("metrics: %v", err)
 	}
 	defer resp.Body.Close()
-	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) || strings.HasPrefix(line, "#") {
-			continue
-		}
-		rest := line[len(name):]
-		if !strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ") {
-			continue
-		}
-		ok := true
-		for i := 0; i+1 < len(labels); i += 2 {
-			if !strings.Contains(rest, labels[i]+`="`+labels[i+1]+`"`) {
-				ok = false
-			}
-		}
-		if !ok {
-			continue
-		}
-		fields := strings.Fields(rest)
-		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
-		if err == nil {
-			sum += v
-		}
+	sum, err := promtext.Sum(resp.Body, name, labels...)
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
 	}
 	return sum
 }
@@ -414,10 +458,42 @@ func postStream(t testing.TB, url, path string, body map[string]any, header map[
 	return readStream(t, resp, onEvent)
 }
 
+// streamPast starts a streaming request in the background and returns,
+// once the client has read the event of token offset from (from 0: its
+// first event), the channel its whole result comes on. It fails the test
+// if the stream gets no further within 30 s.
+func streamPast(t *testing.T, url, path string, body map[string]any, header map[string]string, from int) <-chan sseResult {
+	t.Helper()
+	started := make(chan struct{})
+	var once sync.Once
+	result := make(chan sseResult, 1)
+	go func() {
+		result <- postStream(t, url, path, body, header, func(e sseEvent) {
+			if n, _ := strconv.Atoi(e.id); n >= from {
+				once.Do(func() { close(started) })
+			}
+		})
+	}()
+	select {
+	case <-started:
+	case r := <-result:
+		t.Fatalf("the stream ended before token %d: %d %s", from, r.status, r.errorBody)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the stream did not reach token %d within 30 s", from)
+	}
+	return result
+}
+
 func post(t testing.TB, url string, body map[string]any, header map[string]string) *http.Response {
 	t.Helper()
+	return postContext(context.Background(), t, url, body, header)
+}
+
+// postContext is post with ctx: the request ends when ctx does.
+func postContext(ctx context.Context, t testing.TB, url string, body map[string]any, header map[string]string) *http.Response {
+	t.Helper()
 	data, _ := json.Marshal(body)
-	req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, url, bytes.NewReader(data))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(data))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
 		req.Header.Set(k, v)
@@ -427,6 +503,23 @@ func post(t testing.TB, url string, body map[string]any, header map[string]strin
 		t.Fatalf("POST %s: %v", url, err)
 	}
 	return resp
+}
+
+// leaveAfter streams body to url+path with header as a client that goes
+// away once it has read the event of token offset n, and returns what it
+// read.
+func leaveAfter(t testing.TB, url, path string, body map[string]any, header map[string]string, n int) sseResult {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body["stream"] = true
+	resp := postContext(ctx, t, url+path, body, header)
+	defer resp.Body.Close()
+	return readStream(t, resp, func(e sseEvent) {
+		if off, _ := strconv.Atoi(e.id); off >= n {
+			cancel()
+		}
+	})
 }
 
 func readStream(t testing.TB, resp *http.Response, onEvent func(sseEvent)) sseResult {

@@ -18,9 +18,11 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
+
+// The request log's lifecycle: finished requests compacted (every
+// rendering kept, and held back beside earlier frontends), the soak of the
+// whole cycle under faults, and live traffic only where it is read.
 
 // renderings is everything a client or an operator can read of one request:
 // the state, SSE resumes from the start, the middle and the end, a re-POST
@@ -186,10 +188,7 @@ func TestCompactionKeepsEveryRendering(t *testing.T) {
 // and no delta.
 func TestFinishedRequestsAreCompacted(t *testing.T) {
 	t.Parallel()
-	s := newStack(t)
-	f := s.frontend(nil)
-	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
-	f.waitRoutable(t, "w1")
+	s, f := oneWorker(t, []string{"--mock-tokens-per-sec", "500", "--mock-ttft", "5ms"})
 	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "compact me", "max_tokens": 50},
 		map[string]string{"X-Request-Id": "auto-1"}, nil)
 	if !res.done {
@@ -236,72 +235,6 @@ func workerDeltas(t *testing.T, replayJSON string) int {
 		}
 	}
 	return n
-}
-
-// health is GET /health's status and body.
-func health(t *testing.T, f *frontend) (int, string) {
-	t.Helper()
-	resp, err := http.Get(f.url + "/health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// TestFullLogAdmission fills the request log past its high-water mark with
-// requests in flight: new requests get 503 log_full with Retry-After and
-// /health says why, while the requests in flight finish whole (the room
-// above the mark is their reserve). Once they are done and compacted, the
-// log is below the mark again and admission resumes by itself.
-func TestFullLogAdmission(t *testing.T) {
-	s := newStack(t)
-	f := s.frontend(nil, "--stream-max-bytes", "1000000", "--log-high-water", "0.3")
-	s.worker("w1", "--mock-tokens-per-sec", "40", "--mock-ttft", "5ms")
-	s.worker("w2", "--mock-tokens-per-sec", "40", "--mock-ttft", "5ms")
-	f.waitRoutable(t, "w1", "w2")
-
-	const inFlight, tokens = 12, 120
-	results := make([]sseResult, inFlight)
-	var wg sync.WaitGroup
-	for i := range inFlight {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": fmt.Sprintf("fill %d", i), "max_tokens": tokens},
-				map[string]string{"X-Request-Id": fmt.Sprintf("fill-%d", i)}, nil)
-		}()
-	}
-	waitFor(t, 30*time.Second, "/health to report the full log", func() bool {
-		code, body := health(t, f)
-		return code == 503 && strings.Contains(body, `"reason":"log_full"`)
-	})
-	resp := post(t, f.url+"/v1/completions", map[string]any{"model": "mock", "prompt": "refused", "max_tokens": 5}, nil)
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(string(b), `"code":"log_full"`) || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("a new request over the high-water mark: %d %s (Retry-After %q), want 503 log_full with Retry-After",
-			resp.StatusCode, b, resp.Header.Get("Retry-After"))
-	}
-	if v := f.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"); v < 0.3 {
-		t.Errorf("baton_log_used_ratio %v while refusing, want at least the high-water mark 0.3", v)
-	}
-	wg.Wait()
-	for i, r := range results {
-		if r.status != 200 || !r.done || len(strings.Fields(r.text)) != tokens {
-			t.Errorf("request in flight %d: status %d, done %v, %d tokens, error %s: want all %d", i, r.status, r.done, len(strings.Fields(r.text)), r.errorBody, tokens)
-		}
-	}
-	// Compaction of the finished requests brings the log below the mark.
-	waitFor(t, 30*time.Second, "admission to resume", func() bool {
-		code, _ := health(t, f)
-		return code == 200
-	})
-	res := postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": "admitted again", "max_tokens": 5}, nil, nil)
-	if !res.done {
-		t.Fatalf("after room was made: %d %s", res.status, res.errorBody)
-	}
 }
 
 // soakDuration is how long TestLogLifecycleSoak runs: BATON_LOG_SOAK (a
@@ -465,58 +398,6 @@ func jsonCode(body string) string {
 // waitUntil blocks until t (the soak's fault clock).
 func waitUntil(t time.Time) { <-time.After(time.Until(t)) }
 
-// TestFullLogEndsRequestsInFlightClearly lets requests in flight outgrow
-// the log itself (a high-water mark of 1 leaves no reserve): each of them
-// either completes whole or ends at once with a log_full error event and
-// no [DONE], nothing hangs, and each worker says once per request that it
-// stopped generating.
-func TestFullLogEndsRequestsInFlightClearly(t *testing.T) {
-	s := newStack(t)
-	f := s.frontend(nil, "--stream-max-bytes", "300000", "--log-high-water", "1", "--log-compaction=false")
-	s.worker("w1", "--mock-tokens-per-sec", "40", "--mock-ttft", "5ms")
-	f.waitRoutable(t, "w1")
-	const n, tokens = 8, 200
-	results := make([]sseResult, n)
-	took := make([]time.Duration, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			start := time.Now()
-			results[i] = postStream(t, f.url, "/v1/completions", map[string]any{"model": "mock", "prompt": fmt.Sprintf("outgrow %d", i), "max_tokens": tokens},
-				map[string]string{"X-Request-Id": fmt.Sprintf("outgrow-%d", i)}, nil)
-			took[i] = time.Since(start)
-		}()
-	}
-	wg.Wait()
-	full := 0
-	for i, r := range results {
-		switch {
-		case r.status == 503 && strings.Contains(r.errorBody, "log_full"):
-			full++ // refused at admission: the log was full already
-		case r.status != 200:
-			t.Errorf("request %d: status %d %s", i, r.status, r.errorBody)
-		case r.done && len(strings.Fields(r.text)) == tokens:
-		case !r.done && strings.Contains(r.errorBody, `"code":"log_full"`):
-			full++
-		default:
-			t.Errorf("request %d: done %v with %d tokens, error %q: want the whole answer or a log_full error", i, r.done, len(strings.Fields(r.text)), r.errorBody)
-		}
-		if max := time.Duration(tokens/40+10) * time.Second; took[i] > max {
-			t.Errorf("request %d took %v, more than its tokens' time plus 10 s", i, took[i])
-		}
-	}
-	if full == 0 {
-		t.Fatalf("no request met the full log (%d requests of %d tokens in a 300 kB log)", n, tokens)
-	}
-	said := strings.Count(s.workers["w1"].output(), "request log full: stopped generating")
-	t.Logf("%d of %d requests met the full log; the worker said it stopped generating %d times", full, n, said)
-	if said > n {
-		t.Errorf("the worker said %d times that it stopped generating, for %d requests: want at most once each", said, n)
-	}
-}
-
 // TestCompactionWaitsForEarlierFrontends: while a live frontend of an
 // earlier release (its presence without reads_compacted) shares the log, a
 // finished request keeps its deltas, since that frontend would see a
@@ -524,16 +405,8 @@ func TestFullLogEndsRequestsInFlightClearly(t *testing.T) {
 // compacted again.
 func TestCompactionWaitsForEarlierFrontends(t *testing.T) {
 	t.Parallel()
-	s := newStack(t)
-	f := s.frontend(nil)
-	s.worker("w1", "--mock-tokens-per-sec", "500", "--mock-ttft", "5ms")
-	f.waitRoutable(t, "w1")
-	nc, err := nats.Connect(s.natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	s, f := oneWorker(t, []string{"--mock-tokens-per-sec", "500", "--mock-ttft", "5ms"})
+	js := s.jetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	kv, err := js.KeyValue(ctx, streams.FrontendsBucket)

@@ -2,44 +2,19 @@ package integration
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// Issue 35, items 2 and 3: an engine is watched, not only used, and its
-// probe tells a busy server from a dead one.
-
-// watchedWorker is a worker in GET /v1/workers, with what these tests read.
-type watchedWorker struct {
-	ID     string `json:"id"`
-	State  string `json:"state"`
-	Reason string `json:"reason"`
-	Load   struct {
-		ActiveRequests int  `json:"active_requests"`
-		Busy           bool `json:"busy"`
-	} `json:"load"`
-	Capabilities *struct {
-		Chat     bool `json:"chat"`
-		TokenIDs bool `json:"token_ids"`
-	} `json:"capabilities"`
-}
-
-func watchedWorkerOf(t testing.TB, fe *frontend, id string) (watchedWorker, bool) {
-	t.Helper()
-	var out struct {
-		Data []watchedWorker `json:"data"`
-	}
-	getJSON(t, fe.url+"/v1/workers", 200, &out)
-	for _, w := range out.Data {
-		if w.ID == id {
-			return w, true
-		}
-	}
-	return watchedWorker{}, false
-}
+// Engine liveness and worker health. Issue 35, items 2 and 3: an engine
+// is watched, not only used, and its probe tells a busy server from a dead
+// one.
 
 // within waits for cond as waitFor does and returns how long it took.
 func within(t testing.TB, timeout time.Duration, what string, cond func() bool) time.Duration {
@@ -71,14 +46,14 @@ func TestEngineKilledWhileIdle(t *testing.T) {
 
 	simA.signal(syscall.SIGKILL)
 	took := within(t, 5*time.Second, "a not_ready", func() bool {
-		w, _ := watchedWorkerOf(t, fe, "a")
+		w, _ := fe.listedWorker(t, "a")
 		return w.State == "not_ready"
 	})
 	t.Logf("engine killed while idle: worker not_ready after %v", took)
 	if took > 3*time.Second {
 		t.Errorf("a dead engine seen after %v, want within 3 s", took)
 	}
-	if w, _ := watchedWorkerOf(t, fe, "a"); w.Reason != "engine_unreachable" {
+	if w, _ := fe.listedWorker(t, "a"); w.Reason != "engine_unreachable" {
 		t.Errorf("a's reason %q, want engine_unreachable", w.Reason)
 	}
 	code, body := healthOf(t, fe)
@@ -90,7 +65,7 @@ func TestEngineKilledWhileIdle(t *testing.T) {
 	}
 
 	simB.signal(syscall.SIGKILL)
-	waitFor(t, 5*time.Second, "b not_ready", func() bool { w, _ := watchedWorkerOf(t, fe, "b"); return w.State == "not_ready" })
+	waitFor(t, 5*time.Second, "b not_ready", func() bool { w, _ := fe.listedWorker(t, "b"); return w.State == "not_ready" })
 	code, body = healthOf(t, fe)
 	if missing, _ := body["models_not_ready"].([]any); code != http.StatusServiceUnavailable || body["status"] != "not_ready" ||
 		body["reason"] != "model_not_ready" || len(missing) != 1 || missing[0] != "sim" {
@@ -101,7 +76,7 @@ func TestEngineKilledWhileIdle(t *testing.T) {
 	}
 
 	startSimOn(t, "sim-a-again", portA, "--greedy")
-	took = within(t, 10*time.Second, "a ready again", func() bool { w, _ := watchedWorkerOf(t, fe, "a"); return w.State == "ready" })
+	took = within(t, 10*time.Second, "a ready again", func() bool { w, _ := fe.listedWorker(t, "a"); return w.State == "ready" })
 	t.Logf("engine back: worker ready after %v", took)
 	if code, body := healthOf(t, fe); code != 200 || body["status"] != "degraded" {
 		t.Errorf("/health with a back, b out: %d %v, want 200 degraded", code, body)
@@ -115,18 +90,9 @@ func TestEngineKilledWhileIdle(t *testing.T) {
 func TestEngineHungStreamMoved(t *testing.T) {
 	simA := startSim(t, "sim-hang", "--greedy", "--token-delay", "30ms")
 	simB := startSim(t, "sim-ok", "--greedy", "--token-delay", "5ms")
-	s := newStack(t)
-	fe := s.frontend(nil, "--migration-limit", "3")
-	s.openaiWorker("a", simA)
-	s.openaiWorker("b", simB)
-	fe.waitRoutable(t, "a", "b")
-
+	fe := simsAB(t, simA, simB)
 	// A long answer pinned to b keeps it loaded, so that the stream goes to a.
-	long := make(chan sseResult, 1)
-	go func() {
-		long <- postStream(t, fe.url, "/v1/chat/completions", chatRequest("a long story", 3000, nil), map[string]string{"X-Worker-Id": "b", "X-Request-Id": "long-on-b"}, nil)
-	}()
-	waitFor(t, 10*time.Second, "b loaded", func() bool { w, _ := watchedWorkerOf(t, fe, "b"); return w.Load.ActiveRequests == 1 })
+	long := loadB(t, fe, 3000)
 
 	tokens := make(chan struct{}, 1000)
 	res := make(chan sseResult, 1)
@@ -146,12 +112,12 @@ func TestEngineHungStreamMoved(t *testing.T) {
 			t.Fatal("no tokens from the stream")
 		}
 	}
-	if st := fe.fullState(t, "hung-1"); st.Worker != "a" {
+	if st := fe.state(t, "hung-1"); st.Worker != "a" {
 		t.Fatalf("the stream runs on %q, want a", st.Worker)
 	}
 	simA.signal(syscall.SIGSTOP)
 	defer simA.signal(syscall.SIGCONT)
-	took := within(t, 10*time.Second, "the stream moved off a", func() bool { return len(fe.fullState(t, "hung-1").Migrations) > 0 })
+	took := within(t, 10*time.Second, "the stream moved off a", func() bool { return len(fe.state(t, "hung-1").Migrations) > 0 })
 	t.Logf("engine stopped: stream moved after %v", took)
 	if took > 5*time.Second {
 		t.Errorf("the stream moved %v after its engine stopped, want within 5 s", took)
@@ -160,15 +126,15 @@ func TestEngineHungStreamMoved(t *testing.T) {
 	if r.status != 200 || !r.done {
 		t.Fatalf("hung-1: status %d done %v %s; want the answer continued on b", r.status, r.done, r.errorBody)
 	}
-	st := fe.fullState(t, "hung-1")
+	st := fe.state(t, "hung-1")
 	if m := st.Migrations[0]; m.FromWorker != "a" || m.Reason != "engine_hung" || st.Worker != "b" {
 		t.Errorf("migration %+v, now on %s; want from a for engine_hung, to b", m, st.Worker)
 	}
-	if w, _ := watchedWorkerOf(t, fe, "a"); w.State != "not_ready" || w.Reason != "engine_hung" {
+	if w, _ := fe.listedWorker(t, "a"); w.State != "not_ready" || w.Reason != "engine_hung" {
 		t.Errorf("a is %s (%s), want not_ready engine_hung", w.State, w.Reason)
 	}
 	simA.signal(syscall.SIGCONT)
-	waitFor(t, 10*time.Second, "a ready again", func() bool { w, _ := watchedWorkerOf(t, fe, "a"); return w.State == "ready" })
+	waitFor(t, 10*time.Second, "a ready again", func() bool { w, _ := fe.listedWorker(t, "a"); return w.State == "ready" })
 	post(t, fe.url+"/v1/requests/long-on-b/cancel", map[string]any{"mode": "stop"}, nil).Body.Close()
 	<-long
 }
@@ -197,7 +163,7 @@ func TestProbeBusyThenReady(t *testing.T) {
 			var sawBusy bool
 			if tc.fault == "503" { // busy for 5 s: long enough to be asked
 				waitFor(t, 20*time.Second, "w busy", func() bool {
-					w, _ := watchedWorkerOf(t, fe, "w")
+					w, _ := fe.listedWorker(t, "w")
 					return w.State == "ready" && w.Load.Busy
 				})
 				sawBusy = true
@@ -208,12 +174,12 @@ func TestProbeBusyThenReady(t *testing.T) {
 				}
 			}
 			waitFor(t, 20*time.Second, "w ready, not busy, every capability probed", func() bool {
-				w, _ := watchedWorkerOf(t, fe, "w")
+				w, _ := fe.listedWorker(t, "w")
 				sawBusy = sawBusy || (w.State == "ready" && w.Load.Busy)
 				if w.State != "" && w.State != "ready" {
 					t.Fatalf("w is %s (%s), want ready: the server answered", w.State, w.Reason)
 				}
-				return w.State == "ready" && !w.Load.Busy && w.Capabilities != nil && w.Capabilities.TokenIDs
+				return w.State == "ready" && !w.Load.Busy && w.Capabilities["token_ids"]
 			})
 			t.Logf("probe answered %s: busy seen %v, ready after %v", tc.fault, sawBusy, time.Since(start))
 			if sawBusy != tc.busy {
@@ -224,5 +190,117 @@ func TestProbeBusyThenReady(t *testing.T) {
 				t.Errorf("a request after the probe: %d %s, want served", r.status, r.errorBody)
 			}
 		})
+	}
+}
+
+// Worker health: the status server and canary checks, proven against real
+// processes.
+
+// workerStatus is the body of a worker's /health.
+type workerStatus struct {
+	Status    string            `json:"status"`
+	Endpoints map[string]string `json:"endpoints"`
+	Engine    string            `json:"engine"`
+	Lease     string            `json:"lease"`
+	Draining  bool              `json:"draining"`
+}
+
+// getStatus reads a worker's /health: its HTTP status and body.
+func getStatus(t *testing.T, url string) (int, workerStatus) {
+	t.Helper()
+	var st workerStatus
+	return getDecoded(t, url+"/health", &st), st
+}
+
+// TestCanaryCatchesStalledEngine: w1 runs canaries (every second of
+// idleness, 1 s timeout) and its engine stalls after 20 tokens of clients'
+// requests (its canaries are not counted).
+// Canaries pass while it works. A request routed to w1 stalls; the frontend
+// (stall timeout 1 s) migrates it to w2, where it completes with the exact
+// text. w1's status server then says notready (503) and the frontend's
+// discovery shows w1 not_ready, so new requests avoid it, although w1 is
+// the less loaded worker; w1 stays live (/live 200) and serves its metrics.
+func TestCanaryCatchesStalledEngine(t *testing.T) {
+	t.Parallel()
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3", "--stall-timeout", "1s")
+	wargs := []string{"--mock-tokens-per-sec", "100", "--mock-ttft", "10ms"}
+	sysPort := freePort(t)
+	sys := "http://127.0.0.1:" + strconv.Itoa(sysPort)
+	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1", "DYN_HEALTH_CHECK_ENABLED=true",
+		"DYN_CANARY_WAIT_TIME=1", "DYN_HEALTH_CHECK_REQUEST_TIMEOUT=1"}
+	s.worker("w1", append(wargs, "--system-port", strconv.Itoa(sysPort), "--mock-stall-after-tokens", "20")...)
+	s.workerEnv = []string{"DYN_WORKER_SHUTDOWN_TOTAL_TIMEOUT_SECS=1"}
+	s.worker("w2", wargs...)
+	fe.waitRoutable(t, "w1", "w2")
+	w1 := &frontend{url: sys} // for metric()
+
+	// While the engine works, canaries pass and w1 is ready.
+	waitFor(t, 10*time.Second, "a passing canary on w1", func() bool {
+		return w1.metric(t, "baton_worker_canary_total", "outcome", "success") >= 1
+	})
+	if code, st := getStatus(t, sys); code != 200 || st.Status != "ready" || st.Endpoints["generate"] != "ready" {
+		t.Fatalf("w1 /health before the stall: %d %+v, want 200 ready", code, st)
+	}
+
+	// w2 carries a pinned request, so the router prefers w1.
+	occupy(t, fe, "w2")
+	prompt := "a stalled engine is caught"
+	res, _ := streamWithin(t, 20*time.Second, fe, "canary-stall", completion(prompt, 60), nil)
+	st := migratedOnce(t, fe, "canary-stall", res, prompt, 60)
+	if m := st.Migrations[0]; m.FromWorker != "w1" || m.Offset != 20 || st.Worker != "w2" {
+		// Canaries pass through the engine but its scripted faults count
+		// clients' tokens only: the request got all 20.
+		t.Errorf("migration %+v, now on %s; want from w1 at its 20th token, to w2", m, st.Worker)
+	}
+
+	// The stalled request's fence leaves the engine suspect; the canary
+	// that follows times out: w1 is not ready, and stays so.
+	waitFor(t, 10*time.Second, "w1 /health 503 notready", func() bool {
+		code, st := getStatus(t, sys)
+		return code == http.StatusServiceUnavailable && st.Status == "notready" && st.Endpoints["generate"] == "notready" &&
+			(st.Engine == "stalled" || st.Engine == "canary_failed") && st.Lease == "live" && !st.Draining
+	})
+	waitFor(t, 10*time.Second, "w1 not_ready in the frontend's discovery", func() bool {
+		w, ok := fe.workerNamed("w1")
+		return ok && w.State == "not_ready" && (w.Reason == "stalled" || w.Reason == "canary_failed")
+	})
+	for i := range 3 {
+		id := fmt.Sprintf("avoid-%d", i)
+		p := "avoid the stalled worker " + id
+		res, _ := streamWithin(t, 20*time.Second, fe, id, completion(p, 20), nil)
+		checkComplete(t, res, p, 20)
+		if st := fe.state(t, id); st.Worker != "w2" || len(st.Migrations) != 0 {
+			t.Errorf("%s ran on %s with migrations %+v; want w2 directly (w1 is not ready)", id, st.Worker, st.Migrations)
+		}
+	}
+	if code, st := getStatus(t, sys); code != http.StatusServiceUnavailable || st.Status != "notready" {
+		t.Errorf("w1 /health after the new requests: %d %+v, want still notready", code, st)
+	}
+	if got := w1.metric(t, "baton_worker_canary_total", "outcome", "failure"); got < 1 {
+		t.Errorf("failed canaries on w1 = %v, want >= 1", got)
+	}
+	if got := w1.metric(t, "baton_worker_ready"); got != 0 {
+		t.Errorf("baton_worker_ready = %v, want 0", got)
+	}
+
+	resp, err := http.Get(sys + "/live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("w1 /live = %d, want 200 (not ready is not dead)", resp.StatusCode)
+	}
+	resp, err = http.Get(sys + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"dynamo_component_requests_total", "dynamo_component_inflight_requests"} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("w1 /metrics has no %s", name)
+		}
 	}
 }

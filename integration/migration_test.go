@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,28 +17,49 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
+// Migration: the matrix of a stream moved at each point, and whether a
+// migration through the OpenAI engine is token-exact and says so.
+
 // servingWorker asks the frontend which worker serves request id now.
 func (f *frontend) servingWorker(t testing.TB, id string) string {
 	t.Helper()
-	var st struct {
-		Worker string `json:"worker"`
-	}
-	getJSON(t, f.url+"/v1/requests/"+id, 200, &st)
-	return st.Worker
+	return f.state(t, id).Worker
 }
 
-// requestState is the JSON of GET /v1/requests/{id}.
+// requestState is GET /v1/requests/{id}, with what the tests read of it.
 type requestState struct {
-	Status     string `json:"status"`
-	Worker     string `json:"worker"`
-	Migrations []struct {
-		MigrationType string `json:"migration_type"`
+	Status          string         `json:"status"`
+	Worker          string         `json:"worker"`
+	MaxTokens       int            `json:"max_tokens"`
+	TokensGenerated int            `json:"tokens_generated"`
+	FinishReason    string         `json:"finish_reason"`
+	Attempts        []attemptState `json:"attempts"`
+	Migrations      []struct {
+		FromAttempt   int    `json:"from_attempt"`
 		FromWorker    string `json:"from_worker"`
+		MigrationType string `json:"migration_type"`
 		Offset        int    `json:"offset"`
+		Reason        string `json:"reason"`
 	} `json:"migrations"`
-	TokensGenerated int `json:"tokens_generated"`
+	Error *apiErrorBody `json:"error"`
 }
 
+// attemptState is an attempt in GET /v1/requests/{id}.
+type attemptState struct {
+	Attempt      int    `json:"attempt"`
+	WorkerID     string `json:"worker_id"`
+	StartOffset  int    `json:"start_offset"`
+	Closed       bool   `json:"closed"`
+	Cut          int    `json:"cut"`
+	CloseReason  string `json:"close_reason"`
+	CloseClass   string `json:"close_class"`
+	CloseStatus  int    `json:"close_status"`
+	CloseCode    string `json:"close_code"`
+	CloseMessage string `json:"close_message"`
+	RetryAfterMS int64  `json:"retry_after_ms"`
+}
+
+// state is request id's GET /v1/requests/{id}.
 func (f *frontend) state(t testing.TB, id string) requestState {
 	t.Helper()
 	var st requestState
@@ -49,11 +71,33 @@ func (f *frontend) state(t testing.TB, id string) requestState {
 // fault(worker) with the serving worker once afterTokens tokens arrived.
 func faultAfter(t *testing.T, fe *frontend, id, prompt string, maxTokens, afterTokens int, fault func(worker string)) sseResult {
 	t.Helper()
-	var once sync.Once
+	return streamFaults(t, fe, id, prompt, maxTokens, false, faultAt{afterTokens, func() { fault(fe.servingWorker(t, id)) }})
+}
+
+// faultAt is a fault of streamFaults: fault runs once, at the first event
+// whose id (the offset of its last token) is token or more.
+type faultAt struct {
+	token int
+	fault func()
+}
+
+// streamFaults streams a completion of maxTokens tokens for prompt from fe,
+// as request id (resumable: with X-Resumable), and runs each of faults at
+// its token, on the stream's goroutine.
+func streamFaults(t *testing.T, fe *frontend, id, prompt string, maxTokens int, resumable bool, faults ...faultAt) sseResult {
+	t.Helper()
+	hdr := map[string]string{"X-Request-Id": id}
+	if resumable {
+		hdr["X-Resumable"] = "true"
+	}
+	once := make([]sync.Once, len(faults))
 	return postStream(t, fe.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": maxTokens},
-		map[string]string{"X-Request-Id": id}, func(e sseEvent) {
-			if n, err := strconv.Atoi(e.id); err == nil && n >= afterTokens {
-				once.Do(func() { fault(fe.servingWorker(t, id)) })
+		hdr, func(e sseEvent) {
+			n, err := strconv.Atoi(e.id)
+			for i, f := range faults {
+				if err == nil && n >= f.token {
+					once[i].Do(f.fault)
+				}
 			}
 		})
 }
@@ -178,5 +222,171 @@ func TestMigrationMatrix(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// checkExact checks an answer continued after a migration against the
+// fault-free one, want: the same text when the continuation was exact, and
+// its final chunk's baton.exact saying which it was.
+func checkExact(t *testing.T, res sseResult, want string, exact bool) {
+	t.Helper()
+	if same := res.text == want; same != exact {
+		t.Errorf("answer equals the fault-free one: %v, want %v\n got %q\nwant %q", same, exact, res.text, want)
+	}
+	if got, ok := finalMark(t, res); !ok || got != exact {
+		t.Errorf("final chunk's baton.exact = %v (present %v), want %v", got, ok, exact)
+	}
+}
+
+// finalMark is the "baton" field of a stream's last chunk (the one before
+// [DONE]), and whether it had one.
+func finalMark(t *testing.T, res sseResult) (exact, ok bool) {
+	t.Helper()
+	for i := len(res.events) - 1; i >= 0; i-- {
+		data := res.events[i].data
+		if data == "[DONE]" || data == "" {
+			continue
+		}
+		var chunk struct {
+			Baton *struct {
+				Exact bool `json:"exact"`
+			} `json:"baton"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("final chunk %q: %v", data, err)
+		}
+		if chunk.Baton == nil {
+			return false, false
+		}
+		return chunk.Baton.Exact, true
+	}
+	return false, false
+}
+
+// TestEngineMigrationExactMarker: kill -9 of the serving worker mid-answer
+// of a greedy chat, in front of two simulators. From token ids (the
+// simulator's normal mode) the continuation is exact: the answer equals the
+// fault-free one, and its final chunk and GET /v1/requests/{id} say
+// exact:true. In front of simulators without token ids that re-tokenize a
+// prefill as Ollama does (--retokenize-prefill), the continuation is
+// prefill, the text diverges at the cut, and both say exact:false.
+func TestEngineMigrationExactMarker(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		exact bool
+	}{
+		{name: "token ids", exact: true},
+		{name: "re-tokenized prefill", args: []string{"--no-token-ids", "--retokenize-prefill", "8"}, exact: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			args := append([]string{"--token-delay", "40ms", "--greedy"}, tc.args...)
+			simA, simB := startSim(t, "sim-a", args...), startSim(t, "sim-b", args...)
+			body := chatRequest("tell me a long story about rivers", 30, map[string]any{"temperature": 0,
+				"stream_options": map[string]any{"include_usage": true}})
+			faultFree := directAsync(simA, body) // while the stack starts
+			s := newStack(t)
+			fe := s.frontend(nil, "--migration-limit", "2")
+			s.openaiWorker("oa1", simA)
+			s.openaiWorker("oa2", simB)
+			fe.waitRoutable(t, "oa1", "oa2")
+			want := faultFree(t) // before the stream, so that it is no generation of the stream's
+			id := "exact-" + strings.ReplaceAll(tc.name, " ", "-")
+			res, _ := killMidAnswer(t, s, fe, id, body, 12, nil)
+			if !res.done || res.errorBody != "" {
+				t.Fatalf("answer after the kill: done %v, error %s", res.done, res.errorBody)
+			}
+			checkExact(t, res, want, tc.exact)
+			var st struct {
+				Exact      *bool `json:"exact"`
+				Migrations []struct {
+					MigrationType string `json:"migration_type"`
+				} `json:"migrations"`
+				Attempts []struct {
+					StartOffset int   `json:"start_offset"`
+					Exact       *bool `json:"exact"`
+				} `json:"attempts"`
+			}
+			getJSON(t, fe.url+"/v1/requests/"+id, 200, &st)
+			if len(st.Migrations) != 1 || st.Exact == nil || *st.Exact != tc.exact {
+				t.Fatalf("GET /v1/requests/%s: %d migrations, exact %v; want 1, %v", id, len(st.Migrations), st.Exact, tc.exact)
+			}
+			if last := st.Attempts[len(st.Attempts)-1]; last.StartOffset == 0 || last.Exact == nil || *last.Exact != tc.exact {
+				t.Errorf("the continuation's attempt: start %d, exact %v; want > 0, %v", last.StartOffset, last.Exact, tc.exact)
+			}
+		})
+	}
+}
+
+// TestEngineMigrationExactOnly: with --migration-exact-only, a continuation
+// that could only be prefill (simulators without token ids) is not
+// attempted: the stream ends with an error event and no [DONE], the
+// reason in the log, and the other simulator is sent no prefill.
+func TestEngineMigrationExactOnly(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
+	simA := startSim(t, "sim-a", "--token-delay", "40ms", "--greedy", "--no-token-ids")
+	simB := startSim(t, "sim-b", "--token-delay", "40ms", "--greedy", "--no-token-ids")
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "2", "--migration-exact-only")
+	s.openaiWorker("oa1", simA)
+	fe.waitRoutable(t, "oa1")
+	body := chatRequest("tell me a long story about rivers", 80, map[string]any{"temperature": 0}) // long enough to outlast oa2's start
+	killWithNoContinuation(t, s, fe, simB, "exact-only", body, "exactly")
+	if st := fe.state(t, "exact-only"); st.Status != "failed" {
+		t.Errorf("status %q, want failed", st.Status)
+	}
+}
+
+// TestEngineMigrationPrefillShownExact: the first attempt runs on a
+// simulator with token ids (its prompt ids tell the prompt's length in the
+// server's tokens), the continuation on one without, by prefill. The
+// continuation's own prompt_tokens then decide: the prompt's plus the
+// tokens so far on a server that takes the prefill back token for token
+// (exact:true, and the fault-free text), more on one that re-tokenizes it
+// as Ollama does (exact:false, and the text diverges).
+func TestEngineMigrationPrefillShownExact(t *testing.T) {
+	t.Parallel() // waits on the simulators' token delays, not on the CPU
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		exact bool
+	}{
+		{name: "taken back token for token", exact: true},
+		{name: "re-tokenized", args: []string{"--retokenize-prefill", "8"}, exact: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			simA := startSim(t, "sim-a", "--token-delay", "40ms", "--greedy")
+			simB := startSim(t, "sim-b", append([]string{"--token-delay", "40ms", "--greedy", "--no-token-ids"}, tc.args...)...)
+			body := chatRequest("tell me a long story about rivers", 80, map[string]any{"temperature": 0})
+			faultFree := directAsync(simA, body) // while the stack starts
+			s := newStack(t)
+			fe := s.frontend(nil, "--migration-limit", "2")
+			s.openaiWorker("oa1", simA)
+			fe.waitRoutable(t, "oa1")
+			want := faultFree(t) // before the stream, so that it is no generation of the stream's
+			id := "shown-" + strings.ReplaceAll(tc.name, " ", "-")
+			res, killed := killMidAnswer(t, s, fe, id, body, 12, func() {
+				s.openaiWorker("oa2", simB)
+				fe.waitRoutable(t, "oa2")
+			})
+			if killed != "oa1" || !res.done || res.errorBody != "" {
+				t.Fatalf("killed %q; done %v, error %s; want oa1 killed and the answer done", killed, res.done, res.errorBody)
+			}
+			gens := simB.generations(t)
+			if len(gens) == 0 || gens[len(gens)-1].Body["continue_final_message"] != true {
+				t.Fatalf("the continuation was not a prefill: %v", gens)
+			}
+			checkExact(t, res, want, tc.exact)
+			var st struct {
+				Exact *bool `json:"exact"`
+			}
+			getJSON(t, fe.url+"/v1/requests/"+id, 200, &st)
+			if st.Exact == nil || *st.Exact != tc.exact {
+				t.Errorf("GET /v1/requests/%s: exact %v, want %v", id, st.Exact, tc.exact)
+			}
+		})
 	}
 }

@@ -17,6 +17,10 @@ import (
 	"github.com/baton-dev/baton/internal/tinygguf"
 )
 
+// Ollama: workers with --engine ollama in front of a real `ollama serve`
+// (BATON_OLLAMA_BIN, which .ci/run builds): serving, a poisoned request and
+// migration, which is approximate on Ollama.
+
 // ollamaProc is a real `ollama serve` with the tiny random-weight model
 // "tiny" created in it.
 type ollamaProc struct {
@@ -83,13 +87,7 @@ func startOllamaModel(t *testing.T, name, modelfile string) *ollamaProc {
 			}
 		}
 	})
-	waitFor(t, 30*time.Second, name+" to serve", func() bool {
-		resp, err := http.Get(o.url + "/api/version")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	waitFor(t, 30*time.Second, name+" to serve", func() bool { return answers200(http.DefaultClient, o.url+"/api/version") })
 	create := exec.Command(bin, "create", "tiny", "-f", "Modelfile")
 	create.Dir, create.Env = dir, append(os.Environ(), env...)
 	if out, err := create.CombinedOutput(); err != nil {
@@ -144,17 +142,11 @@ func TestOllama(t *testing.T) {
 	fe := s.frontend(nil)
 	s.worker("ol", "--engine", "openai", "--openai-url", ol.url, "--openai-model", "tiny", "--model", "tiny")
 	fe.waitRoutable(t, "ol")
-	var workers struct {
-		Data []struct {
-			ID           string          `json:"id"`
-			Capabilities map[string]bool `json:"capabilities"`
-		} `json:"data"`
+	workers := fe.listWorkers(t)
+	if c := workers[0].Capabilities; len(workers) != 1 || !c["chat"] || !c["completions_not_continuable"] || c["prefill"] || c["token_ids"] {
+		t.Errorf("capabilities %+v: want chat; completions not continuable (Ollama templates completions); no prefill (this template opens a new turn); no token ids", workers)
 	}
-	getJSON(t, fe.url+"/v1/workers", 200, &workers)
-	if c := workers.Data[0].Capabilities; len(workers.Data) != 1 || !c["chat"] || !c["completions_not_continuable"] || c["prefill"] || c["token_ids"] {
-		t.Errorf("capabilities %+v: want chat; completions not continuable (Ollama templates completions); no prefill (this template opens a new turn); no token ids", workers.Data)
-	}
-	t.Logf("Ollama's capabilities as probed: %v", workers.Data[0].Capabilities)
+	t.Logf("Ollama's capabilities as probed: %v", workers[0].Capabilities)
 
 	for _, tc := range []struct {
 		path string
@@ -208,7 +200,7 @@ func TestOllamaPoisonedRequest(t *testing.T) {
 	if res.status != http.StatusBadGateway || !strings.Contains(res.errorBody, "before the first token") {
 		t.Errorf("poisoned request: %d %s; want 502 and the empty answer", res.status, res.errorBody)
 	}
-	if st := fe.engineState(t, "poisoned"); st.Status != "failed" || len(st.Attempts) != 2 {
+	if st := fe.state(t, "poisoned"); st.Status != "failed" || len(st.Attempts) != 2 {
 		t.Errorf("state %+v: want failed after one attempt on each worker", st)
 	}
 	for i := range 6 {
@@ -216,5 +208,71 @@ func TestOllamaPoisonedRequest(t *testing.T) {
 		if r := postStream(t, fe.url, "/v1/chat/completions", body, nil, nil); r.status != http.StatusOK || !r.done {
 			t.Errorf("request %d after the poisoned one: %d %s; want 200", i, r.status, r.errorBody)
 		}
+	}
+}
+
+// ollamaPrefillModelfile is ollamaModelfile with a template that continues
+// a final assistant message (no <|im_end|> after it, no new turn), as the
+// templates of models that take prefill on Ollama do.
+const ollamaPrefillModelfile = `FROM ./tiny.gguf
+TEMPLATE """{{- range $i, $m := .Messages }}{{ $last := eq (len (slice $.Messages $i)) 1 }}<|im_start|>{{ $m.Role }}
+{{ $m.Content }}{{ if and $last (eq $m.Role "assistant") }}{{ else }}<|im_end|>
+{{ end }}{{ if and $last (ne $m.Role "assistant") }}<|im_start|>assistant
+{{ end }}{{ end }}"""
+PARAMETER num_thread 1
+PARAMETER num_ctx 512
+PARAMETER stop "<|im_end|>"
+`
+
+// TestOllamaMigrationApproximate: kill -9 of the worker serving a greedy
+// chat from a real Ollama whose template takes prefill; the other worker
+// continues it by prefill (Ollama takes no token ids). Ollama reports usage
+// only at the end of a stream, so the first attempt's prompt count is
+// unknown and the continuation cannot be shown exact: the final chunk and
+// GET /v1/requests/{id} say exact:false. Whether this model's text
+// diverges at the cut is logged.
+func TestOllamaMigrationApproximate(t *testing.T) {
+	ol := startOllamaModel(t, "ollama", ollamaPrefillModelfile)
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "2")
+	for _, id := range []string{"ol1", "ol2"} {
+		s.worker(id, "--engine", "openai", "--openai-url", ol.url, "--openai-model", "tiny", "--model", "tiny")
+	}
+	fe.waitRoutable(t, "ol1", "ol2")
+	workers := fe.listWorkers(t)
+	t.Logf("Ollama's capabilities as probed: %v", workers[0].Capabilities)
+	if !workers[0].Capabilities["prefill"] {
+		t.Fatal("the probe found no prefill with this model and its template (the Modelfile above sets one that takes it): no continuation to mark")
+	}
+	body := map[string]any{"model": "tiny", "messages": []map[string]any{{"role": "user", "content": "tell me a story"}},
+		"max_tokens": 400, "temperature": 0, "stream_options": map[string]any{"include_usage": true}}
+	want := answerOf(t, post(t, ol.url+"/v1/chat/completions", body, nil))
+	if want.completion < 60 {
+		t.Fatalf("Ollama's greedy answer is %d tokens (%s): too short to kill mid-answer", want.completion, want.finish)
+	}
+	cut := min(150, want.completion/2) // the issue measured divergence from 100 prefilled tokens on
+	res, _ := killMidAnswer(t, s, fe, "ollama-exact", body, cut, nil)
+	if !res.done || res.errorBody != "" {
+		t.Fatalf("answer after the kill: done %v, error %s", res.done, res.errorBody)
+	}
+	if exact, ok := finalMark(t, res); !ok || exact {
+		t.Errorf("final chunk's baton.exact = %v (present %v), want false", exact, ok)
+	}
+	var st struct {
+		Exact *bool `json:"exact"`
+	}
+	getJSON(t, fe.url+"/v1/requests/ollama-exact", 200, &st)
+	if st.Exact == nil || *st.Exact {
+		t.Errorf("GET /v1/requests/ollama-exact: exact %v, want false", st.Exact)
+	}
+	i := 0
+	for i < len(res.text) && i < len(want.text) && res.text[i] == want.text[i] {
+		i++
+	}
+	if res.text == want.text {
+		t.Logf("killed at token %d of %d: this model's continuation equals the uninterrupted answer (%d bytes): no divergence shown", cut, want.completion, len(want.text))
+	} else {
+		t.Logf("killed at token %d of %d: diverged from the uninterrupted answer at byte %d of %d: %q vs %q", cut, want.completion, i, len(want.text),
+			strings.TrimSpace(res.text[i:min(len(res.text), i+40)]), strings.TrimSpace(want.text[i:min(len(want.text), i+40)]))
 	}
 }

@@ -256,16 +256,8 @@ func pinStream(t *testing.T, fe *frontend, id string) (release func()) {
 func waitActive(t *testing.T, fe *frontend, id string, n int) {
 	t.Helper()
 	waitFor(t, 10*time.Second, fmt.Sprintf("%s to report %d active requests", id, n), func() bool {
-		ws, err := fe.workers()
-		if err != nil {
-			return false
-		}
-		for _, w := range ws {
-			if w.ID == id {
-				return w.Load.ActiveRequests == n
-			}
-		}
-		return false
+		w, ok := fe.workerNamed(id)
+		return ok && w.Load.ActiveRequests == n
 	})
 }
 
@@ -304,7 +296,7 @@ func TestMaxConcurrentRequests(t *testing.T) {
 			t.Fatalf("capped-%d: status %d %v %s", i, r.status, r.err, r.body)
 		}
 		checkServed(t, r)
-		st := fe.fullState(t, fmt.Sprintf("capped-%d", i))
+		st := fe.state(t, fmt.Sprintf("capped-%d", i))
 		if st.Worker != "w2" || len(st.Migrations) != 0 {
 			t.Errorf("capped-%d: worker %s, migrations %+v; want w2 without a migration", i, st.Worker, st.Migrations)
 		}
@@ -325,7 +317,7 @@ func TestMaxConcurrentRequests(t *testing.T) {
 	waitActive(t, fe, "w1", 0)
 	r := send(t, fe.url, "after the refusals", 30, true, map[string]string{"X-Request-Id": "capped-after"})
 	checkServed(t, r)
-	if w := fe.fullState(t, "capped-after").Worker; w != "w1" {
+	if w := fe.state(t, "capped-after").Worker; w != "w1" {
 		t.Errorf("the request after the refusals ran on %s, want w1 (refusals must not inhibit)", w)
 	}
 }
@@ -359,14 +351,8 @@ func TestNoWorkerForKnownModel(t *testing.T) {
 	if got := fe.metric(t, "dynamo_frontend_model_rejection_total"); got != 0 {
 		t.Errorf("rejection_total = %v with no worker at all, want 0 (it counts busy rejections)", got)
 	}
-	resp, err := http.Get(fe.url + "/health")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "not_ready") {
-		t.Errorf("/health with no worker: %d %s, want 503 not_ready", resp.StatusCode, b)
+	if code, b := httpGet(t, fe.url+"/health"); code != http.StatusServiceUnavailable || !strings.Contains(string(b), "not_ready") {
+		t.Errorf("/health with no worker: %d %s, want 503 not_ready", code, b)
 	}
 	body := completion("unknown model", 5)
 	body["model"] = "no-such-model"
@@ -376,7 +362,7 @@ func TestNoWorkerForKnownModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ = io.ReadAll(r.Body)
+	b, _ := io.ReadAll(r.Body)
 	r.Body.Close()
 	if e, err := apiErrorOf(b); r.StatusCode != http.StatusNotFound || err != nil || e.Code != "model_not_found" {
 		t.Errorf("unknown model: %d %s, want 404 model_not_found", r.StatusCode, b)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,7 +16,8 @@ import (
 	"github.com/baton-dev/baton/services/engine"
 )
 
-// Regressions of fault-tolerance bugs users hit in NVIDIA Dynamo.
+// Regressions of fault-tolerance bugs users hit in NVIDIA Dynamo, and
+// baton's own of issue 14 (the last two tests).
 
 // TestSIGTERMMigratesNotCancels (ai-dynamo/dynamo#13952): a worker's SIGTERM
 // must hand its in-flight requests off, not end them as "cancelled". The
@@ -34,7 +36,7 @@ func TestSIGTERMMigratesNotCancels(t *testing.T) {
 	if res.finish != "length" {
 		t.Errorf("finish_reason = %q, want length (not cancelled)", res.finish)
 	}
-	st := fe.fullState(t, "term")
+	st := fe.state(t, "term")
 	checkMigrated(t, st, 1, events.MigrationOngoingRequest)
 	if st.FinishReason != "length" || st.Migrations[0].Reason != "shutdown" {
 		t.Errorf("state: finish %q, migration %+v; want length after a shutdown hand-off", st.FinishReason, st.Migrations[0])
@@ -61,9 +63,7 @@ func TestWorkerLeftDiscoveryDoesNotHang(t *testing.T) {
 		s.deleteLease(t, gone)
 		removedAt = time.Now()
 	}))
-	checkComplete(t, res, prompt, 150)
-	st := fe.fullState(t, "left")
-	checkMigrated(t, st, 1, events.MigrationOngoingRequest)
+	st := migratedOnce(t, fe, "left", res, prompt, 150)
 	if m := st.Migrations[0]; m.FromWorker != gone || m.Reason != "worker_lost" {
 		t.Errorf("migration = %+v, want from %s for worker_lost", m, gone)
 	}
@@ -214,9 +214,7 @@ func TestStallAfterFirstChunk(t *testing.T) {
 	occupy(t, fe, "w2")
 	prompt := "a stall after the first chunk"
 	res, _ := streamWithin(t, 20*time.Second, fe, "stall", completion(prompt, 60), nil)
-	checkComplete(t, res, prompt, 60)
-	st := fe.fullState(t, "stall")
-	checkMigrated(t, st, 1, events.MigrationOngoingRequest)
+	st := migratedOnce(t, fe, "stall", res, prompt, 60)
 	if m := st.Migrations[0]; m.FromWorker != "w1" || m.Offset != 5 || m.Reason != "stalled" {
 		t.Errorf("migration = %+v, want from w1 at offset 5 for stalled", m)
 	}
@@ -238,4 +236,50 @@ func workerReady(t *testing.T, fe *frontend, id string) bool {
 		}
 	}
 	return false
+}
+
+// TestRegressionNoTokenFailureIs503 is issue 14 item 7: under the default
+// --migration-limit 0, an attempt that fails before producing a token
+// answers 503 with Retry-After (a retry is safe), not 500.
+func TestRegressionNoTokenFailureIs503(t *testing.T) {
+	t.Parallel()
+	_, fe, _ := migrationStack(t, 1, 200, false, []string{"--mock-engine-error-after", "1"})
+	first := post(t, fe.url+"/v1/completions", completion("served before the engine breaks", 5), nil)
+	io.Copy(io.Discard, first.Body)
+	first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first request: status %d, want 200", first.StatusCode)
+	}
+	resp := post(t, fe.url+"/v1/completions", completion("the engine fails before the first token", 5), nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var eb struct {
+		Error *apiErrorBody `json:"error"`
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("status %d, Retry-After %q, body %s: want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if json.Unmarshal(body, &eb) != nil || eb.Error == nil || eb.Error.Code != "migration_disabled" || eb.Error.Type != "service_unavailable" {
+		t.Errorf("body %s: want an OpenAI error, code migration_disabled, type service_unavailable", body)
+	}
+}
+
+// TestRegressionMigrationCountedOnce is issue 9's "the migration counter
+// counts re-dispatches that happened": both workers crash after 5 tokens,
+// so the request migrates once to the second worker, and when that one
+// crashes too the second migration decision finds no worker. Two decisions
+// are in the log; one re-dispatch happened, and the counter says 1.
+func TestRegressionMigrationCountedOnce(t *testing.T) {
+	t.Parallel()
+	_, fe, _ := migrationStack(t, 2, 100, true, []string{"--mock-crash-after-tokens", "5"}, "--migration-limit", "3")
+	prompt := "counted once"
+	res, _ := streamWithin(t, 30*time.Second, fe, "once", completion(prompt, 50), nil)
+	checkCleanError(t, res, prompt, 50)
+	st := fe.state(t, "once")
+	if len(st.Migrations) != 2 || len(st.Attempts) != 2 {
+		t.Fatalf("migrations %+v, attempts %+v: want two migration decisions and two attempts", st.Migrations, st.Attempts)
+	}
+	if got := fe.metric(t, "dynamo_frontend_model_migration_total", "model", "mock", "migration_type", "ongoing_request"); got != 1 {
+		t.Errorf("ongoing_request migrations = %v for one re-dispatch, want 1", got)
+	}
 }

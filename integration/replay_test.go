@@ -16,9 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 )
+
+// The log read after the fact: `baton replay` of migrated and resumed
+// requests and of what each client got, events of a newer build in a live
+// request (the compatibility rule: skipped, with the reason), and the tools
+// on a log of several partitions.
 
 // runTool runs a short-lived command to completion and returns its stdout,
 // stderr and exit code.
@@ -72,21 +78,13 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 	s, f1, f2 := twoFrontendsWorkers(t, []string{"--mock-hold-at-token", "100"})
 	const id, maxTokens = "replayed", 150
 	prompt := "replay a request that migrated and resumed"
-	var killWorker, killFrontend sync.Once
 	killed := ""
-	first := postStream(t, f1.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": maxTokens},
-		map[string]string{"X-Request-Id": id, "X-Resumable": "true"}, func(e sseEvent) {
-			n, _ := strconv.Atoi(e.id)
-			if n >= 20 {
-				killWorker.Do(func() {
-					killed = f1.servingWorker(t, id)
-					s.workers[killed].signal(syscall.SIGKILL)
-				})
-			}
-			if n >= 60 {
-				killFrontend.Do(func() { f1.signal(syscall.SIGKILL) })
-			}
-		})
+	first := streamFaults(t, f1, id, prompt, maxTokens, true,
+		faultAt{20, func() {
+			killed = f1.servingWorker(t, id)
+			s.workers[killed].signal(syscall.SIGKILL)
+		}},
+		faultAt{60, func() { f1.signal(syscall.SIGKILL) }})
 	survivor := map[string]string{"w1": "w2", "w2": "w1"}[killed]
 	if survivor == "" {
 		t.Fatalf("killed worker %q, want w1 or w2", killed)
@@ -128,19 +126,12 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 		t.Fatalf("baton replay --json: exit %d: %s", code, errOut)
 	}
 	var doc struct {
-		Stream  string `json:"stream"`
-		Request struct {
-			Status     string `json:"status"`
-			Owner      string `json:"owner"`
-			Migrations []struct {
-				MigrationType string `json:"migration_type"`
-			} `json:"migrations"`
-		} `json:"request"`
+		replayed
+		Stream   string `json:"stream"`
 		Timeline []struct {
 			Seq  uint64 `json:"seq"`
 			Type string `json:"type"`
 		} `json:"timeline"`
-		Output string `json:"output"`
 	}
 	if err := json.Unmarshal([]byte(out), &doc); err != nil {
 		t.Fatalf("baton replay --json: %v\n%s", err, out)
@@ -213,10 +204,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 // (created, created_at, completed_at) come from the log, not the clock.
 func TestReplayRendersWhatTheClientGot(t *testing.T) {
 	t.Parallel()
-	s := newStack(t)
-	f := s.frontend(nil, "--log-compaction=false")
-	s.worker("w1", "--mock-speedup-ratio", "20")
-	f.waitRoutable(t, "w1")
+	s, f := oneWorker(t, []string{"--mock-speedup-ratio", "20"}, "--log-compaction=false")
 	api := apiClient{url: f.url}
 	decode := func(what string, b []byte) map[string]any {
 		t.Helper()
@@ -277,5 +265,163 @@ func TestReplayRendersWhatTheClientGot(t *testing.T) {
 	out, errOut, code := runTool(t, batonBin, "replay", respID, "--nats", s.natsURL)
 	if code != 0 || !strings.Contains(out, "carry for older readers: tokens 0-") || !strings.Contains(out, "in one record: attempt 0: tokens 0-") {
 		t.Errorf("the compacted response's replay (exit %d) does not tell the carry from the attempt's work:\n%s%s", code, out, errOut)
+	}
+}
+
+// TestFutureEventsInALiveRequest holds the compatibility rule
+// (docs/compatibility.md) against real processes: while a request streams,
+// events of a newer build are appended to its log (an unknown fact and a
+// newer version of a known type on its events subject), as a newer
+// frontend beside this one would. The owning frontend streams on; then it
+// and the serving worker are killed, and the other frontend, which learns
+// the request from the log alone, resumes it and migrates it, deciding with
+// expected-sequence appends past the unreadable events: the client gets the
+// fault-free text, and `baton replay` shows each unreadable event as
+// skipped, with its reason.
+func TestFutureEventsInALiveRequest(t *testing.T) {
+	t.Parallel()
+	s, f1, f2 := twoFrontendsWorkers(t, []string{"--mock-hold-at-token", "100"}) // held there until the kills
+	js := s.jetStream(t)
+	const id, prompt, maxTokens = "future-live", "a newer build writes here too", 200
+	appendFuture := func(typ string, ev events.Event) {
+		m, err := streams.NewMsg(streams.RequestEvents(id), events.Envelope{ID: id + "." + typ, Source: "baton/frontend/fe-next",
+			Subject: id, Time: time.Now(), Event: ev})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Header.Set(events.HeaderType, typ)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatalf("append %s: %v", typ, err)
+		}
+	}
+	var once, twice sync.Once
+	first := postStream(t, f1.url, "/v1/completions", completion(prompt, maxTokens),
+		map[string]string{"X-Request-Id": id, "X-Resumable": "true"}, func(e sseEvent) {
+			n, _ := strconv.Atoi(e.id)
+			if n >= 20 {
+				once.Do(func() {
+					appendFuture("baton.request.paused.v1", events.RequestAttached{RequestID: id, Frontend: "fe-next"})
+					appendFuture("baton.request.migrated.v2", events.RequestMigrated{RequestID: id, FromAttempt: 0, Cut: n, Frontend: "fe-next"})
+				})
+			}
+			if n >= 60 {
+				twice.Do(func() {
+					w := f1.servingWorker(t, id)
+					f1.signal(syscall.SIGKILL)
+					s.workers[w].signal(syscall.SIGKILL)
+					s.release(w)
+				})
+			}
+		})
+	if first.done {
+		t.Fatal("the first stream completed: the kill came too late")
+	}
+	if n, _ := strconv.Atoi(lastID(first)); n < 60 {
+		t.Fatalf("the owner streamed only to %d past the future events, want 60", n)
+	}
+	rest := resume(t, f2, id, lastID(first))
+	joined(t, first, rest, prompt, maxTokens)
+	st := f2.state(t, id)
+	if st.Status != "completed" || len(st.Migrations) != 1 || st.Migrations[0].Offset < 60 {
+		t.Errorf("state %+v: want completed after one migration past token 60 (the v2 migrated event is not read)", st)
+	}
+
+	out, errOut, code := runTool(t, batonBin, "replay", id, "--nats", s.natsURL)
+	if code != 0 {
+		t.Fatalf("baton replay: exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"skipped (unknown event type",
+		"skipped (newer version v2 of baton.request.migrated (this build reads up to v1))",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("baton replay does not say %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestPartitionedLogTools runs a request log of three partitions, asked for
+// only by the frontend's BATON_REQUEST_PARTITIONS (the worker adopts it), with
+// requests in every partition. The tools find each request from its id
+// alone; `baton events` merges every partition; the console lists requests
+// of all of them; a component that asks for another number of partitions
+// exits 2 with the reason.
+func TestPartitionedLogTools(t *testing.T) {
+	s := newStack(t)
+	fe := s.frontend([]string{"BATON_REQUEST_PARTITIONS=3"})
+	s.worker("w1", "--mock-tokens-per-sec", "1000", "--mock-ttft", "1ms")
+	fe.waitRoutable(t, "w1")
+	s.checkPartitions(t, 3)
+	parts := streams.Partitions(3)
+	var ids []string
+	for i := range parts.Count() {
+		id := partitionedID(parts, "part", i)
+		ids = append(ids, id)
+		prompt := "partition " + id
+		res := postStream(t, fe.url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": 8},
+			map[string]string{"X-Request-Id": id}, nil)
+		checkComplete(t, res, prompt, 8)
+	}
+	for _, id := range ids {
+		out, errOut, code := runTool(t, batonBin, "replay", "--json", "--nats", s.natsURL, id)
+		var doc struct {
+			Stream string `json:"stream"`
+			Output string `json:"output"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &doc) != nil {
+			t.Fatalf("baton replay %s: exit %d: %s\n%s", id, code, errOut, out)
+		}
+		if doc.Stream != parts.StreamOf(id) || doc.Output != engine.MockText("partition "+id, 0, 8) {
+			t.Errorf("replay %s: stream %q output %q; want %s and the mock's text", id, doc.Stream, doc.Output, parts.StreamOf(id))
+		}
+		out, errOut, code = runTool(t, batonBin, "events", "--request", id, "--nats", s.natsURL)
+		short := "req." + strings.TrimPrefix(parts.StreamOf(id), "BATON_REQUESTS_")
+		if code != 0 || !strings.Contains(out, short) || !strings.Contains(out, streams.RequestEvents(id)) {
+			t.Errorf("baton events --request %s: exit %d, stderr %q, want lines of %s:\n%s", id, code, errOut, short, out)
+		}
+	}
+	// The nats CLI finds a request's partition from its slot, as docs/internals.md says.
+	nats := natsCLI(t)
+	for _, id := range ids {
+		out, errOut, code := runTool(t, nats, "--server", s.natsURL, "stream", "ls", "--names", "--subject", "baton.requests."+strconv.Itoa(streams.Slot(id))+".>")
+		if code != 0 || strings.TrimSpace(out) != parts.StreamOf(id) {
+			t.Errorf("nats stream ls --subject for %s: exit %d, stderr %q, got %q, want %s", id, code, errOut, out, parts.StreamOf(id))
+		}
+	}
+	out, errOut, code := runTool(t, batonBin, "events", "--nats", s.natsURL)
+	for _, id := range append(ids, "baton.workers.w1.events") {
+		if code != 0 || !strings.Contains(out, id) {
+			t.Errorf("baton events: exit %d, stderr %q, want %s in:\n%s", code, errOut, id, out)
+		}
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	getJSON(t, fe.url+"/v1/console/requests", 200, &list)
+	listed := map[string]bool{}
+	for _, r := range list.Data {
+		listed[r.ID] = true
+	}
+	for _, id := range ids {
+		if !listed[id] {
+			t.Errorf("the console lists %v, want %s (in %s) too", list.Data, id, parts.StreamOf(id))
+		}
+	}
+
+	// Another number of partitions than the log's: exit 2, with the reason.
+	// (A worker reads no request stream, not even its info, which would list
+	// every request id: the frontends check the layout, issue 23.)
+	for _, args := range [][]string{
+		{"frontend", "--nats", s.natsURL, "--http-port", "0", "--request-partitions", "2"},
+		{"frontend", "--nats", s.natsURL, "--http-port", "0", "--request-partitions", "1"},
+	} {
+		_, errOut, code := runTool(t, batonBin, args...)
+		if code != 2 || !strings.Contains(errOut, "the request log on this server has 3 partition(s)") {
+			t.Errorf("baton %s with %s: exit %d, stderr %q; want 2 and the layout", args[0], args[len(args)-1], code, errOut)
+		}
 	}
 }

@@ -74,6 +74,20 @@ func sdk(url, key string) *openai.Client {
 	return &c
 }
 
+// createBackground creates a background response to question on the
+// frontend at url, failing the test if it is refused.
+func createBackground(t *testing.T, url, question string) *responses.Response {
+	t.Helper()
+	created, err := sdk(url, "").Responses.New(context.Background(), responses.ResponseNewParams{
+		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(question)},
+		Background: openai.Bool(true),
+	})
+	if err != nil {
+		t.Fatalf("create %q: %v", question, err)
+	}
+	return created
+}
+
 // rawJSON decodes s as JSON, for comparisons that ignore key order.
 func rawJSON(t *testing.T, s string) any {
 	t.Helper()
@@ -205,15 +219,12 @@ func TestResponsesStreamed(t *testing.T) {
 // the response completes.
 func TestResponsesBackgroundSurvivesFrontendAndWorker(t *testing.T) {
 	t.Parallel()
-	s, f1, f2 := twoFrontends(t, "--default-max-tokens", "150")
+	s, f1, f2 := twoFrontendsWorkers(t, []string{"--mock-hold-at-token", "60"}, "--default-max-tokens", "150") // held there until the kills
 	ctx := context.Background()
 	question := "a background answer outlives its frontend and its worker"
-	created, err := sdk(f1.url, "").Responses.New(ctx, responses.ResponseNewParams{
-		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(question)},
-		Background: openai.Bool(true),
-	})
-	if err != nil || (created.Status != "queued" && created.Status != "in_progress") || !created.Background {
-		t.Fatalf("create: %v, status %q, background %v", err, created.Status, created.Background)
+	created := createBackground(t, f1.url, question)
+	if (created.Status != "queued" && created.Status != "in_progress") || !created.Background {
+		t.Fatalf("create: status %q, background %v", created.Status, created.Background)
 	}
 	id := created.ID
 	var once sync.Once
@@ -224,6 +235,7 @@ func TestResponsesBackgroundSurvivesFrontendAndWorker(t *testing.T) {
 					w := f1.servingWorker(t, id)
 					f1.signal(syscall.SIGKILL)
 					s.workers[w].signal(syscall.SIGKILL)
+					s.release(w)
 				})
 			}
 			return true
@@ -259,13 +271,7 @@ func TestResponsesBackgroundSurvivesFrontendAndWorker(t *testing.T) {
 func TestResponsesCancelFromAnotherFrontend(t *testing.T) {
 	_, f1, f2 := twoFrontends(t, "--default-max-tokens", "1000")
 	ctx := context.Background()
-	created, err := sdk(f1.url, "").Responses.New(ctx, responses.ResponseNewParams{
-		Model: "mock", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("cancel me from elsewhere")},
-		Background: openai.Bool(true),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	created := createBackground(t, f1.url, "cancel me from elsewhere")
 	// Follow it on frontend 2 until it has produced some text.
 	readResponseStream(sdk(f2.url, "").Responses.GetStreaming(ctx, created.ID, responses.ResponseGetParams{}),
 		func(ev responses.ResponseStreamEventUnion) bool { return ev.SequenceNumber < 10 })

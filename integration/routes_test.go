@@ -15,6 +15,10 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
+// The routes between `baton nats` nodes: route authentication and TLS keep
+// a rogue node out, the system account has no default password, and open
+// routes are refused.
+
 // routeNode is a `baton nats` node of a route test.
 type routeNode struct {
 	*proc

@@ -13,22 +13,20 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/services/engine"
 )
 
-// Issue 22: real upstreams as they are. Each test is one of its numbered
-// failures, against the vLLM simulator set up as the upstream that showed it.
+// The OpenAI engine against its upstreams. Issue 22: real upstreams as they
+// are. Each test is one of its numbered failures, against the vLLM simulator
+// set up as the upstream that showed it. Last, an upstream that is another
+// baton.
 
 // healthOf is GET /health's status code and body.
 func healthOf(t testing.TB, fe *frontend) (int, map[string]any) {
 	t.Helper()
-	resp, err := http.Get(fe.url + "/health")
-	if err != nil {
-		t.Fatalf("GET /health: %v", err)
-	}
-	defer resp.Body.Close()
 	var body map[string]any
-	_ = decodeJSON(resp.Body, &body)
-	return resp.StatusCode, body
+	return getDecoded(t, fe.url+"/health", &body), body
 }
 
 // listedModels are the ids GET /v1/models lists.
@@ -119,7 +117,7 @@ func TestUpstreamPoisonedRequest(t *testing.T) {
 		if status != http.StatusInternalServerError || !strings.Contains(errBody, "simulated 500") {
 			t.Errorf("stream %v: poisoned request got %d %s, want the upstream's 500 and its message", stream, status, errBody)
 		}
-		st := fe.engineState(t, id)
+		st := fe.state(t, id)
 		if st.Status != "failed" || len(st.Attempts) != 2 || st.Attempts[0].WorkerID == st.Attempts[1].WorkerID {
 			t.Errorf("stream %v: state %+v, want failed after one attempt on each worker", stream, st)
 		}
@@ -178,7 +176,7 @@ func TestUpstreamQueueIsNotAStall(t *testing.T) {
 			t.Errorf("%s: status %d done %v %s; want a whole answer", id, res.status, res.done, res.errorBody)
 			continue
 		}
-		if st := fe.engineState(t, id); len(st.Attempts) != 1 || len(st.Migrations) != 0 {
+		if st := fe.state(t, id); len(st.Attempts) != 1 || len(st.Migrations) != 0 {
 			t.Errorf("%s: %d attempts, migrations %+v; want one attempt: queue time is not a stall", id, len(st.Attempts), st.Migrations)
 		}
 	}
@@ -200,7 +198,7 @@ func TestUpstreamFirstTokenTimeoutFires(t *testing.T) {
 	if res.status != http.StatusOK || !res.done {
 		t.Fatalf("status %d done %v %s; want the answer from the other worker", res.status, res.done, res.errorBody)
 	}
-	st := fe.engineState(t, "silent")
+	st := fe.state(t, "silent")
 	if len(st.Attempts) != 2 || !strings.Contains(st.Attempts[0].CloseMessage, "first token") || st.Attempts[0].CloseReason == "stalled" {
 		t.Errorf("attempts %+v; want the first closed by the worker's first-token timeout, not as stalled", st.Attempts)
 	}
@@ -223,7 +221,7 @@ func TestUpstreamStallAfterFirstToken(t *testing.T) {
 	if res.status != http.StatusOK || !res.done {
 		t.Fatalf("status %d done %v %s; want the answer continued elsewhere", res.status, res.done, res.errorBody)
 	}
-	st := fe.engineState(t, "stall2")
+	st := fe.state(t, "stall2")
 	if len(st.Attempts) != 2 || st.Attempts[0].CloseReason != "stalled" {
 		t.Errorf("attempts %+v; want the first fenced as stalled", st.Attempts)
 	}
@@ -237,27 +235,40 @@ func startSimOn(t testing.TB, name string, port int, args ...string) *simProc {
 	t.Helper()
 	all := append([]string{"--port", strconv.Itoa(port), "--model", "sim"}, args...)
 	s := &simProc{proc: startBin(t, vllmsimBin, name, nil, all...), url: "http://127.0.0.1:" + strconv.Itoa(port)}
-	waitFor(t, 20*time.Second, name+" to serve", func() bool {
-		resp, err := http.Get(s.url + "/health")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
-	})
+	waitFor(t, 20*time.Second, name+" to serve", func() bool { return answers200(http.DefaultClient, s.url+"/health") })
 	return s
 }
 
+// simsAB starts a stack with one frontend (--migration-limit 3) and the
+// OpenAI workers a, in front of simA, and b, in front of simB.
+func simsAB(t *testing.T, simA, simB *simProc) *frontend {
+	t.Helper()
+	s := newStack(t)
+	fe := s.frontend(nil, "--migration-limit", "3")
+	s.openaiWorker("a", simA)
+	s.openaiWorker("b", simB)
+	fe.waitRoutable(t, "a", "b")
+	return fe
+}
+
+// loadB pins a chat answer of n tokens, long-on-b, to worker b, and returns
+// once the frontend counts it against b; its result comes on the channel.
+func loadB(t *testing.T, fe *frontend, n int) <-chan sseResult {
+	t.Helper()
+	long := make(chan sseResult, 1)
+	go func() {
+		long <- postStream(t, fe.url, "/v1/chat/completions", chatRequest("a long story", n, nil), map[string]string{"X-Worker-Id": "b", "X-Request-Id": "long-on-b"}, nil)
+	}()
+	waitFor(t, 10*time.Second, "b loaded", func() bool {
+		w, ok := fe.workerNamed("b")
+		return ok && w.Load.ActiveRequests == 1
+	})
+	return long
+}
+
 func workerState(t testing.TB, fe *frontend, id string) string {
-	ws, err := fe.workers()
-	if err != nil {
-		return ""
-	}
-	for _, w := range ws {
-		if w.ID == id {
-			return w.State
-		}
-	}
-	return ""
+	w, _ := fe.workerNamed(id)
+	return w.State
 }
 
 // TestUpstreamDeadAndRecovered (failures 7 and 9): a worker whose upstream
@@ -269,27 +280,10 @@ func TestUpstreamDeadAndRecovered(t *testing.T) {
 	port := freePort(t)
 	simA := startSimOn(t, "sim-a", port, "--greedy")
 	simB := startSim(t, "sim-b", "--greedy", "--token-delay", "20ms")
-	s := newStack(t)
-	fe := s.frontend(nil, "--migration-limit", "3")
-	s.openaiWorker("a", simA)
-	s.openaiWorker("b", simB)
-	fe.waitRoutable(t, "a", "b")
-
+	fe := simsAB(t, simA, simB)
 	// A long answer pinned to b keeps it loaded, so that a, once routable,
 	// is the least loaded worker.
-	long := make(chan sseResult, 1)
-	go func() {
-		long <- postStream(t, fe.url, "/v1/chat/completions", chatRequest("a long story", 1000, nil), map[string]string{"X-Worker-Id": "b", "X-Request-Id": "long-on-b"}, nil)
-	}()
-	waitFor(t, 10*time.Second, "b busy", func() bool {
-		ws, _ := fe.workers()
-		for _, w := range ws {
-			if w.ID == "b" && w.Load.ActiveRequests == 1 {
-				return true
-			}
-		}
-		return false
-	})
+	long := loadB(t, fe, 1000)
 
 	simA.signal(syscall.SIGKILL)
 	res := postStream(t, fe.url, "/v1/chat/completions", chatRequest("while a is down", 4, nil), map[string]string{"X-Request-Id": "down-1"}, nil)
@@ -500,14 +494,7 @@ func TestUpstreamTemplatedCompletionsFailCleanly(t *testing.T) {
 	s.openaiWorker("t2", simB)
 	fe.waitRoutable(t, "t1", "t2")
 	for _, w := range []string{"t1", "t2"} {
-		var out struct {
-			Data []struct {
-				ID           string          `json:"id"`
-				Capabilities map[string]bool `json:"capabilities"`
-			} `json:"data"`
-		}
-		getJSON(t, fe.url+"/v1/workers", 200, &out)
-		for _, d := range out.Data {
+		for _, d := range fe.listWorkers(t) {
 			if d.ID == w && !d.Capabilities["completions_not_continuable"] {
 				t.Errorf("%s capabilities %v: want completions_not_continuable", w, d.Capabilities)
 			}
@@ -556,5 +543,39 @@ func TestUpstreamSlowFirstTokenNamesNoWorker(t *testing.T) {
 	}
 	if r := <-long; !r.done || r.header.Get("X-Worker-Id") != "slow" {
 		t.Errorf("the holder: done %v, X-Worker-Id %q; want done and named", r.done, r.header.Get("X-Worker-Id"))
+	}
+}
+
+// TestOpenAIEngineThroughAnotherBaton runs a worker with --engine openai
+// whose OpenAI-compatible server is another baton frontend (backed by mock
+// workers): a request through the first frontend reaches the mock engine
+// through two hops and its text comes back byte for byte. The OpenAI engine
+// counts one token per streamed event of its server, so the relay's token
+// offsets follow the upstream's events, not the mock's words.
+func TestOpenAIEngineThroughAnotherBaton(t *testing.T) {
+	_, upstream := startBasic(t)
+	s := newStack(t)
+	fe := s.frontend(nil)
+	s.worker("oa1", "--engine", "openai", "--openai-url", upstream.url, "--openai-model", "mock", "--model", "relay")
+	fe.waitRoutable(t, "oa1")
+	prompt := "relayed through two frontends"
+	res := postStream(t, fe.url, "/v1/completions", map[string]any{"model": "relay", "prompt": prompt, "max_tokens": 40},
+		map[string]string{"X-Request-Id": "relay-1"}, nil)
+	if !res.done || res.finish != "length" {
+		t.Fatalf("done=%v finish=%q error=%s", res.done, res.finish, res.errorBody)
+	}
+	if want := engine.MockText(prompt, 0, 40); res.text != want {
+		t.Fatalf("relayed text differs:\n got %q\nwant %q", res.text, want)
+	}
+	prev := 0
+	for _, e := range res.events {
+		n, err := strconv.Atoi(e.id)
+		if err != nil || n < prev {
+			t.Fatalf("bad id sequence at %q after %d", e.id, prev)
+		}
+		prev = n
+	}
+	if st := fe.state(t, "relay-1"); st.TokensGenerated != prev || st.Status != "completed" {
+		t.Errorf("state %+v, want completed with %d tokens (the last SSE id)", st, prev)
 	}
 }

@@ -214,7 +214,7 @@ func (p Policy) Step(s State, o Observation, now time.Time) Action {
 		return Action{Kind: Stop, Next: m, Report: Report{Migrated: done}}
 	}
 	if o.LogFull && o.Dispatch == nil && !o.LastProgress.IsZero() && now.Sub(o.LastProgress) >= LogFullGrace {
-		return p.fail(r, m, CodeLogFull, "the request log is full: this request's tokens could not be stored", 503, Report{Migrated: done})
+		return p.failLogFull(r, m, Report{Migrated: done})
 	}
 	a := p.step(r, m, o, now)
 	if o.LogFull && a.Kind == Wait && !o.LastProgress.IsZero() {
@@ -334,6 +334,11 @@ func (p Policy) fail(r *projections.Request, m Memory, code, msg string, status 
 	}}
 }
 
+// failLogFull ends a request whose tokens the log had no room for.
+func (p Policy) failLogFull(r *projections.Request, m Memory, rep Report) Action {
+	return p.fail(r, m, CodeLogFull, "the request log is full: this request's tokens could not be stored", http.StatusServiceUnavailable, rep)
+}
+
 // watch checks the running attempt cur: the client gone for the detach
 // timeout, the worker's report, its lease, the stall clock.
 func (p Policy) watch(r *projections.Request, m Memory, o Observation, now time.Time, cur projections.Attempt) Action {
@@ -423,6 +428,12 @@ func (p Policy) closed(r *projections.Request, m Memory, cur projections.Attempt
 			msg = fmt.Sprintf("the model server rejected the request (%s)", cur.CloseReason)
 		}
 		return p.fail(r, m, code, msg, status, Report{})
+	case events.FailureLogFull:
+		// The log had no room for the attempt's tokens: the request's
+		// failure, as when the runner sees the log full (Step), not the
+		// worker's, whatever the log reads by now (eviction may have made
+		// room since). No migration, no inhibition.
+		return p.failLogFull(r, m, Report{})
 	case events.FailureUnavailable:
 		f.MigrationType = events.MigrationNewRequest
 		return p.fence(r, m, f, true, time.Duration(cur.RetryAfterMS)*time.Millisecond)

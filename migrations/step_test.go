@@ -216,6 +216,13 @@ func TestStep(t *testing.T) {
 				Class: events.FailureClient, Status: 422, Code: "context_length_exceeded", Message: "too long"}),
 			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1")},
 			want: want{kind: migrations.Fail, code: "context_length_exceeded", status: 422}},
+		// The log refused the attempt's tokens, and has room again by now
+		// (LogFull false): the request's failure, not the worker's.
+		{name: "the log refused the attempt's tokens: fail with log_full, no migration, no inhibition", policy: policy(3, 0),
+			req: newReq("").routed(0, "w1").tokens(0, 2).closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: events.FailureLogFull,
+				Class: events.FailureLogFull}),
+			mem: watching(0, "w1", t0), obs: migrations.Observation{Worker: present("w1"), LastProgress: t0},
+			want: want{kind: migrations.Fail, code: migrations.CodeLogFull, status: http.StatusServiceUnavailable}},
 		{name: "upstream overloaded: new_request, inhibited for its Retry-After", policy: policy(3, 0),
 			req: newReq("").routed(0, "w1").closed(events.AttemptFailed{Attempt: 0, WorkerID: "w1", Reason: "engine_error",
 				Class: events.FailureUnavailable, Status: 429, RetryAfterMS: 7000}),

@@ -1,12 +1,16 @@
 package projections_test
 
 import (
+	"errors"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go"
 )
 
 // on stores evs on the subjects given, in order (the subject is what a
@@ -121,5 +125,93 @@ func TestDiscoveryAcceptsOnlyTheWorkersOwnSubject(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// batchOf is worker's batch for owner fe-1 of evs (deltas and other events
+// of r1), as stored on streams.WorkerOutput (republished when live).
+func batchOf(t *testing.T, worker string, live bool, evs ...events.Event) *nats.Msg {
+	t.Helper()
+	enc, err := events.NewBatchEncoder("baton/worker/" + worker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range evs {
+		at := t0.Add(time.Duration(i) * time.Millisecond)
+		if d, ok := ev.(events.TokensGenerated); ok {
+			err = enc.AppendDelta("", at, d)
+		} else {
+			err = enc.AppendEvent(events.Envelope{ID: events.ID("b", i), Source: "baton/worker/" + worker, Subject: "r1", Time: at, Event: ev})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, body, err := enc.Message(nil, worker+".1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := streams.WorkerOutput(worker, "fe-1")
+	if live {
+		subj = "baton.live." + strings.TrimPrefix(subj, "baton.")
+	}
+	return &nats.Msg{Subject: subj, Header: nats.Header(h), Data: body}
+}
+
+// TestFoldConfinesBatchedOutput: the entries of a worker's batch (issue
+// 33's write path) fold under the rule of the per-token subjects, with no
+// rule of their own: an attempt's output counts only when its batch is of
+// the worker the attempt was routed to, and a batch carries no decision.
+func TestFoldConfinesBatchedOutput(t *testing.T) {
+	ev := streams.RequestEvents("r1")
+	kill := events.RequestCancelled{RequestID: "r1", Mode: events.CancelKill, Reason: "forged"}
+	for _, tc := range []struct {
+		name   string
+		worker string
+		live   bool
+		ev     events.Event
+		why    string
+	}{
+		{"the routed worker's tokens", "w2", false, delta(0, 1, "b"), ""},
+		{"the routed worker's tokens, republished", "w2", true, delta(0, 1, "b"), ""},
+		{"the routed worker's completion", "w2", false, completed(0), ""},
+		{"another worker's tokens of the attempt", "w3", false, delta(0, 1, "b"), projections.IgnoredNotRouted},
+		{"another worker's completion", "w3", true, completed(0), projections.IgnoredNotRouted},
+		{"a decision in the routed worker's batch", "w2", false, kill, projections.IgnoredWrongSubject},
+		{"a routing in the routed worker's batch", "w2", false, routed(1, "w2", 1), projections.IgnoredWrongSubject},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := fold(on(ev, accepted(10), ev, routed(0, "w2", 0), streams.RequestTokens("r1", 0, "w2"), delta(0, 0, "a")))
+			worker, entries, err := streams.BatchEntries(batchOf(t, tc.worker, tc.live, tc.ev))
+			if err != nil || worker != tc.worker || len(entries) != 1 {
+				t.Fatalf("BatchEntries: worker %q, %d entries, %v; want %s's one entry", worker, len(entries), err, tc.worker)
+			}
+			if entries[0].Seq != 0 {
+				t.Errorf("an entry's Seq %d, want 0 (the batch's is no position in the partition)", entries[0].Seq)
+			}
+			if changed, why := r.Fold(entries[0]); why != tc.why || changed != (tc.why == "") {
+				t.Errorf("Fold: changed %v, why %q; want %q", changed, why, tc.why)
+			}
+		})
+	}
+}
+
+// TestBatchEntriesOfOtherSubjects: only a worker's output subject holds
+// batches; a batch elsewhere, or one whose body cannot be framed, is an
+// error.
+func TestBatchEntriesOfOtherSubjects(t *testing.T) {
+	m := batchOf(t, "w2", false, delta(0, 0, "a"))
+	for _, subj := range []string{streams.RequestTokens("r1", 0, "w2"), "baton.out.w2", "baton.out..d.fe-1", "baton.out.w2.d.", "baton.out.w*.d.fe-1"} {
+		if _, _, err := streams.BatchEntries(&nats.Msg{Subject: subj, Header: m.Header, Data: m.Data}); !errors.Is(err, events.ErrBadBatch) {
+			t.Errorf("a batch on %q: %v, want ErrBadBatch", subj, err)
+		}
+	}
+	two := batchOf(t, "w2", false, delta(0, 0, "a"), delta(0, 1, "b"))
+	cut := &nats.Msg{Subject: two.Subject, Header: two.Header, Data: two.Data[:len(two.Data)-3]}
+	if _, entries, err := streams.BatchEntries(cut); !errors.Is(err, events.ErrBadBatch) || len(entries) != 1 {
+		t.Errorf("a batch cut short: %d entries, %v; want the first entry and ErrBadBatch", len(entries), err)
+	}
+	if w, o, ok := streams.ParseWorkerOutput(streams.WorkerOutput("w2", "fe-1")); !ok || w != "w2" || o != "fe-1" {
+		t.Errorf("ParseWorkerOutput(WorkerOutput(w2, fe-1)) = %q, %q, %v", w, o, ok)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
 )
 
 func lease(worker, leaseID, model string) *events.Lease {
@@ -264,6 +265,44 @@ func TestDiscoveryQuarantine(t *testing.T) {
 	d.ApplyLease(at(5, lease("w1", "l9", "m"), t0.Add(61*time.Second)))
 	if got := ids(d.Routable("m")); !slices.Equal(got, []string{"w1", "w2"}) {
 		t.Errorf("routable after the quarantine: %v, want [w1 w2]", got)
+	}
+}
+
+// TestDiscoveryQuarantineRecord: a view started after the quarantined
+// worker registered again sees the last message of each workers subject:
+// its own registered event on baton.workers.w1.events (which buried the
+// quarantine there) and the frontend's record on baton.workers.w1.quarantine,
+// which keeps it out of routing. A record on another worker's quarantine
+// subject, or of another event type, is ignored.
+func TestDiscoveryQuarantineRecord(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	record := func(seq uint64, subject, worker string, ms int64) events.Envelope {
+		return events.Envelope{ID: events.ID("q", seq), Source: "test", Time: t0, Seq: seq, Stored: subject,
+			Event: events.WorkerLost{WorkerID: worker, LeaseID: "l1", Reason: "junk", QuarantineMS: ms}}
+	}
+	d := projections.NewDiscovery()
+	d.ApplyLease(projections.LeaseUpdate{Key: "w1", Revision: 1, Lease: lease("w1", "l2", "m"), Time: t0.Add(time.Second)})
+	d.ApplyLease(projections.LeaseUpdate{Key: "w2", Revision: 2, Lease: lease("w2", "l3", "m"), Time: t0.Add(time.Second)})
+	if changed, why := d.Fold(record(1, streams.WorkerQuarantine("w2"), "w1", 60_000)); changed || why != projections.IgnoredNotWorkersSubject {
+		t.Errorf("w1's record on w2's quarantine subject: changed %v, why %q; want ignored", changed, why)
+	}
+	if changed, why := d.Fold(record(2, streams.WorkerQuarantine("w1"), "w1", 0)); changed || why != projections.IgnoredNotWorkersSubject {
+		t.Errorf("a lost event without a quarantine on the quarantine subject: changed %v, why %q; want ignored", changed, why)
+	}
+	d.Fold(events.Envelope{ID: "reg", Source: "test", Time: t0.Add(time.Second), Seq: 3, Stored: streams.WorkerEvents("w1"),
+		Event: events.WorkerRegistered{WorkerID: "w1", LeaseID: "l2"}})
+	if changed, why := d.Fold(record(4, streams.WorkerQuarantine("w1"), "w1", 60_000)); !changed || why != "" {
+		t.Fatalf("w1's quarantine record: changed %v, why %q", changed, why)
+	}
+	if got := ids(d.Routable("m")); !slices.Equal(got, []string{"w2"}) {
+		t.Errorf("routable: %v, want [w2]", got)
+	}
+	if w, _ := d.Get("w1"); w.State != projections.WorkerQuarantined || w.LeaseID != "l2" {
+		t.Errorf("w1: %+v, want quarantined under its new lease (the record ends no lease)", w)
+	}
+	var l projections.WorkerLog
+	if why := l.Check(record(4, streams.WorkerQuarantine("w1"), "w1", 60_000)); why != "" {
+		t.Errorf("WorkerLog.Check of the record: %q", why)
 	}
 }
 

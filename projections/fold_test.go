@@ -31,6 +31,8 @@ func TestFoldSaysWhy(t *testing.T) {
 		{"routed", events.RequestRouted{RequestID: "r", Attempt: 0, WorkerID: "w1"}, true, ""},
 		{"routed again", events.RequestRouted{RequestID: "r", Attempt: 0, WorkerID: "w1"}, false, projections.NoEffectApplied},
 		{"routed out of order", events.RequestRouted{RequestID: "r", Attempt: 5, WorkerID: "w1"}, false, projections.IgnoredOutOfOrder},
+		{"a delta over the attempt's bound", events.TokensGenerated{RequestID: "r", Attempt: 0, Offset: 0,
+			Tokens: []string{string(make([]byte, projections.AttemptFixedBytes+4*projections.MaxTokenBytes+1))}}, false, projections.IgnoredOversize},
 		{"tokens", toks(0, 0, 2), true, ""},
 		{"a delta past a gap", toks(0, 3, 1), false, projections.IgnoredGap},
 		{"a retried delta", toks(0, 0, 2), false, projections.IgnoredDuplicate},

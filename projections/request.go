@@ -146,49 +146,18 @@ func (r *Request) LastSeq() uint64 { return r.lastSeq }
 // Known reports whether the request's accepted event has been applied.
 func (r *Request) Known() bool { return r.Accepted.RequestID != "" }
 
-// Len is the number of tokens accepted so far (the token offset).
-func (r *Request) Len() int { return r.n }
-
-// Tokens returns a copy of the tokens at offsets [from, Len()).
-func (r *Request) Tokens(from int) []string {
-	if from < 0 {
-		from = 0
-	}
-	if from >= len(r.tokens) {
-		return nil
-	}
-	return slices.Clone(r.tokens[from:])
-}
-
-// Text is the output so far.
-func (r *Request) Text() string {
-	n := 0
-	for _, t := range r.tokens {
-		n += len(t)
-	}
-	b := make([]byte, 0, n)
-	for _, t := range r.tokens {
-		b = append(b, t...)
-	}
-	return string(b)
-}
-
-// Current returns the current attempt, if any.
-func (r *Request) Current() (Attempt, bool) {
-	if len(r.Attempts) == 0 {
-		return Attempt{}, false
-	}
-	return r.Attempts[len(r.Attempts)-1], true
-}
-
 // Why an event changed nothing, as Fold reports it.
 const (
-	IgnoredReplayed    = "ignored (not newer than the last applied event)"
-	IgnoredAfterEnd    = "ignored (after the end)"
-	IgnoredFenced      = "ignored (fenced)"
-	IgnoredGap         = "ignored (gap)"
-	IgnoredDuplicate   = "ignored (duplicate)"
-	IgnoredPastMax     = "ignored (past max_tokens)"
+	IgnoredReplayed  = "ignored (not newer than the last applied event)"
+	IgnoredAfterEnd  = "ignored (after the end)"
+	IgnoredFenced    = "ignored (fenced)"
+	IgnoredGap       = "ignored (gap)"
+	IgnoredDuplicate = "ignored (duplicate)"
+	IgnoredPastMax   = "ignored (past max_tokens)"
+	// IgnoredOversize: a delta whose tokens' text and details come to more
+	// than one message of an attempt may hold (AttemptBound); the junk
+	// guard deletes such a message of a quarantined worker's.
+	IgnoredOversize    = "ignored (over the attempt's bound)"
 	NoEffectClosed     = "no effect (attempt already closed)"
 	NoEffectOwner      = "no effect (already the owner)"
 	NoEffectApplied    = "no effect (already applied)"
@@ -230,9 +199,19 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 	if ev, ok := e.Event.(events.RequestEnded); ok {
 		return r.applyEnded(e, ev) // its Seq is the ends place's, not this log's
 	}
+	if why := r.admit(e); why != "" {
+		return false, why
+	}
+	return r.applyEvent(e)
+}
+
+// admit moves the log position past e and says why e is not folded: a
+// replay, an unreadable record, or an event on the wrong subject ("" when
+// it is to be folded).
+func (r *Request) admit(e events.Envelope) string {
 	if e.Seq != 0 {
 		if e.Seq <= r.lastSeq {
-			return false, IgnoredReplayed
+			return IgnoredReplayed
 		}
 		r.lastSeq = e.Seq
 		if !r.isCarry(e.ID) {
@@ -240,65 +219,28 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 		}
 	}
 	if u, ok := e.Event.(events.Unreadable); ok {
-		return false, SkippedPrefix + u.Reason + ")"
+		return SkippedPrefix + u.Reason + ")"
 	}
-	if why := r.misplaced(e); why != "" {
-		return false, why
-	}
+	return r.misplaced(e)
+}
+
+// applyEvent folds one admitted event by its type.
+func (r *Request) applyEvent(e events.Envelope) (bool, string) {
 	switch ev := e.Event.(type) {
 	case events.RequestAccepted:
-		if r.Known() {
-			if r.acceptedSeq == 0 {
-				r.acceptedSeq = e.Seq // the stored copy of what this process appended
-			}
-			return false, NoEffectApplied
-		}
-		r.Accepted = ev
-		r.Owner = ev.Frontend
-		r.Status = StatusPending
-		r.acceptedSeq = e.Seq
+		return r.applyAccepted(e.Seq, ev)
 	case events.RequestRouted:
-		switch {
-		case r.Status.Terminal():
-			return false, IgnoredAfterEnd
-		case ev.Attempt < len(r.Attempts):
-			return false, NoEffectApplied
-		case ev.Attempt != len(r.Attempts):
-			return false, IgnoredOutOfOrder
-		}
-		r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset})
-		r.Status = StatusRunning
+		return r.applyRouted(ev)
 	case events.TokensGenerated:
 		return r.applyTokens(ev)
 	case events.RequestCompleted:
-		if why := r.closedFor(ev.Attempt); why != "" {
-			return false, why
-		}
-		r.Status = StatusCompleted
-		r.FinishReason = ev.FinishReason
-		if ev.PromptTokens > 0 {
-			r.EnginePromptTokens = ev.PromptTokens
-		}
-		r.EngineCompletionTokens = ev.CompletionTokens
-		r.CompletedAt = e.Time.Unix()
-		r.noteExact(ev.Attempt, ev.Exact)
+		return r.applyCompleted(e, ev)
 	case events.AttemptFailed:
 		return r.applyFailed(ev)
 	case events.RequestMigrated:
-		switch {
-		case r.Status.Terminal():
-			return false, IgnoredAfterEnd
-		case r.migrated(ev.FromAttempt):
-			return false, NoEffectApplied
-		}
-		r.applyMigrated(ev)
+		return r.applyMigrated(ev)
 	case events.RequestFailed:
-		if r.Status.Terminal() {
-			return false, IgnoredAfterEnd
-		}
-		f := ev
-		r.Failure = &f
-		r.Status = StatusFailed
+		return r.applyRequestFailed(ev)
 	case events.RequestAttached:
 		if r.Owner == ev.Frontend {
 			return false, NoEffectOwner
@@ -324,6 +266,63 @@ func (r *Request) Fold(e events.Envelope) (changed bool, why string) {
 	return true, ""
 }
 
+// applyAccepted starts the request; seq is where its acceptance is stored.
+func (r *Request) applyAccepted(seq uint64, ev events.RequestAccepted) (bool, string) {
+	if r.Known() {
+		if r.acceptedSeq == 0 {
+			r.acceptedSeq = seq // the stored copy of what this process appended
+		}
+		return false, NoEffectApplied
+	}
+	r.Accepted = ev
+	r.Owner = ev.Frontend
+	r.Status = StatusPending
+	r.acceptedSeq = seq
+	return true, ""
+}
+
+// applyRouted opens the next attempt.
+func (r *Request) applyRouted(ev events.RequestRouted) (bool, string) {
+	switch {
+	case r.Status.Terminal():
+		return false, IgnoredAfterEnd
+	case ev.Attempt < len(r.Attempts):
+		return false, NoEffectApplied
+	case ev.Attempt != len(r.Attempts):
+		return false, IgnoredOutOfOrder
+	}
+	r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset})
+	r.Status = StatusRunning
+	return true, ""
+}
+
+// applyCompleted ends the request with the current attempt's answer.
+func (r *Request) applyCompleted(e events.Envelope, ev events.RequestCompleted) (bool, string) {
+	if why := r.closedFor(ev.Attempt); why != "" {
+		return false, why
+	}
+	r.Status = StatusCompleted
+	r.FinishReason = ev.FinishReason
+	if ev.PromptTokens > 0 {
+		r.EnginePromptTokens = ev.PromptTokens
+	}
+	r.EngineCompletionTokens = ev.CompletionTokens
+	r.CompletedAt = e.Time.Unix()
+	r.noteExact(ev.Attempt, ev.Exact)
+	return true, ""
+}
+
+// applyRequestFailed ends the request with the failure ev names.
+func (r *Request) applyRequestFailed(ev events.RequestFailed) (bool, string) {
+	if r.Status.Terminal() {
+		return false, IgnoredAfterEnd
+	}
+	f := ev
+	r.Failure = &f
+	r.Status = StatusFailed
+	return true, ""
+}
+
 // applyFailed closes the attempt ev names at the tokens folded so far.
 func (r *Request) applyFailed(ev events.AttemptFailed) (bool, string) {
 	if ev.Attempt < 0 || ev.Attempt >= len(r.Attempts) {
@@ -341,53 +340,15 @@ func (r *Request) applyFailed(ev events.AttemptFailed) (bool, string) {
 	return true, ""
 }
 
-// misplaced says why e may not be applied from the subject it is stored on,
-// or "" if it may: an attempt's output only from the tokens subject of that
-// attempt and of the worker its routed event names, everything else only
-// from the events subject. Who may write a subject is what NATS permissions
-// enforce (a worker writes only the tokens subjects that name it), so this
-// is the rule that confines a worker to its own attempts: every reader,
-// live or replaying, ignores the rest alike. An envelope with no stored
-// subject was built in this process and is trusted.
-func (r *Request) misplaced(e events.Envelope) string {
-	if e.Stored == "" {
-		return ""
-	}
-	if e.Stored != r.subject {
-		s, err := streams.ParseRequestSubject(e.Stored)
-		if err != nil {
-			return IgnoredWrongSubject
-		}
-		r.subject, r.parsed = e.Stored, s
-	}
-	s := r.parsed
-	if r.Known() && s.ID != r.Accepted.RequestID {
-		return IgnoredWrongSubject
-	}
-	k, output := attemptOutput(e.Event)
+// applyMigrated moves the request off the attempt ev abandons, back to
+// pending.
+func (r *Request) applyMigrated(ev events.RequestMigrated) (bool, string) {
 	switch {
-	case output != (s.Kind == "tokens"), output && s.Attempt != k:
-		return IgnoredWrongSubject
-	case output && k >= 0 && k < len(r.Attempts) && s.Worker != r.Attempts[k].WorkerID:
-		return IgnoredNotRouted
+	case r.Status.Terminal():
+		return false, IgnoredAfterEnd
+	case r.migrated(ev.FromAttempt):
+		return false, NoEffectApplied
 	}
-	return ""
-}
-
-// attemptOutput reports whether ev is what an attempt produces, and which.
-func attemptOutput(ev events.Event) (attempt int, ok bool) {
-	switch ev := ev.(type) {
-	case events.TokensGenerated:
-		return ev.Attempt, true
-	case events.RequestCompleted:
-		return ev.Attempt, true
-	case events.AttemptFailed:
-		return ev.Attempt, true
-	}
-	return 0, false
-}
-
-func (r *Request) applyMigrated(ev events.RequestMigrated) {
 	// The decision fences the attempt it abandons, whether or not its
 	// AttemptFailed marker came first: nothing it stores later is read.
 	if k := ev.FromAttempt; k >= 0 && k < len(r.Attempts) && !r.Attempts[k].Closed {
@@ -404,6 +365,7 @@ func (r *Request) applyMigrated(ev events.RequestMigrated) {
 		r.Owner = ev.Frontend
 	}
 	r.Status = StatusPending
+	return true, ""
 }
 
 func (r *Request) applyCancel(ev events.RequestCancelled) (bool, string) {
@@ -444,6 +406,9 @@ func (r *Request) closedFor(k int) string {
 func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	if why := r.closedFor(ev.Attempt); why != "" {
 		return false, why
+	}
+	if r.Known() && deltaWeight(ev) > AttemptBound(r.Accepted) {
+		return false, IgnoredOversize
 	}
 	have := r.n
 	if ev.Offset > have {
@@ -501,97 +466,6 @@ func (r *Request) noteExact(k int, exact *bool) {
 	}
 }
 
-// Continued reports whether some continuation (an attempt that started
-// after a migration, at a token offset > 0) contributed to the answer: it
-// produced tokens, or it is the attempt that completed it.
-func (r *Request) Continued() bool {
-	for i := range r.Attempts {
-		if r.contributed(i) {
-			return true
-		}
-	}
-	return false
-}
-
-// Exact reports whether the answer is what the engines would have given
-// without its migrations, as far as they showed: true unless a
-// continuation that contributed to it (Continued) was approximate, or has
-// not been shown exact yet (a prefill continuation still running).
-func (r *Request) Exact() bool {
-	for i, a := range r.Attempts {
-		if r.contributed(i) && (a.Exact == nil || !*a.Exact) {
-			return false
-		}
-	}
-	return true
-}
-
-// contributed reports whether attempt k is a continuation whose output is
-// part of the answer.
-func (r *Request) contributed(k int) bool {
-	a := r.Attempts[k]
-	if a.StartOffset == 0 {
-		return false
-	}
-	end := r.n
-	if a.Closed {
-		end = a.Cut
-	} else if k == len(r.Attempts)-1 && r.Status == StatusCompleted {
-		return true
-	}
-	return end > a.StartOffset
-}
-
-// TokenIDs returns a copy of the ids of every token so far, and whether the
-// engines reported all of them.
-func (r *Request) TokenIDs() ([]int, bool) {
-	if r.idsLost {
-		return nil, false
-	}
-	return slices.Clone(r.ids), true
-}
-
-// Details returns the details of the tokens at offsets [from, Len()), nil
-// when none of them has any. The entries are shared: do not modify them.
-func (r *Request) Details(from int) []json.RawMessage {
-	if r.details == nil || from >= len(r.details) {
-		return nil
-	}
-	return slices.Clone(r.details[max(from, 0):])
-}
-
-// ResponseModel is the model an answer names: the upstream's, as its server
-// streamed it, unless the request was accepted to name the client's
-// (Accepted.ClientModel) or no server named one.
-func (r *Request) ResponseModel() string {
-	if r.UpstreamModel != "" && !r.Accepted.ClientModel {
-		return r.UpstreamModel
-	}
-	return r.Accepted.Model
-}
-
-// CompletionTokens is the answer's length in tokens: the count the
-// completing worker reported (its server's, where the server gave usage),
-// else the tokens accepted.
-func (r *Request) CompletionTokens() int {
-	if r.EngineCompletionTokens > 0 {
-		return r.EngineCompletionTokens
-	}
-	return r.n
-}
-
-// PromptTokens is the prompt's length in tokens: the engine's count when an
-// engine reported one (its usage or its prompt ids), else the frontend's.
-func (r *Request) PromptTokens() int {
-	switch {
-	case r.EnginePromptTokens > 0:
-		return r.EnginePromptTokens
-	case r.PromptIDs != nil:
-		return len(r.PromptIDs)
-	}
-	return r.Accepted.PromptTokens
-}
-
 // applyEnded applies ev, a request's end from the ends place (stored on
 // streams.RequestEnd, which only frontends may write, or appended by this
 // process): the end it carries, as if it had been stored in the log just
@@ -612,36 +486,4 @@ func (r *Request) applyEnded(e events.Envelope, ev events.RequestEnded) (bool, s
 		return false, NoEffect
 	}
 	return r.Fold(events.Envelope{ID: e.ID, Source: e.Source, Subject: e.Subject, Time: e.Time, Event: end})
-}
-
-// AcceptedSeq is the stream sequence of the request's accepted event (0
-// while only this process's own append of it was applied).
-func (r *Request) AcceptedSeq() uint64 { return r.acceptedSeq }
-
-// End returns the request's end as the ends place stores it (an
-// events.RequestEnded of frontend, through the last sequence folded), and
-// false while the request runs.
-func (r *Request) End(frontend string) (events.RequestEnded, bool) {
-	ev := events.RequestEnded{RequestID: r.Accepted.RequestID, Frontend: frontend, Through: r.lastSeq}
-	switch r.Status {
-	case StatusFailed:
-		if r.Failure == nil {
-			return ev, false
-		}
-		f := *r.Failure
-		ev.Failed = &f
-	case StatusCancelled:
-		c := events.RequestCancelled{RequestID: ev.RequestID, Mode: events.CancelKill}
-		if r.Cancel != nil {
-			c = *r.Cancel
-		}
-		ev.Cancelled = &c
-	case StatusCompleted:
-		k := max(len(r.Attempts)-1, 0)
-		ev.Completed = &events.RequestCompleted{RequestID: ev.RequestID, Attempt: k, FinishReason: r.FinishReason,
-			PromptTokens: r.EnginePromptTokens, CompletionTokens: r.EngineCompletionTokens}
-	default:
-		return ev, false
-	}
-	return ev, true
 }

@@ -20,11 +20,7 @@ func TestEndsPlace(t *testing.T) {
 	const id = "ends-1"
 	app := func(subj string, evid string, ev events.Event) uint64 {
 		t.Helper()
-		seq, err := fe.Append(ctx, subj, fe.Envelope(evid, id, ev), -1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return seq
+		return natstest.Append(ctx, t, fe, subj, evid, id, ev)
 	}
 	accepted := app(streams.RequestEvents(id), "a", events.RequestAccepted{RequestID: id, Model: "mock", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"})
 	routed := app(streams.RequestEvents(id), "r", events.RequestRouted{RequestID: id, WorkerID: "w1"})

@@ -21,11 +21,7 @@ import (
 
 // msgGetResponse is the stream leader's answer to $JS.API.STREAM.MSG.GET.
 type msgGetResponse struct {
-	Error *struct {
-		Code        int                 `json:"code"`
-		ErrCode     jetstream.ErrorCode `json:"err_code"`
-		Description string              `json:"description"`
-	} `json:"error,omitempty"`
+	apiAnswer
 	Message *struct {
 		Subject  string    `json:"subject"`
 		Sequence uint64    `json:"seq"`
@@ -67,7 +63,7 @@ func leaderAsk(ctx context.Context, js jetstream.JetStream, stream, about string
 		return nil, fmt.Errorf("ask the leader of %s for %s: %w", stream, about, err)
 	}
 	if resp.Error != nil {
-		if resp.Error.ErrCode == jetstream.JSErrCodeMessageNotFound {
+		if resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("ask the leader of %s for %s: %s", stream, about, resp.Error.Description)

@@ -3,9 +3,11 @@ package streams
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -48,12 +50,14 @@ func Evict(ctx context.Context, js jetstream.JetStream, p Partitions, id string)
 	return purge(ctx, js, p.StreamOf(id), RequestAll(id))
 }
 
+// apiAnswer is what every JetStream API answer carries: its error, if any.
+type apiAnswer struct {
+	Error *jetstream.APIError `json:"error,omitempty"`
+}
+
 // purgeResponse is the answer to $JS.API.STREAM.PURGE.
 type purgeResponse struct {
-	Error *struct {
-		ErrCode     jetstream.ErrorCode `json:"err_code"`
-		Description string              `json:"description"`
-	} `json:"error,omitempty"`
+	apiAnswer
 	Success bool   `json:"success"`
 	Purged  uint64 `json:"purged"`
 }
@@ -86,7 +90,7 @@ func purgeBefore(ctx context.Context, js jetstream.JetStream, stream, subject st
 			return err
 		}
 		if resp.Error != nil {
-			return &jetstream.APIError{ErrorCode: resp.Error.ErrCode, Description: resp.Error.Description}
+			return resp.Error
 		}
 		purged = resp.Purged
 		return nil
@@ -199,6 +203,49 @@ func NextOfWorkerBare(ctx context.Context, js jetstream.JetStream, stream, worke
 	return m, m != nil, err
 }
 
+// NextTokensBare returns the first message stream holds on any worker's
+// tokens subjects at or after seq, without its headers (ok false: none):
+// whose it is, the subject says (ParseRequestSubject's Worker), whether or
+// not that worker holds a lease. It asks the stream's leader.
+func NextTokensBare(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (m *jetstream.RawStreamMsg, ok bool, err error) {
+	filter := WorkerTokens("*")
+	m, err = leaderAsk(ctx, js, stream, filter, map[string]any{"next_by_subj": filter, "seq": seq, "no_hdr": true})
+	return m, m != nil, err
+}
+
+// NextOnSubjectBare is NextOnSubject without the message's headers.
+func NextOnSubjectBare(ctx context.Context, js jetstream.JetStream, stream, subject string, seq uint64) (*jetstream.RawStreamMsg, error) {
+	return leaderAsk(ctx, js, stream, subject, map[string]any{"next_by_subj": subject, "seq": seq, "no_hdr": true})
+}
+
+// DeleteMsg removes the message at seq from stream (its place kept: a
+// reader that asks for it finds it gone), for a message no reader folds.
+// Deleting one already gone is not an error.
+func DeleteMsg(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	body, err := json.Marshal(map[string]any{"seq": seq, "no_erase": true})
+	if err != nil {
+		return err
+	}
+	m, err := js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.DELETE."+stream, body)
+	if err != nil {
+		return fmt.Errorf("delete %d of %s: %w", seq, stream, err)
+	}
+	var resp apiAnswer
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return fmt.Errorf("delete %d of %s: %w", seq, stream, err)
+	}
+	if resp.Error != nil && resp.Error.ErrorCode != jetstream.JSErrCodeMessageNotFound && resp.Error.ErrorCode != msgDeleteFailed {
+		return fmt.Errorf("delete %d of %s: %s", seq, stream, resp.Error.Description)
+	}
+	return nil
+}
+
+// msgDeleteFailed is the server's answer to a delete of a message already
+// gone (JSStreamMsgDeleteFailedF).
+const msgDeleteFailed jetstream.ErrorCode = 10057
+
 // MsgAt returns the message at seq of stream (nil when there is none),
 // from the stream's leader.
 func MsgAt(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (*jetstream.RawStreamMsg, error) {
@@ -249,6 +296,29 @@ func LastOnSubject(ctx context.Context, js jetstream.JetStream, stream, subject 
 // returns fewer when the stream holds fewer, or when maxBytes of theirs
 // were sent.
 func NextStoredEventsBatch(ctx context.Context, js jetstream.JetStream, stream string, seq uint64, n, maxBytes int) ([]Stored, error) {
+	var out []Stored
+	_, err := directBatch(ctx, js, stream, map[string]any{"seq": seq, "next_by_subj": requestsPrefix + "*.*.events", "batch": n, "max_bytes": maxBytes},
+		fmt.Sprintf("batch of %s from %d", stream, seq), func(m *nats.Msg) error {
+			subject := m.Header.Get("Nats-Subject")
+			s, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+			if err != nil || subject == "" {
+				return errors.New("a message without its subject or sequence")
+			}
+			st := Stored{Subject: subject, Seq: s}
+			if rs, perr := ParseRequestSubject(subject); perr == nil {
+				st.RequestID = rs.ID
+			}
+			out = append(out, st)
+			return nil
+		})
+	return out, err
+}
+
+// directBatch sends one batched direct get of stream (req, its request)
+// and calls each with every message of the answer, in order, until the
+// answer's end, whose header it returns (nil: nothing there, 404). about
+// names the question in errors.
+func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req map[string]any, about string, each func(*nats.Msg) error) (nats.Header, error) {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	nc := js.Conn()
@@ -258,36 +328,104 @@ func NextStoredEventsBatch(ctx context.Context, js jetstream.JetStream, stream s
 		return nil, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	body, err := json.Marshal(map[string]any{"seq": seq, "next_by_subj": requestsPrefix + "*.*.events", "batch": n,
-		"max_bytes": maxBytes})
+	body, err := json.Marshal(req)
 	if err != nil {
 		return nil, err
 	}
 	if err := nc.PublishRequest("$JS.API.DIRECT.GET."+stream, inbox, body); err != nil {
 		return nil, err
 	}
-	var out []Stored
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
-			return out, fmt.Errorf("batch of %s from %d: %w", stream, seq, err)
+			return nil, fmt.Errorf("%s: %w", about, err)
 		}
 		switch status := m.Header.Get("Status"); status {
 		case "":
-		case "204", "404": // the end of the batch; nothing (more) there
-			return out, nil
+		case "204": // the end of the answer
+			return m.Header, nil
+		case "404": // nothing there
+			return nil, nil
 		default:
-			return out, fmt.Errorf("batch of %s from %d: status %s %s", stream, seq, status, m.Header.Get("Description"))
+			return nil, fmt.Errorf("%s: status %s %s", about, status, m.Header.Get("Description"))
 		}
-		subject := m.Header.Get("Nats-Subject")
-		s, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
-		if err != nil || subject == "" {
-			return out, fmt.Errorf("batch of %s from %d: a message without its subject or sequence", stream, seq)
+		if err := each(m); err != nil {
+			return nil, fmt.Errorf("%s: %w", about, err)
 		}
-		st := Stored{Subject: subject, Seq: s}
-		if rs, perr := ParseRequestSubject(subject); perr == nil {
-			st.RequestID = rs.ID
-		}
-		out = append(out, st)
 	}
+}
+
+// LastOfEach returns the last message stream holds on each of subjects
+// that has one (by subject; headers kept, data dropped unless keepData),
+// in batched direct gets of up to LastOfEachBatch subjects (multi_last:
+// nats-server 2.11 and later; a replica answers, so it may lag the leader
+// by what was just stored). complete is false when an answer was cut short
+// (past maxBytes): a subject missing from the map then may still hold
+// messages. Asking one by one (LastOnSubject) costs a round trip a
+// subject: a quarantined worker's sweep asks about thousands.
+func LastOfEach(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, maxBytes int, keepData bool) (map[string]*jetstream.RawStreamMsg, bool, error) {
+	out := map[string]*jetstream.RawStreamMsg{}
+	complete := true
+	for len(subjects) > 0 {
+		n := min(len(subjects), LastOfEachBatch)
+		full, err := lastOfEach(ctx, js, stream, subjects[:n], maxBytes, keepData, out)
+		if err != nil {
+			return out, false, err
+		}
+		complete = complete && full
+		subjects = subjects[n:]
+	}
+	return out, complete, nil
+}
+
+// LastOfEachBatch is how many subjects one multi_last direct get asks
+// about (the server answers at most 1,024 messages a request).
+const LastOfEachBatch = 1024
+
+func lastOfEach(ctx context.Context, js jetstream.JetStream, stream string, subjects []string, maxBytes int, keepData bool, out map[string]*jetstream.RawStreamMsg) (complete bool, err error) {
+	got := 0
+	end, err := directBatch(ctx, js, stream, map[string]any{"multi_last": subjects, "batch": len(subjects), "max_bytes": maxBytes},
+		fmt.Sprintf("last of %d subjects of %s", len(subjects), stream), func(m *nats.Msg) error {
+			subject := m.Header.Get("Nats-Subject")
+			seq, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+			if err != nil || subject == "" {
+				return errors.New("a message without its subject or sequence")
+			}
+			raw := &jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: m.Header}
+			if keepData {
+				raw.Data = m.Data
+			}
+			out[subject] = raw
+			got++
+			return nil
+		})
+	if err != nil {
+		return false, err
+	}
+	// Complete unless the answer was cut short with messages left pending.
+	return end == nil || end.Get("Nats-Num-Pending") == "0" || got == len(subjects), nil
+}
+
+// Sized is a stored message's sequence and the size of its data.
+type Sized struct {
+	Seq  uint64
+	Size int
+}
+
+// NextOnSubjectSizes returns up to n messages of stream on subject from
+// seq on, as their sequences and sizes, in one batched direct get (its
+// answer bounded by maxBytes; nats-server 2.11 and later; a replica
+// answers, so it may lag the leader by what was just stored).
+func NextOnSubjectSizes(ctx context.Context, js jetstream.JetStream, stream, subject string, seq uint64, n, maxBytes int) ([]Sized, error) {
+	var out []Sized
+	_, err := directBatch(ctx, js, stream, map[string]any{"seq": seq, "next_by_subj": subject, "batch": n, "max_bytes": maxBytes},
+		fmt.Sprintf("sizes on %s of %s from %d", subject, stream, seq), func(m *nats.Msg) error {
+			s, err := strconv.ParseUint(m.Header.Get("Nats-Sequence"), 10, 64)
+			if err != nil {
+				return errors.New("a message without its sequence")
+			}
+			out = append(out, Sized{Seq: s, Size: len(m.Data)})
+			return nil
+		})
+	return out, err
 }

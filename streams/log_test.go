@@ -125,9 +125,7 @@ func TestReadRequestNotFound(t *testing.T) {
 	js := s.Provision(t)
 	ctx := testCtx(t)
 	log := streams.NewLog(js, "test")
-	if _, err := log.Append(ctx, streams.RequestEvents("other"), log.Envelope("x", "other", events.RequestAttached{RequestID: "other", Frontend: "fe"}), -1); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Append(ctx, t, log, streams.RequestEvents("other"), "x", "other", events.RequestAttached{RequestID: "other", Frontend: "fe"})
 	for _, tt := range []struct {
 		name string
 		id   string
@@ -582,11 +580,7 @@ func TestAppendMsgAsyncConnectionLost(t *testing.T) {
 	ctx := testCtx(t)
 	swallow(t, s.Connect(t), "lost.>")
 	p := natstest.NewProxy(t, s.Addr().String())
-	nc, err := nats.Connect(p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natstest.Connect(t, p.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

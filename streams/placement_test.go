@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -79,16 +80,7 @@ system_account: SYS
 
 func clusterJS(t *testing.T, url, user, password string) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.UserInfo(user, password))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
+	return natstest.JetStream(t, url, nats.UserInfo(user, password))
 }
 
 func clusterCtx(t *testing.T) context.Context {

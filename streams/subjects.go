@@ -156,17 +156,31 @@ func WorkerEvents(id string) string { return workersPrefix + id + ".events" }
 
 // WorkerOfSubject is the worker id that a worker events subject
 // (WorkerEvents) names; ok is false for any other subject.
-func WorkerOfSubject(subj string) (id string, ok bool) {
+func WorkerOfSubject(subj string) (id string, ok bool) { return workerOf(subj, ".events") }
+
+// workerOf is the worker id of baton.workers.<id><suffix>.
+func workerOf(subj, suffix string) (id string, ok bool) {
 	rest, ok := strings.CutPrefix(subj, workersPrefix)
 	if !ok {
 		return "", false
 	}
-	id, ok = strings.CutSuffix(rest, ".events")
+	id, ok = strings.CutSuffix(rest, suffix)
 	if !ok || !ValidID(id) {
 		return "", false
 	}
 	return id, true
 }
+
+// WorkerQuarantine is the subject of a worker's quarantine records
+// (events.WorkerLost with QuarantineMS), which only a frontend writes: a
+// worker's credential may write its own events subject (WorkerEvents), not
+// this one, so nothing the worker writes buries its quarantine there
+// (projections.Discovery folds the last message of both).
+func WorkerQuarantine(id string) string { return workersPrefix + id + ".quarantine" }
+
+// WorkerOfQuarantine is the worker id that a quarantine subject
+// (WorkerQuarantine) names; ok is false for any other subject.
+func WorkerOfQuarantine(subj string) (id string, ok bool) { return workerOf(subj, ".quarantine") }
 
 // DispatchSubject is the core-NATS request subject on which a worker accepts work.
 func DispatchSubject(workerID string) string { return dispatchPrefix + workerID }
@@ -225,10 +239,14 @@ func LiveSubject(subj string) string {
 	return subj
 }
 
-// StoredSubject maps a republished subject back to the stored one.
+// StoredSubject maps a republished subject (a request's, or a worker's
+// output, WorkerOutput) back to the stored one.
 func StoredSubject(subj string) string {
 	if rest, ok := strings.CutPrefix(subj, livePrefix); ok {
 		return requestsPrefix + rest
+	}
+	if rest, ok := strings.CutPrefix(subj, liveOutPrefix); ok {
+		return outPrefix + rest
 	}
 	return subj
 }
@@ -239,13 +257,8 @@ func StoredSubject(subj string) string {
 // one its routed event names); every decision and command on
 // RequestEvents(id).
 func SubjectOf(id, worker string, ev events.Event) string {
-	switch ev := ev.(type) {
-	case events.TokensGenerated:
-		return RequestTokens(id, ev.Attempt, worker)
-	case events.RequestCompleted:
-		return RequestTokens(id, ev.Attempt, worker)
-	case events.AttemptFailed:
-		return RequestTokens(id, ev.Attempt, worker)
+	if k, ok := events.AttemptOutput(ev); ok {
+		return RequestTokens(id, k, worker)
 	}
 	return RequestEvents(id)
 }

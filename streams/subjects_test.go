@@ -120,6 +120,26 @@ func TestWorkerOfSubject(t *testing.T) {
 	}
 }
 
+func TestWorkerOfQuarantine(t *testing.T) {
+	for _, tc := range []struct {
+		subj, want string
+		ok         bool
+	}{
+		{streams.WorkerQuarantine("w1"), "w1", true},
+		{streams.WorkerEvents("w1"), "", false},
+		{"baton.workers.w1.w2.quarantine", "", false},
+		{"baton.workers..quarantine", "", false},
+		{"", "", false},
+	} {
+		if got, ok := streams.WorkerOfQuarantine(tc.subj); got != tc.want || ok != tc.ok {
+			t.Errorf("WorkerOfQuarantine(%q): got %q %v, want %q %v", tc.subj, got, ok, tc.want, tc.ok)
+		}
+	}
+	if _, ok := streams.WorkerOfSubject(streams.WorkerQuarantine("w1")); ok {
+		t.Error("a quarantine subject taken for a worker's events subject")
+	}
+}
+
 // TestSlotIsFNV1a: the slot of an id is FNV-1a (32 bits) mod Slots, as
 // stored subjects since the partitioned log have it.
 func TestSlotIsFNV1a(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 )
@@ -72,6 +73,9 @@ func flagDefaults(c *frontend.Config) {
 	sc.MaxMsgsPerSubject = streams.DefaultMaxMsgsPerSubject
 	sc.MaxMsgSize = streams.DefaultMaxMsgSize
 	c.Runtime.Log.HighWater = retention.DefaultHighWater
+	if c.Runtime.WorkerOutputMaxBytes == 0 {
+		c.Runtime.WorkerOutputMaxBytes = streams.DefaultWorkerOutputMaxBytes
+	}
 }
 
 func TestFrontendFlagsAndEnv(t *testing.T) {
@@ -111,6 +115,12 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 				t.Errorf("got %+v, want %+v", c, want)
 			}
 		}},
+		{"batched output", nil, map[string]string{"BATON_BATCHED_OUTPUT": "true", "BATON_WORKER_OUTPUT_MAX_BYTES": "1048576"},
+			func(t *testing.T, c frontend.Config) {
+				if !c.Runtime.BatchedOutput || c.Runtime.WorkerOutputMaxBytes != 1<<20 {
+					t.Errorf("got batched output %v, worker output max bytes %d; want true, %d", c.Runtime.BatchedOutput, c.Runtime.WorkerOutputMaxBytes, 1<<20)
+				}
+			}},
 		{"per-address cap off", []string{"--max-connections-per-address", "0"}, map[string]string{"BATON_MAX_CONNECTIONS_PER_ADDRESS": "7"},
 			func(t *testing.T, c frontend.Config) {
 				if c.MaxConnectionsPerAddress != -1 {
@@ -132,20 +142,20 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 		{"tenant budgets env, the flag wins", []string{"--tenant-tpm", "9000"}, map[string]string{
 			"BATON_TENANT_RPM": "60", "BATON_TENANT_TPM": "1000", "BATON_TENANT_BUDGETS_FILE": "/dev/null",
 		}, func(t *testing.T, c frontend.Config) {
-			if c.TenantRPM != 60 || c.TenantTPM != 9000 || c.TenantBudgetsFile != "/dev/null" {
-				t.Errorf("got rpm %d, tpm %d, file %q; want 60, 9000, /dev/null", c.TenantRPM, c.TenantTPM, c.TenantBudgetsFile)
+			if c.Tenants.RPM != 60 || c.Tenants.TPM != 9000 || c.Tenants.BudgetsFile != "/dev/null" {
+				t.Errorf("got rpm %d, tpm %d, file %q; want 60, 9000, /dev/null", c.Tenants.RPM, c.Tenants.TPM, c.Tenants.BudgetsFile)
 			}
 		}},
 		{"admission queue env, the flag wins", []string{"--admission-wait", "2s"}, map[string]string{
 			"BATON_ADMISSION_QUEUE": "8", "BATON_ADMISSION_WAIT": "9s",
 		}, func(t *testing.T, c frontend.Config) {
-			if c.AdmissionQueue != 8 || c.AdmissionWait != 2*time.Second {
-				t.Errorf("got admission queue %d, wait %v; want 8, 2s", c.AdmissionQueue, c.AdmissionWait)
+			if c.Tenants.AdmissionQueue != 8 || c.Tenants.AdmissionWait != 2*time.Second {
+				t.Errorf("got admission queue %d, wait %v; want 8, 2s", c.Tenants.AdmissionQueue, c.Tenants.AdmissionWait)
 			}
 		}},
 		{"admission queue off by default", nil, nil, func(t *testing.T, c frontend.Config) {
-			if c.AdmissionQueue != 0 {
-				t.Errorf("got admission queue %d, want 0 (off)", c.AdmissionQueue)
+			if c.Tenants.AdmissionQueue != 0 {
+				t.Errorf("got admission queue %d, want 0 (off)", c.Tenants.AdmissionQueue)
 			}
 		}},
 		{"log lifecycle env", nil, map[string]string{"BATON_LOG_HIGH_WATER": "0.75", "BATON_LOG_COMPACTION": "false"},
@@ -162,7 +172,7 @@ func TestFrontendFlagsAndEnv(t *testing.T) {
 			want := frontend.Config{HTTPAddr: ":8000",
 				Runtime:     runner.Config{StallTimeout: 30 * time.Second, DetachTimeout: 120 * time.Second, MaxChildren: 7},
 				BodyTimeout: 3 * time.Second, IdleTimeout: 4 * time.Second, MaxConnections: 50,
-				TenantMaxConcurrent: 2, TenantRPS: 2.5, MaxConnectionsPerAddress: 9}
+				Tenants: tenants.Config{MaxConcurrent: 2, RPS: 2.5}, MaxConnectionsPerAddress: 9}
 			flagDefaults(&want)
 			if !equalConfig(c, want) {
 				t.Errorf("got %+v, want %+v", c, want)

@@ -13,11 +13,12 @@ import (
 )
 
 const eventsSummary = `Pretty-prints the event log: the messages of BATON_REQUESTS (or of
-every request partition, BATON_REQUESTS_<k>, learnt from the server) and
-BATON_WORKERS, one line each (stored time, stream sequence, ce-type, subject,
-and a summary of the event), merged in time order. Without --follow it prints
-what is stored and exits; with --follow it then keeps printing new events
-until SIGINT. --request ID shows only baton.requests.<slot>.<ID>.>, --worker ID only
+every request partition, BATON_REQUESTS_<k>, learnt from the server),
+BATON_ENDS (where it exists) and BATON_WORKERS, one line each (stored time,
+stream sequence, ce-type, subject, and a summary of the event), merged in time
+order. Without --follow it prints what is stored and exits; with --follow it
+then keeps printing new events until SIGINT. --request ID shows only
+baton.requests.<slot>.<ID>.> and baton.ends.<slot>.<ID>, --worker ID only
 baton.workers.<ID>.> (both may be given). Messages of an unknown type are shown
 as "(unknown type ...)", not skipped. --json prints one JSON object per line.
 Reads with ordered consumers, which the server removes when the tool exits.`

@@ -11,6 +11,7 @@ import (
 
 	"github.com/baton-dev/baton/services/frontend"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,12 +74,16 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.bindEnv("log-compaction", "BATON_LOG_COMPACTION", nil)
 	f.BoolVar(&fc.ClientModel, "client-model", false, "answers name the model as the client sent it, not as the upstream server that produced them streamed it")
 	f.bindEnv("client-model", "BATON_CLIENT_MODEL", nil)
-	f.IntVar(&fc.AdmissionQueue, "admission-queue", 0, "weighted fair admission when every worker is busy: a new request waits in its tenant's queue of at most this many (past it, 503), and the frontends together admit the queued tenants by weight (weight=W in --tenant-budgets-file) as workers free up; running streams are never preempted; 0 off: a busy pool answers 503 at once")
+	f.IntVar(&fc.Tenants.AdmissionQueue, "admission-queue", 0, "weighted fair admission when every worker is busy: a new request waits in its tenant's queue of at most this many (past it, 503), and the frontends together admit the queued tenants by weight (weight=W in --tenant-budgets-file) as workers free up; running streams are never preempted; 0 off: a busy pool answers 503 at once")
 	f.bindEnv("admission-queue", "BATON_ADMISSION_QUEUE", nil)
 	f.showDefault("admission-queue", "0 (off)")
-	f.DurationVar(&fc.AdmissionWait, "admission-wait", 0, "how long a request may wait in the admission queue before it gets 503 with Retry-After, a `duration`")
+	f.DurationVar(&fc.Tenants.AdmissionWait, "admission-wait", 0, "how long a request may wait in the admission queue before it gets 503 with Retry-After, a `duration`")
 	f.bindEnv("admission-wait", "BATON_ADMISSION_WAIT", nil)
-	f.showDefault("admission-wait", frontend.DefaultAdmissionWait.String()+" with --admission-queue")
+	f.showDefault("admission-wait", tenants.DefaultAdmissionWait.String()+" with --admission-queue")
+	f.BoolVar(&rt.BatchedOutput, "batched-output", false, "not for production yet (issue 33): answer workers' asks for an output stream of their own (BATON_OUT_<worker>, created with --worker-output-max-bytes) and delete those of workers gone for the stream's MaxAge (--detach-timeout + 60s); off, no such stream is created, listed or deleted")
+	f.bindEnv("batched-output", "BATON_BATCHED_OUTPUT", nil)
+	f.Int64Var(&rt.WorkerOutputMaxBytes, "worker-output-max-bytes", streams.DefaultWorkerOutputMaxBytes, "with --batched-output: size cap of each worker's output stream in `bytes`; a full one refuses that worker's writes only")
+	f.bindEnv("worker-output-max-bytes", "BATON_WORKER_OUTPUT_MAX_BYTES", nil)
 	f.StringVar(&rt.ID, "frontend-id", "", "this replica's `id` in events (letters, digits, '-', '_')")
 	f.showDefault("frontend-id", "fe-<random>")
 	f.StringVar(&ff.cfg.Fleet.SystemURL, "nats-system-url", "", "NATS `URL` with system-account credentials, for disconnect advisories (fast crash detection)")
@@ -125,7 +130,7 @@ func (ff *frontendFlags) check() []error {
 	for name, v := range map[string]int64{
 		"--default-max-tokens": int64(ff.cfg.DefaultMaxTokens), "--max-tokens-limit": int64(ff.cfg.MaxTokensLimit),
 		"--max-prompt-tokens": int64(ff.cfg.Runtime.MaxPromptTokens), "--max-body-bytes": ff.cfg.MaxBodyBytes,
-		"--console-requests": int64(ff.cfg.ConsoleRequests),
+		"--console-requests": int64(ff.cfg.ConsoleRequests), "--worker-output-max-bytes": ff.cfg.Runtime.WorkerOutputMaxBytes,
 	} {
 		if v <= 0 {
 			errs = append(errs, fmt.Errorf("%s %d: must be positive", name, v))

@@ -36,3 +36,30 @@ func TestWorkerPriorityFlag(t *testing.T) {
 		t.Errorf("BATON_PRIORITY=high: got %v, want a usage error", err)
 	}
 }
+
+// TestWorkerBatchedOutputFlag: --batched-output (or BATON_BATCHED_OUTPUT)
+// reaches the worker's config; off by default.
+func TestWorkerBatchedOutputFlag(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want bool
+	}{
+		{"default off", nil, nil, false},
+		{"env", nil, map[string]string{"BATON_BATCHED_OUTPUT": "true"}, true},
+		{"flag", []string{"--batched-output"}, nil, true},
+		{"flag beats env", []string{"--batched-output=false"}, map[string]string{"BATON_BATCHED_OUTPUT": "true"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env, _, _ := testEnv(tt.env)
+			o, err := parseWorker(env, tt.args)
+			if err != nil {
+				t.Fatalf("parse: %v", err)
+			}
+			if o.cfg.BatchedOutput != tt.want {
+				t.Errorf("got batched output %v, want %v", o.cfg.BatchedOutput, tt.want)
+			}
+		})
+	}
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/baton-dev/baton/internal/freeport"
 )
 
 // buildBaton builds the binary once per test run.
@@ -111,14 +112,14 @@ func waitExit(t *testing.T, cmd *exec.Cmd, timeout time.Duration) int {
 	return -1
 }
 
+// freePort returns a TCP port that was free a moment ago (freeport.Get).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Get()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 func TestNATSCommandStopsOnSIGINT(t *testing.T) {

@@ -41,21 +41,21 @@ func (s *securityFlags) add(f *flagSet, cfg *frontend.Config) {
 	f.IntVar(&s.maxPerAddress, "max-connections-per-address", frontend.DefaultMaxConnectionsPerAddress,
 		fmt.Sprintf("most open HTTP connections per remote IPv4 address or IPv6 /64: beyond, 503 (0 off: behind a proxy or load balancer every connection comes from its address, so the cap belongs there); a new connection must send its first byte within %v", httpguard.FirstByteTimeout))
 	f.bindEnv("max-connections-per-address", "BATON_MAX_CONNECTIONS_PER_ADDRESS", nil)
-	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant (429 beyond; a background response counts until it ends); 0 unlimited")
+	f.IntVar(&s.tenantMaxConcurrent, "tenant-max-concurrent", -1, "most open completions and resumes per tenant on this frontend (429 beyond; a background response counts until it ends), for tenants without concurrent=N in --tenant-budgets-file; 0 unlimited")
 	f.bindEnv("tenant-max-concurrent", "BATON_TENANT_MAX_CONCURRENT", nil)
 	f.showDefault("tenant-max-concurrent", "with --api-keys-file a quarter of --max-connections, else unlimited")
 	f.DurationVar(&cfg.WriteTimeout, "write-timeout", frontend.DefaultWriteTimeout, "disconnect a client that stops reading a stream this long after a write could not go out, a `duration`")
 	f.bindEnv("write-timeout", "BATON_WRITE_TIMEOUT", nil)
-	f.Float64Var(&cfg.TenantRPS, "tenant-rps", 0, "most API requests per second per tenant, burst max(1, rps) (429 with Retry-After beyond); 0 unlimited")
+	f.Float64Var(&cfg.Tenants.RPS, "tenant-rps", 0, "most API requests per second per tenant, burst max(1, rps) (429 with Retry-After beyond); 0 unlimited")
 	f.bindEnv("tenant-rps", "BATON_TENANT_RPS", nil)
 	f.showDefault("tenant-rps", "unlimited")
-	f.StringVar(&cfg.TenantBudgetsFile, "tenant-budgets-file", "", "`file` of per-tenant budgets, lines of 'TENANT [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]' ('#' comments): rpm and tpm are one budget across every frontend (the same file on each), in every 60 s window; log is the tenant's share of the request log (503 log_full past it); SIGHUP reloads it")
+	f.StringVar(&cfg.Tenants.BudgetsFile, "tenant-budgets-file", "", "`file` of per-tenant budgets, lines of 'TENANT [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]' ('#' comments): rpm and tpm are one budget across every frontend (the same file on each), in every 60 s window; concurrent is one cap across every frontend, in place of --tenant-max-concurrent; log is the tenant's share of the request log (503 log_full past it); SIGHUP reloads it")
 	f.bindEnv("tenant-budgets-file", "BATON_TENANT_BUDGETS_FILE", nil)
 	f.showDefault("tenant-budgets-file", "none")
-	f.Int64Var(&cfg.TenantRPM, "tenant-rpm", 0, "completions and responses created per minute per tenant without an rpm in --tenant-budgets-file, one budget across every frontend (429 rate_limit_exceeded beyond); 0 unlimited")
+	f.Int64Var(&cfg.Tenants.RPM, "tenant-rpm", 0, "completions and responses created per minute per tenant without an rpm in --tenant-budgets-file, one budget across every frontend (429 rate_limit_exceeded beyond); 0 unlimited")
 	f.bindEnv("tenant-rpm", "BATON_TENANT_RPM", nil)
 	f.showDefault("tenant-rpm", "unlimited")
-	f.Int64Var(&cfg.TenantTPM, "tenant-tpm", 0, "tokens (prompt + max tokens reserved, the unused given back) per minute per tenant without a tpm in --tenant-budgets-file, one budget across every frontend; 0 unlimited")
+	f.Int64Var(&cfg.Tenants.TPM, "tenant-tpm", 0, "tokens (prompt + max tokens reserved, the unused given back) per minute per tenant without a tpm in --tenant-budgets-file, one budget across every frontend; 0 unlimited")
 	f.bindEnv("tenant-tpm", "BATON_TENANT_TPM", nil)
 	f.showDefault("tenant-tpm", "unlimited")
 	f.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate `file`: serve the API over TLS (with --tls-key)")
@@ -87,11 +87,11 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	if cfg.WriteTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--write-timeout %v: must be positive", cfg.WriteTimeout))
 	}
-	if s.tenantMaxConcurrent < -1 || cfg.TenantRPS < 0 || cfg.TenantRPM < 0 || cfg.TenantTPM < 0 {
+	if s.tenantMaxConcurrent < -1 || cfg.Tenants.RPS < 0 || cfg.Tenants.RPM < 0 || cfg.Tenants.TPM < 0 {
 		errs = append(errs, errors.New("--tenant-max-concurrent, --tenant-rps, --tenant-rpm and --tenant-tpm must not be negative"))
 	}
-	if cfg.TenantBudgetsFile != "" {
-		if err := frontend.CheckTenantBudgetsFile(cfg.TenantBudgetsFile); err != nil {
+	if cfg.Tenants.BudgetsFile != "" {
+		if err := frontend.CheckTenantBudgetsFile(cfg.Tenants.BudgetsFile); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -116,11 +116,11 @@ func (s *securityFlags) apply(cfg *frontend.Config) error {
 	}
 	switch s.tenantMaxConcurrent { // Config's 0 is the default, negative none
 	case -1:
-		cfg.TenantMaxConcurrent = 0
+		cfg.Tenants.MaxConcurrent = 0
 	case 0:
-		cfg.TenantMaxConcurrent = -1
+		cfg.Tenants.MaxConcurrent = -1
 	default:
-		cfg.TenantMaxConcurrent = s.tenantMaxConcurrent
+		cfg.Tenants.MaxConcurrent = s.tenantMaxConcurrent
 	}
 	return errors.Join(errs...)
 }

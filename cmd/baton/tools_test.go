@@ -59,13 +59,16 @@ func TestReplayAndEventsFromLog(t *testing.T) {
 	defer cancel()
 	for i, e := range histories.Migrated() {
 		l := streams.NewLog(js, e.Source)
-		if _, err := l.Append(ctx, e.Subject, l.Envelope(events.ID("r1", i), "r1", e.Event), -1); err != nil {
-			t.Fatal(err)
-		}
+		natstest.Append(ctx, t, l, e.Subject, events.ID("r1", i), "r1", e.Event)
 	}
 	wl := streams.NewLog(js, "baton/worker/w1")
-	if _, err := wl.Append(ctx, streams.WorkerEvents("w1"), wl.Envelope("w1.reg", "w1", events.WorkerRegistered{WorkerID: "w1", Model: "mock"}), -1); err != nil {
-		t.Fatal(err)
+	natstest.Append(ctx, t, wl, streams.WorkerEvents("w1"), "w1.reg", "w1", events.WorkerRegistered{WorkerID: "w1", Model: "mock"})
+	// Another request's end in the ends place (a frontend stores one there
+	// when the log cannot take it): `baton events` shows it.
+	fl := streams.NewLog(js, "baton/frontend/fe-2")
+	if ok, err := streams.StoreEnd(ctx, fl, "r2.ended", events.RequestEnded{RequestID: "r2", Frontend: "fe-2", Through: 1,
+		Failed: &events.RequestFailed{RequestID: "r2", Code: "log_full", Message: "request log full"}}, 0); !ok || err != nil {
+		t.Fatalf("store the end: %v %v", ok, err)
 	}
 	// A newer producer's event type this build does not know.
 	h, data, _ := events.Marshal(events.Envelope{ID: "x1", Source: "baton/future", Time: time.Now(), Event: events.ChildAdded{RequestID: "r1", ChildID: "c"}})
@@ -115,8 +118,9 @@ func TestReplayAndEventsFromLog(t *testing.T) {
 		lines int
 		want  []string
 	}{
-		{"everything", nil, 17, []string{"workers  1", "worker w1 registered", "(unknown type baton.request.teleported.v9"}},
+		{"everything", nil, 18, []string{"workers  1", "worker w1 registered", "(unknown type baton.request.teleported.v9", "ends     1", streams.RequestEnd("r2")}},
 		{"one request", []string{"--request", "r1"}, 16, []string{"baton.request.migrated.v1", streams.RequestTokens("r1", 1, "w2")}},
+		{"its end in the ends place", []string{"--request", "r2"}, 1, []string{"ends     1", streams.RequestEnd("r2"), "log_full"}},
 		{"one worker", []string{"--worker", "w1"}, 1, []string{"baton.workers.w1.events"}},
 		{"unknown request", []string{"--request", "nope"}, 0, nil},
 		{"recent", []string{"--since", "1h", "--request", "r1"}, 16, nil},
@@ -137,6 +141,16 @@ func TestReplayAndEventsFromLog(t *testing.T) {
 				}
 			}
 		})
+	}
+
+	// A log provisioned by a release before the ends place has none: the
+	// other streams are read all the same.
+	if err := js.DeleteStream(ctx, streams.EndsStream); err != nil {
+		t.Fatal(err)
+	}
+	env, stdout, stderr = testEnv(nil)
+	if code := run([]string{"events", "--nats", s.URL}, env); code != 0 || strings.Count(stdout.String(), "\n") != 17 {
+		t.Errorf("events without BATON_ENDS: exit %d, %d lines, stderr %s:\n%s", code, strings.Count(stdout.String(), "\n"), stderr, stdout)
 	}
 
 	env, stdout, _ = testEnv(nil)

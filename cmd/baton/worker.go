@@ -61,6 +61,7 @@ var passThrough = []string{
 	"model", "lease-ttl", "max-concurrent-requests",
 	"mock-tokens-per-sec", "mock-ttft", "mock-kv-blocks", "mock-block-size", "mock-speedup-ratio",
 	"mock-crash-after-tokens", "mock-stall-after-tokens", "mock-engine-error-after", "mock-hold-at-token",
+	"batched-output",
 }
 
 func addWorkerFlags(f *flagSet) *workerFlags {
@@ -163,6 +164,7 @@ type workerOptions struct {
 	pprof      *string
 	benchEmit  bool
 	benchOff   bool
+	batched    bool
 	cfg        worker.Config
 }
 
@@ -192,6 +194,8 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.bindEnv("priority", "BATON_PRIORITY", nil)
 	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: the mock engine writes each token's emit time as its text, \"@<unix ns> \", so that a client measures emit-to-read latency (the output is no longer the mock's deterministic one)")
 	f.BoolVar(&o.benchOff, "bench-log-off", false, "benchmarks only: send token deltas over core NATS instead of the log (nothing is durable: no resume, replay or migration), for the log-off baseline")
+	f.BoolVar(&o.batched, "batched-output", false, "not for production yet (issue 33): before listening for dispatches (and at each re-registration) ask a frontend for an output stream of this worker's own, and say writes_batched in the lease once it exists; with no answer, run as without it")
+	f.bindEnv("batched-output", "BATON_BATCHED_OUTPUT", nil)
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
 		return nil, err
@@ -223,6 +227,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 		HealthCheckTimeout:    o.w.healthTimeout,
 		BenchLogOff:           o.benchOff,
 		Priority:              o.priority,
+		BatchedOutput:         o.batched,
 	}
 	if o.systemPort != 0 {
 		o.cfg.SystemAddr = net.JoinHostPort(o.systemHost, strconv.Itoa(o.systemPort))

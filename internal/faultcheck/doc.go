@@ -5,5 +5,6 @@
 // test runs) would let a fault test pass without testing anything, so every
 // check returns an error that names the process and what /proc said.
 //
-// It reads Linux's /proc and does nothing else.
+// It reads Linux's /proc and the exit statuses it is given, and does nothing
+// else.
 package faultcheck

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -80,6 +82,22 @@ func Resumed(pid int, timeout time.Duration) (time.Duration, error) {
 		return 0, fmt.Errorf("faultcheck: pid %d was sent SIGCONT but is not running after %v (%s)", pid, timeout, describe(s, err))
 	}
 	return time.Since(begin), nil
+}
+
+// Killed checks that a process sent SIGKILL died of it: waitErr is what its
+// exec.Cmd's Wait returned, which must say it was signalled with SIGKILL,
+// and pid must be gone (Gone) within timeout. An error says the kill did not
+// take effect, or was not what ended the process.
+func Killed(pid int, waitErr error, timeout time.Duration) error {
+	var ee *exec.ExitError
+	if !errors.As(waitErr, &ee) {
+		return fmt.Errorf("faultcheck: pid %d was sent SIGKILL, but it exited with %v: it was not the kill that ended it", pid, waitErr)
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		return fmt.Errorf("faultcheck: pid %d was sent SIGKILL, but it exited with %v: it was not the kill that ended it", pid, waitErr)
+	}
+	_, err := Gone(pid, timeout)
+	return err
 }
 
 // Gone waits up to timeout for pid to be dead: absent from /proc or a

@@ -66,6 +66,40 @@ func TestStopContKill(t *testing.T) {
 	}
 }
 
+// TestKilled: a process that died of SIGKILL passes; one that exited by
+// itself, or of another signal, fails, so a kill that was not what ended
+// the process is not taken for one.
+func TestKilled(t *testing.T) {
+	cases := []struct {
+		name   string
+		cmd    []string
+		signal syscall.Signal // 0: none, the process exits by itself
+		ok     bool
+	}{
+		{name: "SIGKILL", cmd: []string{"sleep", "60"}, signal: syscall.SIGKILL, ok: true},
+		{name: "SIGTERM", cmd: []string{"sleep", "60"}, signal: syscall.SIGTERM},
+		{name: "exit 0", cmd: []string{"true"}},
+		{name: "exit 1", cmd: []string{"false"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(tc.cmd[0], tc.cmd[1:]...)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if tc.signal != 0 {
+				if err := cmd.Process.Signal(tc.signal); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := faultcheck.Killed(cmd.Process.Pid, cmd.Wait(), 5*time.Second)
+			if (err == nil) != tc.ok {
+				t.Errorf("Killed: got %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}
+
 // TestStateParsesOddNames: a command name with spaces and parentheses does
 // not confuse the parser (the state follows the last ')').
 func TestStateParsesOddNames(t *testing.T) {

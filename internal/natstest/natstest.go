@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/natsserver"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats-server/v2/server"
@@ -35,18 +36,32 @@ func Start(t testing.TB) *Server {
 // Connect opens a connection that closes when the test ends.
 func (s *Server) Connect(t testing.TB, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(s.URL, opts...)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return Connect(t, s.URL, opts...)
 }
 
 // JetStream connects and returns a JetStream context.
 func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
 	t.Helper()
-	js, err := jetstream.New(s.Connect(t))
+	return JetStream(t, s.URL)
+}
+
+// Connect opens a connection to url (any server: a cluster's, a proxy, a
+// baton process's) with opts; it closes when the test ends.
+func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream connects to url with opts (Connect) and returns a JetStream
+// context.
+func JetStream(t testing.TB, url string, opts ...nats.Option) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(Connect(t, url, opts...))
 	if err != nil {
 		t.Fatalf("jetstream: %v", err)
 	}
@@ -70,4 +85,16 @@ func (s *Server) ProvisionPartitions(t testing.TB, p streams.Partitions) jetstre
 		t.Fatalf("provision: %v", err)
 	}
 	return js
+}
+
+// Append appends ev to subject with l, as event evid of request (its
+// CloudEvents subject), expecting nothing of the subject's last sequence,
+// and returns its sequence; a failed append fails t.
+func Append(ctx context.Context, t testing.TB, l *streams.Log, subject, evid, request string, ev events.Event) uint64 {
+	t.Helper()
+	seq, err := l.Append(ctx, subject, l.Envelope(evid, request, ev), -1)
+	if err != nil {
+		t.Fatalf("append %s to %s: %v", ev.EventType(), subject, err)
+	}
+	return seq
 }

@@ -13,6 +13,7 @@ package tinygguf
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -32,24 +33,12 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.Seed == 0 {
-		c.Seed = 1
-	}
-	if c.Layers == 0 {
-		c.Layers = 2
-	}
-	if c.Embed == 0 {
-		c.Embed = 128
-	}
-	if c.Heads == 0 {
-		c.Heads = 4
-	}
-	if c.FF == 0 {
-		c.FF = 256
-	}
-	if c.Context == 0 {
-		c.Context = 512
-	}
+	c.Seed = cmp.Or(c.Seed, 1)
+	c.Layers = cmp.Or(c.Layers, 2)
+	c.Embed = cmp.Or(c.Embed, 128)
+	c.Heads = cmp.Or(c.Heads, 4)
+	c.FF = cmp.Or(c.FF, 256)
+	c.Context = cmp.Or(c.Context, 512)
 	return c
 }
 

@@ -1,17 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/baton-dev/baton/internal/promtext"
 )
 
 // Fault kinds, injected in this order, round and round; only the timing and
@@ -246,29 +246,9 @@ func (f *feInc) scrape() (counters, error) {
 	if resp.StatusCode != http.StatusOK {
 		return counters{}, fmt.Errorf("metrics: %s", resp.Status)
 	}
-	var c counters
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") {
-			continue
-		}
-		for name, dst := range map[string]*float64{
-			"dynamo_frontend_model_migration_total": &c.migrations,
-			"dynamo_frontend_model_resume_total":    &c.resumes,
-		} {
-			rest, ok := strings.CutPrefix(line, name)
-			if !ok || (!strings.HasPrefix(rest, "{") && !strings.HasPrefix(rest, " ")) {
-				continue
-			}
-			fields := strings.Fields(rest)
-			if v, err := strconv.ParseFloat(fields[len(fields)-1], 64); err == nil {
-				*dst += v
-			}
-		}
-	}
-	return c, sc.Err()
+	const migrations, resumes = "dynamo_frontend_model_migration_total", "dynamo_frontend_model_resume_total"
+	m, err := promtext.Sums(resp.Body, migrations, resumes)
+	return counters{migrations: m[migrations], resumes: m[resumes]}, err
 }
 
 // scrapeLoop scrapes every current frontend once a second until ctx is done,

@@ -125,8 +125,13 @@ func (f *Fleet) declareLost(ctx context.Context, w projections.Worker, reason st
 // request log (retention.Fleet): a WorkerLost with QuarantineMS, which
 // every frontend's discovery folds (the id stays out of routing whatever
 // lease it registers next), then its lease revoked so that its attempts
-// move at once. Every frontend that finds the junk may do this: the
-// event's id is deterministic, so one lands.
+// move at once. The event is stored twice: on the worker's events subject,
+// where the previous release's readers fold it (and the worker's next
+// registered event buries it for a view started afterwards), and on its
+// quarantine subject (streams.WorkerQuarantine), which its credential
+// cannot write, so that a frontend started at any time within the
+// quarantine folds it. Every frontend that finds the junk may do this: the
+// events' ids are deterministic, so one of each lands.
 func (f *Fleet) quarantine(ctx context.Context, id, why string) {
 	ctx, cancel := context.WithTimeout(ctx, streams.DefaultTimeout)
 	defer cancel()
@@ -135,6 +140,10 @@ func (f *Fleet) quarantine(ctx context.Context, id, why string) {
 	env := f.events.Envelope(events.ID(id, w.LeaseID, "quarantined"), id, ev)
 	if _, err := f.events.Append(ctx, streams.WorkerEvents(id), env, -1); err != nil {
 		f.log.Warn("record worker quarantined", "worker_id", id, "err", err)
+	}
+	rec := f.events.Envelope(events.ID(id, w.LeaseID, "quarantine"), id, ev)
+	if _, err := f.events.Append(ctx, streams.WorkerQuarantine(id), rec, -1); err != nil {
+		f.log.Warn("record worker quarantine", "worker_id", id, "err", err)
 	}
 	if known {
 		if _, err := f.disc.revoke(ctx, w); err != nil {

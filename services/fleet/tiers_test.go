@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/promtext"
 	"github.com/baton-dev/baton/projections"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -37,23 +38,11 @@ func tieredLease(id string, priority int) *events.Lease {
 // fallbacks reads baton_frontend_fallback_dispatches_total{model="mock"}.
 func fallbacks(t *testing.T, reg *prometheus.Registry) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, err := promtext.Gathered(reg, "baton_frontend_fallback_dispatches_total", "model", "mock")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "baton_frontend_fallback_dispatches_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "model" && l.GetValue() == "mock" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }
 
 // TestPickTiers: Fleet.Pick routes by tier, counts a dispatch that went to
@@ -94,29 +83,26 @@ func TestPickTiers(t *testing.T) {
 		}
 	})
 
-	t.Run("a top tier out of routing is not a fallback", func(t *testing.T) {
-		notReady := tieredLease("p", 1)
-		notReady.NotReady = true
-		f, reg := tieredFleet(t, Config{}, notReady, tieredLease("f", 0))
-		if got := pick(t, f, d, ""); got != "f" {
-			t.Fatalf("picked %s, want f", got)
-		}
-		if n := fallbacks(t, reg); n != 0 {
-			t.Fatalf("fallback dispatches %v, want 0: f is the highest routable tier", n)
-		}
-	})
-
-	t.Run("a top tier that cannot run the request is passed over, counted", func(t *testing.T) {
-		chatOnly := tieredLease("p", 1)
-		chatOnly.Capabilities = &events.Capabilities{Chat: true}
-		f, reg := tieredFleet(t, Config{}, chatOnly, tieredLease("f", 0))
-		if got := pick(t, f, d, ""); got != "f" {
-			t.Fatalf("a completion picked %s, want f (p serves chat only)", got)
-		}
-		if n := fallbacks(t, reg); n != 1 {
-			t.Fatalf("fallback dispatches %v, want 1", n)
-		}
-	})
+	for _, tc := range []struct {
+		name          string
+		top           func(*events.Lease) // what keeps the primary p from the request
+		wantFallbacks float64
+	}{
+		{"a top tier out of routing is not a fallback (f is the highest routable tier)", func(l *events.Lease) { l.NotReady = true }, 0},
+		{"a top tier that cannot run the request is passed over, counted", func(l *events.Lease) { l.Capabilities = &events.Capabilities{Chat: true} }, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			top := tieredLease("p", 1)
+			tc.top(top)
+			f, reg := tieredFleet(t, Config{}, top, tieredLease("f", 0))
+			if got := pick(t, f, d, ""); got != "f" {
+				t.Fatalf("a completion picked %s, want f", got)
+			}
+			if n := fallbacks(t, reg); n != tc.wantFallbacks {
+				t.Fatalf("fallback dispatches %v, want %v", n, tc.wantFallbacks)
+			}
+		})
+	}
 
 	t.Run("pinned ignores tiers", func(t *testing.T) {
 		f, reg := tieredFleet(t, Config{}, tieredLease("p", 1), tieredLease("f", 0))

@@ -15,6 +15,7 @@ import (
 	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
 )
@@ -68,21 +69,14 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
-	if clientID {
-		// Idempotent retry: a known id attaches to the existing request.
-		if t, err := fe.runtime.Attach(r.Context(), id); err == nil {
-			fe.serveReuse(w, r, t, tenant, public, endpoint, bodySHA, from, p.Stream)
-			return
-		} else if !errors.Is(err, streams.ErrNotFound) {
-			writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
-			return
-		}
+	if clientID && fe.servedAsRetry(w, r, id, tenant, public, endpoint, bodySHA, from, p.Stream) {
+		return
 	}
 	promptTokens := openai.EstimateTokens(p.Prompt)
 	pinned := r.Header.Get(headerWorkerID)
 	apiErr = fe.checkNew(tenant, public, promptTokens)
 	if apiErr == nil {
-		apiErr = fe.admitLogShare(tenant)
+		apiErr = refusal(fe.tenants.AdmitLogShare(tenant))
 	}
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -93,8 +87,8 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, apiErr)
 		return
 	}
-	defer tk.end(choiceIDs(id, p.N))
-	r = withTicket(r, tk)
+	defer tk.End(choiceIDs(id, p.N))
+	r = tenants.WithTicket(r, tk)
 	parent, apiErr := fe.parentOf(r, tenant)
 	if apiErr != nil {
 		writeAPIError(w, apiErr)
@@ -116,12 +110,28 @@ func (fe *Frontend) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	defer spent.end()
+	defer spent.End()
 	if p.N > 1 {
 		fe.serveChoices(w, r, acc, p.N, start)
 		return
 	}
 	fe.serveNew(w, r, acc, from, start)
+}
+
+// servedAsRetry answers a create under a client's id that the log knows:
+// an idempotent retry attaches to the existing request (serveReuse), and a
+// log that cannot say is a 500. False: the id is new.
+func (fe *Frontend) servedAsRetry(w http.ResponseWriter, r *http.Request, id, tenant, public, endpoint, bodySHA string, from int, stream bool) bool {
+	t, err := fe.runtime.Attach(r.Context(), id)
+	switch {
+	case err == nil:
+		fe.serveReuse(w, r, t, tenant, public, endpoint, bodySHA, from, stream)
+		return true
+	case !errors.Is(err, streams.ErrNotFound):
+		writeError(w, http.StatusInternalServerError, "server_error", "log_unavailable", err.Error())
+		return true
+	}
+	return false
 }
 
 // checkNew checks what a new chat or completion (not a retry) must pass
@@ -194,8 +204,8 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 		return
 	}
 	defer t.Release()
-	fe.noteAdmitted(acc)
-	defer fe.createEnded(acc.Tenant, t)
+	fe.tenants.Admitted(acc)
+	defer fe.tenants.Ended(acc.Tenant, t)
 	if acc.ParentID != "" {
 		fe.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
 	}
@@ -208,7 +218,7 @@ func (fe *Frontend) serveNew(w http.ResponseWriter, r *http.Request, acc events.
 	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
-	settleTicket(r)
+	tenants.SettleTicket(r)
 	out := fe.respond(w, r, acc, []*runner.Request{t}, 0, acc.Stream, start, func() { fe.onClientGone(t) })
 	fe.countRequest(acc.Model, acc.Endpoint, acc.Stream, out)
 }
@@ -394,14 +404,14 @@ func (fe *Frontend) handleHealth(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if reason != "" {
-		writeJSON(w, http.StatusServiceUnavailable, fe.withBudgetsNote(body))
+		writeJSON(w, http.StatusServiceUnavailable, fe.tenants.HealthNote(body))
 		return
 	}
 	status := "healthy"
 	if len(out) > 0 {
 		status = "degraded"
 	}
-	writeJSON(w, http.StatusOK, fe.withBudgetsNote(map[string]any{"status": status, "instances": instances, "workers_out": out}))
+	writeJSON(w, http.StatusOK, fe.tenants.HealthNote(map[string]any{"status": status, "instances": instances, "workers_out": out}))
 }
 
 func requestType(stream bool) string {

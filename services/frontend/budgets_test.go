@@ -11,6 +11,7 @@ import (
 
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 )
 
 func post(t *testing.T, url, body string) (*http.Response, string) {
@@ -29,7 +30,7 @@ func post(t *testing.T, url, body string) (*http.Response, string) {
 // burst get 429 rate_limit_exceeded with Retry-After, and a request that
 // reserves more tokens than the tokens budget lets at once is refused.
 func TestBudgetsAtTheEdge(t *testing.T) {
-	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{TenantRPM: 20, TenantTPM: 1000})
+	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{Tenants: tenants.Config{RPM: 20, TPM: 1000}})
 	const chat = `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
 	admitted := 0
 	var refused *http.Response
@@ -108,7 +109,7 @@ func TestBudgetsAtTheEdge(t *testing.T) {
 // TestBudgetTooLarge: a request that reserves more tokens than a tenant's
 // tokens budget may at once (a tenth of it) is refused, and says so.
 func TestBudgetTooLarge(t *testing.T) {
-	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{TenantTPM: 1000})
+	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{Tenants: tenants.Config{TPM: 1000}})
 	resp, body := post(t, url+"/v1/chat/completions", `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":200}`)
 	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, "Request too large") || !strings.Contains(body, `"type":"tokens"`) {
 		t.Errorf("got %d %s, want 429 of type tokens saying the request is too large", resp.StatusCode, body)
@@ -140,15 +141,9 @@ func TestNoBudgetsNoHeaders(t *testing.T) {
 // tokens; stopped after a few, it gives back the rest when it ends, so
 // that the next one as large is admitted at once.
 func TestTokensGivenBackAtTheEnd(t *testing.T) {
-	url := inProcessWith(t, engine.MockConfig{TokensPerSec: 20, TTFT: time.Millisecond}, frontend.Config{TenantTPM: 1000}) // burst 100
+	url := inProcessWith(t, engine.MockConfig{TokensPerSec: 20, TTFT: time.Millisecond}, frontend.Config{Tenants: tenants.Config{TPM: 1000}}) // burst 100
 	const big = `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":90,"stream":true}`
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(big))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Request-Id", "first")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := open(t, http.MethodPost, url+"/v1/chat/completions", big, map[string]string{"X-Request-Id": "first"})
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("first: got %d", resp.StatusCode)
 	}
@@ -168,13 +163,7 @@ func TestTokensGivenBackAtTheEnd(t *testing.T) {
 	t.Logf("stopped after %v", time.Since(t0))
 	// Without the give-back the 86 more it needs would take 5.7 s to refill.
 	waitUntil(t, "the unused tokens to come back", 1500*time.Millisecond, func() bool {
-		req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(big))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Request-Id", "second")
-		r, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := open(t, http.MethodPost, url+"/v1/chat/completions", big, map[string]string{"X-Request-Id": "second"})
 		defer r.Body.Close()
 		if r.StatusCode != http.StatusOK {
 			return false

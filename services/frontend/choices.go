@@ -15,6 +15,18 @@ import (
 // childID names choice i of request id.
 func childID(id string, i int) string { return id + "-" + strconv.Itoa(i) }
 
+// choiceIDs are the requests a create of n choices starts as id.
+func choiceIDs(id string, n int) []string {
+	if n <= 1 {
+		return []string{id}
+	}
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = childID(id, i)
+	}
+	return ids
+}
+
 // serveChoices runs a request with n > 1 choices as one child request per
 // choice (each dispatched, migrated and resumable on its own, as
 // <id>-<index>), under a parent that records them, so cancelling the parent
@@ -47,11 +59,11 @@ func (fe *Frontend) serveChoices(w http.ResponseWriter, r *http.Request, parent 
 			writeRecordError(w, fmt.Sprintf("choice %d", i), err)
 			return
 		}
-		fe.ledger.add(child)
+		fe.tenants.Stored(child)
 		ts = append(ts, t)
 	}
-	fe.tenants.admit(parent.Tenant, parent.Endpoint, n*parent.PromptTokens)
-	defer fe.createEnded(parent.Tenant, ts...) // before the deferred releases
+	fe.tenants.AdmittedChoices(parent, n)
+	defer fe.tenants.Ended(parent.Tenant, ts...) // before the deferred releases
 	fe.metrics.active.WithLabelValues(parent.Model).Inc()
 	defer fe.metrics.active.WithLabelValues(parent.Model).Dec()
 	for _, t := range ts {

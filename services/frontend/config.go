@@ -1,19 +1,23 @@
 package frontend
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 )
 
 // Config configures a frontend: its HTTP edge, the request runtime it runs
-// (Runtime) and the fleet view the runtime routes with (Fleet). Zero values
+// (Runtime), the fleet view the runtime routes with (Fleet) and its
+// tenants (Tenants). Zero values
 // mean the documented defaults (CONTRACT.md); flags and DYN_* environment
 // variables bind into it in cmd/baton. Each part applies its own defaults:
-// the edge's in New, the runtime's in runner.New, the fleet's in fleet.New.
+// the edge's in New, the runtime's in runner.New, the fleet's in fleet.New,
+// the tenants' in tenants.New.
 type Config struct {
 	// Runtime configures the request runtime: the frontend's id, migration,
 	// routing, a running request's timers, the log and its lifecycle
@@ -75,40 +79,16 @@ type Config struct {
 	// MaxConnections. Default 256; negative means none (behind a proxy,
 	// where every connection comes from the proxy's address).
 	MaxConnectionsPerAddress int
-	// TenantMaxConcurrent caps one tenant's open completions and resumes
-	// (429 beyond). 0 means the default: a quarter of MaxConnections when
-	// APIKeysFile is set (so that no tenant holds every connection), none
-	// without keys (every caller is one tenant, bounded by MaxConnections);
-	// negative means unlimited.
-	TenantMaxConcurrent int
 	// WriteTimeout bounds each write of a streamed response: a client that
 	// stops reading is disconnected this long after its last write could
 	// not go out, freeing its connection; default 30s.
 	WriteTimeout time.Duration
-	// TenantRPS caps one tenant's API requests per second (429 beyond, with
-	// a burst of max(1, TenantRPS)); 0 means unlimited.
-	TenantRPS float64
-	// TenantBudgetsFile, if set, holds per-tenant budgets (lines "TENANT
-	// [rpm=N] [tpm=N] [concurrent=N] [log=F] [weight=W]", quota.Parse):
-	// rpm and tpm are one budget across every frontend, kept in the
-	// budgets bucket; concurrent caps the tenant's open responses on each
-	// frontend in place of TenantMaxConcurrent. Reloaded by ReloadBudgets.
-	TenantBudgetsFile string
-	// TenantRPM and TenantTPM are the per-minute budgets of a tenant
-	// without a line in TenantBudgetsFile, or without that field; 0 means
-	// none. Either set, or a budgets file, turns the shared budgets on.
-	TenantRPM, TenantTPM int64
-	// BudgetLease is how long a frontend holds a slice of a tenant's
-	// budget before it returns what is left (quota.Config.Lease); default 2s.
-	BudgetLease time.Duration
-	// AdmissionQueue, if above 0, turns on weighted fair admission: a new
-	// request that finds every worker busy waits, in a queue of at most
-	// this many requests per tenant, for at most AdmissionWait (default
-	// DefaultAdmissionWait), and frontends admit the queued tenants by
-	// weight (the budgets file's weight=W) as workers free up. 0 (the
-	// default): a busy pool answers 503 at once.
-	AdmissionQueue int
-	AdmissionWait  time.Duration
+	// Tenants configures the tenants' limits, budgets and fair admission
+	// (tenants.Config). Its MaxConcurrent's default, 0, is a quarter of
+	// MaxConnections when APIKeysFile is set (so that no tenant holds every
+	// connection), none without keys (every caller is one tenant, bounded
+	// by MaxConnections); negative means unlimited.
+	Tenants tenants.Config
 	// TLSCertFile and TLSKeyFile, if set, serve the API over TLS.
 	TLSCertFile, TLSKeyFile string
 }
@@ -136,61 +116,30 @@ const (
 // withDefaults applies the edge's defaults; runner.New applies the
 // runtime's to c.Runtime.
 func (c Config) withDefaults() Config {
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = DefaultHTTPAddr
+	c.HTTPAddr = cmp.Or(c.HTTPAddr, DefaultHTTPAddr)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
+	c.DefaultMaxTokens = cmp.Or(c.DefaultMaxTokens, DefaultMaxTokens)
+	c.MaxTokensLimit = cmp.Or(c.MaxTokensLimit, DefaultMaxTokensLimit)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, DefaultMaxBodyBytes)
+	c.ReadHeaderTimeout = cmp.Or(c.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	c.BodyTimeout = cmp.Or(c.BodyTimeout, DefaultBodyTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxConnections = cmp.Or(c.MaxConnections, DefaultMaxConnections)
+	c.MaxConnectionsPerAddress = cmp.Or(c.MaxConnectionsPerAddress, DefaultMaxConnectionsPerAddress)
+	if c.Tenants.MaxConcurrent == 0 && c.APIKeysFile != "" {
+		c.Tenants.MaxConcurrent = max(1, c.MaxConnections/4)
 	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.DefaultMaxTokens == 0 {
-		c.DefaultMaxTokens = DefaultMaxTokens
-	}
-	if c.MaxTokensLimit == 0 {
-		c.MaxTokensLimit = DefaultMaxTokensLimit
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = DefaultMaxBodyBytes
-	}
-	if c.ReadHeaderTimeout == 0 {
-		c.ReadHeaderTimeout = DefaultReadHeaderTimeout
-	}
-	if c.BodyTimeout == 0 {
-		c.BodyTimeout = DefaultBodyTimeout
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.MaxConnections == 0 {
-		c.MaxConnections = DefaultMaxConnections
-	}
-	if c.MaxConnectionsPerAddress == 0 {
-		c.MaxConnectionsPerAddress = DefaultMaxConnectionsPerAddress
-	}
-	if c.TenantMaxConcurrent == 0 && c.APIKeysFile != "" {
-		c.TenantMaxConcurrent = max(1, c.MaxConnections/4)
-	}
-	if c.WriteTimeout == 0 {
-		c.WriteTimeout = DefaultWriteTimeout
-	}
-	if c.ConsoleWindow == 0 {
-		c.ConsoleWindow = DefaultConsoleWindow
-	}
-	if c.ConsoleRequests == 0 {
-		c.ConsoleRequests = DefaultConsoleRequests
-	}
-	if c.ConsoleLostWorkers == 0 {
-		c.ConsoleLostWorkers = DefaultConsoleLostWorkers
-	}
-	if c.AdmissionQueue > 0 && c.AdmissionWait == 0 {
-		c.AdmissionWait = DefaultAdmissionWait
-	}
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.ConsoleWindow = cmp.Or(c.ConsoleWindow, DefaultConsoleWindow)
+	c.ConsoleRequests = cmp.Or(c.ConsoleRequests, DefaultConsoleRequests)
+	c.ConsoleLostWorkers = cmp.Or(c.ConsoleLostWorkers, DefaultConsoleLostWorkers)
 	return c
 }
 
 // Validate reports every problem with c: the runtime's fields
 // (runner.Config.Validate) and the HTTP edge's.
 func (c Config) Validate() error {
-	errs := []error{c.Runtime.Validate(), c.Fleet.Validate()}
+	errs := []error{c.Runtime.Validate(), c.Fleet.Validate(), c.Tenants.Validate()}
 	for name, d := range map[string]time.Duration{
 		"shutdown timeout":    c.ShutdownTimeout,
 		"read header timeout": c.ReadHeaderTimeout, "body timeout": c.BodyTimeout, "idle timeout": c.IdleTimeout,
@@ -203,11 +152,8 @@ func (c Config) Validate() error {
 	if c.DefaultMaxTokens < 0 || c.MaxTokensLimit < 0 || c.MaxBodyBytes < 0 || c.ConsoleRequests < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
 	}
-	if c.MaxConnections < 0 || c.WriteTimeout < 0 || c.TenantRPS < 0 || c.TenantRPM < 0 || c.TenantTPM < 0 || c.BudgetLease < 0 {
-		errs = append(errs, errors.New("max connections, the write timeout and tenant limits must not be negative"))
-	}
-	if c.AdmissionQueue < 0 || c.AdmissionWait < 0 {
-		errs = append(errs, errors.New("the admission queue and its wait must not be negative"))
+	if c.MaxConnections < 0 || c.WriteTimeout < 0 {
+		errs = append(errs, errors.New("max connections and the write timeout must not be negative"))
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("a TLS certificate and key go together"))

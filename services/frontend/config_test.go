@@ -7,6 +7,7 @@ import (
 
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -51,10 +52,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "negative idle timeout", cfg: Config{IdleTimeout: -time.Second}, want: []string{"idle timeout -1s"}},
 		{name: "negative max children", cfg: Config{Runtime: runner.Config{MaxChildren: -1}}, want: []string{"max children"}},
 		{name: "negative max connections", cfg: Config{MaxConnections: -1}, want: []string{"max connections"}},
-		{name: "negative tenant concurrency is unlimited", cfg: Config{TenantMaxConcurrent: -1}},
-		{name: "negative write timeout", cfg: Config{WriteTimeout: -time.Second}, want: []string{"tenant limits"}},
-		{name: "negative tenant rate", cfg: Config{TenantRPS: -0.5}, want: []string{"tenant limits"}},
-		{name: "tenant limits set", cfg: Config{TenantMaxConcurrent: 4, TenantRPS: 0.5}},
+		{name: "negative tenant concurrency is unlimited", cfg: Config{Tenants: tenants.Config{MaxConcurrent: -1}}},
+		{name: "negative write timeout", cfg: Config{WriteTimeout: -time.Second}, want: []string{"write timeout"}},
+		{name: "negative tenant rate", cfg: Config{Tenants: tenants.Config{RPS: -0.5}}, want: []string{"tenant limits"}},
+		{name: "tenant limits set", cfg: Config{Tenants: tenants.Config{MaxConcurrent: 4, RPS: 0.5}}},
 		{name: "TLS certificate without key", cfg: Config{TLSCertFile: "c.pem"}, want: []string{"TLS certificate and key go together"}},
 		{name: "TLS key without certificate", cfg: Config{TLSKeyFile: "k.pem"}, want: []string{"TLS certificate and key go together"}},
 		{name: "TLS certificate and key", cfg: Config{TLSCertFile: "c.pem", TLSKeyFile: "k.pem"}},
@@ -102,9 +103,9 @@ func TestConfigWithDefaults(t *testing.T) {
 		{"max connections", func(c Config) any { return c.MaxConnections }, Config{}, DefaultMaxConnections},
 		{"max connections per address", func(c Config) any { return c.MaxConnectionsPerAddress }, Config{}, DefaultMaxConnectionsPerAddress},
 		{"max connections per address, negative is none", func(c Config) any { return c.MaxConnectionsPerAddress }, Config{MaxConnectionsPerAddress: -1}, -1},
-		{"tenant limits stay unlimited", func(c Config) any { return c.TenantMaxConcurrent == 0 && c.TenantRPS == 0 }, Config{}, true},
-		{"with keys a tenant holds a quarter of the connections", func(c Config) any { return c.TenantMaxConcurrent }, Config{APIKeysFile: "k"}, DefaultMaxConnections / 4},
-		{"with keys, negative is unlimited", func(c Config) any { return c.TenantMaxConcurrent }, Config{APIKeysFile: "k", TenantMaxConcurrent: -1}, -1},
+		{"tenant limits stay unlimited", func(c Config) any { return c.Tenants.MaxConcurrent == 0 && c.Tenants.RPS == 0 }, Config{}, true},
+		{"with keys a tenant holds a quarter of the connections", func(c Config) any { return c.Tenants.MaxConcurrent }, Config{APIKeysFile: "k"}, DefaultMaxConnections / 4},
+		{"with keys, negative is unlimited", func(c Config) any { return c.Tenants.MaxConcurrent }, Config{APIKeysFile: "k", Tenants: tenants.Config{MaxConcurrent: -1}}, -1},
 		{"a write timeout by default", func(c Config) any { return c.WriteTimeout }, Config{}, DefaultWriteTimeout},
 		{"console requests", func(c Config) any { return c.ConsoleRequests }, Config{}, DefaultConsoleRequests},
 	}

@@ -334,5 +334,5 @@ func (fe *Frontend) registerConsole(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/console/requests/{id}/timeline", fe.handleTimeline)
 	mux.HandleFunc("GET /v1/console/frontends", fe.handleFrontends)
 	mux.HandleFunc("GET /v1/console/events", fe.handleConsoleEvents)
-	mux.HandleFunc("GET /v1/console/tenants", fe.handleConsoleTenants)
+	mux.HandleFunc("GET /v1/console/tenants", fe.tenants.ServeConsole)
 }

@@ -9,13 +9,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync"
 
 	"github.com/baton-dev/baton/services/fleet"
 	"github.com/baton-dev/baton/services/frontend/apikeys"
 	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/runner"
-	"github.com/baton-dev/baton/services/quota"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,17 +37,11 @@ type Frontend struct {
 	fleet    *fleet.Fleet
 	gatherer prometheus.Gatherer
 	keys     *apikeys.Keyring // nil: the API is open
-	limits   *tenantLimits
-	budgets  quota.Budgets  // the budgets file's and the defaults; replaced by ReloadBudgets under mu
-	quota    *quota.Limiter // nil without budgets: no call to the budgets bucket; set by Run before it serves
-	ledger   *logLedger     // tenants' bytes in the log (log=F); nil without a budgets file; set by Run before it serves
+	// tenants holds every tenant to its limits, budgets, log share and
+	// fair share; started by Run before it serves.
+	tenants  *tenants.Gate
 	console  *consoleView
-	tenants  *tenantMetrics // per-tenant series, served at /metrics/tenants (the admin's)
-	// admission is the fair queue (nil: off, a busy pool answers 503 at once).
-	admission *admission
-	listener  net.Listener
-
-	mu sync.Mutex // guards budgets and quota against a reload
+	listener net.Listener
 }
 
 // New builds a frontend on connection nc. reg receives its metrics; if it is
@@ -85,7 +78,6 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	fe := &Frontend{
 		requests: &requests{id: cfg.Runtime.ID, cfg: cfg, log: log, runtime: rt, metrics: m, drain: newDrain()},
 		nc:       nc, js: js, fleet: fl,
-		limits: newTenantLimits(cfg.TenantMaxConcurrent, cfg.TenantRPS),
 	}
 	if cfg.APIKeysFile != "" {
 		if fe.keys, err = apikeys.Load(cfg.APIKeysFile); err != nil {
@@ -95,17 +87,12 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	} else {
 		log.Warn("no API keys file (--api-keys-file): the API is open to anyone who can reach it")
 	}
-	if fe.budgets, err = cfg.loadBudgets(); err != nil {
+	fe.tenants, err = tenants.New(cfg.Tenants, tenants.Deps{ID: cfg.Runtime.ID, Log: log, JS: js, Runtime: rt, Fleet: fl,
+		Keys: fe.keys, Draining: fe.draining})
+	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
-	fe.limits.setPerTenant(concurrentOf(fe.budgets))
-	if fe.tenants, err = newTenantMetrics(); err != nil {
-		return nil, fmt.Errorf("frontend: tenant metrics: %w", err)
-	}
-	if cfg.AdmissionQueue > 0 {
-		fe.admission = newAdmission(fe, cfg.AdmissionQueue, cfg.AdmissionWait)
-	}
-	fe.responses = &responses{requests: fe.requests, fleet: fl, limits: fe.limits, tenants: fe}
+	fe.responses = &responses{requests: fe.requests, fleet: fl, gate: fe.tenants, tenants: fe}
 	if err := fe.initConsole(reg); err != nil {
 		return nil, fmt.Errorf("frontend: console: %w", err)
 	}
@@ -140,82 +127,26 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	if _, err := fe.Listen(); err != nil {
 		return err
 	}
-	// The fleet view and the runtime that routes with it: the runtime
-	// provisions the log and waits for the view, which waits for the
-	// buckets; the handlers and the console read both. A view that cannot
-	// load ends the start with its error. The fleet stops last (stopFleet).
-	startCtx, cancelStart := context.WithCancelCause(ctx)
-	defer cancelStart(nil)
-	fleetCtx, cancelFleet := context.WithCancel(context.WithoutCancel(ctx))
-	fleetDone := make(chan struct{})
-	go func() {
-		defer close(fleetDone)
-		if err := fe.fleet.Run(fleetCtx); err != nil {
-			cancelStart(fmt.Errorf("fleet: %w", err))
-		}
-	}()
-	stopFleet := func() {
-		cancelFleet()
-		<-fleetDone
-	}
-	if err := fe.runtime.Start(startCtx, fe.listener.Addr().String()); err != nil {
-		if cause := context.Cause(startCtx); ctx.Err() == nil && cause != nil {
-			err = cause
-		}
-		stopFleet()
+	stopFleet, err := fe.start(ctx)
+	if err != nil {
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
 	defer stopFleet()
-	fe.parts = fe.runtime.Partitions()
-	runBudgets, err := fe.startBudgets(startCtx)
+	runTenants, err := fe.tenants.Start(ctx)
 	if err != nil {
 		fe.runtime.Stop()
 		fe.listener.Close()
 		return fmt.Errorf("frontend: start: %w", err)
 	}
-	runShares, err := fe.startLogShares(startCtx)
-	if err != nil {
-		fe.runtime.Stop()
-		fe.listener.Close()
-		return fmt.Errorf("frontend: start: %w", err)
-	}
-	runAdmission, err := fe.startAdmission(startCtx)
-	if err != nil {
-		fe.runtime.Stop()
-		fe.listener.Close()
-		return fmt.Errorf("frontend: start: admission: %w", err)
-	}
-	// The console lives until cancelRun, which comes at the end of the
-	// shutdown, not with ctx.
+	// The console and the tenants' sharing live until cancelRun, which
+	// comes at the end of the shutdown, not with ctx: then the budgets'
+	// leases are returned and this frontend's keys deleted.
 	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRun()
 	var g errgroup.Group
 	g.Go(func() error { fe.console.run(runCtx); return nil })
-	if runBudgets != nil { // until the end of the shutdown, then it returns its leases
-		g.Go(func() error {
-			if err := runBudgets(runCtx); err != nil {
-				fe.log.Error("tenant budgets: the other frontends' budgets are not compared", "err", err)
-			}
-			return nil
-		})
-	}
-	if runShares != nil { // until the end of the shutdown, then it deletes its key
-		g.Go(func() error {
-			if err := runShares(runCtx); err != nil {
-				fe.log.Error("tenant log shares: the other frontends' counts are not read", "err", err)
-			}
-			return nil
-		})
-	}
-	if runAdmission != nil { // the fair queue's scheduler and its counters, shared with the other frontends
-		g.Go(func() error {
-			if err := runAdmission(runCtx); err != nil {
-				fe.log.Error("fair admission: the other frontends' counters are not seen: tenants are admitted by weight on this frontend alone", "err", err)
-			}
-			return nil
-		})
-	}
+	g.Go(func() error { runTenants(runCtx); return nil })
 
 	srv := &http.Server{
 		Handler: fe.Handler(), ReadHeaderTimeout: fe.cfg.ReadHeaderTimeout, IdleTimeout: fe.cfg.IdleTimeout,
@@ -242,6 +173,37 @@ func (fe *Frontend) Run(ctx context.Context) error {
 	}
 
 	return fe.shutdown(ctx, srv, cancelRun, &g)
+}
+
+// start runs the fleet view and starts the runtime that routes with it:
+// the runtime provisions the log and waits for the view, which waits for
+// the buckets; the handlers and the console read both. A view that cannot
+// load ends the start with its error. The fleet stops last: Run calls the
+// returned stop as it returns.
+func (fe *Frontend) start(ctx context.Context) (stop func(), err error) {
+	startCtx, cancelStart := context.WithCancelCause(ctx)
+	defer cancelStart(nil)
+	fleetCtx, cancelFleet := context.WithCancel(context.WithoutCancel(ctx))
+	fleetDone := make(chan struct{})
+	go func() {
+		defer close(fleetDone)
+		if err := fe.fleet.Run(fleetCtx); err != nil {
+			cancelStart(fmt.Errorf("fleet: %w", err))
+		}
+	}()
+	stop = func() {
+		cancelFleet()
+		<-fleetDone
+	}
+	if err := fe.runtime.Start(startCtx, fe.listener.Addr().String()); err != nil {
+		if cause := context.Cause(startCtx); ctx.Err() == nil && cause != nil {
+			err = cause
+		}
+		stop()
+		return nil, err
+	}
+	fe.parts = fe.runtime.Partitions()
+	return stop, nil
 }
 
 // shutdown stops the frontend once Run's ctx is done: stop answering, then
@@ -293,11 +255,13 @@ func (fe *Frontend) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/requests/{id}/stream", fe.counted(fe.handleResume)) // counted in it: countUnlessBackground
 	mux.HandleFunc("POST /v1/requests/{id}/cancel", fe.handleCancel)
 	fe.responses.register(mux)
-	mux.HandleFunc("GET /v1/tenants/{tenant}/usage", fe.handleUsage)
+	mux.HandleFunc("GET /v1/tenants/{tenant}/usage", func(w http.ResponseWriter, r *http.Request) {
+		fe.tenants.ServeUsage(w, r, tenantOf(r))
+	})
 	mux.HandleFunc("GET /health", fe.handleHealth)
 	mux.HandleFunc("GET /live", fe.handleLive)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(fe.gatherer, promhttp.HandlerOpts{}))
-	mux.Handle("GET /metrics/tenants", fe.handleTenantMetrics())
+	mux.Handle("GET /metrics/tenants", fe.tenants.MetricsHandler()) // the admin's only: adminPath
 	fe.registerConsole(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if notFoundOrMethod(mux, w, r) {
@@ -310,7 +274,7 @@ func (fe *Frontend) Handler() http.Handler {
 	// (everything but the probes, /metrics and the console's page); then the
 	// tenant's budget headers and rate; then the body, read within its timeout.
 	// The budget headers go on every answer of a tenant with a budget.
-	return httpguard.Overflow(fe.withCORS(fe.authenticate(fe.budgetHeaders(fe.rateLimit(httpguard.ReadBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux))))))
+	return httpguard.Overflow(fe.withCORS(fe.authenticate(fe.tenantGate(httpguard.ReadBody(fe.cfg.BodyTimeout, fe.cfg.MaxBodyBytes, mux)))))
 }
 
 func randomHex(n int) string {

@@ -6,6 +6,7 @@ import (
 	"net/http"
 
 	"github.com/baton-dev/baton/migrations"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 	"github.com/baton-dev/baton/services/retention"
 )
 
@@ -19,7 +20,7 @@ const codeLogFull = migrations.CodeLogFull
 func writeRecordError(w http.ResponseWriter, what string, err error) {
 	var full *retention.FullError
 	if errors.As(err, &full) {
-		w.Header().Set("Retry-After", retryAfter(retention.RetryAfter))
+		w.Header().Set("Retry-After", tenants.RetryAfter(retention.RetryAfter))
 		writeError(w, http.StatusServiceUnavailable, "service_unavailable", codeLogFull, full.Error())
 		return
 	}

@@ -6,13 +6,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 )
 
 // TestLogShareEstimate: a finished request of a tenant with a share of the
@@ -29,15 +29,10 @@ func TestLogShareEstimate(t *testing.T) {
 	if err := os.WriteFile(budgets, []byte("alice log=0.5\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{APIKeysFile: keys, TenantBudgetsFile: budgets})
+	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{APIKeysFile: keys, Tenants: tenants.Config{BudgetsFile: budgets}})
 	call := func(method, path, body string) (int, []byte) {
 		t.Helper()
-		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer alice-0123456789abcdef")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := open(t, method, url+path, body, map[string]string{"Authorization": "Bearer alice-0123456789abcdef"})
 		defer resp.Body.Close()
 		var b json.RawMessage
 		_ = json.NewDecoder(resp.Body).Decode(&b)

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/services/frontend/httpguard"
 	"github.com/baton-dev/baton/services/frontend/openai"
 	"github.com/baton-dev/baton/services/frontend/runner"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 	"github.com/baton-dev/baton/streams"
 )
 
@@ -24,12 +25,12 @@ import (
 
 // responses serves the Responses API. It holds the edge's hold on the
 // runtime (requests), the fleet view's changes of the live frontends (a
-// reader claims a response whose owner is gone), and the tenants' limits and
-// budgets, which the edge keeps.
+// reader claims a response whose owner is gone), the tenants' gate and the
+// edge's own steps around it.
 type responses struct {
 	*requests
 	fleet   frontendsWatch
-	limits  *tenantLimits
+	gate    *tenants.Gate
 	tenants tenantSlots
 }
 
@@ -40,22 +41,15 @@ type frontendsWatch interface {
 	FrontendsChanged() <-chan struct{}
 }
 
-// tenantSlots is what a create and a read of a response ask of the tenant's
-// concurrency and budget: the edge's (budgets.go, limits.go).
+// tenantSlots is what a create and a read of a response ask of the edge
+// around the tenants' gate (tenant.go).
 type tenantSlots interface {
-	chargeBudget(w http.ResponseWriter, r *http.Request, tenant string, tokens int64, ids ...string) (*budget, bool)
-	writeConcurrencyLimit(w http.ResponseWriter, tenant string)
+	chargeBudget(w http.ResponseWriter, r *http.Request, tenant string, tokens int64, ids ...string) (*tenants.Spent, bool)
 	countUnlessBackground(w http.ResponseWriter, r *http.Request, t *runner.Request) (release func(), ok bool)
-	countUntilEnd(t *runner.Request, tenant string, ended func())
-	// admitLogShare refuses a tenant over its share of the log (logshare.go).
-	admitLogShare(tenant string) *apiError
-	// noteAdmitted counts an admitted request for its tenant (its log bytes
-	// and metrics), createEnded its end (tenantmetrics.go).
-	noteAdmitted(acc events.RequestAccepted)
-	createEnded(tenant string, ts ...*runner.Request)
+	countUntilEnd(t *runner.Request, tenant string, release, ended func())
 	// admitNew admits a new request by the pool's capacity, through the
-	// fair queue when it is on (admission.go).
-	admitNew(r *http.Request, tenant, model, endpoint, pinned string, tokens int64) (*ticket, *apiError)
+	// fair queue when it is on.
+	admitNew(r *http.Request, tenant, model, endpoint, pinned string, tokens int64) (*tenants.Ticket, *apiError)
 }
 
 // register adds the Responses API's routes to mux.
@@ -97,8 +91,8 @@ func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request
 	}
 	acc.RequestID, acc.Created, acc.Tenant, acc.BodySHA256 = c.id, start.Unix(), c.tenant, c.bodySHA
 	acc.PinnedWorker = r.Header.Get(headerWorkerID)
-	if apiErr := rs.tenants.admitLogShare(c.tenant); apiErr != nil {
-		writeAPIError(w, apiErr)
+	if e := rs.gate.AdmitLogShare(c.tenant); e != nil {
+		e.Write(w)
 		return
 	}
 	tk, apiErr := rs.tenants.admitNew(r, c.tenant, c.q.Model, events.EndpointResponses, acc.PinnedWorker, int64(acc.PromptTokens+acc.MaxTokens))
@@ -106,8 +100,8 @@ func (rs *responses) handleResponseCreate(w http.ResponseWriter, r *http.Request
 		writeAPIError(w, apiErr)
 		return
 	}
-	defer tk.end([]string{c.id})
-	r = withTicket(r, tk)
+	defer tk.End([]string{c.id})
+	r = tenants.WithTicket(r, tk)
 	if acc.ParentID, apiErr = rs.parentOf(r, c.tenant); apiErr != nil {
 		writeAPIError(w, apiErr)
 		return
@@ -178,20 +172,21 @@ func (rs *responses) readCreate(w http.ResponseWriter, r *http.Request) (create,
 func (rs *responses) start(w http.ResponseWriter, r *http.Request, c create, acc events.RequestAccepted) {
 	// One of the tenant's concurrent slots: a response in the background
 	// keeps it until it ends, another while this handler runs. Its budget
-	// likewise: given back when it ends (budget.end).
-	if !rs.limits.acquire(c.tenant) {
-		rs.tenants.writeConcurrencyLimit(w, c.tenant)
+	// likewise: given back when it ends (Spent.End).
+	release, e := rs.gate.Acquire(r.Context(), c.tenant)
+	if e != nil {
+		e.Write(w)
 		return
 	}
 	spent, ok := rs.tenants.chargeBudget(w, r, c.tenant, int64(acc.PromptTokens+acc.MaxTokens), c.id)
 	if !ok {
-		rs.limits.release(c.tenant)
+		release()
 		return
 	}
 	t, err := rs.runtime.Accept(r.Context(), acc)
 	if err != nil {
-		rs.limits.release(c.tenant)
-		spent.grant.Release(0)                // nothing started
+		release()
+		spent.Unused()                        // nothing started
 		if errors.Is(err, runner.ErrExists) { // stored meanwhile by another try of the same id
 			if t, err = rs.runtime.Attach(r.Context(), c.id); err == nil {
 				rs.serveRetry(w, r, t, c.public, c.q, c.bodySHA, c.after)
@@ -202,15 +197,15 @@ func (rs *responses) start(w http.ResponseWriter, r *http.Request, c create, acc
 		return
 	}
 	defer t.Release()
-	rs.tenants.noteAdmitted(acc)
+	rs.gate.Admitted(acc)
 	if !c.q.Background { // a background one's are counted when it ends (countUntilEnd)
-		defer rs.tenants.createEnded(acc.Tenant, t)
+		defer rs.gate.Ended(acc.Tenant, t)
 	}
 	if c.q.Background {
-		rs.tenants.countUntilEnd(t, c.tenant, spent.end)
+		rs.tenants.countUntilEnd(t, c.tenant, release, spent.End)
 	} else {
-		defer rs.limits.release(c.tenant)
-		defer spent.end()
+		defer release()
+		defer spent.End()
 	}
 	if acc.ParentID != "" {
 		rs.runtime.Link(r.Context(), acc.ParentID, acc.RequestID)
@@ -267,7 +262,7 @@ func (rs *responses) serveResponse(w http.ResponseWriter, r *http.Request, t *ru
 	case <-t.Dispatched():
 	case <-r.Context().Done():
 	}
-	settleTicket(r)
+	tenants.SettleTicket(r)
 	if s := snapshotOf(t, 0); s.status == projections.StatusFailed && s.Total == 0 {
 		return writeUnary(w, s)
 	}

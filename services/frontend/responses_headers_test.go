@@ -16,6 +16,17 @@ import (
 // status and the body.
 func call(t *testing.T, method, url, body string, hdr map[string]string) (int, string) {
 	t.Helper()
+	resp := open(t, method, url, body, hdr)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// open sends method with body (JSON) and headers to url and returns the
+// answer with its body unread, for a test that reads a stream as it comes
+// or leaves it open: the caller closes it.
+func open(t *testing.T, method, url, body string, hdr map[string]string) *http.Response {
+	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -28,9 +39,7 @@ func call(t *testing.T, method, url, body string, hdr map[string]string) (int, s
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp
 }
 
 // sseIDs are the ids of the events of an SSE body.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 )
 
 // waitUntil polls cond until it holds or the deadline passes.
@@ -29,7 +30,7 @@ func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
 // (formerly it counted only while its create's handler ran: 8 of 8
 // background creates were accepted under a cap of 2).
 func TestBackgroundResponsesCount(t *testing.T) {
-	url := inProcessWith(t, engine.MockConfig{TokensPerSec: 50, TTFT: time.Millisecond}, frontend.Config{TenantMaxConcurrent: 2})
+	url := inProcessWith(t, engine.MockConfig{TokensPerSec: 50, TTFT: time.Millisecond}, frontend.Config{Tenants: tenants.Config{MaxConcurrent: 2}})
 	create := func(body string) (int, string, string) {
 		t.Helper()
 		code, b := call(t, http.MethodPost, url+"/v1/responses", body, nil)
@@ -45,12 +46,8 @@ func TestBackgroundResponsesCount(t *testing.T) {
 	}
 	// A background create that streams counts once too: it runs at a cap of 2
 	// beside the first, and its stream is not counted again.
-	req, _ := http.NewRequest(http.MethodPost, url+"/v1/responses", strings.NewReader(
-		`{"model":"mock","input":"a streamed one","max_output_tokens":10,"background":true,"stream":true}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := open(t, http.MethodPost, url+"/v1/responses",
+		`{"model":"mock","input":"a streamed one","max_output_tokens":10,"background":true,"stream":true}`, nil)
 	if resp.StatusCode != 200 {
 		t.Fatalf("a streamed background create beside one: %d, want 200", resp.StatusCode)
 	}
@@ -71,18 +68,12 @@ func TestBackgroundResponsesCount(t *testing.T) {
 	if code, b := call(t, http.MethodGet, url+"/v1/responses/"+longID, "", nil); code != 200 {
 		t.Errorf("GET of a background response at the cap: %d %s, want 200", code, b)
 	}
-	resp, err = http.Get(url + "/v1/responses/" + longID + "?stream=true")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp = open(t, http.MethodGet, url+"/v1/responses/"+longID+"?stream=true", "", nil)
 	if resp.StatusCode != 200 {
 		t.Errorf("a streamed read of a background response at the cap: %d, want 200", resp.StatusCode)
 	}
 	resp.Body.Close()
-	resp, err = http.Get(url + "/v1/requests/" + longID + "/stream")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp = open(t, http.MethodGet, url+"/v1/requests/"+longID+"/stream", "", nil)
 	if resp.StatusCode != 200 {
 		t.Errorf("a resume of a background response at the cap: %d, want 200", resp.StatusCode)
 	}

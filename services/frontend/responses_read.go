@@ -173,18 +173,30 @@ func streamWanted(r *http.Request) (bool, *openai.ParamError) {
 // the object, status cancelled. A response that ended already is answered
 // as it is.
 func (rs *responses) handleResponseCancel(w http.ResponseWriter, r *http.Request) {
-	public := r.PathValue("id")
-	t, err := rs.attachResponse(r, public)
-	if err != nil {
-		writeResponseLookupError(w, public, err)
+	public, t := rs.attachEnded(w, r)
+	if t == nil {
 		return
 	}
 	defer t.Release()
-	if err := rs.endResponse(r, t); err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
-		return
-	}
 	writeJSON(w, http.StatusOK, responseObject(public, t))
+}
+
+// attachEnded follows the response the path names (attachResponse) and ends
+// it (endResponse), for the handlers that end a response before they answer.
+// On failure it has answered w and t is nil; otherwise the caller releases t.
+func (rs *responses) attachEnded(w http.ResponseWriter, r *http.Request) (public string, t *runner.Request) {
+	public = r.PathValue("id")
+	t, err := rs.attachResponse(r, public)
+	if err != nil {
+		writeResponseLookupError(w, public, err)
+		return public, nil
+	}
+	if err := rs.endResponse(r, t); err != nil {
+		t.Release()
+		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
+		return public, nil
+	}
+	return public, t
 }
 
 // endResponse cancels t (kill) unless it ended, and waits (at most
@@ -219,17 +231,11 @@ func (rs *responses) endResponse(r *http.Request, t *runner.Request) error {
 // running is cancelled, then a tombstone in the log hides it from every
 // frontend.
 func (rs *responses) handleResponseDelete(w http.ResponseWriter, r *http.Request) {
-	public := r.PathValue("id")
-	t, err := rs.attachResponse(r, public)
-	if err != nil {
-		writeResponseLookupError(w, public, err)
+	public, t := rs.attachEnded(w, r)
+	if t == nil {
 		return
 	}
 	defer t.Release()
-	if err := rs.endResponse(r, t); err != nil {
-		writeError(w, http.StatusInternalServerError, "server_error", "cancel_failed", err.Error())
-		return
-	}
 	if err := rs.runtime.Delete(r.Context(), t.ID(), tenantOf(r)); err != nil {
 		writeRecordError(w, "the deletion", err)
 		return

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/baton-dev/baton/internal/promtext"
 )
 
 func TestSetWorker(t *testing.T) {
@@ -27,38 +29,15 @@ func TestSetWorker(t *testing.T) {
 	}
 }
 
-// histogram is the sample count and sum of the (single) series of histogram
-// name in reg.
-func histogram(t *testing.T, reg *prometheus.Registry, name string) (uint64, float64) {
+// metric is the sum of the samples of name in reg (a histogram's are
+// name_count and name_sum).
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
+	v, err := promtext.Gathered(reg, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			h := mf.GetMetric()[0].GetHistogram()
-			return h.GetSampleCount(), h.GetSampleSum()
-		}
-	}
-	t.Fatalf("no single series of %s", name)
-	return 0, 0
-}
-
-// counter is the value of the (single) series of counter name in reg.
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no single series of %s", name)
-	return 0
+	return v
 }
 
 // TestTokenMetrics: the first tokens observe the time to first token, later
@@ -88,12 +67,12 @@ func TestTokenMetrics(t *testing.T) {
 			{"duration: one per response", "dynamo_frontend_request_duration_seconds", 1, 0.5},
 		}
 		for _, tc := range cases {
-			count, sum := histogram(t, reg, tc.metric)
+			count, sum := uint64(metric(t, reg, tc.metric+"_count")), metric(t, reg, tc.metric+"_sum")
 			if count != tc.wantCount || sum < tc.wantSum-1e-9 || sum > tc.wantSum+1e-9 {
 				t.Errorf("%s: got %d observations summing to %v, want %d summing to %v", tc.name, count, sum, tc.wantCount, tc.wantSum)
 			}
 		}
-		if got := counter(t, reg, "dynamo_frontend_output_tokens_total"); got != 6 {
+		if got := metric(t, reg, "dynamo_frontend_output_tokens_total"); got != 6 {
 			t.Errorf("got %v output tokens, want 6", got)
 		}
 	})

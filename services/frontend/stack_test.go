@@ -30,15 +30,22 @@ func inProcess(tb testing.TB, mock engine.MockConfig) string {
 // address and streams are the stack's).
 func inProcessWith(tb testing.TB, mock engine.MockConfig, cfg frontend.Config) string {
 	tb.Helper()
+	eng, err := engine.NewMock(mock)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return inProcessOn(tb, eng, cfg)
+}
+
+// inProcessOn is inProcessWith with the worker's engine given, for a test
+// that holds its generations (engine.MockConfig.HoldAtToken, Mock.Release).
+func inProcessOn(tb testing.TB, eng *engine.Mock, cfg frontend.Config) string {
+	tb.Helper()
 	s := natstest.Start(tb)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	tb.Cleanup(func() { cancel(); wg.Wait() })
 	sc := streams.Config{MemoryStorage: true}
-	eng, err := engine.NewMock(mock)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	w, err := worker.New(s.Connect(tb), eng, nil, prometheus.NewRegistry(), worker.Config{ID: "w1", Streams: sc})
 	if err != nil {
 		tb.Fatal(err)

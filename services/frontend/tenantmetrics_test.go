@@ -1,7 +1,6 @@
 package frontend_test
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/frontend"
+	"github.com/baton-dev/baton/services/frontend/tenants"
 )
 
 // TestTenantMetrics: the per-tenant series count alice's admitted creates,
@@ -22,37 +22,31 @@ func TestTenantMetrics(t *testing.T) {
 	if err := os.WriteFile(keys, []byte("alice alice-0123456789abcdef\nadmin admin-0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{APIKeysFile: keys, TenantRPM: 20})
-	call := func(method, path, key, body string) (int, string) {
+	url := inProcessWith(t, engine.MockConfig{SpeedupRatio: 1e9}, frontend.Config{APIKeysFile: keys, Tenants: tenants.Config{RPM: 20}})
+	callAs := func(method, path, key, body string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+		var hdr map[string]string
 		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
+			hdr = map[string]string{"Authorization": "Bearer " + key}
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return call(t, method, url+path, body, hdr)
 	}
 	const chat = `{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":4}`
 	var codes []int
 	for range 3 { // rpm 20: a burst of 2
-		code, _ := call(http.MethodPost, "/v1/chat/completions", "alice-0123456789abcdef", chat)
+		code, _ := callAs(http.MethodPost, "/v1/chat/completions", "alice-0123456789abcdef", chat)
 		codes = append(codes, code)
 	}
 	if codes[0] != 200 || codes[1] != 200 || codes[2] != 429 {
 		t.Fatalf("alice's three creates: got %v, want 200 200 429", codes)
 	}
-	if code, _ := call(http.MethodGet, "/metrics/tenants", "", ""); code != http.StatusUnauthorized {
+	if code, _ := callAs(http.MethodGet, "/metrics/tenants", "", ""); code != http.StatusUnauthorized {
 		t.Errorf("/metrics/tenants without a key: got %d, want 401", code)
 	}
-	if code, body := call(http.MethodGet, "/metrics/tenants", "alice-0123456789abcdef", ""); code != http.StatusForbidden || !strings.Contains(body, "permission_denied") {
+	if code, body := callAs(http.MethodGet, "/metrics/tenants", "alice-0123456789abcdef", ""); code != http.StatusForbidden || !strings.Contains(body, "permission_denied") {
 		t.Errorf("/metrics/tenants with alice's key: got %d %s, want 403 permission_denied", code, body)
 	}
-	code, body := call(http.MethodGet, "/metrics/tenants", "admin-0123456789abcdef", "")
+	code, body := callAs(http.MethodGet, "/metrics/tenants", "admin-0123456789abcdef", "")
 	if code != http.StatusOK {
 		t.Fatalf("/metrics/tenants with the admin's key: got %d %s, want 200", code, body)
 	}
@@ -66,11 +60,11 @@ func TestTenantMetrics(t *testing.T) {
 			t.Errorf("/metrics/tenants has no %s:\n%s", want, body)
 		}
 	}
-	if code, body := call(http.MethodGet, "/v1/tenants/alice/usage", "alice-0123456789abcdef", ""); code != http.StatusOK ||
+	if code, body := callAs(http.MethodGet, "/v1/tenants/alice/usage", "alice-0123456789abcdef", ""); code != http.StatusOK ||
 		!strings.Contains(body, `"here":{"admitted":2,"throttled":{"requests":1}`) {
 		t.Errorf("alice's usage: got %d %s, want this frontend's counts of her", code, body)
 	}
-	if _, public := call(http.MethodGet, "/metrics", "", ""); strings.Contains(public, "baton_tenant_") || strings.Contains(public, `tenant="alice"`) {
+	if _, public := callAs(http.MethodGet, "/metrics", "", ""); strings.Contains(public, "baton_tenant_") || strings.Contains(public, `tenant="alice"`) {
 		t.Error("the public /metrics names tenants")
 	}
 }

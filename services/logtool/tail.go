@@ -17,24 +17,29 @@ import (
 // Source is a stream and an optional subject filter.
 type Source struct {
 	Stream, Filter string
+	// Optional: the stream may not exist (the ends place, on a log that a
+	// release before it provisioned), and is then not read.
+	Optional bool
 }
 
 // Sources are the streams and subject filters of a request log of parts
-// partitions that `baton events` reads: every partition and the workers
-// stream, or, with request or worker set, the one of each.
+// partitions that `baton events` reads: every partition, the ends place
+// and the workers stream, or, with request or worker set, the subjects of
+// each.
 func Sources(parts streams.Partitions, request, worker string) []Source {
 	var out []Source
 	switch {
 	case request == "" && worker == "":
 		for _, name := range parts.Streams() {
-			out = append(out, Source{name, ""})
+			out = append(out, Source{Stream: name})
 		}
-		return append(out, Source{streams.WorkersStream, ""})
+		return append(out, Source{Stream: streams.EndsStream, Optional: true}, Source{Stream: streams.WorkersStream})
 	case request != "":
-		out = append(out, Source{parts.StreamOf(request), streams.RequestAll(request)})
+		out = append(out, Source{Stream: parts.StreamOf(request), Filter: streams.RequestAll(request)},
+			Source{Stream: streams.EndsStream, Filter: streams.RequestEnd(request), Optional: true})
 	}
 	if worker != "" {
-		out = append(out, Source{streams.WorkersStream, "baton.workers." + worker + ".>"})
+		out = append(out, Source{Stream: streams.WorkersStream, Filter: "baton.workers." + worker + ".>"})
 	}
 	return out
 }
@@ -63,6 +68,9 @@ func Tail(ctx context.Context, js jetstream.JetStream, srcs []Source, since time
 	tails := make([]*tail, 0, len(srcs))
 	for _, s := range srcs {
 		t, err := startTail(ctx, js, s, since)
+		if s.Optional && errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -261,11 +269,13 @@ func (r Record) JSON() JSONRecord {
 }
 
 // shortStream names a stream in a line: "requests", "req.<k>" for request
-// partition k, "workers".
+// partition k, "ends", "workers".
 func shortStream(s string) string {
 	switch s {
 	case streams.RequestsStream:
 		return "requests"
+	case streams.EndsStream:
+		return "ends"
 	case streams.WorkersStream:
 		return "workers"
 	}

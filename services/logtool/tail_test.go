@@ -24,9 +24,7 @@ func TestTailLogFollow(t *testing.T) {
 	wl, fl := streams.NewLog(js, "baton/worker/w1"), streams.NewLog(js, "baton/frontend/fe-1")
 	appendOr := func(l *streams.Log, subject, id string, ev events.Event) {
 		t.Helper()
-		if _, err := l.Append(ctx, subject, l.Envelope(id, "x", ev), -1); err != nil {
-			t.Fatal(err)
-		}
+		natstest.Append(ctx, t, l, subject, id, "x", ev)
 	}
 	appendOr(wl, streams.WorkerEvents("w1"), "reg", events.WorkerRegistered{WorkerID: "w1", Model: "mock"})
 
@@ -40,7 +38,7 @@ func TestTailLogFollow(t *testing.T) {
 	tctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- Tail(tctx, js, []Source{{streams.RequestsStream, ""}, {streams.WorkersStream, ""}}, 0, true, func(r Record) error {
+		done <- Tail(tctx, js, []Source{{Stream: streams.RequestsStream}, {Stream: streams.WorkersStream}}, 0, true, func(r Record) error {
 			mu.Lock()
 			defer mu.Unlock()
 			lines = append(lines, r.Line())

@@ -91,13 +91,15 @@ func TestWorkerUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`"baton.workers.w7.events"`, `"$KV.baton_leases.w7", "$KV.baton_load.w7"`, `"baton.dispatch.w7"`,
-		`"baton.requests.*.*.tokens.*.w7"`, `"baton.checks.w7"`, `"baton.commands.w7"`, `"_INBOX_worker.w7.>"`} {
+		`"baton.requests.*.*.tokens.*.w7"`, `"baton.checks.w7"`, `"baton.commands.w7"`, `"_INBOX_worker.w7.>"`,
+		`"baton.outputs.w7"`, `"baton.out.w7.d.*"`, `"$JS.API.STREAM.INFO.BATON_OUT_w7"`} {
 		if !strings.Contains(perms, want) {
 			t.Errorf("pinned permissions lack %s:\n%s", want, perms)
 		}
 	}
 	for _, gone := range []string{`"baton.dispatch.*"`, `"$KV.baton_leases.>"`, `"baton.workers.*.events"`,
 		`tokens.*.*"`, `"baton.checks.*"`, `"baton.commands.*"`, `"_INBOX_worker.*.>"`, "BATON_REQUESTS", "_INBOX.>", "baton.live",
+		`"baton.outputs.*"`, `"baton.out.*`, "BATON_OUT_*",
 		"STREAM.CREATE", "STREAM.UPDATE", "STREAM.INFO.>"} { // a worker creates no stream (issue 23) and lists no request ids
 		if strings.Contains(perms, gone) {
 			t.Errorf("pinned permissions still grant %s", gone)

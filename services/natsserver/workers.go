@@ -25,14 +25,18 @@ const WorkerPermissions = `publish: [
   "$JS.API.DIRECT.GET.KV_baton_leases.>", "$JS.API.DIRECT.GET.KV_baton_load.>", "$JS.API.DIRECT.GET.KV_baton_frontends.>",
   "$JS.API.CONSUMER.CREATE.KV_baton_leases.>", "$JS.API.CONSUMER.CREATE.KV_baton_frontends.>",   # owners, for detached requests
   "$JS.API.CONSUMER.DELETE.KV_baton_leases.>", "$JS.API.CONSUMER.DELETE.KV_baton_frontends.>",   # its watchers' end
-  "$JS.FC.>", "$JS.ACK.>"
+  "$JS.FC.>", "$JS.ACK.>",
+  "baton.outputs.*",                       # --batched-output: asks a frontend for its output stream (pinned: .<worker>)
+  "baton.out.*.d.*",                       # --batched-output: its batches, one subject per owner (pinned: baton.out.<worker>.d.*)
+  "$JS.API.STREAM.INFO.BATON_OUT_*"        # pinned: its own stream (BATON_OUT_<worker>); unpinned it names no stream
 ]
 subscribe: [ "baton.dispatch.*", "baton.commands.*", "_INBOX_worker.*.>" ]   # pinned per user: .<worker id>
 `
 
 // pins are the grants of WorkerPermissions that name one worker's own
 // subjects: its attempts' output, lifecycle events, checks, lease and load
-// keys, dispatches, commands and inboxes. Each is built by streams, as any
+// keys, dispatches, commands and inboxes, and its output stream's ask,
+// subjects and info. Each is built by streams, as any
 // worker's ("*", or ">" for a key) and as one worker's ("%s").
 var pins = func() []struct{ any, own string } {
 	grant := func(subject func(id string) string) struct{ any, own string } {
@@ -48,6 +52,9 @@ var pins = func() []struct{ any, own string } {
 		grant(streams.DispatchSubject),
 		grant(streams.CommandSubject),
 		{quote(inbox("*")), quote(inbox("%s"))},
+		grant(streams.OutputsSubject),
+		grant(func(id string) string { return streams.WorkerOutput(id, "*") }),
+		grant(func(id string) string { return "$JS.API.STREAM.INFO." + streams.WorkerOutputStream(id) }),
 	}
 }()
 

@@ -37,3 +37,28 @@ func BenchmarkAcquire(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkSlots is what a shared concurrent slot costs the edge: taking
+// one with this frontend's view current (one compare-and-set of the
+// tenant's key), and with it stale (a read more: another frontend wrote).
+func BenchmarkSlots(b *testing.B) {
+	_, kv := budgetsKV(b)
+	ctx := context.Background()
+	b.Run("current", func(b *testing.B) {
+		s, _ := NewSlots(kv, nil, Config{Frontend: "fe-a", Lease: time.Hour})
+		for b.Loop() {
+			if err := s.Acquire(ctx, "alice", 1<<30); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("stale", func(b *testing.B) {
+		s, _ := NewSlots(kv, nil, Config{Frontend: "fe-a", Lease: time.Hour})
+		for b.Loop() {
+			s.holder("bob").fresh = false
+			if err := s.Acquire(ctx, "bob", 1<<30); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

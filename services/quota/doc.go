@@ -13,6 +13,22 @@
 // period (the bucket then refills past it). Checks that the local slice
 // covers cost no network call.
 //
+// Slots keeps each tenant's concurrent=N as one cap across every
+// frontend: one key per tenant (c.<tenant>) holds the slots each frontend
+// holds and until when. A frontend takes a slot with one compare-and-set,
+// refused when the live holdings of all add up to N (one read more when
+// its view is stale), gives it back with another when the request ends,
+// and renews its holdings every Lease/3 (a write with a new end, Lease
+// later). The bound of its error: the frontends together never hold more
+// than N as the key records it. They may admit fewer: a slot given back
+// counts until its write lands (milliseconds), and the slots of a frontend
+// that dies count until its last lease ends, at most one Lease (default
+// 2 s). They may run more than N in one case: a frontend cut off from the
+// bucket for over a Lease keeps serving the streams it had open while its
+// entry lapses and the others admit up to N again (it admits nothing new:
+// its checks fail closed), until those streams end. Leases end by each
+// holder's clock, so clocks must agree within a fraction of the Lease.
+//
 // LogShares adds up, in the same bucket, each frontend's count of the
 // bytes each tenant stores in the request log (one key per frontend), for
 // the tenants' shares of the log (log=F).

@@ -65,14 +65,7 @@ func NewFair(self string, stale time.Duration) *Fair {
 // was applied: a frontend that held back may admit now.
 func (f *Fair) Changed() <-chan struct{} { return f.changed }
 
-func (f *Fair) share(tenant string) *Share {
-	s, ok := f.own[tenant]
-	if !ok {
-		s = &Share{}
-		f.own[tenant] = s
-	}
-	return s
-}
+func (f *Fair) share(tenant string) *Share { return entry(f.own, tenant) }
 
 // counterLocked is tenant's counter: the largest lift plus every
 // frontend's service.
@@ -341,4 +334,15 @@ func (f *Fair) notify() {
 	case f.changed <- struct{}{}:
 	default:
 	}
+}
+
+// entry returns m[key], adding a new zero value there first if it has none:
+// the per-tenant state of Limiter, Slots and Fair.
+func entry[T any](m map[string]*T, key string) *T {
+	v, ok := m[key]
+	if !ok {
+		v = new(T)
+		m[key] = v
+	}
+	return v
 }

@@ -91,6 +91,9 @@ func (s *FairShare) Run(ctx context.Context) error {
 			wrote, wroteAt = version, time.Now()
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return nil // the watch ends with ctx too, and select may see it first
+				}
 				return errors.New("quota: the watch of the fair-admission counters ended")
 			}
 			if e == nil {

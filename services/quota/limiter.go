@@ -202,13 +202,13 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, tokens int64) (Gra
 	}
 	// Requests that queued behind a take that could not reach the bucket
 	// fail at once rather than each after its own timeout.
-	if h.failed != nil && time.Since(h.failedAt) < l.cfg.Timeout/2 {
+	if h.failed != nil && l.cfg.Now().Sub(h.failedAt) < l.cfg.Timeout/2 {
 		return Grant{}, l.status(tenant, rs, ts), h.failed
 	}
 	if err := l.take(ctx, tenant, h, rs, ts, needReq, needTok, b); err != nil {
 		var over *OverError
 		if !errors.As(err, &over) {
-			h.failed, h.failedAt = err, time.Now()
+			h.failed, h.failedAt = err, l.cfg.Now()
 		}
 		return Grant{}, l.status(tenant, rs, ts), err
 	}
@@ -219,12 +219,7 @@ func (l *Limiter) Acquire(ctx context.Context, tenant string, tokens int64) (Gra
 func (l *Limiter) holder(tenant string) *held {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	h, ok := l.tenants[tenant]
-	if !ok {
-		h = &held{}
-		l.tenants[tenant] = h
-	}
-	return h
+	return entry(l.tenants, tenant)
 }
 
 // margin is how long before its end a lease stops being spent, for clocks

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -251,29 +252,35 @@ func TestNoBudgetNoTraffic(t *testing.T) {
 // answers 503), within the timeout, and is not taken for over budget.
 func TestUnreachableFailsClosed(t *testing.T) {
 	s, kv := budgetsKV(t)
-	l, err := New(kv, nil, rpm("alice", 10), Config{Frontend: "fe-a", Timeout: 300 * time.Millisecond})
+	// The limiter's clock stands still: the second check below comes
+	// within half the timeout of the first failure however loaded the
+	// machine is.
+	c := &clock{now: time.Unix(1_800_000_000, 0)}
+	l, err := New(kv, nil, rpm("alice", 10), Config{Frontend: "fe-a", Timeout: 300 * time.Millisecond, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Shutdown()
 	s.WaitForShutdown()
 	start := time.Now()
-	_, _, err = l.Acquire(context.Background(), "alice", 0)
+	_, _, first := l.Acquire(context.Background(), "alice", 0)
 	var over *OverError
-	if err == nil || errors.As(err, &over) {
-		t.Fatalf("got %v, want an error reaching the bucket", err)
+	if first == nil || errors.As(first, &over) {
+		t.Fatalf("got %v, want an error reaching the bucket", first)
 	}
 	if el := time.Since(start); el > 2*time.Second {
 		t.Errorf("took %v, want about the timeout", el)
 	}
-	// The next check right after fails at once: requests queued behind a
-	// take that timed out do not each wait for their own.
-	start = time.Now()
-	if _, _, err := l.Acquire(context.Background(), "alice", 0); err == nil || errors.As(err, &over) {
-		t.Fatalf("second: got %v, want an error reaching the bucket", err)
+	// The next check right after fails at once, with the first's error:
+	// requests queued behind a take that timed out do not each wait for
+	// their own (a take of its own would fail with an error of its own).
+	if _, _, err := l.Acquire(context.Background(), "alice", 0); err != first {
+		t.Fatalf("second: got %v, want the first check's error %v at once", err, first)
 	}
-	if el := time.Since(start); el > 100*time.Millisecond {
-		t.Errorf("the second check took %v, want at once", el)
+	// Past half the timeout, a check tries the bucket again.
+	c.advance(200 * time.Millisecond)
+	if _, _, err := l.Acquire(context.Background(), "alice", 0); err == nil || err == first || errors.As(err, &over) {
+		t.Fatalf("third, past half the timeout: got %v, want an error of its own reaching the bucket", err)
 	}
 }
 
@@ -323,20 +330,9 @@ func TestDifferingBudgetsAreNamed(t *testing.T) {
 	for _, l := range []*Limiter{a, b} {
 		wg.Go(func() { _ = l.Run(ctx) })
 	}
-	waitFor(t, "fe-a to name fe-b", func() bool { d := a.Differ(); return len(d) == 1 && d[0] == "fe-b" })
+	waitfor.Poll(t, "fe-a to name fe-b", func() bool { d := a.Differ(); return len(d) == 1 && d[0] == "fe-b" })
 	b.SetBudgets(rpm("alice", 10))
-	waitFor(t, "fe-a to agree", func() bool { return len(a.Differ()) == 0 && len(b.Differ()) == 0 })
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Poll(t, "fe-a to agree", func() bool { return len(a.Differ()) == 0 && len(b.Differ()) == 0 })
 }
 
 // TestUsageSeesOtherFrontends: the usage read shows what another frontend

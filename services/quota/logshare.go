@@ -78,7 +78,7 @@ func (s *LogShares) Bytes(tenant string) int64 {
 
 // Run writes this frontend's totals and watches the others' until ctx is
 // done; then it deletes its key and returns nil. An error means the watch
-// could not start.
+// could not start, or ended before ctx did.
 func (s *LogShares) Run(ctx context.Context) error {
 	w, err := s.kv.Watch(ctx, logPrefix+"*")
 	if err != nil {
@@ -91,11 +91,7 @@ func (s *LogShares) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
-			if err := s.kv.Delete(dctx, logPrefix+s.frontend); err != nil {
-				s.log.Warn("delete this frontend's log bytes: the bucket's TTL ends them", "err", err)
-			}
-			cancel()
+			s.leave(ctx)
 			return nil
 		case <-tick.C:
 			s.mu.Lock()
@@ -121,7 +117,12 @@ func (s *LogShares) Run(ctx context.Context) error {
 			wrote = time.Now()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil
+				// The watch ends with ctx too, and select may see it first.
+				if ctx.Err() != nil {
+					s.leave(ctx)
+					return nil
+				}
+				return errors.New("quota: the watch of the tenants' log bytes ended")
 			}
 			if e == nil {
 				continue
@@ -144,5 +145,14 @@ func (s *LogShares) Run(ctx context.Context) error {
 			}
 			s.mu.Unlock()
 		}
+	}
+}
+
+// leave deletes this frontend's key as Run ends with ctx.
+func (s *LogShares) leave(ctx context.Context) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
+	defer cancel()
+	if err := s.kv.Delete(dctx, logPrefix+s.frontend); err != nil {
+		s.log.Warn("delete this frontend's log bytes: the bucket's TTL ends them", "err", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -37,14 +38,14 @@ func TestLogSharesAcrossFrontends(t *testing.T) {
 
 	a.Set(map[string]int64{"alice": 1000, "bob": 5})
 	b.Set(map[string]int64{"alice": 300})
-	waitUntil(t, "each frontend to add the other's bytes", func() bool {
+	waitfor.Poll(t, "each frontend to add the other's bytes", func() bool {
 		return a.Bytes("alice") == 1300 && b.Bytes("alice") == 1300 && b.Bytes("bob") == 5
 	})
 	if got := a.Bytes("carol"); got != 0 {
 		t.Errorf("carol's bytes: got %d, want 0", got)
 	}
 	a.Set(map[string]int64{"alice": 10})
-	waitUntil(t, "a change to reach the other frontend", func() bool { return b.Bytes("alice") == 310 })
+	waitfor.Poll(t, "a change to reach the other frontend", func() bool { return b.Bytes("alice") == 310 })
 
 	stopA()
 	if err := <-aDone; err != nil {
@@ -53,19 +54,48 @@ func TestLogSharesAcrossFrontends(t *testing.T) {
 	if _, err := kv.Get(ctx, logPrefix+"fe-a"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 		t.Errorf("fe-a's key after it stopped: got %v, want it deleted", err)
 	}
-	waitUntil(t, "a stopped frontend's bytes to stop counting", func() bool { return b.Bytes("alice") == 300 && b.Bytes("bob") == 0 })
+	waitfor.Poll(t, "a stopped frontend's bytes to stop counting", func() bool { return b.Bytes("alice") == 300 && b.Bytes("bob") == 0 })
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
+// endedWatchKV is a bucket whose watches have ended already, as a watch
+// started with a context does once that context is done.
+type endedWatchKV struct{ jetstream.KeyValue }
+
+func (kv endedWatchKV) Watch(context.Context, string, ...jetstream.WatchOpt) (jetstream.KeyWatcher, error) {
+	return endedWatcher{}, nil
+}
+
+type endedWatcher struct{}
+
+func (endedWatcher) Updates() <-chan jetstream.KeyValueEntry {
+	ch := make(chan jetstream.KeyValueEntry)
+	close(ch)
+	return ch
+}
+func (endedWatcher) Stop() error { return nil }
+
+// TestLogSharesLeaveWhenTheWatchEndsFirst: the watch of the others' bytes
+// ends with the context Run was given, and Run's select may see that
+// before the context's end; it must still delete this frontend's key
+// (formerly it returned at once and left the key for the bucket's TTL).
+// Both are ready from the start here, so each round's select picks either.
+func TestLogSharesLeaveWhenTheWatchEndsFirst(t *testing.T) {
+	_, kv := budgetsKV(t)
+	for round := range 16 {
+		s, err := NewLogShares(endedWatchKV{kv}, nil, "fe-a", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(t.Context(), logPrefix+"fe-a", []byte(`{"alice":1}`)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		if err := s.Run(ctx); err != nil {
+			t.Fatalf("round %d: Run after its context ended: %v", round, err)
+		}
+		if _, err := kv.Get(t.Context(), logPrefix+"fe-a"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			t.Fatalf("round %d: fe-a's key after Run returned: got %v, want it deleted", round, err)
 		}
 	}
 }

@@ -48,7 +48,11 @@ func (l *Limiter) Run(ctx context.Context) error {
 			l.compare()
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil
+				if ctx.Err() != nil { // the watch ends with ctx too, and select may see it first
+					l.close()
+					return nil
+				}
+				return errors.New("quota: the watch of the frontends' budgets hashes ended")
 			}
 			if e == nil {
 				continue // the end of what existed at start

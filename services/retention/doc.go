@@ -22,7 +22,20 @@
 //     partition after each reading of its own, purges their junk (written
 //     outside the attempts routed to them, or after their request ended),
 //     and quarantines a worker whose junk is large or many (Fleet.Junk);
-//     while a worker is quarantined it sweeps what it writes. It reads
+//     while a worker is quarantined it sweeps what it writes. Every writer
+//     it sees in the log is looked at, by the worker id its subjects name,
+//     whether or not the view holds its lease (checkStrangers): a
+//     credential needs no lease to write. A sweep judges a quarantined
+//     worker's subjects by their requests' last events, read 1,024 a
+//     batched get (classifyBatched), and once none of its output is needed
+//     purges all it wrote with one purge of its tokens filter a reading.
+//     A message on a worker's own attempt over the attempt's bound
+//     (projections.AttemptBound, which the fold applies too) is junk;
+//     a quarantined worker's messages over it, or large ones after its
+//     attempt's fence, are deleted by sequence (trimHeld). A quarantine is
+//     stored on the worker's events subject and on its quarantine subject,
+//     which only frontends write (Fleet.Junk), so that its own
+//     re-registration cannot bury it. It reads
 //     through the Monitor (UsageReader), so admission answers from its
 //     readings too, and on a goroutine of its own, so its questions never
 //     hold up eviction, nor eviction its readings.
@@ -34,7 +47,9 @@
 // compacting one request store one record; of a live worker's writes the
 // guard purges only junk, which no reader folds into an answer (a subject no
 // reader folds, one of a request that does not exist, of an attempt not
-// routed to the subject's worker, or written after its request's end was
-// recorded), and of a quarantined worker's everything but what a request in
-// flight, or finished and not compacted, may still need.
+// routed to the subject's worker, written after its request's end was
+// recorded, or over its attempt's bound), and of a quarantined worker's
+// everything but what a request in flight, or finished and not compacted,
+// may still need (of that, only messages no reader folds: after the
+// attempt's fence, or over its bound).
 package retention

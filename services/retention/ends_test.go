@@ -3,16 +3,13 @@ package retention_test
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/events"
-	"github.com/baton-dev/baton/internal/natstest"
-	"github.com/baton-dev/baton/services/retention"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/streams"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // owner is a retention.Ends: the requests its frontend ended, and how often
@@ -45,20 +42,8 @@ func (o *owner) questions() int {
 // once no pass evicts anything, passes stop (nothing is asked) until the
 // ends place changes, and then the request ended there goes.
 func TestEvictionTakesEndsAndSkipsUnchanged(t *testing.T) {
-	srv := natstest.Start(t)
-	js := srv.JetStream(t)
-	ctx := context.Background()
-	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
-		t.Fatal(err)
-	}
-	fe, wk := logs(t, js)
-	ratio := func() float64 {
-		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return u.Ratio()
-	}
+	l := newSmallLog(t)
+	ctx, js, fe, wk, ratio, present := context.Background(), l.js, l.fe, l.wk, l.ratio, l.present
 	storeEnd := func(id string, through uint64) {
 		t.Helper()
 		f := events.RequestFailed{RequestID: id, Code: "log_full", Status: 503}
@@ -91,23 +76,10 @@ func TestEvictionTakesEndsAndSkipsUnchanged(t *testing.T) {
 			o.ended[id] = true // its owner ended it; the ends place does not know
 		}
 	}
-	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{HighWater: 0.9, Interval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPartitions(1)
+	m := l.monitor()
 	m.SetEnds(o)
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- m.Run(rctx) }()
-	present := func(id string) bool {
-		for _, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
-			return err == nil
-		}
-		return false
-	}
-	eventually(t, "the ended requests evicted", func() bool {
+	stop := runMonitor(t, m)
+	waitfor.Poll(t, "the ended requests evicted", func() bool {
 		for _, id := range ended {
 			if present(id) {
 				return false
@@ -129,19 +101,16 @@ func TestEvictionTakesEndsAndSkipsUnchanged(t *testing.T) {
 		t.Fatalf("usage %.2f after eviction: the test wants a log that stays above the eviction mark", r)
 	}
 	// Nothing changes: the passes stop asking.
-	eventually(t, "passes to stop", func() bool {
+	waitfor.Poll(t, "passes to stop", func() bool {
 		before := o.questions()
 		time.Sleep(100 * time.Millisecond) // ten intervals
 		return o.questions() == before
 	})
 	// The ends place changes: the request ended there is evicted.
 	storeEnd(running[0], 1<<40)
-	eventually(t, running[0]+" evicted once its end is stored", func() bool { return !present(running[0]) })
+	waitfor.Poll(t, running[0]+" evicted once its end is stored", func() bool { return !present(running[0]) })
 	if !present(running[1]) {
 		t.Errorf("%s, in flight, was evicted", running[1])
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	stop()
 }

@@ -54,12 +54,15 @@ type Guard struct {
 	checked     map[string]uint64    // "stream worker": the partition's last sequence at the worker's last check (Run's)
 	sweptTo     map[string]uint64    // "stream worker": a quarantined worker's junk purged through this sequence (Run's)
 	honest      map[string]time.Time // tokens subject: found not junk, taken as such until then (Run's)
+	strangers   map[string]time.Time // "stream worker": a writer with no lease in the view, checked at every reading until then (Run's)
 
-	mu     sync.Mutex
-	parts  streams.Partitions
-	fleet  Fleet
-	swept  map[string]bool   // "stream worker": a quarantined worker none of whose output is needed there
-	routed map[string]string // "request attempt": the worker it was routed to (routedWorker)
+	mu      sync.Mutex
+	parts   streams.Partitions
+	fleet   Fleet
+	swept   map[string]bool   // "stream worker": a quarantined worker none of whose output is needed there
+	routed  map[string]string // "request attempt": the worker it was routed to (routedWorker)
+	bounds  map[string]int    // request: the most bytes a message of one of its attempts may hold (projections.AttemptBound)
+	trimmed map[string]uint64 // a fenced attempt's tokens subject: its large messages deleted through this sequence (Run's)
 }
 
 // GuardConfig sets the pace of a Guard. Zero values mean the defaults.
@@ -108,8 +111,8 @@ func NewGuard(js jetstream.JetStream, usage UsageReader, reg prometheus.Register
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
 		}, []string{"stream"}),
-		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{},
-		swept: map[string]bool{}, routed: map[string]string{},
+		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{}, strangers: map[string]time.Time{},
+		swept: map[string]bool{}, routed: map[string]string{}, bounds: map[string]int{}, trimmed: map[string]uint64{},
 	}
 	if g.usage == nil {
 		g.usage = ownReadings{js, log}
@@ -254,6 +257,12 @@ const (
 	checkSamples   = 16
 	readingSamples = 64
 	minSamples     = 4
+	// trimBatch and trimBatchBytes bound one batched get of trimHeld.
+	trimBatch      = 64
+	trimBatchBytes = 16 << 20
+	// heavyMean and heavySamples: heavyWrites.
+	heavyMean    = 16 << 10
+	heavySamples = 64
 	// junkLarge: one junk message this large quarantines its worker at once.
 	junkLarge = 64 << 10
 	// junkMany: this many junk messages of one worker quarantine it. An
@@ -267,13 +276,29 @@ const (
 	// its whole append window (1,024) and the repairs of it, which are
 	// purged but are no reason to take it out of service.
 	lateMany = 4096
-	// sweepMax bounds the subjects one sweep of a worker looks at.
-	sweepMax = 512
-	// parallel is how many questions about junk are asked at once.
-	parallel = 16
+	// sweepMax bounds the subjects one sweep of a worker looks at: their
+	// requests' last events are read 1,024 a batched get
+	// (classifyBatched), and batchBytes bounds one answer.
+	sweepMax   = 1 << 16
+	batchBytes = 8 << 20
+	// parallel is how many questions about junk are asked at once, and
+	// purgeParallel how many purges of junk subjects are sent at once (a
+	// literal subject's purge is quick: TestGuardSweepsManySubjects sweeps
+	// about 4,000 subjects a second with 64, 2,200 with 16).
+	parallel      = 16
+	purgeParallel = 64
 	// routedCache bounds the routed decisions the guard remembers, and the
 	// subjects it found honest.
 	routedCache = 4096
+	// writerSamples is how many messages of any writer each reading of a
+	// partition looks at, at even steps of what was written since the
+	// previous reading (fastChecks while it grows fast), to find writers
+	// the view holds no lease of (strangers); strangerFor is how long a
+	// stranger once seen is checked at every reading, and strangersMax
+	// bounds how many are.
+	writerSamples = 4
+	strangerFor   = time.Minute
+	strangersMax  = 64
 	// honestFor is how long a tokens subject found not junk (its request in
 	// flight, its attempt routed to the worker) is taken as such without
 	// asking again: what its worker writes there once the request ended is
@@ -303,9 +328,12 @@ func (g *Guard) guard(ctx context.Context, before, u streams.Usage, fast bool) {
 		g.sweep(ctx, u.Stream, w, u.LastSeq)
 	}
 	ws := f.Workers()
+	g.checkStrangers(ctx, f, before, u, fast, ws, q)
 	if len(ws) == 0 {
 		return
 	}
+	heavy := heavyWrites(before, u)
+	fast = fast || heavy
 	n := min(checksPerReading, len(ws))
 	if fast {
 		n = min(len(ws), fastChecks)
@@ -319,7 +347,10 @@ func (g *Guard) guard(ctx context.Context, before, u streams.Usage, fast bool) {
 		w := ws[(start+i)%len(ws)]
 		key := u.Stream + " " + w
 		samples := minSamples
-		if fast {
+		switch {
+		case heavy:
+			samples = heavySamples
+		case fast:
 			samples = max(minSamples, min(checkSamples, readingSamples/n))
 		}
 		g.checked[key] = g.check(ctx, u.Stream, w, f, max(g.checked[key]+1, lookFrom(before, u, fast)), u.LastSeq, samples, fast)
@@ -331,6 +362,17 @@ func (g *Guard) guard(ctx context.Context, before, u streams.Usage, fast bool) {
 			}
 		}
 	}
+}
+
+// heavyWrites reports whether what was written to a partition between
+// readings before and u is large messages among small ones: their mean
+// size heavyMean or more. Samples at even steps of the sequence meet a
+// worker's large messages only as often as they are among its messages (a
+// 1 MiB message on its own attempt among its honest deltas), so each check
+// then takes heavySamples of them.
+func heavyWrites(before, u streams.Usage) bool {
+	return before.LastSeq > 0 && u.LastSeq > before.LastSeq && u.Bytes > before.Bytes &&
+		(u.Bytes-before.Bytes)/(u.LastSeq-before.LastSeq) >= heavyMean
 }
 
 // lookFrom is the earliest a check looks for a worker's messages in a
@@ -372,6 +414,7 @@ func (g *Guard) check(ctx context.Context, stream, worker string, f Fleet, from,
 	}
 	step := max(1, (to-from+1)/uint64(samples))
 	now := time.Now()
+
 	for i, seq := uint64(0), from; i < uint64(samples) && seq <= to; i++ {
 		msg, ok, err := streams.NextOfWorkerBare(ctx, g.js, stream, worker, seq)
 		if err != nil {
@@ -381,10 +424,14 @@ func (g *Guard) check(ctx context.Context, stream, worker string, f Fleet, from,
 			break // nothing of the worker's after seq
 		}
 		seq = max(msg.Sequence+1, from+(i+1)*step)
-		if now.Before(g.honest[msg.Subject]) || (i > 0 && !judgeAll && len(msg.Data) < junkLarge) {
+		large := len(msg.Data) >= junkLarge
+		if (now.Before(g.honest[msg.Subject]) && !large) || (i > 0 && !judgeAll && !large) {
 			continue
 		}
 		why, running := g.judge(ctx, stream, msg.Subject, msg.Sequence)
+		if why == "" && running && large {
+			why = g.overBound(ctx, stream, msg) // its own attempt's, but more than the attempt may write
+		}
 		if why == "" {
 			if running {
 				if len(g.honest) >= routedCache {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
@@ -131,7 +132,7 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	guard(t, js, f, 5*time.Millisecond)
 	waitGone := func(what, subject string) {
 		t.Helper()
-		eventually(t, what+" ("+subject+") purged", func() bool {
+		waitfor.Poll(t, what+" ("+subject+") purged", func() bool {
 			_, err := st.GetLastMsgForSubject(ctx, subject)
 			return err != nil
 		})
@@ -142,22 +143,18 @@ func TestGuardQuarantinesJunkWriters(t *testing.T) {
 	// and ended: its connection sends the deltas it buffered, on its own
 	// attempt's subject, after the end: more than junkMany of them, written
 	// since the guard last looked at w1.
-	eventually(t, "every worker looked at", func() bool {
+	waitfor.Poll(t, "every worker looked at", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.asked > 2*len(f.live)
 	})
 	late := streams.RequestTokens("done-07", 0, "w1")
 	for i := range 200 {
-		if _, err := wk.Append(ctx, late, wk.Envelope(fmt.Sprint("late-", i), "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5 + i, Tokens: []string{"late "}}), -1); err != nil {
-			t.Fatal(err)
-		}
+		natstest.Append(ctx, t, wk, late, fmt.Sprint("late-", i), "done-07", events.TokensGenerated{RequestID: "done-07", Offset: 5 + i, Tokens: []string{"late "}})
 	}
 	waitGone("w1's late deltas", late)
 	malformed := "baton.requests.0.junk.tokens.0.w1" // slot 0 is not junk's: no reader folds it
-	if _, err := wk.Append(ctx, malformed, wk.Envelope("malformed", "junk", events.TokensGenerated{RequestID: "junk", Tokens: []string{"x"}}), -1); err != nil {
-		t.Fatal(err)
-	}
+	natstest.Append(ctx, t, wk, malformed, "malformed", "junk", events.TokensGenerated{RequestID: "junk", Tokens: []string{"x"}})
 	waitGone("w1's message on a malformed subject", malformed)
 	if why, q := f.why("w1"); q {
 		t.Fatalf("w1 quarantined for its carries and the late deltas of its own attempt: %s", why)
@@ -223,7 +220,7 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
 	// Readings far enough apart that what follows is written between two.
 	guard(t, js, f, time.Second)
-	eventually(t, "the guard's first reading", func() bool {
+	waitfor.Poll(t, "the guard's first reading", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.asked > 0
@@ -231,9 +228,7 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 	tokens := streams.RequestTokens("inflight", 0, "w1")
 	delta := func(i int) {
 		t.Helper()
-		if _, err := wk.Append(ctx, tokens, wk.Envelope(fmt.Sprint("d-", i), "inflight", events.TokensGenerated{RequestID: "inflight", Offset: i, Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}}), -1); err != nil {
-			t.Fatal(err)
-		}
+		natstest.Append(ctx, t, wk, tokens, fmt.Sprint("d-", i), "inflight", events.TokensGenerated{RequestID: "inflight", Offset: i, Tokens: []string{fmt.Sprintf("t%d ", i)}, IDs: []int{i}})
 	}
 	delta(10)
 	junk := streams.RequestTokens("no-such-request", 0, "w1")
@@ -250,7 +245,7 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "w1's junk purged", func() bool {
+	waitfor.Poll(t, "w1's junk purged", func() bool {
 		_, err := st.GetLastMsgForSubject(ctx, junk)
 		return err != nil
 	})
@@ -268,32 +263,16 @@ func TestGuardFindsJunkAmongHonestWrites(t *testing.T) {
 // partition above the high-water mark, the Monitor refuses new requests
 // there, and Run returns nil when its context ends.
 func TestGuardReadingsAreAdmissions(t *testing.T) {
-	js := natstest.Start(t).JetStream(t)
-	ctx := context.Background()
-	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
-		t.Fatal(err)
+	l := newSmallLog(t)
+	ctx, js := context.Background(), l.js
+	for i := 0; l.ratio() <= 0.92; i++ {
+		store(t, l.fe, l.wk, fmt.Sprintf("done-%03d", i), 20, false)
 	}
-	fe, wk := logs(t, js)
-	for i := 0; ; i++ {
-		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if u.Ratio() > 0.92 {
-			break
-		}
-		store(t, fe, wk, fmt.Sprintf("done-%03d", i), 20, false)
-	}
-	reg, log := prometheus.NewRegistry(), slog.New(slog.DiscardHandler)
-	m, err := retention.NewMonitor(js, reg, log, retention.Config{HighWater: 0.9})
+	m := l.monitor() // not run: the guard's readings are its readings
+	g, err := retention.NewGuard(js, m, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.GuardConfig{Interval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := retention.NewGuard(js, m, reg, log, retention.GuardConfig{Interval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPartitions(1)
 	g.SetPartitions(1)
 	if err := m.Admit("anything"); err != nil {
 		t.Fatalf("admission before any reading: %v", err)
@@ -301,11 +280,184 @@ func TestGuardReadingsAreAdmissions(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- g.Run(rctx) }()
-	eventually(t, "admission refused from the guard's reading", func() bool {
+	waitfor.Poll(t, "admission refused from the guard's reading", func() bool {
 		return errors.Is(m.Admit("anything"), retention.ErrLogFull)
 	})
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run after its context ended: %v, want nil", err)
+	}
+}
+
+// TestGuardFindsWriterWithoutLease: the view lists no worker. w1 crashed
+// (its lease gone) while serving a request, whose 10 deltas it wrote; w9
+// never registered and writes 200 small junk messages on request ids that
+// do not exist. The guard's look at any writer's messages finds both by
+// the worker their subjects name and checks what each wrote: w9 is
+// quarantined by its id and its junk purged; w1's deltas, of an attempt
+// routed to it, are honest and stay. Formerly only leased workers were
+// looked at.
+//
+// The guard starts once the 200 are stored: small junk quarantines its
+// writer when junkMany of it is in the log at once, and a guard reading
+// while the test was still writing (at load 10 the appends came slower
+// than its readings) purged each reading's few as an honest worker's
+// late deltas, all 200 of them, without ever quarantining w9.
+func TestGuardFindsWriterWithoutLease(t *testing.T) {
+	js, fe, wk := guardedLog(t)
+	ctx := context.Background()
+	store(t, fe, wk, "inflight", 10, true)
+	for i := range 200 {
+		id := fmt.Sprintf("random-%d", i)
+		junk := wk.Envelope(fmt.Sprint("junk-", i), id, events.TokensGenerated{RequestID: id, Tokens: []string{strings.Repeat("x", 1<<10)}})
+		if _, err := wk.Append(ctx, streams.RequestTokens(id, 0, "w9"), junk, -1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &fleet{quarantined: map[string]string{}}
+	guard(t, js, f, 20*time.Millisecond)
+	waitfor.Poll(t, "w9 quarantined", func() bool { _, q := f.why("w9"); return q })
+	if why, _ := f.why("w9"); !strings.Contains(why, "does not exist") {
+		t.Errorf("w9's quarantine: %q, want its junk named", why)
+	}
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Poll(t, "w9's junk purged", func() bool {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(streams.WorkerTokens("w9")))
+		return err == nil && len(info.State.Subjects) == 0
+	})
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(tokens))
+	if err != nil || info.State.Subjects[tokens] != 10 {
+		t.Errorf("w1's deltas of the request in flight: %v, %d messages, want 10", err, info.State.Subjects[tokens])
+	}
+	if _, q := f.why("w1"); q {
+		t.Error("w1 quarantined")
+	}
+}
+
+// TestGuardSweepsManySubjects: w1, quarantined, wrote one small junk
+// message on each of 8,000 subjects (requests that do not exist) while
+// its request in flight still needs its deltas. The sweep judges them in
+// batched reads (1,024 requests a get) and purges the junk, one subject a
+// purge: the request in flight keeps its 10 deltas. It logs the subjects
+// swept a second (formerly 512 a reading at most, about 600 a second).
+func TestGuardSweepsManySubjects(t *testing.T) {
+	js, fe, wk := guardedLog(t)
+	ctx := context.Background()
+	store(t, fe, wk, "inflight", 10, true)
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := func() uint64 {
+		info, err := st.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	honest := msgs()
+	const n = 8000
+	var futs []jetstream.PubAckFuture
+	for i := range n {
+		// Past 4,000 acks outstanding a publish waits for room: as long as
+		// any wait of the test, not the client's default 200 ms, which a
+		// loaded machine's server took to ack them (ErrTooManyStalledMsgs).
+		fut, err := js.PublishAsync(streams.RequestTokens(fmt.Sprintf("gone-%d", i), 0, "w1"), []byte("junk"), jetstream.WithStallWait(waitfor.Timeout))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, fut)
+	}
+	for _, fut := range futs {
+		select {
+		case <-fut.Ok():
+		case err := <-fut.Err():
+			t.Fatal(err)
+		}
+	}
+	subjects := func() map[string]uint64 {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(streams.WorkerTokens("w1")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects
+	}
+	if got := len(subjects()); got != n+1 {
+		t.Fatalf("w1's subjects before the sweep: %d, want %d", got, n+1)
+	}
+	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{"w1": "junk"}}
+	start := time.Now()
+	guard(t, js, f, 20*time.Millisecond)
+	// Waited for by the stream's message count: a reading of w1's 8,001
+	// subjects every few milliseconds, a JS API request as the purges are,
+	// slowed the sweep by as much as it measures on a loaded machine.
+	waitfor.Poll(t, "w1's junk swept", func() bool { return msgs() == honest })
+	took := time.Since(start)
+	t.Logf("%d subjects swept in %v: %.0f a second", n, took.Round(time.Millisecond), n/took.Seconds())
+	if got := len(subjects()); got != 1 {
+		t.Errorf("w1's subjects after the sweep: %d, want 1 (the request in flight's)", got)
+	}
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	if got := subjects()[tokens]; got != 10 {
+		t.Errorf("the request in flight's deltas after the sweep: %d, want 10", got)
+	}
+}
+
+// TestGuardBoundsOwnAttempt: w1 serves a request of max_tokens 10 (an
+// attempt's message may hold 64 KiB + 10 × 4 KiB + the prompt's ids) and
+// writes four 200 KiB messages on its own attempt's subject (the partition
+// grows fast): junk all the same (no reader folds a delta that large), w1
+// is quarantined, and its sweep deletes them. Its attempt is then fenced
+// (the request migrated to w2), and w1 writes three more there: deleted
+// too. The request's 10 honest deltas stay.
+func TestGuardBoundsOwnAttempt(t *testing.T) {
+	js, fe, wk := guardedLog(t)
+	ctx := context.Background()
+	store(t, fe, wk, "inflight", 10, true)
+	f := &fleet{live: []string{"w1", "w2"}, quarantined: map[string]string{}}
+	guard(t, js, f, 20*time.Millisecond)
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	big := func(i int) {
+		t.Helper()
+		if _, err := js.Publish(ctx, tokens, make([]byte, 200<<10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 4 {
+		big(i)
+	}
+	waitfor.Poll(t, "w1 quarantined", func() bool { _, q := f.why("w1"); return q })
+	if why, _ := f.why("w1"); !strings.Contains(why, "its own attempt 0") {
+		t.Errorf("w1's quarantine: %q, want its own attempt named", why)
+	}
+	if _, q := f.why("w2"); q {
+		t.Error("w2 quarantined")
+	}
+	natstest.Append(ctx, t, fe, streams.RequestEvents("inflight"), "m0", "inflight",
+		events.RequestMigrated{RequestID: "inflight", FromAttempt: 0, FromWorker: "w1", Cut: 10, MigrationType: "resume", Reason: "worker lost", Frontend: "fe-1"})
+	for i := range 3 {
+		big(4 + i)
+	}
+	st, err := js.Stream(ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Poll(t, "w1's large messages deleted", func() bool {
+		info, err := st.Info(ctx, jetstream.WithSubjectFilter(tokens))
+		return err == nil && info.State.Subjects[tokens] == 10
+	})
+	for seq := uint64(1); ; seq++ {
+		m, err := streams.NextOnSubject(ctx, js, streams.RequestsStream, tokens, seq)
+		if err != nil || m == nil {
+			break
+		}
+		if len(m.Data) >= 64<<10 {
+			t.Errorf("a %d-byte message left at %d", len(m.Data), m.Sequence)
+		}
+		seq = m.Sequence
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -33,10 +34,10 @@ func (g *Guard) judgeJunk(ctx context.Context, stream, worker string, f Fleet, m
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, _ := g.classify(ctx, stream, keys, lastOfSubject)
+	junk, _, absent := g.classifyBatched(ctx, stream, keys, lastOfSubject)
 	many, late := 0, 0
 	for _, subj := range junk {
-		if g.ownAttempt(ctx, stream, subj, worker) {
+		if !absent[subj] && g.ownAttempt(ctx, stream, subj, worker) {
 			late += int(subjects[subj]) // after its request ended: purged, counted apart
 		} else {
 			many += int(subjects[subj])
@@ -161,6 +162,125 @@ func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int
 	}
 }
 
+// overBound says why msg, on the subject of an attempt routed to its
+// worker, is junk all the same ("" if it is not): it is larger than any
+// message of an attempt of its request may be (projections.AttemptBound).
+func (g *Guard) overBound(ctx context.Context, stream string, msg *jetstream.RawStreamMsg) string {
+	rs, err := streams.ParseRequestSubject(msg.Subject)
+	if err != nil {
+		return ""
+	}
+	bound, err := g.requestBound(ctx, stream, rs.ID)
+	if err != nil || bound == 0 || len(msg.Data) <= bound {
+		return ""
+	}
+	return fmt.Sprintf("on %s, its own attempt %d of request %s, a %d-byte message, over the %d bytes a message of the request's may hold",
+		msg.Subject, rs.Attempt, rs.ID, len(msg.Data), bound)
+}
+
+// requestBound is attemptBound of request id, from its accepted event
+// (the first on its events subject; 0: not found), cached.
+func (g *Guard) requestBound(ctx context.Context, stream, id string) (int, error) {
+	g.mu.Lock()
+	b, ok := g.bounds[id]
+	g.mu.Unlock()
+	if ok {
+		return b, nil
+	}
+	msg, err := streams.NextOnSubject(ctx, g.js, stream, streams.RequestEvents(id), 1)
+	if err != nil || msg == nil {
+		return 0, err
+	}
+	e, err := events.Unmarshal(events.Header(msg.Header), msg.Data)
+	acc, ok := e.Event.(events.RequestAccepted)
+	if err != nil || !ok {
+		return 0, nil
+	}
+	b = projections.AttemptBound(acc)
+	g.mu.Lock()
+	if len(g.bounds) >= routedCache {
+		clear(g.bounds)
+	}
+	g.bounds[id] = b
+	g.mu.Unlock()
+	return b, nil
+}
+
+// fencedAt returns the sequence of the migration that fenced attempt of
+// request id (0: it is not fenced): what its worker stores on its subject
+// afterwards no reader folds (projections.IgnoredFenced).
+func (g *Guard) fencedAt(ctx context.Context, stream, id string, attempt int) (uint64, error) {
+	subject := streams.RequestEvents(id)
+	for seq := uint64(1); ; {
+		msg, err := streams.NextOnSubject(ctx, g.js, stream, subject, seq)
+		if err != nil || msg == nil {
+			return 0, err
+		}
+		seq = msg.Sequence + 1
+		if msg.Header.Get(events.HeaderType) != events.TypeRequestMigrated {
+			continue
+		}
+		e, err := events.Unmarshal(events.Header(msg.Header), msg.Data)
+		if m, ok := e.Event.(events.RequestMigrated); err == nil && ok && m.FromAttempt == attempt {
+			return msg.Sequence, nil
+		}
+	}
+}
+
+// trimHeld deletes, from each of a quarantined worker's held subjects (a
+// request in flight still needs them), the large messages (junkLarge or
+// more) no reader folds: those stored after a migration fenced the
+// attempt (projections.IgnoredFenced), and those over the attempt's bound
+// (projections.AttemptBound: the fold ignores a delta of more,
+// IgnoredOversize). The worker decides how long its request runs: what it
+// writes there meanwhile must not wait for the request's compaction. A
+// subject's messages are read once (trimmed), 64 a batched get, and
+// deleted 16 at a time.
+func (g *Guard) trimHeld(ctx context.Context, stream string, held []string) {
+	for _, subj := range held {
+		rs, err := streams.ParseRequestSubject(subj)
+		if err != nil || rs.Kind != "tokens" {
+			continue
+		}
+		fence, err := g.fencedAt(ctx, stream, rs.ID, rs.Attempt)
+		if err != nil {
+			continue
+		}
+		bound, err := g.requestBound(ctx, stream, rs.ID)
+		if err != nil {
+			continue
+		}
+		if len(g.trimmed) >= routedCache {
+			clear(g.trimmed)
+		}
+		for ctx.Err() == nil {
+			batch, err := streams.NextOnSubjectSizes(ctx, g.js, stream, subj, g.trimmed[subj]+1, trimBatch, trimBatchBytes)
+			if err != nil || len(batch) == 0 {
+				break
+			}
+			var eg errgroup.Group
+			eg.SetLimit(parallel)
+			for _, m := range batch {
+				if m.Size < junkLarge || !((fence > 0 && m.Seq > fence) || (bound > 0 && m.Size > bound)) {
+					continue
+				}
+				eg.Go(func() error {
+					if err := streams.DeleteMsg(ctx, g.js, stream, m.Seq); err != nil {
+						g.log.Debug("delete a quarantined worker's junk", "stream", stream, "subject", subj, "err", err)
+						return err
+					}
+					g.junkPurged.WithLabelValues(stream).Inc()
+					return nil
+				})
+			}
+			if eg.Wait() != nil {
+				break // looked at again from there at the next sweep
+			}
+			g.trimmed[subj] = batch[len(batch)-1].Seq
+		}
+	}
+}
+
 // junkWhy's seq for a subject as a whole.
 const (
 	anyOfEnded    uint64 = 0
@@ -193,24 +313,81 @@ func (g *Guard) classify(ctx context.Context, stream string, subjects []string, 
 	return junk, held
 }
 
-// purgeAll purges each of subjects from stream, several at once. One
-// literal subject a purge: a purge with a wildcard filter reads the whole
-// stream.
-func (g *Guard) purgeAll(ctx context.Context, stream string, subjects []string) {
+// classifyBatched is classify with the requests' last events read in
+// batches (streams.LastOfEach, a round trip for up to 1,024 requests
+// instead of one each): a subject of a request with no events is junk, as
+// is, with seq anyOfEnded, one of a request that ended; one of a request
+// in flight is junk unless its attempt was routed to the subject's worker
+// (routedWorker, cached). What the batch cannot tell (an answer cut short,
+// or an ended request judged at lastOfSubject) is asked one by one. An
+// error means batched gets are not served (before nats-server 2.11):
+// classify then. absent holds the junk subjects whose request does not
+// exist (none of them can be the worker's own attempt).
+func (g *Guard) classifyBatched(ctx context.Context, stream string, subjects []string, seq uint64) (junk, held []string, absent map[string]bool) {
+	evs := make([]string, 0, len(subjects))
+	seen := map[string]bool{}
+	for _, subj := range subjects {
+		if rs, err := streams.ParseRequestSubject(subj); err == nil && !seen[rs.ID] {
+			seen[rs.ID] = true
+			evs = append(evs, streams.RequestEvents(rs.ID))
+		}
+	}
+	last, complete, err := streams.LastOfEach(ctx, g.js, stream, evs, batchBytes, false)
+	if err != nil {
+		junk, held = g.classify(ctx, stream, subjects, seq)
+		return junk, held, nil
+	}
+	absent = map[string]bool{}
+	var ask []string
+	for _, subj := range subjects {
+		rs, err := streams.ParseRequestSubject(subj)
+		if err != nil {
+			junk = append(junk, subj)
+			continue
+		}
+		m, ok := last[streams.RequestEvents(rs.ID)]
+		switch {
+		case !ok && complete:
+			junk = append(junk, subj) // no such request
+			absent[subj] = true
+			continue
+		case !ok:
+			ask = append(ask, subj)
+			continue
+		}
+		switch m.Header.Get(events.HeaderType) {
+		case events.TypeRequestCompacted, events.TypeRequestFailed:
+			if seq == anyOfEnded {
+				junk = append(junk, subj)
+			} else {
+				ask = append(ask, subj)
+			}
+			continue
+		}
+		ask = append(ask, subj) // in flight: routedWorker, cached
+	}
+	j, h := g.classify(ctx, stream, ask, seq)
+	return append(junk, j...), append(held, h...), absent
+}
+
+// purgeAll purges each of subjects from stream, purgeParallel at once,
+// and reports whether every purge succeeded. One literal subject a purge:
+// a purge with a wildcard filter reads the whole stream.
+func (g *Guard) purgeAll(ctx context.Context, stream string, subjects []string) (all bool) {
 	var eg errgroup.Group
-	eg.SetLimit(parallel)
+	eg.SetLimit(purgeParallel)
 	for _, subj := range subjects {
 		eg.Go(func() error {
 			n, err := streams.PurgeSubject(ctx, g.js, stream, subj)
 			if err != nil {
 				g.log.Debug("purge junk", "stream", stream, "subject", subj, "err", err)
-				return nil
+				return err
 			}
 			g.junkPurged.WithLabelValues(stream).Add(float64(n))
 			return nil
 		})
 	}
-	_ = eg.Wait()
+	return eg.Wait() == nil
 }
 
 // sweep purges quarantined worker's junk from stream, whose last sequence
@@ -245,11 +422,16 @@ func (g *Guard) sweep(ctx context.Context, stream, worker string, to uint64) {
 		return
 	}
 	keys := sortedKeys(subjects, sweepMax)
-	junk, held := g.classify(ctx, stream, keys, anyOfEnded)
+	junk, held, _ := g.classifyBatched(ctx, stream, keys, anyOfEnded)
 	if len(held) > 0 || len(keys) < len(subjects) {
-		g.purgeAll(ctx, stream, junk)
-		if len(keys) == len(subjects) {
-			g.sweptTo[key] = to // what is held is needed until its request is compacted
+		purged := g.purgeAll(ctx, stream, junk)
+		g.trimHeld(ctx, stream, held)
+		if purged && len(keys) == len(subjects) {
+			// What is held is needed until its request is compacted. A purge
+			// that failed (timed out on a loaded server) leaves its junk to
+			// the next reading's sweep: swept to here, that one would start
+			// only once the worker wrote again.
+			g.sweptTo[key] = to
 		}
 		return
 	}

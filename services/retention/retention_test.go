@@ -14,6 +14,7 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
@@ -32,9 +33,7 @@ func store(t *testing.T, fe, wk *streams.Log, id string, n int, running bool) {
 	ctx := context.Background()
 	app := func(log *streams.Log, subj string, evid string, ev events.Event) {
 		t.Helper()
-		if _, err := log.Append(ctx, subj, log.Envelope(evid, id, ev), -1); err != nil {
-			t.Fatalf("append %s: %v", ev.EventType(), err)
-		}
+		natstest.Append(ctx, t, log, subj, evid, id, ev)
 	}
 	app(fe, streams.RequestEvents(id), events.ID(id, "accepted"), events.RequestAccepted{RequestID: id, Model: "mock",
 		Endpoint: events.EndpointCompletions, Prompt: "p", PromptTokens: 1, MaxTokens: n, Frontend: "fe-1"})
@@ -51,6 +50,69 @@ func store(t *testing.T, fe, wk *streams.Log, id string, n int, running bool) {
 
 func logs(t *testing.T, js jetstream.JetStream) (fe, wk *streams.Log) {
 	return streams.NewLog(js, "baton/frontend/fe-1"), streams.NewLog(js, "baton/worker/w1")
+}
+
+// smallLog is a server with a 200 KB request stream in memory, one
+// partition, and the logs of the frontend and the worker that store there.
+type smallLog struct {
+	t      *testing.T
+	js     jetstream.JetStream
+	fe, wk *streams.Log
+}
+
+func newSmallLog(t *testing.T) *smallLog {
+	t.Helper()
+	js := natstest.Start(t).JetStream(t)
+	if _, err := streams.Provision(context.Background(), js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
+		t.Fatal(err)
+	}
+	fe, wk := logs(t, js)
+	return &smallLog{t: t, js: js, fe: fe, wk: wk}
+}
+
+// ratio is how full the request stream is.
+func (l *smallLog) ratio() float64 {
+	l.t.Helper()
+	u, err := streams.ReadUsage(context.Background(), l.js, streams.RequestsStream)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return u.Ratio()
+}
+
+// present reports whether request id is still in the log.
+func (l *smallLog) present(id string) bool {
+	for _, err := range streams.ReadRequest(context.Background(), l.js, 1, id, 1) {
+		return err == nil
+	}
+	return false
+}
+
+// monitor is a Monitor of the log that refuses new requests above 0.9 and
+// reads every 10 ms; it does not run yet.
+func (l *smallLog) monitor() *retention.Monitor {
+	l.t.Helper()
+	m, err := retention.NewMonitor(l.js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{HighWater: 0.9, Interval: 10 * time.Millisecond})
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	m.SetPartitions(1)
+	return m
+}
+
+// runMonitor runs m until stop, which fails the test unless Run returned nil;
+// a test that ends before stop stops it too.
+func runMonitor(t *testing.T, m *retention.Monitor) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // state is what every reader renders of a request.
@@ -222,9 +284,7 @@ func TestCompactionInterruptedIsFinished(t *testing.T) {
 	}
 	// The carry and the record, and no purge: the frontend died here.
 	for i, ev := range plan.Carry {
-		if _, err := fe.Append(ctx, plan.Subject, fe.Envelope(events.ID(id, "carried", i), id, ev), -1); err != nil {
-			t.Fatal(err)
-		}
+		natstest.Append(ctx, t, fe, plan.Subject, events.ID(id, "carried", i), id, ev)
 	}
 	if _, err := fe.Append(ctx, streams.RequestEvents(id), fe.Envelope(events.ID(id, "compacted"), id, plan.Record), int64(seq)); err != nil {
 		t.Fatal(err)
@@ -259,59 +319,26 @@ func TestCompactionInterruptedIsFinished(t *testing.T) {
 // on, and the malformed subject, until the stream is below its band, and
 // keeps the request in flight whole.
 func TestEvictionOldestFinishedFirst(t *testing.T) {
-	srv := natstest.Start(t)
-	js := srv.JetStream(t)
-	ctx := context.Background()
-	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
-		t.Fatal(err)
-	}
-	fe, wk := logs(t, js)
+	l := newSmallLog(t)
+	fe, wk, present := l.fe, l.wk, l.present
 	store(t, fe, wk, "inflight", 30, true)
 	var finished []string
-	for i := 0; ; i++ {
-		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if u.Ratio() > 0.85 {
-			break
-		}
+	for i := 0; l.ratio() <= 0.85; i++ {
 		id := fmt.Sprintf("done-%03d", i)
 		store(t, fe, wk, id, 20, false)
 		finished = append(finished, id)
 	}
-	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{HighWater: 0.9, Interval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPartitions(1)
+	m := l.monitor()
 	if err := m.Admit("anything"); err != nil {
 		t.Fatalf("admission before any reading: %v", err)
 	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- m.Run(rctx) }()
-	eventually(t, "the stream below 0.7 of its size", func() bool {
-		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return u.Ratio() < 0.7
-	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	present := func(id string) bool {
-		for _, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
-			return err == nil
-		}
-		return false
-	}
+	stop := runMonitor(t, m)
+	waitfor.Poll(t, "the stream below 0.7 of its size", func() bool { return l.ratio() < 0.7 })
+	stop()
 	if !present("inflight") {
 		t.Fatal("the request in flight was evicted")
 	}
-	r, _, _ := retention.Read(ctx, fe, 1, "inflight")
+	r, _, _ := retention.Read(context.Background(), fe, 1, "inflight")
 	if r.Len() != 30 {
 		t.Errorf("the request in flight has %d tokens left, want 30", r.Len())
 	}
@@ -328,25 +355,8 @@ func TestEvictionOldestFinishedFirst(t *testing.T) {
 	if gone == 0 || gone == len(finished) {
 		t.Errorf("%d of %d finished requests evicted, want some, oldest first", gone, len(finished))
 	}
-	if u, _ := streams.ReadUsage(ctx, js, "BATON_REQUESTS"); u.Ratio() >= 0.7 {
-		t.Errorf("usage %.2f after eviction, want below 0.7", u.Ratio())
-	}
-}
-
-// eventually waits up to 10 s for cond, which another goroutine (the
-// monitor) makes true: a stream has no event for what a purge removed, so
-// it is asked every few milliseconds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	deadline := time.After(10 * time.Second)
-	for !cond() {
-		select {
-		case <-tick.C:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
+	if r := l.ratio(); r >= 0.7 {
+		t.Errorf("usage %.2f after eviction, want below 0.7", r)
 	}
 }
 
@@ -363,9 +373,7 @@ func TestCompactionPurgesEveryAttempt(t *testing.T) {
 	const id, other = "moved-1", "beside-1"
 	app := func(log *streams.Log, subj, evid string, ev events.Event) {
 		t.Helper()
-		if _, err := log.Append(ctx, subj, log.Envelope(evid, ev.(interface{ Request() string }).Request(), ev), -1); err != nil {
-			t.Fatalf("append %s: %v", ev.EventType(), err)
-		}
+		natstest.Append(ctx, t, log, subj, evid, ev.(interface{ Request() string }).Request(), ev)
 	}
 	store(t, fe, wk, other, 0, true) // accepted and routed; its deltas come between the moved one's
 	app(fe, streams.RequestEvents(id), events.ID(id, "accepted"), events.RequestAccepted{RequestID: id, Model: "mock",

@@ -1,17 +1,12 @@
 package retention_test
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/retention"
-	"github.com/baton-dev/baton/streams"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // shareStack is a 200 KB request stream holding finished requests of alice
@@ -19,24 +14,12 @@ import (
 // once the stream is above fill.
 func shareStack(t *testing.T, fill float64) (present func(id string) bool, alice, bob []string, m *retention.Monitor) {
 	t.Helper()
-	srv := natstest.Start(t)
-	js := srv.JetStream(t)
-	ctx := context.Background()
-	if _, err := streams.Provision(ctx, js, streams.Config{MemoryStorage: true, RequestsMaxBytes: 200_000}); err != nil {
-		t.Fatal(err)
-	}
-	fe, wk := logs(t, js)
+	l := newSmallLog(t)
+	fe, wk := l.fe, l.wk
 	store(t, fe, wk, "bob:first", 20, false)
 	bob = append(bob, "bob:first")
 	store(t, fe, wk, "alice:inflight", 20, true)
-	for i := 0; ; i++ {
-		u, err := streams.ReadUsage(ctx, js, streams.RequestsStream)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if u.Ratio() > fill {
-			break
-		}
+	for i := 0; l.ratio() <= fill; i++ {
 		id := fmt.Sprintf("%s:done-%03d", map[bool]string{true: "alice", false: "bob"}[i%2 == 1], i)
 		store(t, fe, wk, id, 20, false)
 		if i%2 == 1 {
@@ -45,30 +28,7 @@ func shareStack(t *testing.T, fill float64) (present func(id string) bool, alice
 			bob = append(bob, id)
 		}
 	}
-	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{HighWater: 0.9, Interval: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.SetPartitions(1)
-	present = func(id string) bool {
-		for _, err := range streams.ReadRequest(ctx, js, 1, id, 1) {
-			return err == nil
-		}
-		return false
-	}
-	return present, alice, bob, m
-}
-
-func runMonitor(t *testing.T, m *retention.Monitor) (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	return func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Fatal(err)
-		}
-	}
+	return l.present, alice, bob, l.monitor()
 }
 
 // TestEvictionTakesTenantsOverTheirShareFirst: with the stream above its
@@ -83,8 +43,8 @@ func TestEvictionTakesTenantsOverTheirShareFirst(t *testing.T) {
 		t.Errorf("capacity before a reading: got %d, want 0", got)
 	}
 	stop := runMonitor(t, m)
-	eventually(t, "some of alice's finished requests evicted", func() bool { return !present(alice[0]) })
-	eventually(t, "the capacity read", func() bool { return m.Capacity() == 200_000 })
+	waitfor.Poll(t, "some of alice's finished requests evicted", func() bool { return !present(alice[0]) })
+	waitfor.Poll(t, "the capacity read", func() bool { return m.Capacity() == 200_000 })
 	stop()
 	for _, id := range bob {
 		if !present(id) {
@@ -121,7 +81,7 @@ func TestEvictionOfATenantAboveItsShare(t *testing.T) {
 	})
 	stop := runMonitor(t, m)
 	defer stop()
-	eventually(t, "alice's finished requests evicted", func() bool {
+	waitfor.Poll(t, "alice's finished requests evicted", func() bool {
 		for _, id := range alice {
 			if present(id) {
 				return false

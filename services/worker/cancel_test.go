@@ -53,10 +53,7 @@ func TestCancelKillStopsEngine(t *testing.T) {
 	e := newEnv(t)
 	mock, _ := engine.NewMock(slow)
 	r, _ := e.startStatus(mock, worker.Config{ID: "w-kill", DeltaMaxTokens: 1})
-	e.accept("r-k", "p q", 1000, "w-kill")
-	if rep := e.dispatch("w-kill", newDispatch("r-k", "p q", 1000)); !rep.Accepted {
-		t.Fatalf("dispatch: %+v", rep)
-	}
+	e.dispatched("r-k", "p q", 1000, "w-kill")
 	e.waitFor("two tokens", func() bool { return countTokens(e.request("r-k")) >= 2 })
 	start := time.Now()
 	cancelSeq := e.cancel("w-kill", "r-k", events.CancelKill)
@@ -104,10 +101,7 @@ func TestCommandsOnlyForRunningAttempts(t *testing.T) {
 			if rep := e.dispatch("w-cmd", newDispatch("r-run", "x", 8)); !rep.Accepted {
 				t.Fatalf("dispatch: %+v", rep)
 			}
-			e.accept("r-c", "y", 1000, "w-cmd")
-			if rep := e.dispatch("w-cmd", newDispatch("r-c", "y", 1000)); !rep.Accepted {
-				t.Fatalf("dispatch: %+v", rep)
-			}
+			e.dispatched("r-c", "y", 1000, "w-cmd")
 			for _, c := range []streams.Command{
 				{RequestID: "r-run", Attempt: 1, Kind: streams.CommandCancel, Mode: events.CancelKill},
 				{RequestID: "r-none", Attempt: 0, Kind: streams.CommandFence},
@@ -167,10 +161,7 @@ func TestCancelStoredWhileDisconnectedIsObeyed(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	// A lease long enough to survive the outage.
 	r := e.start(nc, slow, worker.Config{ID: "w-dc", LeaseTTL: 30 * time.Second, DeltaMaxTokens: 1})
-	e.accept("r-dc", "p q", 1000, "w-dc")
-	if rep := e.dispatch("w-dc", newDispatch("r-dc", "p q", 1000)); !rep.Accepted {
-		t.Fatalf("dispatch: %+v", rep)
-	}
+	e.dispatched("r-dc", "p q", 1000, "w-dc")
 	e.waitFor("two tokens", func() bool { return countTokens(e.request("r-dc")) >= 2 })
 	p.Cut()
 	e.cancel("w-dc", "r-dc", events.CancelKill) // the command is lost: the worker is cut off

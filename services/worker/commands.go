@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -31,8 +32,8 @@ func (w *Worker) onCommand(m *nats.Msg) {
 	key := jobKey{c.RequestID, c.Attempt}
 	w.mu.Lock()
 	j := w.jobs[key]
-	if j == nil && c.Kind == streams.CommandRouted {
-		w.noteEarly(key, time.Now()) // its dispatch is still on the way (hold.go)
+	if c.Kind == streams.CommandRouted && (j == nil || j.isForsaken()) {
+		w.early.note(key, time.Now()) // its dispatch is still on the way (hold.go)
 	}
 	w.mu.Unlock()
 	if j != nil {
@@ -49,19 +50,28 @@ func obey(j *job, c streams.Command) {
 	case c.Kind == streams.CommandRouted:
 		j.release()
 	case c.Kind == streams.CommandCancel && c.Mode == events.CancelKill:
-		j.cancel(errCancelKill) // stores nothing more, held or not
+		j.overrule(errCancelKill) // stores nothing more, held or not
 	case c.Kind == streams.CommandCancel:
 		j.release()
 		j.cancel(errCancelStop)
 	case c.Kind == streams.CommandFence && c.Hold == "":
-		j.cancel(errFenced)
+		j.overrule(errFenced)
 	case c.Kind == streams.CommandFence && j.withdraw(c.Hold):
-		j.cancel(errFenced) // no dispatch of the attempt is left whose decision may be stored
+		j.overrule(errFenced) // no dispatch of the attempt is left whose decision may be stored
 	}
 }
 
+// checks asks a live frontend about the worker's jobs (streams.Check), on
+// the control connection, and obeys what the answers say. It is safe for
+// concurrent use.
+type checks struct {
+	ctl *nats.Conn // the control connection, set by Worker.openControl before anything asks
+	id  string     // the worker's
+	log *slog.Logger
+}
+
 // check asks a live frontend about job j (see streams.Check).
-func (w *Worker) check(ctx context.Context, j *job, detach bool) (streams.CheckReply, error) {
+func (cs *checks) check(ctx context.Context, j *job, detach bool) (streams.CheckReply, error) {
 	owner, _ := j.owner()
 	data, err := json.Marshal(streams.Check{RequestID: j.d.RequestID, Attempt: j.d.Attempt, Owner: owner, Detach: detach})
 	if err != nil {
@@ -69,7 +79,7 @@ func (w *Worker) check(ctx context.Context, j *job, detach bool) (streams.CheckR
 	}
 	var r streams.CheckReply
 	for {
-		m, err := w.ctl.RequestWithContext(ctx, streams.CheckSubject(w.cfg.ID), data)
+		m, err := cs.ctl.RequestWithContext(ctx, streams.CheckSubject(cs.id), data)
 		if err != nil {
 			return streams.CheckReply{}, fmt.Errorf("check %s: %w", j.d.RequestID, err)
 		}
@@ -125,7 +135,7 @@ func (w *Worker) checkOnReconnect(ctx context.Context) {
 		w.mu.Unlock()
 		for _, j := range jobs {
 			cctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
-			if _, err := w.check(cctx, j, false); err != nil && j.ctx.Err() == nil {
+			if _, err := w.checks.check(cctx, j, false); err != nil && j.ctx.Err() == nil {
 				w.log.Warn("check a job after reconnecting", "request_id", j.d.RequestID, "err", err)
 			}
 			cancel()

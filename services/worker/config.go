@@ -47,6 +47,11 @@ type Config struct {
 	// migration). A window of unconfirmed publishes (confirmed by a flush)
 	// paces it, as acknowledgements pace appends. Never a product setting.
 	BenchLogOff bool
+	// BatchedOutput (--batched-output, off by default) makes the worker
+	// ask a frontend for an output stream of its own before it listens for
+	// dispatches and at each re-registration, and say WritesBatched in its
+	// lease when it has one (output.go). Off, it asks nothing.
+	BatchedOutput bool
 
 	// SystemAddr is the listen address of the status server (/live, /health,
 	// /metrics), such as ":9090"; empty means no status server

@@ -216,6 +216,31 @@ func (d *deltas) noteFull(err error) {
 // its limits: generating more would only add tokens nobody can store.
 func (d *deltas) logFull() bool { return d.full }
 
+// storedOffset waits, within ctx, for the outcomes of the appends in
+// flight, and returns the token offset up to which the attempt is
+// readable: through the last append stored in order before the first that
+// failed. It retries nothing: it is for an attempt the log refused
+// (logFull), whose later appends cannot fill the gap.
+func (d *deltas) storedOffset(ctx context.Context) int {
+	for len(d.sent) > 0 && ctx.Err() == nil {
+		s := &d.sent[0]
+		if s.end <= d.stored {
+			d.popSent()
+			continue
+		}
+		if s.err != nil {
+			break
+		}
+		select {
+		case <-s.future.Ok():
+			d.ack(s)
+		case s.err = <-s.future.Err():
+		case <-ctx.Done():
+		}
+	}
+	return d.start + d.stored
+}
+
 // appendSync appends s and waits for it (Append's retries, bounded by ctx).
 func (d *deltas) appendSync(ctx context.Context, s *sentDelta) error {
 	m, err := d.message(s, false)

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -41,28 +42,38 @@ func (f *frontends) apply(u projections.FrontendUpdate) {
 	}
 }
 
-// watchFrontends follows the frontends bucket until ctx is done.
-func (w *Worker) watchFrontends(ctx context.Context) {
-	kv, err := w.js.KeyValue(ctx, streams.FrontendsBucket)
+// detacher stops the requests whose owning frontend is gone (guard): it
+// follows the frontends bucket (watch) and asks a live frontend before it
+// stops one (detach).
+type detacher struct {
+	frontends *frontends
+	checks    *checks
+	js        jetstream.JetStream
+	log       *slog.Logger
+}
+
+// watch follows the frontends bucket until ctx is done.
+func (dt *detacher) watch(ctx context.Context) {
+	kv, err := dt.js.KeyValue(ctx, streams.FrontendsBucket)
 	if err != nil {
-		w.log.Warn("watch frontends: detached requests will run to the end", "err", err)
+		dt.log.Warn("watch frontends: detached requests will run to the end", "err", err)
 		return
 	}
 	watcher, err := kv.WatchAll(ctx)
 	if err != nil {
-		w.log.Warn("watch frontends: detached requests will run to the end", "err", err)
+		dt.log.Warn("watch frontends: detached requests will run to the end", "err", err)
 		return
 	}
 	streams.Watch(ctx, watcher, func(e jetstream.KeyValueEntry) {
-		w.frontends.apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
+		dt.frontends.apply(projections.FrontendUpdate{Key: e.Key(), Revision: e.Revision(),
 			Deleted: e.Operation() != jetstream.KeyValuePut, Value: e.Value()})
 	}, nil)
 }
 
-// guardDetach has job j's request cancelled (detach) once its owning
+// guard has job j's request cancelled (detach) once its owning
 // frontend has been gone for the dispatch's detach timeout without another
 // frontend attaching. It returns when the job ends.
-func (w *Worker) guardDetach(j *job) {
+func (dt *detacher) guard(j *job) {
 	timeout := time.Duration(j.d.DetachTimeoutMS) * time.Millisecond
 	if timeout <= 0 {
 		return
@@ -73,7 +84,7 @@ func (w *Worker) guardDetach(j *job) {
 	var goneSince time.Time
 	for {
 		owner, ownerCh := j.owner()
-		alive, aliveCh := w.frontends.isAlive(owner)
+		alive, aliveCh := dt.frontends.isAlive(owner)
 		var fire <-chan time.Time
 		switch {
 		case alive:
@@ -84,7 +95,7 @@ func (w *Worker) guardDetach(j *job) {
 		default:
 			left := timeout - time.Since(goneSince)
 			if left <= 0 {
-				if w.detach(j, owner) {
+				if dt.detach(j, owner) {
 					return
 				}
 				goneSince = time.Time{} // a live owner after all: start over
@@ -111,22 +122,22 @@ func (w *Worker) guardDetach(j *job) {
 // ("detached"): a frontend that comes back later migrates it on a resume;
 // a frontend that could not answer is asked again after the timeout. It
 // reports whether the job is done with.
-func (w *Worker) detach(j *job, owner string) bool {
+func (dt *detacher) detach(j *job, owner string) bool {
 	ctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
 	defer cancel()
-	r, err := w.check(ctx, j, true)
+	r, err := dt.checks.check(ctx, j, true)
 	switch {
 	case j.ctx.Err() != nil:
-		w.log.Info("cancelled detached request", "request_id", j.d.RequestID, "owner", owner)
+		dt.log.Info("cancelled detached request", "request_id", j.d.RequestID, "owner", owner)
 		return true
 	case errors.Is(err, nats.ErrNoResponders):
-		w.log.Warn("no frontend to ask about a detached request: stopping it", "request_id", j.d.RequestID, "owner", owner)
+		dt.log.Warn("no frontend to ask about a detached request: stopping it", "request_id", j.d.RequestID, "owner", owner)
 		j.cancel(errNoFrontend)
 		return true
 	case err != nil:
-		w.log.Warn("ask about a detached request; asking again after the detach timeout", "request_id", j.d.RequestID, "owner", owner, "err", err)
+		dt.log.Warn("ask about a detached request; asking again after the detach timeout", "request_id", j.d.RequestID, "owner", owner, "err", err)
 		return false
 	}
-	w.log.Info("detached request has a live owner", "request_id", j.d.RequestID, "owner", r.Owner)
+	dt.log.Info("detached request has a live owner", "request_id", j.d.RequestID, "owner", r.Owner)
 	return false
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -49,8 +48,15 @@ type job struct {
 	routed      chan struct{}
 	releaseOnce sync.Once
 
+	// overruled is closed once a command or the shutdown took the attempt
+	// from the worker (a fence, a kill, a hand-off), whatever ended the
+	// job before: nothing more of it is to be stored (reportLogFull).
+	overruled    chan struct{}
+	overruleOnce sync.Once
+
 	mu        sync.Mutex
 	holds     map[string]bool // the held dispatches of the attempt it answers (hold.go); nil: none
+	forsaken  bool            // every held dispatch was withdrawn before a release (job.withdraw)
 	ownerID   string          // the frontend that owns the request, as the last check answered
 	ownerMove chan struct{}   // closed and replaced when the owner changes
 }
@@ -60,6 +66,13 @@ func (j *job) owner() (string, <-chan struct{}) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.ownerID, j.ownerMove
+}
+
+// overrule ends j with cause, if nothing ended it before, and closes
+// overruled either way.
+func (j *job) overrule(cause error) {
+	j.cancel(cause)
+	j.overruleOnce.Do(func() { close(j.overruled) })
 }
 
 func (j *job) setOwner(id string) {
@@ -85,13 +98,16 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		w.reply(m, d, streams.RefusedWrongModel)
 		return
 	}
-	if !w.upstreamReady() {
+	if !w.upstream.ready() {
 		w.reply(m, d, streams.RefusedNotReady)
 		return
 	}
 	key := jobKey{d.RequestID, d.Attempt}
 	w.mu.Lock()
 	running, dup := w.jobs[key]
+	if dup && running.isForsaken() { // it stores nothing: this dispatch starts anew (hold.go)
+		dup = false
+	}
 	switch {
 	case w.draining:
 		w.mu.Unlock()
@@ -112,13 +128,14 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		return
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{})}
+	j := &job{d: d, ctx: ctx, cancel: cancel, ownerID: d.Frontend, ownerMove: make(chan struct{}), routed: make(chan struct{}),
+		overruled: make(chan struct{})}
 	if d.Hold != "" {
 		j.holds = map[string]bool{d.Hold: true}
 	}
 	w.jobs[key] = j
 	w.gens.Add(1)
-	early := w.takeEarly(key)
+	early := w.early.take(key)
 	w.mu.Unlock()
 	if d.Hold == "" || early {
 		j.release()
@@ -128,9 +145,9 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 	w.health.started()
 	go w.generate(j) // before the answer: the engine's time to first token starts now
 	w.reply(m, d, "")
-	go w.guardDetach(j)
+	go w.detacher.guard(j)
 	if d.Hold != "" && !early {
-		go w.guardRouted(j)
+		go w.checks.guardRouted(j)
 	}
 }
 
@@ -157,27 +174,39 @@ func (w *Worker) generate(j *job) {
 	d := j.d
 	log := w.log.With("request_id", d.RequestID, "attempt", d.Attempt)
 	var out *deltas
+	healthEnded := false // the health monitor was told the engine is done with it
 	defer func() {
 		j.cancel(nil)
 		w.mu.Lock()
-		delete(w.jobs, jobKey{d.RequestID, d.Attempt})
+		if key := (jobKey{d.RequestID, d.Attempt}); w.jobs[key] == j { // not a job that replaced a forsaken j
+			delete(w.jobs, key)
+		}
 		w.mu.Unlock()
 		w.metrics.inflight.WithLabelValues(w.cfg.Model).Dec()
-		w.health.ended(out.sawToken)
-		w.notifyLoad()
+		if !healthEnded {
+			w.health.ended(out.sawToken)
+		}
+		w.load.notify()
 		w.gens.Done()
 	}()
-	w.notifyLoad()
+	w.load.notify()
 
-	out = newDeltas(w.logOff.sink(w.events), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
+	out = newDeltas(w.sink(d), w.events.Source(), streams.RequestTokens(d.RequestID, d.Attempt, w.cfg.ID), d.RequestID, d.Attempt, d.StartOffset)
 	mode := continuation(w.eng, d)
 	out.exact = exactAtStart(mode)
 	res, genErr := w.produce(j.ctx, j.cancel, d, j.routed, out)
 	if errors.Is(context.Cause(j.ctx), errLogFull) {
-		// Nothing more of this attempt can be stored, its end included:
-		// say so once, and leave the request's end to its frontend.
+		// Nothing more of this attempt's tokens can be stored: say so
+		// once, and tell the frontend why the attempt stopped.
 		log.Warn("request log full: stopped generating", "tokens", out.offset())
 		w.metrics.requests.WithLabelValues(w.cfg.Model, statusFailed).Inc()
+		if j.released() { // held to its end: nothing of it is stored (hold.go)
+			// The engine is done: the tries to store the end are not
+			// its progress (the health monitor's stall).
+			w.health.ended(out.sawToken)
+			healthEnded = true
+			w.reportLogFull(j, out, log)
+		}
 		return
 	}
 
@@ -215,69 +244,6 @@ func (w *Worker) generate(j *job) {
 	log.Debug("generation ended", "status", status, "tokens", out.offset())
 }
 
-// outcome says how job j ended, from what the engine returned and why its
-// context ended: the status for the metrics, the event that records the end
-// (nil when another event already did: a kill, a fence), and whether the
-// engine failed fatally (the worker shuts down once the event is stored).
-func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, log *slog.Logger) (status string, final events.Event, fatal bool) {
-	d := j.d
-	status = statusCompleted
-	cause := context.Cause(j.ctx)
-	completed := func(reason string) events.Event {
-		return events.RequestCompleted{RequestID: d.RequestID, Attempt: d.Attempt, FinishReason: reason,
-			PromptTokens: promptTokens(d, res, out), CompletionTokens: completionTokens(d, res, out)}
-	}
-	failed := func(reason string) events.AttemptFailed { return w.attemptFailed(j, out, reason) }
-	var upstream *engine.UpstreamError
-	switch {
-	case genErr == nil:
-		final = completed(res.FinishReason)
-	case errors.Is(cause, errCancelStop):
-		w.metrics.cancellation.WithLabelValues(w.cfg.Model, events.CancelStop).Inc()
-		final = completed(FinishCancelled)
-	case errors.Is(cause, errCancelKill):
-		w.metrics.cancellation.WithLabelValues(w.cfg.Model, events.CancelKill).Inc()
-		status = statusCancelled // the cancelled event already ended the request
-	case errors.Is(cause, errFenced), errors.Is(cause, errNotRouted):
-		status = statusHandedOff // the frontend fenced this attempt already, or never routed it here
-	case errors.Is(cause, errHandOff):
-		status, final = statusHandedOff, failed("shutdown")
-	case errors.Is(cause, errNoFrontend):
-		status, final = statusCancelled, failed("detached")
-	case errors.Is(cause, errEngineHung):
-		f := failed(engineHung)
-		f.Message = "the engine's server stopped answering"
-		status, final = statusFailed, f
-	case errors.As(genErr, &upstream):
-		// The upstream failed: never a reason for this worker to exit.
-		f := failed(failureReason(upstream.Class))
-		f.Class, f.Status, f.Code, f.Message = upstream.Class, upstream.Status, upstream.Code, upstream.Message
-		f.RetryAfterMS = upstream.RetryAfter.Milliseconds()
-		status, final = statusFailed, f
-		switch {
-		case upstream.Class == events.FailureNotReady:
-			w.upstreamNotReady(upstream)
-		case upstream.Class == "" && out.offset() == d.StartOffset:
-			w.recheckUpstream()
-		}
-		log.Warn("upstream failed", "class", upstream.Class, "status", upstream.Status, "code", upstream.Code, "err", genErr)
-	default:
-		f := failed("engine_error")
-		f.Message = genErr.Error()
-		status, final = statusFailed, f
-		fatal = errors.Is(genErr, engine.ErrFatal)
-		log.Error("generation failed", "err", genErr)
-	}
-	return status, final, fatal
-}
-
-// attemptFailed is the event that reports job j's attempt failed for reason
-// after the tokens out has stored.
-func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.AttemptFailed {
-	return events.AttemptFailed{RequestID: j.d.RequestID, Attempt: j.d.Attempt, WorkerID: w.cfg.ID,
-		Offset: out.offset(), Reason: reason}
-}
-
 // produce runs the engine and coalesces its tokens into deltas, as Nagle's
 // algorithm does: a token is sent at once when none of the attempt's appends
 // is in flight; otherwise tokens wait, and a delta is flushed at
@@ -299,138 +265,144 @@ func (w *Worker) attemptFailed(j *job, out *deltas, reason string) events.Attemp
 // every one, so nothing coalesces under load: at 1,000 streams × 50
 // tokens/s it cost NATS 1.5x the CPU per token (BENCHMARKS.md).
 func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req engine.Request, routed <-chan struct{}, out *deltas) (engine.Result, error) {
-	toks := make(chan engine.Token, w.cfg.DeltaMaxTokens)
+	toks, result := w.startGenerate(ctx, req)
+	b := w.newBatcher(ctx, stop, routed, out)
+	defer b.timer.Stop()
+	for {
+		select {
+		case t, ok := <-toks:
+			if !ok {
+				b.finish()
+				return result()
+			}
+			b.add(t)
+		case <-b.timerC:
+			b.flush()
+		case <-b.held:
+			b.held = nil
+			b.flush()
+		}
+	}
+}
+
+// startGenerate runs the engine in a goroutine of its own. Its tokens come
+// through toks, which is closed when Generate returns; result is what it
+// returned, to be read only after that.
+func (w *Worker) startGenerate(ctx context.Context, req engine.Request) (toks <-chan engine.Token, result func() (engine.Result, error)) {
+	ch := make(chan engine.Token, w.cfg.DeltaMaxTokens)
 	var res engine.Result
 	var genErr error
 	go func() {
-		defer close(toks)
+		defer close(ch)
 		res, genErr = w.eng.Generate(ctx, req, func(t engine.Token) error {
 			select {
-			case toks <- t:
+			case ch <- t:
 				return nil
 			case <-ctx.Done():
 				return ctx.Err()
 			}
 		})
 	}()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	defer timer.Stop()
-	var timerC <-chan time.Time
-	held := routed
+	return ch, func() (engine.Result, error) { return res, genErr }
+}
+
+// batcher is what produce keeps between tokens: the delta's timer and the
+// routed decision it may still be held on.
+type batcher struct {
+	w      *Worker
+	ctx    context.Context
+	stop   context.CancelCauseFunc
+	out    *deltas
+	held   <-chan struct{} // routed until it is seen closed, then nil
+	timer  *time.Timer
+	timerC <-chan time.Time // timer.C while the timer runs, else nil
+}
+
+func (w *Worker) newBatcher(ctx context.Context, stop context.CancelCauseFunc, routed <-chan struct{}, out *deltas) *batcher {
+	b := &batcher{w: w, ctx: ctx, stop: stop, out: out, held: routed, timer: time.NewTimer(time.Hour)}
+	b.timer.Stop()
 	select {
-	case <-held:
-		held = nil
+	case <-routed:
+		b.held = nil
 	default:
 	}
-	flush := func() {
-		if held != nil {
-			return // nothing is stored before the routed decision
-		}
-		timer.Stop()
-		timerC = nil
-		if c := context.Cause(ctx); errors.Is(c, errCancelKill) || errors.Is(c, errLogFull) {
-			out.drop() // a kill aborts at once: what was not sent yet is dropped
-			return
-		}
-		out.flush()
-		if out.logFull() {
-			stop(errLogFull)
-			out.drop()
-			return
-		}
-		w.notifyLoad()
-		if out.pending() > 0 { // held back by a repair: look again soon
-			timer.Reset(w.cfg.DeltaMaxDelay)
-			timerC = timer.C
-		}
+	return b
+}
+
+// add takes one token into the pending delta, and flushes it when it is
+// full, or at once when it is the first one into an idle log.
+func (b *batcher) add(t engine.Token) {
+	if b.out.sawToken {
+		b.w.health.token()
+	} else {
+		b.out.sawToken = true
+		b.w.health.firstToken()
 	}
-	for {
+	b.out.add(t)
+	switch n := b.out.pending(); {
+	case n >= b.w.cfg.DeltaMaxTokens, n == 1 && b.out.idle():
+		b.flush()
+	case n == 1:
+		b.arm()
+	}
+}
+
+// arm starts the delay after which the pending delta goes out anyway.
+func (b *batcher) arm() {
+	b.timer.Reset(b.w.cfg.DeltaMaxDelay)
+	b.timerC = b.timer.C
+}
+
+// flush appends the pending delta, unless the routed decision is still held
+// or a kill or a full log ended the job.
+func (b *batcher) flush() {
+	if b.held != nil {
+		return // nothing is stored before the routed decision
+	}
+	b.timer.Stop()
+	b.timerC = nil
+	if c := context.Cause(b.ctx); errors.Is(c, errCancelKill) || errors.Is(c, errLogFull) {
+		b.out.drop() // a kill aborts at once: what was not sent yet is dropped
+		return
+	}
+	b.out.flush()
+	if b.out.logFull() {
+		b.stop(errLogFull)
+		b.out.drop()
+		return
+	}
+	b.w.load.notify()
+	if b.out.pending() > 0 { // held back by a repair: look again soon
+		b.arm()
+	}
+}
+
+// finish stores what is left once the engine returned. Ended while held,
+// what it made is stored once the decision is, and never if the job ends
+// first.
+func (b *batcher) finish() {
+	if b.held != nil {
 		select {
-		case t, ok := <-toks:
-			if !ok {
-				if held != nil {
-					// Ended while held: what it made is stored once the
-					// decision is, and never if the job ends first.
-					select {
-					case <-held:
-					case <-ctx.Done():
-					}
-					select {
-					case <-held: // a cancel releases before it cancels
-						held = nil
-					default:
-						out.drop()
-						return res, genErr
-					}
-				}
-				flush()
-				return res, genErr
-			}
-			if out.sawToken {
-				w.health.token()
-			} else {
-				out.sawToken = true
-				w.health.firstToken()
-			}
-			out.add(t)
-			switch n := out.pending(); {
-			case n >= w.cfg.DeltaMaxTokens, n == 1 && out.idle():
-				flush()
-			case n == 1:
-				timer.Reset(w.cfg.DeltaMaxDelay)
-				timerC = timer.C
-			}
-		case <-timerC:
-			flush()
-		case <-held:
-			held = nil
-			flush()
+		case <-b.held:
+		case <-b.ctx.Done():
+		}
+		select {
+		case <-b.held: // a cancel releases before it cancels
+			b.held = nil
+		default:
+			b.out.drop()
+			return
 		}
 	}
+	b.flush()
 }
 
-// promptTokens is the prompt's length to report at completion: the engine's
-// count when it gave one for the original prompt (its usage on a first
-// attempt, the recorded prompt ids or an earlier engine's count on a
-// continuation); on a prefill continuation with neither, its server's
-// count of the prompt and the text so far less the tokens so far (the
-// prompt in the server's tokens: exact when the continuation was, off by
-// the re-tokenization when not, and closer than a word count either way);
-// else the frontend's.
-func promptTokens(d events.Dispatch, res engine.Result, out *deltas) int {
-	switch {
-	case d.StartOffset == 0 && res.PromptTokens > 0:
-		return res.PromptTokens
-	case d.StartOffset == 0 && out.promptIDs != nil:
-		return len(out.promptIDs)
-	case d.PromptIDs != nil:
-		return len(d.PromptIDs)
-	case d.EnginePromptTokens > 0:
-		return d.EnginePromptTokens
-	case d.StartOffset > 0 && res.PromptTokens > d.StartOffset:
-		return res.PromptTokens - d.StartOffset
+// sink is where attempt d's output goes: batches on the worker's own output
+// stream when d asks for them and the worker has that stream (batched.go),
+// else messages of their own on the attempt's tokens subject.
+func (w *Worker) sink(d events.Dispatch) appender {
+	if d.Output == events.OutputBatched && w.batched != nil && w.output.batched() && streams.ValidID(d.Frontend) {
+		return &batchedSink{out: w.batched, log: w.events, dest: d.Frontend}
 	}
-	return d.PromptTokens
-}
-
-// completionTokens is the answer's length to report at completion: the
-// tokens of the earlier attempts (the continuation's start offset: the
-// server's ids where it gave them, else its streamed events) plus this
-// attempt's as its server counted them (its usage), else as streamed. A
-// server may merge tokens into one streamed event or hide a matched stop
-// sequence, so its count is the truth where it gave one.
-func completionTokens(d events.Dispatch, res engine.Result, out *deltas) int {
-	if res.CompletionTokens > 0 {
-		return d.StartOffset + res.CompletionTokens
-	}
-	return out.offset()
-}
-
-// failureReason is AttemptFailed.Reason for an upstream failure of class.
-func failureReason(class string) string {
-	if class == "" {
-		return "engine_error"
-	}
-	return class
+	return w.logOff.sink(w.events)
 }

@@ -337,3 +337,27 @@ func canaryProbe(eng engine.Engine, workerID string, fatal func(error)) func(con
 		return nil
 	}
 }
+
+// healthChanged is the monitor's report of a change of engine health.
+func (w *Worker) healthChanged(healthy bool) {
+	if healthy {
+		w.log.Info("engine healthy again; back in routing")
+	} else {
+		_, why := w.health.state()
+		w.log.Warn("engine not ready; out of routing until a canary passes", "reason", why,
+			"timeout", w.cfg.HealthCheckTimeout)
+	}
+	w.registration.syncReady()
+}
+
+// canaryDone records a canary's outcome in the metrics.
+func (w *Worker) canaryDone(ok bool, at time.Time) {
+	outcome := "success"
+	if ok {
+		w.metrics.canaryOK.Set(float64(at.UnixNano()) / 1e9)
+	} else {
+		outcome = "failure"
+		w.log.Warn("canary failed")
+	}
+	w.metrics.canaries.WithLabelValues(w.cfg.Model, outcome).Inc()
+}

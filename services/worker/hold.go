@@ -16,7 +16,7 @@ import (
 // while job.routed is open) until one of:
 //   - streams.CommandRouted for the attempt, which the frontend sends as
 //     soon as the decision is acknowledged (it may come before the
-//     dispatch itself: different subscriptions, see noteEarly);
+//     dispatch itself: different subscriptions, see earlyNotices);
 //   - a cancel for the attempt: a frontend sends one only for an attempt
 //     its fold routed here;
 //   - a check (guardRouted) whose answer names this worker the attempt's:
@@ -29,7 +29,10 @@ import (
 // released already (some decision routes the attempt here) or another
 // dispatch of the same attempt reached the worker and is still pending
 // (two frontends racing to create one request both dispatch it; the job
-// the loser's dispatch started may be the one the winner's relies on). A
+// the loser's dispatch started may be the one the winner's relies on).
+// The winner's dispatch may also come after the loser's fence, which then
+// ended the job: a job so forsaken stores nothing, and the winner's
+// dispatch starts a job of its own instead of finding one that ends. A
 // dispatch without a hold joining a job releases it: it is sent only once
 // its decision is stored. A job whose decision no check confirms within
 // holdLimit ends with nothing stored too.
@@ -72,13 +75,26 @@ func (j *job) join(hold string) {
 
 // withdraw takes the dispatch held by hold out of j, whose decision was
 // not stored, and reports whether j is left with nothing to store: not
-// released, and no other held dispatch pending.
+// released, and no other held dispatch pending. Such a job is forsaken: a
+// dispatch of the same attempt that comes after it (the racing winner's,
+// which may travel behind the loser's fence) starts a job of its own
+// rather than being refused by one that ends.
 func (j *job) withdraw(hold string) bool {
 	j.mu.Lock()
+	defer j.mu.Unlock()
 	delete(j.holds, hold)
-	left := len(j.holds)
-	j.mu.Unlock()
-	return left == 0 && !j.released()
+	if len(j.holds) == 0 && !j.released() {
+		j.forsaken = true
+	}
+	return j.forsaken
+}
+
+// isForsaken reports whether every held dispatch of j was withdrawn before
+// it was released: it stores nothing, and nobody waits for it.
+func (j *job) isForsaken() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.forsaken
 }
 
 // released reports whether j may store its output.
@@ -91,33 +107,37 @@ func (j *job) released() bool {
 	}
 }
 
-// noteEarly keeps a routed notice for an attempt the worker runs no job of
+// earlyNotices are the routed notices that came before their dispatch,
+// when each came. The Worker's mu guards them.
+type earlyNotices map[jobKey]time.Time
+
+// note keeps a routed notice for an attempt the worker runs no job of
 // (yet): the notice and the dispatch travel on different subscriptions, so
-// the notice can be handled first. Called with w.mu held.
-func (w *Worker) noteEarly(k jobKey, now time.Time) {
-	if len(w.early) >= maxEarly {
-		for key, at := range w.early {
-			if now.Sub(at) > earlyTTL || len(w.early) >= maxEarly {
-				delete(w.early, key)
+// the notice can be handled first.
+func (e earlyNotices) note(k jobKey, now time.Time) {
+	if len(e) >= maxEarly {
+		for key, at := range e {
+			if now.Sub(at) > earlyTTL || len(e) >= maxEarly {
+				delete(e, key)
 			}
 		}
 	}
-	w.early[k] = now
+	e[k] = now
 }
 
-// takeEarly reports whether a routed notice for k came before its
-// dispatch, and forgets it. Called with w.mu held.
-func (w *Worker) takeEarly(k jobKey) bool {
-	at, ok := w.early[k]
+// take reports whether a routed notice for k came before its dispatch, and
+// forgets it.
+func (e earlyNotices) take(k jobKey) bool {
+	at, ok := e[k]
 	if ok {
-		delete(w.early, k)
+		delete(e, k)
 	}
 	return ok && time.Since(at) <= earlyTTL
 }
 
 // guardRouted asks the frontends about held job j until it is released or
 // ends (see above).
-func (w *Worker) guardRouted(j *job) {
+func (cs *checks) guardRouted(j *job) {
 	start := time.Now()
 	timer := time.NewTimer(holdCheckAfter)
 	defer timer.Stop()
@@ -130,11 +150,11 @@ func (w *Worker) guardRouted(j *job) {
 		case <-timer.C:
 		}
 		ctx, cancel := context.WithTimeout(j.ctx, streams.DefaultTimeout)
-		r, err := w.check(ctx, j, false)
+		r, err := cs.check(ctx, j, false)
 		cancel()
 		switch {
 		case err != nil:
-			w.log.Debug("check held attempt", "request_id", j.d.RequestID, "attempt", j.d.Attempt, "err", err)
+			cs.log.Debug("check held attempt", "request_id", j.d.RequestID, "attempt", j.d.Attempt, "err", err)
 		case r.Command != nil:
 			obey(j, *r.Command)
 		case r.Owner != "": // the log routes the attempt here
@@ -145,7 +165,7 @@ func (w *Worker) guardRouted(j *job) {
 			return
 		}
 		if time.Since(start) >= holdLimit {
-			w.log.Warn("held attempt never routed here: dropped", "request_id", j.d.RequestID, "attempt", j.d.Attempt)
+			cs.log.Warn("held attempt never routed here: dropped", "request_id", j.d.RequestID, "attempt", j.d.Attempt)
 			j.cancel(errNotRouted)
 			return
 		}

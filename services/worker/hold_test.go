@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 
 	"github.com/baton-dev/baton/events"
@@ -166,5 +167,63 @@ func TestHeldDispatchAsksAFrontend(t *testing.T) {
 				t.Errorf("stored %v (%d tokens), want stored=%v", types(out), countTokens(out), tc.stored)
 			}
 		})
+	}
+}
+
+// stalling is an engine whose first generation, once its context ends,
+// returns only when let go: the job it runs stays in the worker's hands,
+// ending, for as long as a test needs.
+type stalling struct {
+	engine.Engine
+	started, stopping, letGo chan struct{}
+	calls                    atomic.Int32
+}
+
+func (s *stalling) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
+	if s.calls.Add(1) > 1 {
+		return s.Engine.Generate(ctx, req, emit)
+	}
+	close(s.started)
+	<-ctx.Done()
+	close(s.stopping)
+	<-s.letGo
+	return engine.Result{}, ctx.Err()
+}
+
+// Two frontends race to create one request and both dispatch it, held; the
+// loser's fence reaches the worker before the winner's dispatch does (they
+// travel on different connections). The fence ends the only job, which
+// stored nothing; the winner's dispatch, coming while that job still ends,
+// starts a job of its own and is not refused, and the notice of its stored
+// decision releases it: the whole answer is stored once.
+func TestHeldDispatchAfterTheLosersFence(t *testing.T) {
+	e := newEnv(t)
+	mock, _ := engine.NewMock(fullSpeed)
+	eng := &stalling{Engine: mock, started: make(chan struct{}), stopping: make(chan struct{}), letGo: make(chan struct{})}
+	r := e.startEngine(nil, eng, worker.Config{ID: "w-race", DeltaMaxTokens: 1})
+	e.accept("r-race", "a b c", 12, "w-race")
+	d := newDispatch("r-race", "a b c", 12)
+	d.Hold = "loser"
+	if rep := e.dispatch("w-race", d); !rep.Accepted {
+		t.Fatalf("the loser's dispatch: %+v", rep)
+	}
+	<-eng.started
+	e.command("w-race", streams.Command{RequestID: "r-race", Kind: streams.CommandFence, Hold: "loser"})
+	<-eng.stopping // the fence ended the job, which is still there
+	d.Hold = "winner"
+	if rep := e.dispatch("w-race", d); !rep.Accepted {
+		t.Fatalf("the winner's dispatch: %+v", rep)
+	}
+	e.command("w-race", streams.Command{RequestID: "r-race", Kind: streams.CommandRouted})
+	e.waitFor("the winner's answer stored", func() bool {
+		_, ok := ended(e.outputOf("r-race", "w-race"))
+		return ok
+	})
+	close(eng.letGo)
+	e.waitFor("both jobs to end", func() bool { return value(t, r.reg, "dynamo_component_inflight_requests") == 0 })
+	out := e.outputOf("r-race", "w-race")
+	end, _ := ended(out)
+	if c, ok := end.Event.(events.RequestCompleted); !ok || countTokens(out) != 12 || c.FinishReason != "length" {
+		t.Errorf("stored %d tokens and %+v, want 12 and finish length", countTokens(out), end.Event)
 	}
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/baton-dev/baton/services/engine"
@@ -21,7 +22,22 @@ const (
 // timeout.
 var errEngineHung = errors.New("worker: the engine stopped answering")
 
-// watchEngine asks a Pinger engine's server whether it is alive every
+// engineWatch is the engine watch (run): the liveness of the server behind
+// a Pinger engine, asked whether traffic flows or not. Its verdicts go to
+// the health monitor, the upstream (probe an engine back again), the
+// generations (stopAll, when it hangs) and the lease (readinessChanged).
+type engineWatch struct {
+	eng              engine.Engine
+	interval         time.Duration // Config.LivenessInterval
+	timeout          time.Duration // Config.LivenessTimeout
+	health           *monitor
+	upstream         *upstream
+	stopAll          func(cause error) int
+	readinessChanged func()
+	log              *slog.Logger
+}
+
+// run asks a Pinger engine's server whether it is alive every
 // Config.LivenessInterval, traffic or not, until ctx is done:
 //
 //   - an answer (any HTTP status) makes it alive: a worker that was out of
@@ -36,12 +52,12 @@ var errEngineHung = errors.New("worker: the engine stopped answering")
 //     loaded server may answer its listing late): then nothing changes.
 //     Nor does a wait that lasted over twice the timeout: the worker itself
 //     was held up (SIGSTOP, no CPU), and the silence says nothing.
-func (w *Worker) watchEngine(ctx context.Context) {
-	p, ok := w.eng.(engine.Pinger)
-	if !ok || w.cfg.LivenessInterval < 0 {
+func (ew *engineWatch) run(ctx context.Context) {
+	p, ok := ew.eng.(engine.Pinger)
+	if !ok || ew.interval < 0 {
 		return
 	}
-	t := time.NewTimer(w.cfg.LivenessInterval)
+	t := time.NewTimer(ew.interval)
 	defer t.Stop()
 	for {
 		select {
@@ -49,15 +65,15 @@ func (w *Worker) watchEngine(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		w.pingEngine(ctx, p)
-		t.Reset(w.cfg.LivenessInterval)
+		ew.ping(ctx, p)
+		t.Reset(ew.interval)
 	}
 }
 
-// pingEngine runs one check of the watch and acts on its verdict.
-func (w *Worker) pingEngine(ctx context.Context, p engine.Pinger) {
+// ping runs one check of the watch and acts on its verdict.
+func (ew *engineWatch) ping(ctx context.Context, p engine.Pinger) {
 	start := time.Now()
-	pctx, cancel := context.WithTimeout(ctx, w.cfg.LivenessTimeout)
+	pctx, cancel := context.WithTimeout(ctx, ew.timeout)
 	err := p.Ping(pctx)
 	cancel()
 	if ctx.Err() != nil {
@@ -66,39 +82,39 @@ func (w *Worker) pingEngine(ctx context.Context, p engine.Pinger) {
 	reason, why := "", ""
 	switch {
 	case err == nil:
-	case errors.Is(err, engine.ErrNoAnswer) && w.health.tokenSince(start):
-		w.log.Debug("engine slow to answer its watch, but generating", "err", err)
-	case errors.Is(err, engine.ErrNoAnswer) && time.Since(start) > 2*w.cfg.LivenessTimeout:
+	case errors.Is(err, engine.ErrNoAnswer) && ew.health.tokenSince(start):
+		ew.log.Debug("engine slow to answer its watch, but generating", "err", err)
+	case errors.Is(err, engine.ErrNoAnswer) && time.Since(start) > 2*ew.timeout:
 		// The worker itself did not run for most of the wait (stopped,
 		// starved of CPU): the server's silence says nothing. Ask again.
-		w.log.Debug("engine watch inconclusive: the worker was held up", "waited", time.Since(start))
+		ew.log.Debug("engine watch inconclusive: the worker was held up", "waited", time.Since(start))
 		return
 	case errors.Is(err, engine.ErrNoAnswer):
 		reason, why = engineHung, err.Error()
 	default:
 		reason, why = engineUnreachable, err.Error()
 	}
-	if !w.health.setDown(reason, why) {
-		if reason == "" && w.probeUnanswered() {
+	if !ew.health.setDown(reason, why) {
+		if reason == "" && ew.upstream.probeUnanswered() {
 			// The probe found no server, the watch finds one: it came back
 			// between two watches. Probe it now rather than at the next
 			// probe interval.
-			w.log.Info("engine answers again; probing it")
-			w.recheckUpstream()
+			ew.log.Info("engine answers again; probing it")
+			ew.upstream.recheck()
 		}
 		return
 	}
 	switch reason {
 	case "":
-		w.log.Info("engine answers again; probing it")
-		w.recheckUpstream()
+		ew.log.Info("engine answers again; probing it")
+		ew.upstream.recheck()
 	case engineHung:
-		n := w.stopAll(errEngineHung)
-		w.log.Warn("engine hung: out of routing, its generations handed back", "timeout", w.cfg.LivenessTimeout, "in_flight", n, "err", err)
+		n := ew.stopAll(errEngineHung)
+		ew.log.Warn("engine hung: out of routing, its generations handed back", "timeout", ew.timeout, "in_flight", n, "err", err)
 	default:
-		w.log.Warn("engine unreachable: out of routing", "err", err)
+		ew.log.Warn("engine unreachable: out of routing", "err", err)
 	}
-	w.syncReady()
+	ew.readinessChanged()
 }
 
 // stopAll stops every running generation with cause and returns how many.

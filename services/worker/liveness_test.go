@@ -47,17 +47,21 @@ func (p *pinger) set(state string) {
 // watched is a worker with no lease, just enough to run its engine watch.
 func watched(p *pinger) *Worker {
 	cfg := Config{}.withDefaults()
-	return &Worker{
-		eng: p, cfg: cfg, log: slog.New(slog.DiscardHandler), jobs: map[jobKey]*job{}, recheck: make(chan struct{}, 1),
+	w := &Worker{
+		eng: p, cfg: cfg, log: slog.New(slog.DiscardHandler), jobs: map[jobKey]*job{},
 		health: newMonitor(false, cfg.CanaryWait, cfg.HealthCheckTimeout, nil, func(bool) {}),
 	}
+	w.upstream = newUpstream(p, w.log, w.health, cfg.UpstreamProbeInterval)
+	w.watch = &engineWatch{eng: p, interval: cfg.LivenessInterval, timeout: cfg.LivenessTimeout, health: w.health,
+		upstream: w.upstream, stopAll: w.stopAll, readinessChanged: func() {}, log: w.log}
+	return w
 }
 
-// startWatch runs w.watchEngine until the test ends.
+// startWatch runs w.watch until the test ends.
 func startWatch(t *testing.T, w *Worker) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
-	go func() { defer close(done); w.watchEngine(ctx) }()
+	go func() { defer close(done); w.watch.run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 }
 
@@ -107,7 +111,7 @@ func TestWatchSeesDeadAndHungEngines(t *testing.T) {
 		p.set("")
 		waitHealth(engineOK)
 		select {
-		case <-w.recheck:
+		case <-w.upstream.rechecks:
 		default:
 			t.Error("an engine back from the dead was not probed again")
 		}

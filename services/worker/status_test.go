@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,7 +15,6 @@ import (
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/worker"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // stallable wraps the mock: while stallAll is set every Generate blocks
@@ -62,20 +60,8 @@ func (g *gated) Generate(ctx context.Context, req engine.Request, emit func(engi
 // startStatus runs a worker on eng with a status server on a random port.
 func (e *env) startStatus(eng engine.Engine, cfg worker.Config) (*running, string) {
 	e.t.Helper()
-	cfg.Streams.MemoryStorage = true
 	cfg.SystemAddr = "127.0.0.1:0"
-	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = time.Second
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 2 * time.Second
-	}
-	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	w, err := worker.New(e.s.Connect(e.t), eng, log, reg, cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	w, reg := e.newWorker(nil, eng, cfg, 2*time.Second, slog.LevelError)
 	addr, err := w.Listen()
 	if err != nil {
 		e.t.Fatal(err)
@@ -158,10 +144,7 @@ func TestStatusNotReadyWhileDraining(t *testing.T) {
 	// the budget.
 	eng := &gated{Mock: mock, open: make(chan struct{})}
 	r, base := e.startStatus(eng, worker.Config{ID: "w-dr", ShutdownTimeout: 15 * time.Second})
-	e.accept("r-dr", "x", 20, "w-dr")
-	if rep := e.dispatch("w-dr", newDispatch("r-dr", "x", 20)); !rep.Accepted {
-		t.Fatalf("dispatch: %+v", rep)
-	}
+	e.dispatched("r-dr", "x", 20, "w-dr")
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.stop(t) }()
 	e.waitFor("draining", func() bool { l, ok := e.lease("w-dr"); return ok && l.Draining })
@@ -221,10 +204,7 @@ func TestStalledRequestMakesWorkerNotReady(t *testing.T) {
 	eng.stallReqs.Store(true)
 	_, base := e.startStatus(eng, worker.Config{ID: "w-stl", HealthCheck: true,
 		CanaryWait: 50 * time.Millisecond, HealthCheckTimeout: 200 * time.Millisecond})
-	e.accept("r-stl", "x", 100, "w-stl")
-	if rep := e.dispatch("w-stl", newDispatch("r-stl", "x", 100)); !rep.Accepted {
-		t.Fatalf("dispatch: %+v", rep)
-	}
+	e.dispatched("r-stl", "x", 100, "w-stl")
 	e.waitFor("not-ready lease", func() bool { l, ok := e.lease("w-stl"); return ok && l.NotReady })
 	if code, s := health(t, base); code != http.StatusServiceUnavailable || s.Engine != "stalled" || s.InFlight != 1 {
 		t.Errorf("/health = %d %+v, want 503 stalled with 1 in flight", code, s)

@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -25,25 +27,51 @@ const (
 	maxBusyFor     = time.Minute
 )
 
+// upstream is what the worker knows of the server behind its engine, when
+// the engine is a Prober: what it can do, whether it is busy and until
+// when, whether its last probe went unanswered; and the probes that learn
+// it. Its methods are safe for concurrent use. What it learns goes to the
+// health monitor (a refusal), the load reporter (busy: loadChanged) and the
+// lease (capabilities, readiness: readinessChanged).
+type upstream struct {
+	eng              engine.Engine
+	log              *slog.Logger
+	health           *monitor
+	interval         time.Duration // Config.UpstreamProbeInterval
+	loadChanged      func()
+	readinessChanged func()
+	rechecks         chan struct{} // capacity 1: probe the upstream now, coalesced
+
+	mu         sync.Mutex
+	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
+	unanswered bool                 // the last probe failed for want of an answer
+	busyUntil  time.Time            // the server answered its probe 429/503: busy until then and its next probe; zero: not busy
+}
+
+func newUpstream(eng engine.Engine, log *slog.Logger, health *monitor, interval time.Duration) *upstream {
+	return &upstream{eng: eng, log: log, health: health, interval: interval, rechecks: make(chan struct{}, 1),
+		loadChanged: func() {}, readinessChanged: func() {}}
+}
+
 // busy reports whether the worker's server said at its last probe that it
 // is busy (events.Load.Busy), and until when it asked to be left alone.
-func (w *Worker) busy() (bool, time.Time) {
-	w.upstreamMu.Lock()
-	defer w.upstreamMu.Unlock()
-	return !w.busyUntil.IsZero(), w.busyUntil
+func (u *upstream) busy() (bool, time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return !u.busyUntil.IsZero(), u.busyUntil
 }
 
 // probeUnanswered reports whether the last probe failed for want of an
 // answer (no connection, no answer in time), not by the server's answer.
-func (w *Worker) probeUnanswered() bool {
-	w.upstreamMu.Lock()
-	defer w.upstreamMu.Unlock()
-	return w.unanswered
+func (u *upstream) probeUnanswered() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.unanswered
 }
 
 // setBusy records the server's busy answer (nil: not busy) and reports the
 // change in the load.
-func (w *Worker) setBusy(e *engine.UpstreamError) {
+func (u *upstream) setBusy(e *engine.UpstreamError) {
 	var until time.Time
 	if e != nil {
 		d := e.RetryAfter
@@ -52,38 +80,38 @@ func (w *Worker) setBusy(e *engine.UpstreamError) {
 		}
 		until = time.Now().Add(min(d, maxBusyFor))
 	}
-	w.upstreamMu.Lock()
-	was := !w.busyUntil.IsZero()
-	w.busyUntil = until
-	w.upstreamMu.Unlock()
+	u.mu.Lock()
+	was := !u.busyUntil.IsZero()
+	u.busyUntil = until
+	u.mu.Unlock()
 	if was || e != nil {
-		w.notifyLoad()
+		u.loadChanged()
 	}
 }
 
 // capabilities is what the engine can do, as the last probe found; nil for
 // engines that are not Probers (they can do everything).
-func (w *Worker) capabilities() *events.Capabilities {
-	w.upstreamMu.Lock()
-	defer w.upstreamMu.Unlock()
-	return w.caps
+func (u *upstream) capabilities() *events.Capabilities {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.caps
 }
 
-// upstreamReady reports whether the engine may serve a dispatch: its
+// ready reports whether the engine may serve a dispatch: its
 // server was probed and is not refusing it (an engine that does not probe
 // always may).
-func (w *Worker) upstreamReady() bool {
-	if _, ok := w.eng.(engine.Prober); ok && w.capabilities() == nil {
+func (u *upstream) ready() bool {
+	if _, ok := u.eng.(engine.Prober); ok && u.capabilities() == nil {
 		return false
 	}
-	return w.health.upstreamReason() == ""
+	return u.health.upstreamReason() == ""
 }
 
-// probeUpstream asks a probing engine what its server can do. A server that
+// probe asks a probing engine what its server can do. A server that
 // refuses the engine or cannot be reached leaves the worker not ready, with
 // the reason in its lease and /health, until a later probe passes.
-func (w *Worker) probeUpstream(ctx context.Context) bool {
-	p, ok := w.eng.(engine.Prober)
+func (u *upstream) probe(ctx context.Context) bool {
+	p, ok := u.eng.(engine.Prober)
 	if !ok {
 		return true
 	}
@@ -94,100 +122,100 @@ func (w *Worker) probeUpstream(ctx context.Context) bool {
 	if errors.As(err, &busy) && busy.Class == events.FailureUnavailable {
 		// Up, but busy: ready for the routes it showed, out of every
 		// router until it is asked again at its Retry-After.
-		w.upstreamMu.Lock()
-		w.caps = &caps
-		w.upstreamMu.Unlock()
-		w.setBusy(busy)
-		_, until := w.busy()
-		w.log.Warn("upstream busy: ready, but taking nothing until it is probed again", "until", until, "chat", caps.Chat, "completions", caps.Completions, "err", err)
-		w.health.setUpstream("")
+		u.mu.Lock()
+		u.caps = &caps
+		u.mu.Unlock()
+		u.setBusy(busy)
+		_, until := u.busy()
+		u.log.Warn("upstream busy: ready, but taking nothing until it is probed again", "until", until, "chat", caps.Chat, "completions", caps.Completions, "err", err)
+		u.health.setUpstream("")
 		return true
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			w.log.Warn("upstream not ready", "err", err)
-			w.health.setUpstream(err.Error())
-			w.upstreamMu.Lock()
-			w.unanswered = !errors.As(err, &busy) || busy.Status == 0
-			w.upstreamMu.Unlock()
+			u.log.Warn("upstream not ready", "err", err)
+			u.health.setUpstream(err.Error())
+			u.mu.Lock()
+			u.unanswered = !errors.As(err, &busy) || busy.Status == 0
+			u.mu.Unlock()
 		}
 		return false
 	}
-	w.upstreamMu.Lock()
-	w.caps, w.unanswered = &caps, false
-	w.upstreamMu.Unlock()
-	w.setBusy(nil)
-	if w.health.upstreamReason() != "" {
-		w.log.Info("upstream ready again", "capabilities", caps)
+	u.mu.Lock()
+	u.caps, u.unanswered = &caps, false
+	u.mu.Unlock()
+	u.setBusy(nil)
+	if u.health.upstreamReason() != "" {
+		u.log.Info("upstream ready again", "capabilities", caps)
 	} else {
-		w.log.Info("upstream probed", "chat", caps.Chat, "completions", caps.Completions, "token_ids", caps.TokenIDs, "prefill", caps.Prefill)
+		u.log.Info("upstream probed", "chat", caps.Chat, "completions", caps.Completions, "token_ids", caps.TokenIDs, "prefill", caps.Prefill)
 	}
-	if l, ok := w.eng.(interface{ Listing() engine.Listing }); ok {
+	if l, ok := u.eng.(interface{ Listing() engine.Listing }); ok {
 		if got := l.Listing(); got.Names != nil && got.Match == "" {
-			w.log.Warn("the upstream's /v1/models does not list the model, but it answers requests for it", "listed", got.Names)
+			u.log.Warn("the upstream's /v1/models does not list the model, but it answers requests for it", "listed", got.Names)
 		}
 	}
-	w.health.setUpstream("")
+	u.health.setUpstream("")
 	return true
 }
 
-// upstreamNotReady takes the worker out of routing after its upstream
+// notReady takes the worker out of routing after its upstream
 // refused it (401, 403, 404) until a probe passes again.
-func (w *Worker) upstreamNotReady(e *engine.UpstreamError) {
-	w.health.setUpstream(e.Error())
-	w.syncReady()
+func (u *upstream) notReady(e *engine.UpstreamError) {
+	u.health.setUpstream(e.Error())
+	u.readinessChanged()
 }
 
-// recheckUpstream asks for a probe of the upstream now: its server answers
+// recheck asks for a probe of the upstream now: its server answers
 // again after the engine watch found it down, or it failed a request before
 // the first token (an error answer of 500 or more, or no
 // answer). Such a failure may be the request's own (Ollama answers 500 to an
 // invalid JSON schema), so it does not inhibit the worker; a server that
 // also fails the probe takes the worker out of routing until a probe passes.
 // Requests coalesce: one probe answers any number of them.
-func (w *Worker) recheckUpstream() {
+func (u *upstream) recheck() {
 	select {
-	case w.recheck <- struct{}{}:
+	case u.rechecks <- struct{}{}:
 	default:
 	}
 }
 
-// reprobeUpstream probes the upstream every Config.UpstreamProbeInterval
+// reprobe probes the upstream every Config.UpstreamProbeInterval
 // while it is not ready, at the end of a busy server's Retry-After, and
-// when recheckUpstream asks, until ctx is done.
-func (w *Worker) reprobeUpstream(ctx context.Context) {
-	if _, ok := w.eng.(engine.Prober); !ok {
+// when recheck asks, until ctx is done.
+func (u *upstream) reprobe(ctx context.Context) {
+	if _, ok := u.eng.(engine.Prober); !ok {
 		return
 	}
-	t := time.NewTicker(w.cfg.UpstreamProbeInterval)
+	t := time.NewTicker(u.interval)
 	defer t.Stop()
 	again := time.NewTimer(time.Hour)
 	defer again.Stop()
 	for {
 		again.Stop()
-		if busy, until := w.busy(); busy {
+		if busy, until := u.busy(); busy {
 			again.Reset(time.Until(until))
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-again.C:
-			w.log.Info("probing a busy upstream again")
-			w.probeUpstream(ctx)
-			w.syncReady()
+			u.log.Info("probing a busy upstream again")
+			u.probe(ctx)
+			u.readinessChanged()
 			continue
-		case <-w.recheck:
-			w.log.Info("probing the upstream again")
-			w.probeUpstream(ctx)
-			w.syncReady() // its capabilities too: it may be another server now
+		case <-u.rechecks:
+			u.log.Info("probing the upstream again")
+			u.probe(ctx)
+			u.readinessChanged() // its capabilities too: it may be another server now
 			continue
 		case <-t.C:
 		}
-		if w.health.upstreamReason() == "" {
+		if u.health.upstreamReason() == "" {
 			continue
 		}
-		if w.probeUpstream(ctx) {
-			w.syncReady()
+		if u.probe(ctx) {
+			u.readinessChanged()
 		}
 	}
 }

@@ -5,9 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
-	"os"
 	"sync"
 	"time"
 
@@ -37,32 +34,28 @@ type Worker struct {
 	cfg     Config
 	metrics *metrics
 	events  *streams.Log
-	leases  jetstream.KeyValue
-	loadKV  jetstream.KeyValue
 
-	loadCh chan struct{} // capacity 1: load changed, coalesced
+	health *monitor
 
-	health   *monitor
-	gatherer prometheus.Gatherer // served on /metrics
-	readyMu  sync.Mutex          // serialises syncReady
+	// The parts with receivers of their own, each holding what it uses.
+	upstream     *upstream      // upstream.go
+	registration *registration  // lease.go
+	load         *loadReporter  // load.go
+	watch        *engineWatch   // liveness.go
+	server       *statusServer  // status.go
+	checks       *checks        // commands.go, hold.go
+	detacher     *detacher      // detach.go
+	output       *outputStream  // output.go; nil without Config.BatchedOutput
+	batched      *batchedOutput // batched.go; nil without Config.BatchedOutput
 
-	mu        sync.Mutex
-	running   bool
-	draining  bool
-	jobs      map[jobKey]*job
-	early     map[jobKey]time.Time // routed notices that came before their dispatch (hold.go)
-	frontends *frontends           // live frontend replicas, for detached requests
-	lease     *lease               // current lease; nil while re-registering
-	gens      sync.WaitGroup
-	listener  net.Listener // status server; nil when off or not yet bound
+	mu       sync.Mutex // guards running, draining, jobs and early
+	running  bool
+	draining bool
+	jobs     map[jobKey]*job
+	early    earlyNotices // routed notices that came before their dispatch (hold.go)
+	gens     sync.WaitGroup
 
 	logOff *logOffMode // Config.BenchLogOff only; nil otherwise
-
-	upstreamMu sync.Mutex
-	caps       *events.Capabilities // the engine's, when it is a Prober and a probe passed
-	recheck    chan struct{}        // capacity 1: probe the upstream now, coalesced
-	unanswered bool                 // the last probe failed for want of an answer
-	busyUntil  time.Time            // the server answered its probe 429/503: busy until then and its next probe; zero: not busy
 
 	fatalOnce sync.Once
 	fatalCh   chan struct{}
@@ -91,14 +84,11 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	}
 	w := &Worker{
 		nc: nc, js: js, eng: eng, cfg: cfg,
-		log:       log.With("worker_id", cfg.ID),
-		events:    streams.NewLog(js, "baton/worker/"+cfg.ID),
-		loadCh:    make(chan struct{}, 1),
-		recheck:   make(chan struct{}, 1),
-		jobs:      map[jobKey]*job{},
-		early:     map[jobKey]time.Time{},
-		frontends: newFrontends(),
-		fatalCh:   make(chan struct{}),
+		log:     log.With("worker_id", cfg.ID),
+		events:  streams.NewLog(js, "baton/worker/"+cfg.ID),
+		jobs:    map[jobKey]*job{},
+		early:   earlyNotices{},
+		fatalCh: make(chan struct{}),
 	}
 	if cfg.BenchLogOff {
 		w.logOff = newLogOffMode(nc)
@@ -106,6 +96,9 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	w.health = newMonitor(cfg.HealthCheck, cfg.CanaryWait, cfg.HealthCheckTimeout,
 		canaryProbe(eng, cfg.ID, w.fail), w.healthChanged)
 	w.health.onCanary = w.canaryDone
+	w.upstream = newUpstream(eng, w.log, w.health, cfg.UpstreamProbeInterval)
+	w.load = newLoadReporter(js, eng, w.upstream.busy, w.log, cfg)
+	w.upstream.loadChanged = w.load.notify
 	if _, ok := eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
 		w.health.queued = true // time in the server's queue is not a stall
 	}
@@ -116,9 +109,22 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 	if err != nil {
 		return nil, err
 	}
-	w.gatherer = prometheus.DefaultGatherer
+	if cfg.BatchedOutput {
+		w.output = &outputStream{id: cfg.ID, log: w.log}
+		if w.batched, err = newBatchedOutput(cfg.ID, w.events); err != nil {
+			return nil, err
+		}
+	}
+	w.registration = &registration{cfg: cfg, nc: nc, js: js, eng: eng, events: w.events, health: w.health,
+		upstream: w.upstream, output: w.output, live: w.metrics.leaseLive, loadChanged: w.load.notify, log: w.log}
+	w.upstream.readinessChanged = w.registration.syncReady
+	w.watch = &engineWatch{eng: eng, interval: cfg.LivenessInterval, timeout: cfg.LivenessTimeout, health: w.health,
+		upstream: w.upstream, stopAll: w.stopAll, readinessChanged: w.registration.syncReady, log: w.log}
+	w.checks = &checks{id: cfg.ID, log: w.log}
+	w.detacher = &detacher{frontends: newFrontends(), checks: w.checks, js: js, log: w.log}
+	w.server = &statusServer{addr: cfg.SystemAddr, status: w.Status, gatherer: prometheus.DefaultGatherer, log: w.log}
 	if g, ok := reg.(prometheus.Gatherer); ok {
-		w.gatherer = g
+		w.server.gatherer = g
 	}
 	return w, nil
 }
@@ -142,7 +148,7 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	// The status server runs for the whole of Run, shutdown included, so
 	// that /live answers while starting and /health shows the drain.
-	stopStatus, err := w.serveStatus()
+	stopStatus, err := w.server.serve()
 	if err != nil {
 		return err
 	}
@@ -163,12 +169,15 @@ func (w *Worker) Run(ctx context.Context) error {
 	// without the token ids a migration continues from. Listen before the
 	// lease exists, so nobody can dispatch to a worker that is not yet
 	// listening.
-	w.probeUpstream(ctx)
+	w.upstream.probe(ctx)
+	// Ask for the output stream before listening too: a dispatch to a
+	// previous incarnation's lease may ask for batched output.
+	w.output.ask(ctx)
 	subs, err := w.listen(ctx)
 	if err != nil {
 		return err
 	}
-	l, err := w.registerFirst(ctx)
+	l, err := w.registration.first(ctx)
 	if err != nil {
 		unsubscribe(subs)
 		if ctx.Err() != nil {
@@ -179,14 +188,14 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
-	background.Go(func() { w.keepRegistered(bg, l) })
-	background.Go(func() { w.reportLoad(bg) })
+	background.Go(func() { w.registration.keep(bg, l) })
+	background.Go(func() { w.load.run(bg) })
 	background.Go(func() { w.health.Run(bg) })
-	background.Go(func() { w.watchFrontends(bg) })
+	background.Go(func() { w.detacher.watch(bg) })
 	background.Go(func() { w.checkOnReconnect(bg) })
-	background.Go(func() { w.reprobeUpstream(bg) })
-	background.Go(func() { w.watchEngine(bg) })
-	w.notifyLoad()
+	background.Go(func() { w.upstream.reprobe(bg) })
+	background.Go(func() { w.watch.run(bg) })
+	w.load.notify()
 
 	reason := "shutdown"
 	select {
@@ -224,7 +233,10 @@ func (w *Worker) openControl() error {
 		}
 		ctl.Close()
 	}()
-	w.ctl = ctl
+	w.ctl, w.checks.ctl = ctl, ctl
+	if w.output != nil {
+		w.output.nc = ctl
+	}
 	return nil
 }
 
@@ -244,10 +256,10 @@ func (w *Worker) open(ctx context.Context) error {
 	defer cancel()
 	return streams.Retry(ctx, func(ctx context.Context) error {
 		var err error
-		if w.leases, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {
+		if w.registration.kv, err = w.js.KeyValue(ctx, streams.LeasesBucket); err != nil {
 			return fmt.Errorf("worker: bind %s: %w", streams.LeasesBucket, err)
 		}
-		if w.loadKV, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
+		if w.load.kv, err = w.js.KeyValue(ctx, streams.LoadBucket); err != nil {
 			return fmt.Errorf("worker: bind %s: %w", streams.LoadBucket, err)
 		}
 		return nil
@@ -290,7 +302,7 @@ func (w *Worker) shutdown(ctx context.Context, reason string, subs []*nats.Subsc
 	w.log.Info("draining", "reason", reason, "in_flight", n, "budget", budget)
 	stopBackground() // no re-registration from here on; load reports stop too
 	background.Wait()
-	l := w.currentLease()
+	l := w.registration.current()
 	leaseID := ""
 	if l != nil {
 		leaseID = l.ID()
@@ -306,7 +318,7 @@ func (w *Worker) shutdown(ctx context.Context, reason string, subs []*nats.Subsc
 		w.mu.Lock()
 		left := len(w.jobs)
 		for _, j := range w.jobs {
-			j.cancel(errHandOff)
+			j.overrule(errHandOff)
 		}
 		w.mu.Unlock()
 		w.log.Warn("drain budget spent; handing off", "in_flight", left)
@@ -322,13 +334,16 @@ func (w *Worker) shutdown(ctx context.Context, reason string, subs []*nats.Subsc
 		}
 	}
 	w.metrics.leaseLive.Set(0)
-	if err := w.loadKV.Delete(sctx, w.cfg.ID); err != nil {
+	if err := w.load.kv.Delete(sctx, w.cfg.ID); err != nil {
 		w.log.Warn("delete load key", "err", err)
 	}
 	w.appendWorker(sctx, "deregistered", events.WorkerDeregistered{WorkerID: w.cfg.ID, LeaseID: leaseID})
 
 	// 5. Stop listening.
 	unsubscribe(subs)
+	if w.batched != nil {
+		_ = w.batched.close() // every attempt settled its entries: nothing is left
+	}
 	w.log.Info("stopped", "lease_id", leaseID)
 }
 
@@ -340,287 +355,12 @@ func (w *Worker) fail(err error) {
 	})
 }
 
-// registerFirst grants the first lease, waiting up to two TTLs for a key
-// held by an earlier incarnation with the same id to expire.
-func (w *Worker) registerFirst(ctx context.Context) (*lease, error) {
-	// A key still held by a previous incarnation expires within a TTL; a
-	// cluster electing a leader answers again within seconds.
-	deadline := time.Now().Add(max(2*w.cfg.LeaseTTL, streams.AppendBudget))
-	for {
-		l, err := w.register(ctx, "")
-		if err == nil {
-			return l, nil
-		}
-		if !(errors.Is(err, ErrIDInUse) || streams.Transient(err)) || time.Now().After(deadline) {
-			return nil, err
-		}
-		w.log.Info("cannot register yet; retrying", "err", err)
-		if !streams.Sleep(ctx, w.cfg.LeaseTTL/10) {
-			return nil, fmt.Errorf("worker: register: %w", ctx.Err())
-		}
-	}
-}
-
-// keepRegistered grants a new lease whenever the current one is lost, until
-// ctx is done.
-func (w *Worker) keepRegistered(ctx context.Context, l *lease) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-l.Done():
-		}
-		w.metrics.leaseLive.Set(0)
-		w.log.Warn("lease lost; registering again", "lease_id", l.ID(), "err", l.Err())
-		w.mu.Lock()
-		w.lease = nil
-		w.mu.Unlock()
-		prev := l.ID()
-		l.close()
-		for {
-			var err error
-			if l, err = w.register(ctx, prev); err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("register again", "err", err)
-			if !streams.Sleep(ctx, w.cfg.LeaseTTL/3) {
-				return
-			}
-		}
-		w.notifyLoad()
-	}
-}
-
-// register grants a new lease with a new lease id and appends worker_registered.
-func (w *Worker) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
-	healthy, reason := w.health.state()
-	v := events.Lease{
-		WorkerID: w.cfg.ID, LeaseID: uuid.NewString(), Model: w.cfg.Model,
-		PID: os.Getpid(), Host: w.cfg.Host, TTLMS: w.cfg.LeaseTTL.Milliseconds(),
-		NotReady: !healthy, Capabilities: w.capabilities(), HoldsUntilRouted: true, Priority: w.cfg.Priority,
-	}
-	if ft, ok := w.eng.(interface{ FirstTokenTimeout() time.Duration }); ok {
-		v.FirstTokenTimeoutMS = ft.FirstTokenTimeout().Milliseconds()
-	}
-	if !healthy {
-		v.NotReadyReason = reason
-		if up := w.health.upstreamReason(); up != "" {
-			v.NotReadyReason = up
-		}
-	}
-	w.connInfo(&v)
-	rctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
-	l, err := grantLease(rctx, w.js, w.leases, v, w.cfg.LeaseTTL, ownedLeaseID, w.connInfo, w.log)
-	if err != nil {
-		return nil, fmt.Errorf("worker: register %s: %w", w.cfg.ID, err)
-	}
-	st := w.eng.Stats()
-	reg := events.WorkerRegistered{
-		WorkerID: w.cfg.ID, LeaseID: v.LeaseID, Model: w.cfg.Model, PID: v.PID, Host: v.Host,
-		LeaseTTLMS: v.TTLMS, KVBlocks: st.KVBlocksTotal, MaxConcurrent: w.cfg.MaxConcurrentRequests,
-	}
-	if _, err := w.events.Append(rctx, streams.WorkerEvents(w.cfg.ID), w.events.Envelope(events.ID(w.cfg.ID, "registered", v.LeaseID), w.cfg.ID, reg), -1); err != nil {
-		dctx, cancel := withDefaultTimeout(context.WithoutCancel(ctx))
-		defer cancel()
-		_ = l.revoke(dctx)
-		return nil, fmt.Errorf("worker: register %s: %w", w.cfg.ID, err)
-	}
-	w.mu.Lock()
-	w.lease = l
-	w.mu.Unlock()
-	w.metrics.leaseLive.Set(1)
-	w.log.Info("registered", "lease_id", v.LeaseID, "model", w.cfg.Model, "lease_ttl", w.cfg.LeaseTTL)
-	w.syncReady() // health may have changed since v was built
-	return l, nil
-}
-
-// healthChanged is the monitor's report of a change of engine health.
-func (w *Worker) healthChanged(healthy bool) {
-	if healthy {
-		w.log.Info("engine healthy again; back in routing")
-	} else {
-		_, why := w.health.state()
-		w.log.Warn("engine not ready; out of routing until a canary passes", "reason", why,
-			"timeout", w.cfg.HealthCheckTimeout)
-	}
-	w.syncReady()
-}
-
-// canaryDone records a canary's outcome in the metrics.
-func (w *Worker) canaryDone(ok bool, at time.Time) {
-	outcome := "success"
-	if ok {
-		w.metrics.canaryOK.Set(float64(at.UnixNano()) / 1e9)
-	} else {
-		outcome = "failure"
-		w.log.Warn("canary failed")
-	}
-	w.metrics.canaries.WithLabelValues(w.cfg.Model, outcome).Inc()
-}
-
-// syncReady makes the current lease's NotReady flag match the engine's
-// health, so that discovery takes a not-ready worker out of routing and puts
-// it back once it is healthy again.
-func (w *Worker) syncReady() {
-	w.readyMu.Lock()
-	defer w.readyMu.Unlock()
-	healthy, reason := w.health.state()
-	l := w.currentLease()
-	if l == nil {
-		return // re-registering: register reads the health itself
-	}
-	if healthy {
-		reason = ""
-	} else if up := w.health.upstreamReason(); up != "" {
-		reason = up // the upstream's words say more than "upstream_not_ready"
-	}
-	if err := l.setReadiness(!healthy, reason, w.capabilities()); err != nil {
-		w.log.Warn("mark lease readiness", "lease_id", l.ID(), "not_ready", !healthy, "err", err)
-	}
-}
-
-// serveStatus starts the status server if it is configured; stop closes it.
-func (w *Worker) serveStatus() (stop func(), err error) {
-	if _, err := w.Listen(); err != nil {
-		return nil, err
-	}
-	w.mu.Lock()
-	l := w.listener
-	w.mu.Unlock()
-	if l == nil {
-		return func() {}, nil
-	}
-	srv := &http.Server{Handler: w.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			w.log.Error("status server", "err", err)
-		}
-	}()
-	w.log.Info("status server listening", "addr", l.Addr().String())
-	return func() {
-		_ = srv.Close() // probes are short; nothing to drain
-		<-done
-	}, nil
-}
-
-// connInfo fills in the connection's current client id and server, which
-// change on a reconnect.
-func (w *Worker) connInfo(v *events.Lease) {
-	if id, err := w.nc.GetClientID(); err == nil {
-		v.ClientID = id
-	}
-	v.Server = w.nc.ConnectedServerId()
-}
-
-func (w *Worker) currentLease() *lease {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.lease
-}
-
 // appendWorker appends a lifecycle event; failures are logged, since the
 // lease (not the event) is the authority on liveness.
 func (w *Worker) appendWorker(ctx context.Context, what string, ev events.Event) {
 	id := events.ID(w.cfg.ID, what, uuid.NewString())
 	if _, err := w.events.Append(ctx, streams.WorkerEvents(w.cfg.ID), w.events.Envelope(id, w.cfg.ID, ev), -1); err != nil {
 		w.log.Warn("append worker event", "event", ev.EventType(), "err", err)
-	}
-}
-
-// reportLoad publishes the engine's load when it changes, in a
-// streams.Session with the lease's TTL that renews it, so a crashed worker's
-// load disappears with its lease. A change in the number of active requests
-// (one started or ended) is published at once, so that a finished request
-// never shows as running for longer than a publish takes; the other figures
-// (KV blocks, queued prefill tokens), which move with every token, at most
-// once per LoadInterval. The load is read again every LeaseTTL/3 too, in case
-// a change came without a notification. On return the session stops without
-// deleting the key (shutdown deletes it).
-func (w *Worker) reportLoad(ctx context.Context) {
-	refresh := time.NewTicker(w.cfg.LeaseTTL / 3)
-	defer refresh.Stop()
-	hold := time.NewTimer(time.Hour)
-	hold.Stop()
-	defer hold.Stop()
-	var holdC <-chan time.Time // set while a report waits for LoadInterval
-	var s *streams.Session[events.Load]
-	defer func() {
-		if s != nil {
-			s.Close()
-		}
-	}()
-	var lastAt time.Time
-	for {
-		force := false
-		select {
-		case <-ctx.Done():
-			return
-		case <-w.loadCh:
-		case <-holdC:
-			holdC = nil
-		case <-refresh.C:
-			force = true
-		}
-		st := w.eng.Stats()
-		l := events.Load{WorkerID: w.cfg.ID, ActiveRequests: st.ActiveRequests, KVBlocksUsed: st.KVBlocksUsed,
-			KVBlocksTotal: st.KVBlocksTotal, QueuedPrefillTokens: st.QueuedPrefillTokens}
-		l.Busy, _ = w.busy()
-		var last events.Load
-		if s != nil {
-			last = s.Value()
-		}
-		switch {
-		case s == nil || l.ActiveRequests != last.ActiveRequests || l.Busy != last.Busy:
-		case l == last:
-			continue // the session renews it
-		case !force && time.Since(lastAt) < w.cfg.LoadInterval:
-			if holdC == nil {
-				hold.Reset(w.cfg.LoadInterval - time.Since(lastAt))
-				holdC = hold.C
-			}
-			continue
-		}
-		var err error
-		if s == nil {
-			s, err = w.startLoad(ctx, l)
-		} else {
-			err = s.Update(func(v *events.Load) { *v = l })
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("report load", "err", err)
-			if holdC == nil { // try again, even if nothing changes
-				hold.Reset(w.cfg.LoadInterval)
-				holdC = hold.C
-			}
-			continue
-		}
-		lastAt = time.Now()
-	}
-}
-
-// startLoad puts the first load report and starts renewing it.
-func (w *Worker) startLoad(ctx context.Context, l events.Load) (*streams.Session[events.Load], error) {
-	ctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
-	return streams.NewSession(ctx, w.js, w.loadKV, w.cfg.ID, l,
-		streams.SessionConfig[events.Load]{TTL: w.cfg.LeaseTTL, Log: w.log})
-}
-
-// notifyLoad tells the load reporter that the load may have changed; it
-// never blocks, notifications coalesce.
-func (w *Worker) notifyLoad() {
-	select {
-	case w.loadCh <- struct{}{}:
-	default:
 	}
 }
 

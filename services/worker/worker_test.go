@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,23 +67,27 @@ func (e *env) start(nc *nats.Conn, mock engine.MockConfig, cfg worker.Config) *r
 // startEngine runs a worker in front of eng on nc until the test ends.
 func (e *env) startEngine(nc *nats.Conn, eng engine.Engine, cfg worker.Config) *running {
 	e.t.Helper()
+	return e.run(e.newWorker(nc, eng, cfg, 5*time.Second, slog.LevelWarn))
+}
+
+// newWorker makes a worker in front of eng on nc (nil: a connection of its
+// own) that stores in memory, with a lease TTL of 1 s and a shutdown budget
+// of shutdown unless cfg sets them, and that logs from level up.
+func (e *env) newWorker(nc *nats.Conn, eng engine.Engine, cfg worker.Config, shutdown time.Duration, level slog.Level) (*worker.Worker, *prometheus.Registry) {
+	e.t.Helper()
 	if nc == nil {
 		nc = e.s.Connect(e.t)
 	}
 	cfg.Streams.MemoryStorage = true
-	if cfg.LeaseTTL == 0 {
-		cfg.LeaseTTL = time.Second
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 5 * time.Second
-	}
+	cfg.LeaseTTL = cmp.Or(cfg.LeaseTTL, time.Second)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, shutdown)
 	reg := prometheus.NewRegistry()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	w, err := worker.New(nc, eng, log, reg, cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	return e.run(w, reg)
+	return w, reg
 }
 
 // run runs w until the test ends (its Run must return within 20 s of
@@ -234,6 +239,16 @@ func ended(es []events.Envelope) (events.Envelope, bool) {
 }
 
 // accept appends the frontend's accepted and routed events for a request.
+// dispatched accepts request id (accept) and dispatches it to workerID,
+// failing the test unless the worker takes it.
+func (e *env) dispatched(id, prompt string, maxTokens int, workerID string) {
+	e.t.Helper()
+	e.accept(id, prompt, maxTokens, workerID)
+	if rep := e.dispatch(workerID, newDispatch(id, prompt, maxTokens)); !rep.Accepted {
+		e.t.Fatalf("dispatch %s to %s: %+v", id, workerID, rep)
+	}
+}
+
 func (e *env) accept(id, prompt string, maxTokens int, workerID string) {
 	e.t.Helper()
 	ctx := context.Background()
@@ -472,10 +487,7 @@ func TestDispatchProducesDeterministicText(t *testing.T) {
 	e := newEnv(t)
 	r := e.start(nil, fullSpeed, worker.Config{ID: "w-gen", DeltaMaxTokens: 4})
 	const prompt, n = "the quick brown fox jumps", 37
-	e.accept("req-1", prompt, n, "w-gen")
-	if rep := e.dispatch("w-gen", newDispatch("req-1", prompt, n)); !rep.Accepted {
-		t.Fatalf("dispatch refused: %+v", rep)
-	}
+	e.dispatched("req-1", prompt, n, "w-gen")
 	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-1")); return ok })
 
 	log := e.request("req-1")
@@ -593,10 +605,7 @@ func TestRefusals(t *testing.T) {
 func TestShutdownHandsOff(t *testing.T) {
 	e := newEnv(t)
 	r := e.start(nil, slow, worker.Config{ID: "w-off", ShutdownTimeout: time.Second})
-	e.accept("r-long", "x y", 1000, "w-off")
-	if rep := e.dispatch("w-off", newDispatch("r-long", "x y", 1000)); !rep.Accepted {
-		t.Fatalf("dispatch: %+v", rep)
-	}
+	e.dispatched("r-long", "x y", 1000, "w-off")
 	e.waitFor("first delta", func() bool { return len(e.request("r-long")) > 2 })
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.stop(t) }()
@@ -657,10 +666,7 @@ func TestShutdownLeavesWhenHandOffOverruns(t *testing.T) {
 	}
 	eng := stubborn{Engine: mock, release: make(chan struct{})}
 	r := e.startEngine(nil, eng, worker.Config{ID: "w-stub", ShutdownTimeout: time.Second})
-	e.accept("r-stub", "x y", 1000, "w-stub")
-	if rep := e.dispatch("w-stub", newDispatch("r-stub", "x y", 1000)); !rep.Accepted {
-		t.Fatalf("dispatch: %+v", rep)
-	}
+	e.dispatched("r-stub", "x y", 1000, "w-stub")
 	e.waitFor("first delta", func() bool { return len(e.request("r-stub")) > 2 })
 	stopped := make(chan error, 1)
 	go func() { stopped <- r.stop(t) }()
@@ -746,8 +752,13 @@ func TestLoadFallsToIdleAtOnce(t *testing.T) {
 	e := newEnv(t)
 	const interval = 2 * time.Second
 	// A long lease TTL, so that no refresh (every TTL/3) reports by chance.
-	e.start(nil, engine.MockConfig{TokensPerSec: 100, TTFT: time.Millisecond},
-		worker.Config{ID: "w-load", LoadInterval: interval, LeaseTTL: time.Minute})
+	// The request is held at its 10th token until its load is reported, so
+	// that it is running when the report comes, however slow the machine.
+	mock, err := engine.NewMock(engine.MockConfig{TokensPerSec: 100, TTFT: time.Millisecond, HoldAtToken: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startEngine(nil, mock, worker.Config{ID: "w-load", LoadInterval: interval, LeaseTTL: time.Minute})
 	active := func() int {
 		entry, err := e.kv(streams.LoadBucket).Get(context.Background(), "w-load")
 		if err != nil {
@@ -761,14 +772,10 @@ func TestLoadFallsToIdleAtOnce(t *testing.T) {
 	}
 	e.waitFor("the first load report", func() bool { return active() == 0 })
 
-	// 2.5 s of tokens: longer than the spacing, so that even a reporter
-	// that waits out the spacing after its first report sees it running.
 	const prompt, n = "report my load", 250
-	e.accept("req-load", prompt, n, "w-load")
-	if rep := e.dispatch("w-load", newDispatch("req-load", prompt, n)); !rep.Accepted {
-		t.Fatalf("dispatch refused: %+v", rep)
-	}
+	e.dispatched("req-load", prompt, n, "w-load")
 	e.waitFor("the load report of the running request", func() bool { return active() == 1 })
+	mock.Release()
 	e.waitFor("completion", func() bool { _, ok := ended(e.request("req-load")); return ok })
 	done := time.Now()
 	deadline := done.Add(interval / 4)

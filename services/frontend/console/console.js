@@ -257,7 +257,8 @@ function renderTenants(rows) {
     const throttled = Object.entries(h.throttled || {}).map(([k, v]) => `${v} <small>${esc(k)}</small>`).join(' ');
     const share = t.log_limit_bytes ? `<span class="bar"><i style="width:${Math.min(100, Math.round(100 * t.log_bytes / t.log_limit_bytes))}%"></i></span>${bytes(t.log_bytes)} <small>of ${bytes(t.log_limit_bytes)}</small>`
       : (t.log_share ? String(t.log_share) : '–');
-    const conc = t.concurrent ? `${t.open_here ?? 0} <small>of ${t.concurrent} here</small>` : '–';
+    const conc = !t.concurrent ? '–' : t.open !== undefined ? `${t.open} <small>of ${t.concurrent}</small>`
+      : `${t.open_here ?? 0} <small>of ${t.concurrent} here</small>`;
     return { key: t.tenant, attrs: { 'data-tenant': t.tenant, class: '' }, cells: [
       `<b>${esc(t.tenant)}</b>`, left(t.requests), left(t.tokens), conc, share, String(t.weight || 1),
       String(h.admitted || 0), throttled || '0', String(h.queued || 0), String(h.tokens || 0)] };

@@ -170,7 +170,7 @@ func TestMaxConnectionsPerAddress(t *testing.T) {
 		defer held[i].Close()
 		io.WriteString(held[i], "GET / HTTP/1.1\r\n") // its first byte, not yet its headers
 	}
-	waitFor(t, "three connections open from 127.0.0.1", func() bool { return open("127.0.0.1") == 3 })
+	waitfor.Poll(t, "three connections open from 127.0.0.1", func() bool { return open("127.0.0.1") == 3 })
 	if code, body := get("127.0.0.1"); code != http.StatusServiceUnavailable || !strings.Contains(body, `"code":"too_many_connections"`) {
 		t.Errorf("a fourth connection from 127.0.0.1: %d %s, want 503 too_many_connections", code, body)
 	}
@@ -178,22 +178,11 @@ func TestMaxConnectionsPerAddress(t *testing.T) {
 		t.Errorf("a connection from 127.0.0.2 while 127.0.0.1 holds its limit: %d %s, want 200", code, body)
 	}
 	held[0].Close()
-	waitFor(t, "a closed connection to give its place back", func() bool { return open("127.0.0.1") == 2 })
+	waitfor.Poll(t, "a closed connection to give its place back", func() bool { return open("127.0.0.1") == 2 })
 	if code, body := get("127.0.0.1"); code != http.StatusOK {
 		t.Errorf("127.0.0.1 under its limit again: %d %s, want 200", code, body)
 	}
-	waitFor(t, "the places of closed connections given back", func() bool { return open("127.0.0.2") == 0 })
-}
-
-// waitFor polls cond until it holds, for at most 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitfor.Poll(t, "the places of closed connections given back", func() bool { return open("127.0.0.2") == 0 })
 }
 
 // TestRejectAnswersTheRequest: a connection past the headroom is answered

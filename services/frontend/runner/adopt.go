@@ -216,6 +216,39 @@ func (ad *adopter) watch(ctx context.Context, g *errgroup.Group) {
 	}
 }
 
+// earlierRun is the list that this frontend's id left in its presence key
+// before this run registered: a run before this one, restarted within the
+// presence TTL. Nobody else adopts its requests, since the key the others
+// watch never went; this run takes them back (adoptEarlierRun). Called
+// once the fleet view is loaded, before this run's key is written.
+func (ad *adopter) earlierRun() []events.StoredAt {
+	for _, f := range ad.fleet.KnownFrontends() {
+		if f.FrontendID == ad.id {
+			return f.Adoptable
+		}
+	}
+	return nil
+}
+
+// adoptEarlierRun takes back the requests that an earlier run of this
+// frontend's id listed (earlierRun) and left running: each is run here
+// again, and migrated if its worker is gone too.
+func (ad *adopter) adoptEarlierRun(ctx context.Context, list []events.StoredAt) {
+	if len(list) == 0 {
+		return
+	}
+	ad.log.Info("taking back the requests of an earlier run of this frontend id", "listed", len(list))
+	var g errgroup.Group
+	g.SetLimit(adoptParallel)
+	for _, at := range list {
+		g.Go(func() error {
+			ad.adopt(ctx, at, ad.id)
+			return nil
+		})
+	}
+	_ = g.Wait()
+}
+
 // adoptAll adopts the requests of list (departed frontend from's) whose
 // turn comes to this frontend, ranked among live, in order of rank.
 func (ad *adopter) adoptAll(ctx context.Context, from string, list []events.StoredAt, live []string) {
@@ -255,9 +288,17 @@ func (ad *adopter) adoptAll(ctx context.Context, from string, list []events.Stor
 // include it) in the order in which frontends try to adopt the request
 // stored at at: 0 tries first.
 func adoptRank(at events.StoredAt, self string, live []string) int {
+	return rendezvousRank(strconv.Itoa(at.Partition)+"/"+strconv.FormatUint(at.Seq, 10), self, live)
+}
+
+// rendezvousRank is self's place among live (which should include it) in
+// the order of rendezvous hashing for key: every frontend that sees the
+// same live set computes the same order, and a frontend's departure moves
+// only the keys it ranked first. 0 is first.
+func rendezvousRank(key, self string, live []string) int {
 	score := func(id string) uint64 {
 		h := fnv.New64a()
-		_, _ = h.Write([]byte(id + "/" + strconv.Itoa(at.Partition) + "/" + strconv.FormatUint(at.Seq, 10)))
+		_, _ = h.Write([]byte(id + "/" + key))
 		return mix(h.Sum64())
 	}
 	mine, rank := score(self), 0
@@ -292,8 +333,9 @@ func (ad *adopter) listedByLive() map[events.StoredAt]bool {
 }
 
 // adopt takes over the request whose accepted event is stored at at, listed
-// by departed frontend from, if it is still in flight, meant to outlive its
-// client, and owned by no live frontend.
+// by departed frontend from (this frontend's id: an earlier run of it), if
+// it is still in flight, meant to outlive its client, and owned by no live
+// frontend but this one.
 func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 	if at.Partition < 0 || at.Partition >= ad.parts.Count() {
 		return
@@ -320,7 +362,7 @@ func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 	t.requests.startDetachClock(t)
 	ad.runtime.ensureOwner(ctx, t) // runs it here if it is this frontend's already
 	t.View(func(p *projections.Request) { owner = p.Owner })
-	if owner == ad.id && was != ad.id {
+	if owner == ad.id && (was != ad.id || from == ad.id) {
 		ad.adopted.Inc()
 		ad.log.Info("adopted an orphaned request", "request_id", id, "from", from)
 	}

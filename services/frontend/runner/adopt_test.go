@@ -88,7 +88,7 @@ func TestAdoptsOrphans(t *testing.T) {
 	if err != nil || st.Status != "completed" || st.Owner != "fe" {
 		t.Fatalf("background request: %v, state %+v, want adopted by fe and completed", err, st)
 	}
-	if got := x.total("baton_frontend_requests_adopted_total"); got != 1 {
+	if got := x.counter("baton_frontend_requests_adopted_total"); got != 1 {
 		t.Errorf("adoptions counted %v, want 1", got)
 	}
 	p, err := rn.Load(x.ctx, "plain")
@@ -124,8 +124,11 @@ func TestAdoptionStepsIn(t *testing.T) {
 	// nothing else: it never adopts second.
 	x.put(streams.FrontendsBucket, "fe-other", events.FrontendPresence{FrontendID: "fe-other", Adoptable: []events.StoredAt{ats[first]}})
 	x.put(streams.FrontendsBucket, "fe-gone", events.FrontendPresence{FrontendID: "fe-gone", Adoptable: []events.StoredAt{ats[first], ats[second]}})
-	x.depart("fe-gone", "fe-other", "fe")
-	gone := time.Now()
+	// Timed from before the delete: the fleet view's watch may see the
+	// departure, and the adopter start its stagger, before the delete
+	// returns (taken after it, "adopted 1.998s after its frontend went"
+	// failed the test under load).
+	gone := x.depart("fe-gone", "fe-other", "fe")
 	req, err := rn.Attach(x.ctx, second)
 	if err != nil {
 		t.Fatal(err)
@@ -140,6 +143,13 @@ func TestAdoptionStepsIn(t *testing.T) {
 	p, err := rn.Load(x.ctx, first)
 	if err != nil || p.Owner != "fe-gone" {
 		t.Errorf("%s (listed by fe-other): %v, owner %q, want left alone", first, err, p.Owner)
+	}
+	// Adopted, second is dispatched to w1 and runs to its end: the fake
+	// worker's serving (x.wg.Add) must come before the wait for its writes,
+	// which otherwise raced a dispatch still on its way (the race detector
+	// failed the test so under load).
+	if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
+		t.Fatalf("%s, adopted, never ended: %v", second, err)
 	}
 	x.wg.Wait()
 }
@@ -186,19 +196,4 @@ func TestListsAdoptable(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitListed("bg no longer listed", false)
-}
-
-// total reads the counter name (with no labels).
-func (x *runnerFixture) total(name string) float64 {
-	x.t.Helper()
-	mfs, err := x.reg.Gather()
-	if err != nil {
-		x.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
 }

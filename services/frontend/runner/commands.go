@@ -72,9 +72,34 @@ func (cs commands) send(worker string, c streams.Command) {
 // cancel sends a cancel in mode to the worker of p's current attempt, if
 // it runs. An attempt routed meanwhile gets it from the owner's runner.
 func (cs commands) cancel(p *projections.Request, mode, reason string) {
-	if cur, ok := p.Current(); ok && !cur.Closed {
-		cs.send(cur.WorkerID, streams.Command{RequestID: p.Accepted.RequestID, Attempt: cur.Attempt,
-			Kind: streams.CommandCancel, Mode: mode, Reason: reason})
+	if worker, c, ok := toCurrent(p, streams.Command{Kind: streams.CommandCancel, Mode: mode, Reason: reason}); ok {
+		cs.send(worker, c)
+	}
+}
+
+// toCurrent addresses c to p's current attempt and returns it with that
+// attempt's worker; ok is false when no attempt runs.
+func toCurrent(p *projections.Request, c streams.Command) (worker string, _ streams.Command, ok bool) {
+	cur, ok := p.Current()
+	if !ok || cur.Closed {
+		return "", c, false
+	}
+	c.RequestID, c.Attempt = p.Accepted.RequestID, cur.Attempt
+	return cur.WorkerID, c, true
+}
+
+// fenceCurrent sends a fence to the worker of t's current attempt, if it
+// runs: t ends without a decision the log could store, so nothing relays
+// one for it.
+func (cs commands) fenceCurrent(t *Request) {
+	var worker string
+	var c streams.Command
+	var ok bool
+	t.f.view(func(p *projections.Request) {
+		worker, c, ok = toCurrent(p, streams.Command{Kind: streams.CommandFence, Reason: "the request ended"})
+	})
+	if ok {
+		cs.send(worker, c)
 	}
 }
 

@@ -42,6 +42,20 @@ type Config struct {
 	Streams      streams.Config   // provisioning and retention of the log
 	Log          retention.Config // the log's lifecycle: the high-water mark above which new requests are refused (ErrLogFull), eviction
 	NoCompaction bool             // keep a finished request's deltas rather than fold them into its compact record (debugging; baton compact does it by hand)
+
+	// BatchedOutput (--batched-output, off by default) makes this frontend
+	// answer workers' asks for an output stream of their own
+	// (streams.WorkerOutputStream) and delete those of workers gone for
+	// the stream's MaxAge (outputs.go). Off, it creates, lists and deletes
+	// no such stream and subscribes to no ask.
+	BatchedOutput bool
+	// WorkerOutputMaxBytes bounds each worker's output stream
+	// (--worker-output-max-bytes); default streams.DefaultWorkerOutputMaxBytes.
+	WorkerOutputMaxBytes int64
+	// WorkerOutputMaxAge is a worker output stream's MaxAge, and how long
+	// its worker's lease must have been gone before it is deleted; default
+	// DetachTimeout + streams.WorkerOutputGrace. No flag: tests shorten it.
+	WorkerOutputMaxAge time.Duration
 }
 
 // Defaults of Config.
@@ -59,6 +73,8 @@ func (c Config) withDefaults() Config {
 	c.DispatchTimeout = cmp.Or(c.DispatchTimeout, DefaultDispatchTimeout)
 	c.MaxPromptTokens = cmp.Or(c.MaxPromptTokens, DefaultMaxPromptTokens)
 	c.MaxChildren = cmp.Or(c.MaxChildren, DefaultMaxChildren)
+	c.WorkerOutputMaxBytes = cmp.Or(c.WorkerOutputMaxBytes, streams.DefaultWorkerOutputMaxBytes)
+	c.WorkerOutputMaxAge = cmp.Or(c.WorkerOutputMaxAge, c.DetachTimeout+streams.WorkerOutputGrace)
 	return c
 }
 
@@ -84,6 +100,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPromptTokens < 0 {
 		errs = append(errs, errors.New("size limits must not be negative"))
+	}
+	if c.WorkerOutputMaxBytes < 0 || c.WorkerOutputMaxAge < 0 {
+		errs = append(errs, errors.New("worker output limits must not be negative"))
 	}
 	if c.MaxChildren < 0 {
 		errs = append(errs, errors.New("max children must not be negative"))

@@ -19,6 +19,9 @@ func TestConfigWithDefaults(t *testing.T) {
 		{"max prompt tokens", func(c Config) any { return c.MaxPromptTokens }, Config{}, DefaultMaxPromptTokens},
 		{"max children", func(c Config) any { return c.MaxChildren }, Config{}, DefaultMaxChildren},
 		{"max children kept", func(c Config) any { return c.MaxChildren }, Config{MaxChildren: 3}, 3},
+		{"worker output max bytes", func(c Config) any { return c.WorkerOutputMaxBytes }, Config{}, int64(256 << 20)},
+		{"worker output max age: detach timeout + 60s", func(c Config) any { return c.WorkerOutputMaxAge }, Config{DetachTimeout: time.Minute}, 2 * time.Minute},
+		{"worker output max age kept", func(c Config) any { return c.WorkerOutputMaxAge }, Config{WorkerOutputMaxAge: time.Second}, time.Second},
 		{"migration limit stays 0 (migration off)", func(c Config) any { return c.MigrationLimit }, Config{}, 0},
 	}
 	for _, tc := range cases {

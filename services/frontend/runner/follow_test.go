@@ -42,6 +42,24 @@ func (x *followFixture) tokens(offset int, toks ...string) {
 	x.append(events.TokensGenerated{RequestID: "r1", Attempt: 0, Offset: offset, Tokens: toks})
 }
 
+// start appends r1's acceptance, for at most maxTokens, and its routing
+// to worker w.
+func (x *followFixture) start(maxTokens int) {
+	x.t.Helper()
+	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: maxTokens})
+	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+}
+
+// follow follows r1 from its history on a connection of its own to s.
+func (x *followFixture) follow(s *natstest.Server) *follower {
+	x.t.Helper()
+	f, err := follow(x.ctx, liveOn(x.t, s.Connect(x.t)), s.JetStream(x.t), 1, "r1", true)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	return f
+}
+
 func textIs(want string) func(p *projections.Request) bool {
 	return func(p *projections.Request) bool { return p.Text() == want }
 }
@@ -50,13 +68,9 @@ func textIs(want string) func(p *projections.Request) bool {
 // applies what is appended live, and knows the events subject's sequence.
 func TestFollowerHistoryThenLive(t *testing.T) {
 	x, s := newFollowFixture(t)
-	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
-	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+	x.start(10)
 	x.tokens(0, "a ")
-	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := x.follow(s)
 	defer f.stop()
 	f.view(func(p *projections.Request) {
 		if p.Text() != "a " || p.Status != projections.StatusRunning {
@@ -85,8 +99,7 @@ func TestFollowerFillsGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
-	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+	x.start(10)
 	f, err := follow(x.ctx, liveOn(t, nc), s.JetStream(t), 1, "r1", true)
 	if err != nil {
 		t.Fatal(err)
@@ -113,12 +126,8 @@ func TestFollowerFillsGap(t *testing.T) {
 // tokens arrive are all answered, and every token is applied once, in order.
 func TestFollowerConcurrentCatchUps(t *testing.T) {
 	x, s := newFollowFixture(t)
-	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 100})
-	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	x.start(100)
+	f := x.follow(s)
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Go(func() {
@@ -212,12 +221,8 @@ func TestLiveDispatchesByRequest(t *testing.T) {
 // is applied without it.
 func TestFollowerRunEnds(t *testing.T) {
 	x, s := newFollowFixture(t)
-	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
-	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
-	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	x.start(10)
+	f := x.follow(s)
 	defer f.stop()
 	ended := make(chan struct{})
 	go func() {
@@ -274,13 +279,9 @@ func TestSubjectSeqs(t *testing.T) {
 // folded, and a token the log stored later is not read.
 func TestFollowerReadsAnEndFromTheEndsPlace(t *testing.T) {
 	x, s := newFollowFixture(t)
-	x.append(events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 10})
-	x.append(events.RequestRouted{RequestID: "r1", WorkerID: "w"})
+	x.start(10)
 	x.tokens(0, "a ")
-	f, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := x.follow(s)
 	defer f.stop()
 	x.tokens(1, "b ") // stored after the owner's decision: not read
 	if err := f.waitFor(x.ctx, textIs("a b ")); err != nil {
@@ -295,10 +296,7 @@ func TestFollowerReadsAnEndFromTheEndsPlace(t *testing.T) {
 		t.Fatalf("the end never reached the follower: %v", err)
 	}
 	// A fresh read of the log alone folds the owner's view: one token.
-	g, err := follow(x.ctx, liveOn(t, s.Connect(t)), s.JetStream(t), 1, "r1", true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g := x.follow(s)
 	defer g.stop()
 	g.view(func(p *projections.Request) {
 		if p.Status != projections.StatusFailed || p.Text() != "a " || p.Failure.Code != "log_full" {

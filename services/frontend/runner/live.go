@@ -70,29 +70,27 @@ func newLive(nc *nats.Conn) (*live, error) {
 // ends place to read the log, which yields the end in its position
 // (streams.ReadRequest).
 func (l *live) deliverEnd(m *nats.Msg) {
-	id, ok := streams.RequestIDOfEnd(m.Subject)
-	if !ok {
-		return
-	}
-	l.mu.RLock()
-	fs := l.followers[id]
-	l.mu.RUnlock()
-	for _, f := range fs {
-		f.readAgain()
+	if id, ok := streams.RequestIDOfEnd(m.Subject); ok {
+		for _, f := range l.followersOf(id) {
+			f.readAgain()
+		}
 	}
 }
 
 func (l *live) deliver(m *nats.Msg) {
-	id, ok := streams.RequestIDOf(m.Subject)
-	if !ok {
-		return
+	if id, ok := streams.RequestIDOf(m.Subject); ok {
+		for _, f := range l.followersOf(id) {
+			f.onLive(m)
+		}
 	}
+}
+
+// followersOf lists request id's followers. add and remove never change a
+// list in place (they clip and clone it), so it is read outside the lock.
+func (l *live) followersOf(id string) []*follower {
 	l.mu.RLock()
-	fs := l.followers[id]
-	l.mu.RUnlock()
-	for _, f := range fs {
-		f.onLive(m)
-	}
+	defer l.mu.RUnlock()
+	return l.followers[id]
 }
 
 // add registers f for its request's messages from now on.

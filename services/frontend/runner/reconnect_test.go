@@ -32,9 +32,7 @@ func TestCatchUpOnReconnect(t *testing.T) {
 	defer cancel()
 	appendEv := func(subject, id string, ev events.Event) {
 		t.Helper()
-		if _, err := log.Append(ctx, subject, log.Envelope(id, "r1", ev), -1); err != nil {
-			t.Fatal(err)
-		}
+		natstest.Append(ctx, t, log, subject, id, "r1", ev)
 	}
 	appendEv(streams.RequestEvents("r1"), "a", events.RequestAccepted{RequestID: "r1", Model: "m", MaxTokens: 2})
 	appendEv(streams.RequestEvents("r1"), "b", events.RequestRouted{RequestID: "r1", WorkerID: "w"})

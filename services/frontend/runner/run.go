@@ -309,6 +309,12 @@ func (rn *Runner) appendFailure(ctx context.Context, t *Request, ev events.Reque
 	for range 3 {
 		ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "failed"), ev)
 		if errors.Is(err, streams.ErrStreamFull) {
+			// The request ends here even so (failUnstored, which keeps
+			// trying to store the failure and relays nothing meanwhile):
+			// its worker stops now, rather than store its attempt's end
+			// once eviction has made room, perhaps by evicting this
+			// request.
+			rn.commands.fenceCurrent(t)
 			return rn.lifecycle.failUnstored(ctx, t, ev)
 		}
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
 	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/internal/promtext"
 	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/fleet"
@@ -34,6 +35,7 @@ type fakeWorker struct {
 	// then writes nothing but what a command makes it write.
 	cancelFirst string
 	silent      bool // never answers a dispatch
+	mute        bool // writes its first delta, then nothing (its tokens refused, or stalled)
 	// holds says so in its lease (HoldsUntilRouted) and, as a worker
 	// does, writes a held dispatch's output only once told its routed
 	// decision is stored.
@@ -61,6 +63,12 @@ type runnerFixture struct {
 }
 
 func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
+	return newRunnerFixtureConfig(t, func(*Config) {}, workers...)
+}
+
+// newRunnerFixtureConfig is newRunnerFixture with the runtime's Config as
+// edit leaves it.
+func newRunnerFixtureConfig(t *testing.T, edit func(*Config), workers ...fakeWorker) *runnerFixture {
 	s := natstest.Start(t)
 	js := s.Provision(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -79,12 +87,26 @@ func newRunnerFixture(t *testing.T, workers ...fakeWorker) *runnerFixture {
 			t.Errorf("fleet: %v", err)
 		}
 	})
-	rn, err := New(s.Connect(t), fl, nil, reg, Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}})
+	cfg := Config{ID: "fe", MigrationLimit: 3, Streams: streams.Config{MemoryStorage: true}}
+	edit(&cfg)
+	rn, err := New(s.Connect(t), fl, nil, reg, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	x := &runnerFixture{t: t, ctx: ctx, rn: rn, fl: fl, js: js, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: notify.NewSignal()}
-	nc := s.Connect(t)
+	// The fake workers' connection is drained before the test ends (after
+	// the runtime stopped, the cleanups run last first), so that no
+	// dispatch or command is served once the test is over; the fixture's
+	// ctx ends first, so that a worker waiting for its routed command
+	// gives up.
+	closed := make(chan struct{})
+	nc := s.Connect(t, nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	t.Cleanup(func() {
+		cancel()
+		if err := nc.Drain(); err == nil {
+			<-closed
+		}
+	})
 	for _, w := range workers {
 		x.put(streams.LeasesBucket, w.id, events.Lease{WorkerID: w.id, LeaseID: "L-" + w.id, Model: "m", HoldsUntilRouted: w.holds})
 		if _, err := nc.Subscribe(streams.DispatchSubject(w.id), func(m *nats.Msg) { x.serve(w, m) }); err != nil {
@@ -132,8 +154,10 @@ func (x *runnerFixture) start() *Runner {
 }
 
 // depart deletes frontend id's presence key once the fleet view holds it
-// and every frontend of alive live.
-func (x *runnerFixture) depart(id string, alive ...string) {
+// and every frontend of alive live. It returns the time just before the
+// delete was sent: no frontend can see the departure earlier (one may
+// before the delete returns).
+func (x *runnerFixture) depart(id string, alive ...string) time.Time {
 	x.t.Helper()
 	all := append([]string{id}, alive...)
 	for ch := x.fl.FrontendsChanged(); slices.ContainsFunc(all, func(f string) bool { return !x.fl.FrontendAlive(f) }); ch = x.fl.FrontendsChanged() {
@@ -147,9 +171,11 @@ func (x *runnerFixture) depart(id string, alive ...string) {
 	if err != nil {
 		x.t.Fatal(err)
 	}
+	sent := time.Now()
 	if err := kv.Delete(x.ctx, id); err != nil {
 		x.t.Fatal(err)
 	}
+	return sent
 }
 
 // waitFleet waits until the fleet view satisfies cond.
@@ -218,12 +244,18 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 		f.RequestID, f.Attempt, f.WorkerID = id, k, w.id
 		ev = f
 	}
+	// A fake worker still writing when the fixture is torn down (its ctx
+	// ends with the test) stops, as a real one would; any other failure to
+	// append fails the test.
 	if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, w.id, ev), x.log.Envelope(events.ID(id, k, "1"), id, ev), -1); err != nil {
-		x.t.Error(err)
+		if x.ctx.Err() == nil {
+			x.t.Error(err)
+		}
+		return
 	}
-	if w.fail == nil {
+	if w.fail == nil && !w.mute {
 		done := events.RequestCompleted{RequestID: id, Attempt: k, FinishReason: "length", CompletionTokens: 2}
-		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, w.id, done), x.log.Envelope(events.ID(id, k, "done"), id, done), -1); err != nil {
+		if _, err := x.log.Append(x.ctx, streams.SubjectOf(id, w.id, done), x.log.Envelope(events.ID(id, k, "done"), id, done), -1); err != nil && x.ctx.Err() == nil {
 			x.t.Error(err)
 		}
 	}
@@ -303,26 +335,15 @@ func (x *runnerFixture) migrations(typ string) float64 {
 	return x.counter("dynamo_frontend_model_migration_total", "migration_type", typ)
 }
 
-// counter reads the counter name of the series whose label is value.
-func (x *runnerFixture) counter(name, label, value string) float64 {
+// counter reads counter name, summed over its series whose labels hold
+// the given pairs (label, value, ...).
+func (x *runnerFixture) counter(name string, labels ...string) float64 {
 	x.t.Helper()
-	mfs, err := x.reg.Gather()
+	v, err := promtext.Gathered(x.reg, name, labels...)
 	if err != nil {
 		x.t.Fatal(err)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }
 
 // TestRunnerRefusalIsNoMigration: a busy refusal moves on to the next

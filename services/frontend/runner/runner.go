@@ -49,6 +49,7 @@ type Runner struct {
 	checks     *checks     // checks.go
 	lifecycle  *lifecycle  // lifecycle.go, ends.go
 	adopter    *adopter    // adopt.go
+	outputs    *outputs    // outputs.go; nil without Config.BatchedOutput
 
 	cancelRun context.CancelFunc // ends what Start started
 	g         errgroup.Group     // what Start started
@@ -101,6 +102,9 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 	// answers from its readings too.
 	if rn.guard, err = retention.NewGuard(js, rn.room, reg, log, retention.GuardConfig{Interval: cfg.Log.Interval}); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
+	}
+	if cfg.BatchedOutput {
+		rn.outputs = newOutputs(rn)
 	}
 	if rn.live, err = newLive(nc); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
@@ -210,10 +214,12 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	case <-pctx.Done():
 		return fmt.Errorf("load the fleet view: %w", pctx.Err())
 	}
+	earlier := rn.adopter.earlierRun() // before this run's key replaces it
 	err := streams.Retry(pctx, func(tctx context.Context) error {
 		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
 			FrontendID: rn.id, Addr: addr,
 			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(), ReadsCompacted: true,
+			ManagesOutputs: rn.outputs != nil,
 		}, g)
 	})
 	if err != nil {
@@ -222,12 +228,21 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	if err := rn.checks.answer(runCtx, g); err != nil {
 		return err
 	}
+	if rn.outputs != nil {
+		if err := rn.outputs.start(runCtx, g); err != nil {
+			return err
+		}
+	}
 	g.Go(func() error {
 		rn.adopter.publish(runCtx)
 		return nil
 	})
 	g.Go(func() error {
 		rn.adopter.watch(runCtx, g)
+		return nil
+	})
+	g.Go(func() error {
+		rn.adopter.adoptEarlierRun(runCtx, earlier)
 		return nil
 	})
 	rn.catchUpOnReconnect(runCtx, g)

@@ -1,0 +1,203 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/streams"
+	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The batched writer (docs/internals.md, "The write path of many tokens
+// per message"): an attempt whose dispatch says events.OutputBatched, on a
+// worker that has its output stream (output.go), writes its deltas and its
+// end through the coalescer (batch.go) as entries of batches on
+// streams.WorkerOutput(worker, owner) instead of messages of their own on
+// the attempt's tokens subject. Everything else about the attempt is
+// unchanged: its deltas (delta.go) hand each message to an appender, and
+// the batched one (batchedSink) turns it back into its event and adds it
+// to the owner's batch; its future resolves when that batch is
+// acknowledged, so the deltas' repairs, settle and log-full rules apply
+// per entry as they do per message. No frontend sends such a dispatch
+// yet, and none reads the batches: they are the next stage.
+
+// batchedOutput is the worker's batched writer: one coalescer for all its
+// batched attempts, whose batches it appends to its output stream through
+// the log's window of asynchronous appends. It is safe for concurrent use.
+type batchedOutput struct {
+	worker string
+	log    *streams.Log
+	co     *coalescer
+	// pending are the futures of the entries of each destination's open
+	// batch, in order. Guarded by the coalescer's lock: touched only in
+	// add's write callback and in flush, which run under it.
+	pending map[string][]*batchFuture
+}
+
+func newBatchedOutput(worker string, log *streams.Log) (*batchedOutput, error) {
+	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}}
+	co, err := newCoalescer(coalescerConfig{Source: log.Source(), IDPrefix: worker + "." + uuid.NewString()[:8]}, b.flush)
+	if err != nil {
+		return nil, err
+	}
+	b.co = co
+	return b, nil
+}
+
+// add adds e, with the extension attribute ttft when not empty (an
+// attempt's first delta), to dest's batch, flushed at once when now.
+func (b *batchedOutput) add(dest string, e events.Envelope, ttft string, now bool, m *nats.Msg) (*batchFuture, error) {
+	f := &batchFuture{msg: m, ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1)}
+	err := b.co.add(dest, now, func(enc *events.BatchEncoder) error {
+		if ttft != "" {
+			if err := enc.AppendAttribute(streams.HeaderUpstreamTTFT, ttft); err != nil {
+				return err
+			}
+		}
+		if err := enc.AppendEvent(e); err != nil {
+			return err
+		}
+		b.pending[dest] = append(b.pending[dest], f)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("worker: batch %s of %s: %w", e.Type(), e.Subject, err)
+	}
+	return f, nil
+}
+
+// flush appends one batch to the worker's stream and resolves its
+// entries' futures with the outcome. It runs under the coalescer's lock
+// and blocks while the log's window is full.
+func (b *batchedOutput) flush(dest string, h events.Header, body []byte) {
+	fs := b.pending[dest]
+	delete(b.pending, dest)
+	m := &nats.Msg{Subject: streams.WorkerOutput(b.worker, dest), Header: nats.Header(h), Data: body}
+	pf, err := b.log.AppendMsgAsync(m) // serializes m before it returns: h and body are reused
+	if err != nil {
+		resolve(fs, err)
+		return
+	}
+	go func() {
+		select {
+		case <-pf.Ok():
+			resolve(fs, nil)
+		case err := <-pf.Err():
+			resolve(fs, err)
+		}
+	}()
+}
+
+// close flushes what is left; nothing more is added afterwards.
+func (b *batchedOutput) close() error { return b.co.close() }
+
+func resolve(fs []*batchFuture, err error) {
+	for _, f := range fs {
+		f.resolve(err)
+	}
+}
+
+// batchFuture is the outcome of one entry: its batch's. Outcome reads it
+// without consuming it; Ok and Err deliver it once, as the log's futures
+// do.
+type batchFuture struct {
+	msg *nats.Msg
+	ok  chan *jetstream.PubAck
+	err chan error
+
+	mu   sync.Mutex
+	done bool
+	e    error
+}
+
+func (f *batchFuture) resolve(err error) {
+	f.mu.Lock()
+	f.done, f.e = true, err
+	f.mu.Unlock()
+	if err != nil {
+		f.err <- err
+	} else {
+		f.ok <- &jetstream.PubAck{}
+	}
+}
+
+// Outcome reports whether the entry's batch was answered, and its error.
+func (f *batchFuture) Outcome() (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.done, f.e
+}
+
+func (f *batchFuture) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *batchFuture) Err() <-chan error            { return f.err }
+func (f *batchFuture) Msg() *nats.Msg               { return f.msg }
+
+// batchedSink is the appender of one batched attempt (see appender): what
+// its deltas would append to the attempt's tokens subject goes to the
+// owner's batch instead.
+type batchedSink struct {
+	out  *batchedOutput
+	log  *streams.Log // the event envelopes' source
+	dest string       // the owning frontend
+}
+
+func (s *batchedSink) Envelope(id, subject string, ev events.Event) events.Envelope {
+	return s.log.Envelope(id, subject, ev)
+}
+
+// AppendMsgAsync adds m's event to the owner's batch; an attempt's first
+// delta (the one that carries the upstream's time to first token) is
+// flushed at once.
+func (s *batchedSink) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error) {
+	e, err := streams.Decode(m)
+	if err != nil {
+		return nil, fmt.Errorf("worker: batch entry from %s: %w", m.Subject, err)
+	}
+	ttft := m.Header.Get(streams.HeaderUpstreamTTFT)
+	f, err := s.out.add(s.dest, e, ttft, ttft != "", m)
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+// AppendMsg adds m's event to the owner's batch, flushes it, and waits for
+// its acknowledgement within ctx. It tries once: a failure is the caller's
+// (settle's) to report. expectLast is not checked: a worker's stream has
+// one writer.
+func (s *batchedSink) AppendMsg(ctx context.Context, m *nats.Msg, _ int64) (uint64, error) {
+	e, err := streams.Decode(m)
+	if err != nil {
+		return 0, fmt.Errorf("worker: batch entry from %s: %w", m.Subject, err)
+	}
+	f, err := s.out.add(s.dest, e, m.Header.Get(streams.HeaderUpstreamTTFT), true, m)
+	if err != nil {
+		return 0, err
+	}
+	return 0, f.wait(ctx)
+}
+
+// Append adds e (the attempt's end) to the owner's batch, flushes it, and
+// waits for its acknowledgement within ctx.
+func (s *batchedSink) Append(ctx context.Context, _ string, e events.Envelope, _ int64) (uint64, error) {
+	f, err := s.out.add(s.dest, e, "", true, nil)
+	if err != nil {
+		return 0, err
+	}
+	return 0, f.wait(ctx)
+}
+
+func (f *batchFuture) wait(ctx context.Context) error {
+	select {
+	case <-f.ok:
+		return nil
+	case err := <-f.err:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
