@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -69,6 +70,11 @@ func New(nc *nats.Conn, log *slog.Logger, reg prometheus.Registerer, cfg Config)
 	fl, err := fleet.New(nc, cfg.Runtime.ID, log, reg, cfg.Fleet)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: %w", err)
+	}
+	if cfg.Tenants.AdmissionQueue > 0 && cfg.Runtime.BusyWait == 0 {
+		// An admitted request that finds the pool full again (another
+		// frontend took the worker it was admitted on) waits as in the queue.
+		cfg.Runtime.BusyWait = cmp.Or(cfg.Tenants.AdmissionWait, tenants.DefaultAdmissionWait)
 	}
 	rt, err := runner.New(nc, fl, log, reg, cfg.Runtime)
 	if err != nil {

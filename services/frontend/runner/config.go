@@ -30,6 +30,13 @@ type Config struct {
 	StallTimeout    time.Duration // silence of a worker that counts as its failure; default 30s
 	DetachTimeout   time.Duration // life of a request without a client; default 120s
 	DispatchTimeout time.Duration // wait for a worker's answer to a dispatch; default 2s
+	// BusyWait, if above 0, is how long after its accepted event a request
+	// that has produced nothing, whose dispatch found every worker busy
+	// (or was refused busy by the one picked: another frontend took the
+	// free place first), waits for a place and is dispatched again, rather
+	// than fail 503 all_workers_busy. The edge sets it to the admission
+	// queue's wait when the queue is on (--admission-wait); 0: fail at once.
+	BusyWait time.Duration
 
 	// Limits the runtime enforces.
 	// MaxPromptTokens bounds a prompt in the engine's tokens; default 32768.

@@ -26,6 +26,10 @@ type Fleet interface {
 	// Inhibit drops w from this frontend's routing for d (0: the default
 	// window) and reports whether it did.
 	Inhibit(w projections.Worker, d time.Duration) bool
+	// Free reports whether a routable worker of model could take a new
+	// request now, its last load report counting every request this
+	// frontend runs on it.
+	Free(model string) bool
 	// WorkersChanged and MembersChanged are closed at the next change of
 	// the workers: any, and any but a load report.
 	WorkersChanged() <-chan struct{}

@@ -66,6 +66,11 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		case migrations.DispatchNext:
 			var done func()
 			outcome, done = rn.carryDispatch(ctx, t, a)
+			if rn.waitForPlace(ctx, t, outcome, a.Exclude) {
+				// Dispatch again, as if the refusals had not been.
+				outcome, mem.Exclude = nil, nil
+				continue
+			}
 			if outcome.Result == migrations.DispatchAccepted {
 				watched, untrack = outcome.Attempt, done
 				if !t.acceptedAt.IsZero() {
@@ -90,6 +95,75 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		}
 	}
 }
+
+// waitForPlace waits, when out found no worker free to take t because every
+// one is busy (its load report says so, or it refused the dispatch busy:
+// those are in exclude) and t has produced nothing, within Config.BusyWait
+// of t's accepted event, until some worker of t's model has a free place;
+// it reports whether one came in time (the caller dispatches again). Two
+// frontends that admit on one free worker both dispatch; the worker takes
+// one and refuses the other busy: that one was admitted, and waits here as
+// it would have waited in the queue.
+func (rn *Runner) waitForPlace(ctx context.Context, t *Request, out *migrations.DispatchOutcome, exclude []string) bool {
+	if out.Result == migrations.DispatchRefused && out.Reason == streams.RefusedBusy {
+		t.refusedBusy = append(t.refusedBusy, out.WorkerID) // the policy tries the others first
+		return false
+	}
+	if rn.cfg.BusyWait <= 0 || out.Result != migrations.DispatchUnroutable {
+		return false
+	}
+	allRefusedBusy := len(exclude) > 0 && !slices.ContainsFunc(exclude, func(w string) bool { return !slices.Contains(t.refusedBusy, w) })
+	if !out.Busy && !allRefusedBusy {
+		return false
+	}
+	out.Busy = true // if no place comes: 503 all_workers_busy, as at admission
+	var model string
+	var produced int
+	t.f.view(func(p *projections.Request) { model, produced = p.Accepted.Model, p.Len() })
+	if produced > 0 || model == "" {
+		return false
+	}
+	if t.busySince.IsZero() {
+		t.busySince = time.Now()
+	}
+	start := t.acceptedAt
+	if start.IsZero() { // taken over: from the first time it found the pool busy
+		start = t.busySince
+	}
+	deadline := start.Add(rn.cfg.BusyWait)
+	// The refusing worker's report may not show it busy yet: look no
+	// sooner than a back-off, which doubles with each refusal, so that a
+	// stale view cannot turn into a dispatch (an attempt) a millisecond.
+	floor := time.Now().Add(min(busyBackoffMin<<min(t.busyWaits, 6), busyBackoffMax))
+	t.busyWaits++
+	t.refusedBusy = t.refusedBusy[:0]
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		changed := rn.fleet.WorkersChanged()
+		if !time.Now().Before(floor) && rn.fleet.Free(model) {
+			rn.log.Info("dispatching again: a worker freed up after the pool was found busy", "request_id", t.id, "model", model)
+			return true
+		}
+		// A load report wakes it; so does a poll, as a request's end
+		// reaches the router a little after the worker's report of it.
+		next := time.Now().Add(busyPoll)
+		if next.Before(floor) {
+			next = floor
+		}
+		if deadline.Before(next) {
+			next = deadline
+		}
+		waitStep(ctx, next, nil, changed, nil)
+	}
+	return false
+}
+
+// How waitForPlace paces itself: a poll without a fleet change, and the
+// back-off after a refusal (doubling from min up to max).
+const (
+	busyPoll       = 5 * time.Millisecond
+	busyBackoffMin = 10 * time.Millisecond
+	busyBackoffMax = 500 * time.Millisecond
+)
 
 // observe reads t's fold under its lock and asks the policy's Step with
 // mem and obs (completed from the fold and the fleet view): it returns the

@@ -29,6 +29,9 @@ import (
 type fakeWorker struct {
 	id     string
 	refuse string                // reply refused with this reason
+	// busyFirst refuses its first busyFirst dispatches busy (another
+	// frontend's request took its place), then serves.
+	busyFirst int
 	fail   *events.AttemptFailed // report this failure after accepting
 	// cancelFirst, when set, has another frontend cancel the request in
 	// this mode (the event only) while the dispatch is in flight; the fake
@@ -58,6 +61,7 @@ type runnerFixture struct {
 	mu         sync.Mutex
 	commands   []streams.Command        // what the fake workers received
 	dispatches []events.Dispatch        // what they were sent
+	servedBy   map[string]int           // dispatches per worker
 	routed     map[string]chan struct{} // per request: closed at its routed command
 	changed    *notify.Signal           // a command or dispatch came
 }
@@ -93,7 +97,7 @@ func newRunnerFixtureConfig(t *testing.T, edit func(*Config), workers ...fakeWor
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := &runnerFixture{t: t, ctx: ctx, rn: rn, fl: fl, js: js, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, changed: notify.NewSignal()}
+	x := &runnerFixture{t: t, ctx: ctx, rn: rn, fl: fl, js: js, reg: reg, log: streams.NewLog(js, "fake-worker"), routed: map[string]chan struct{}{}, servedBy: map[string]int{}, changed: notify.NewSignal()}
 	// The fake workers' connection is drained before the test ends (after
 	// the runtime stopped, the cleanups run last first), so that no
 	// dispatch or command is served once the test is over; the fixture's
@@ -209,6 +213,10 @@ func (x *runnerFixture) serve(w fakeWorker, m *nats.Msg) {
 	x.mu.Lock()
 	dup := slices.ContainsFunc(x.dispatches, func(e events.Dispatch) bool { return e.RequestID == d.RequestID && e.Attempt == d.Attempt })
 	x.dispatches = append(x.dispatches, d)
+	x.servedBy[w.id]++
+	if x.servedBy[w.id] <= w.busyFirst {
+		w.refuse = streams.RefusedBusy
+	}
 	x.mu.Unlock()
 	x.changed.Notify()
 	if w.silent {
@@ -361,6 +369,45 @@ func TestRunnerRefusalIsNoMigration(t *testing.T) {
 	}
 	if got := x.counter("baton_frontend_worker_inhibitions_total", "worker_id", "w1"); got != 0 {
 		t.Errorf("inhibitions of w1 counted %v, want 0", got)
+	}
+}
+
+// TestRunnerBusyWaitsForPlace: with Config.BusyWait (the admission
+// queue's wait), a request whose only worker refuses it busy twice (two
+// frontends admitted on its one free place) waits for a place and is
+// dispatched again, rather than fail 503: it completes on the third try.
+func TestRunnerBusyWaitsForPlace(t *testing.T) {
+	x := newRunnerFixtureConfig(t, func(c *Config) { c.BusyWait = 10 * time.Second }, fakeWorker{id: "w1", busyFirst: 2})
+	st := x.run("r")
+	if st.Status != "completed" || len(st.Attempts) != 3 || st.Attempts[0].CloseReason != "refused_busy" ||
+		st.Attempts[1].CloseReason != "refused_busy" || len(st.Migrations) != 0 {
+		t.Fatalf("state %+v: want refused busy twice, then completed on w1 with no migration", st)
+	}
+}
+
+// TestRunnerBusyWaitEnds: a worker that stays busy past Config.BusyWait
+// fails the request 503 all_workers_busy, as admission does, after a
+// handful of tries (the back-off doubles), not one a millisecond; without
+// BusyWait the one refusal fails it at once.
+func TestRunnerBusyWaitEnds(t *testing.T) {
+	for _, wait := range []time.Duration{0, 400 * time.Millisecond} {
+		t.Run(wait.String(), func(t *testing.T) {
+			x := newRunnerFixtureConfig(t, func(c *Config) { c.BusyWait = wait }, fakeWorker{id: "w1", refuse: streams.RefusedBusy})
+			start := time.Now()
+			st := x.run("r")
+			took := time.Since(start)
+			if st.Status != "failed" || st.Failure == nil || st.Failure.Status != 503 {
+				t.Fatalf("state %+v: want failed 503", st)
+			}
+			switch {
+			case wait == 0 && len(st.Attempts) != 1:
+				t.Errorf("%d attempts without BusyWait, want 1", len(st.Attempts))
+			case wait > 0 && (st.Failure.Code != "all_workers_busy" || took < wait):
+				t.Errorf("failed %q after %v, want all_workers_busy after BusyWait %v", st.Failure.Code, took, wait)
+			case wait > 0 && (len(st.Attempts) < 2 || len(st.Attempts) > 8):
+				t.Errorf("%d attempts in %v, want a few (the back-off doubles from %v)", len(st.Attempts), took, busyBackoffMin)
+			}
+		})
 	}
 }
 
