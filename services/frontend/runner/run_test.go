@@ -28,11 +28,11 @@ import (
 // writes what its script says to the attempt's subject.
 type fakeWorker struct {
 	id     string
-	refuse string                // reply refused with this reason
+	refuse string // reply refused with this reason
 	// busyFirst refuses its first busyFirst dispatches busy (another
 	// frontend's request took its place), then serves.
 	busyFirst int
-	fail   *events.AttemptFailed // report this failure after accepting
+	fail      *events.AttemptFailed // report this failure after accepting
 	// cancelFirst, when set, has another frontend cancel the request in
 	// this mode (the event only) while the dispatch is in flight; the fake
 	// then writes nothing but what a command makes it write.
