@@ -14,9 +14,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// maxQueued bounds the live messages a follower holds unapplied; past it
-// they are dropped and the log is read instead (the gap heals itself).
-const maxQueued = 4096
+// maxQueued and maxQueuedBytes bound the live messages a follower holds
+// unapplied, in number and in bytes of their bodies; past either they are
+// dropped and the log is read instead (the gap heals itself). Without the
+// byte bound, a worker credential writing 1 MiB messages on an attempt
+// subject of a request this frontend follows would have it hold up to
+// 4 GiB while its reader is behind.
+const (
+	maxQueued      = 4096
+	maxQueuedBytes = 16 << 20
+)
 
 // errStopped means the follower was stopped.
 var errStopped = errors.New("runner: follower stopped")
@@ -56,6 +63,7 @@ type follower struct {
 	halted   bool       // stop was called: run is not started again
 	busy     bool       // run has messages or catch-ups in hand
 	queue    []*nats.Msg
+	queued   int          // bytes of the queued messages' bodies
 	overflow bool         // messages were dropped: read the log
 	waiters  []chan error // catch-ups asked for
 
@@ -113,8 +121,9 @@ func (f *follower) onLive(m *nats.Msg) {
 		}
 		f.qmu.Lock()
 	}
-	if len(f.queue) < maxQueued {
+	if len(f.queue) < maxQueued && f.queued+len(m.Data) <= maxQueuedBytes {
 		f.queue = append(f.queue, m)
+		f.queued += len(m.Data)
 	} else {
 		f.overflow = true
 	}
@@ -240,7 +249,7 @@ func (f *follower) run() {
 func (f *follower) drain() bool {
 	f.qmu.Lock()
 	msgs, overflow, waiters := f.queue, f.overflow, f.waiters
-	f.queue, f.overflow, f.waiters = nil, false, nil
+	f.queue, f.queued, f.overflow, f.waiters = nil, 0, false, nil
 	f.busy = len(msgs) > 0 || overflow || len(waiters) > 0
 	busy := f.busy
 	f.qmu.Unlock()

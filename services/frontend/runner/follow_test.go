@@ -304,3 +304,25 @@ func TestFollowerReadsAnEndFromTheEndsPlace(t *testing.T) {
 		}
 	})
 }
+
+// TestFollowerQueueBoundedInBytes: while its reader is behind, a follower
+// queues live messages up to maxQueuedBytes of bodies, not 4096 of any
+// size: 1 MiB messages (a worker credential's junk on an attempt subject)
+// past the bound are dropped and the log marked to be read instead.
+func TestFollowerQueueBoundedInBytes(t *testing.T) {
+	f := &follower{busy: true, halted: true} // run is behind, and not started again
+	junk := make([]byte, 1<<20)
+	for range 64 {
+		f.onLive(&nats.Msg{Subject: "baton.requests.0.r1.tokens.0.w", Data: junk})
+	}
+	f.qmu.Lock()
+	defer f.qmu.Unlock()
+	held := 0
+	for _, m := range f.queue {
+		held += len(m.Data)
+	}
+	if held > maxQueuedBytes || held != f.queued || !f.overflow {
+		t.Errorf("queued %d messages, %d bytes (counted %d), overflow %v: want at most %d bytes, the rest dropped for a read of the log",
+			len(f.queue), held, f.queued, f.overflow, maxQueuedBytes)
+	}
+}
