@@ -240,9 +240,9 @@ func (m *Monitor) refresh(ctx context.Context, stream string) (streams.Usage, er
 // Admit reports whether a new request with id may be accepted: a
 // *FullError (ErrLogFull) when its partition is above the high-water mark.
 func (m *Monitor) Admit(id string) error {
-	stream := m.parts.StreamOf(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	stream := m.parts.StreamOf(id) // parts is SetPartitions', under mu
 	u := m.usage[stream]
 	if u.Ratio() >= m.cfg.HighWater || time.Since(m.refused[stream]) < refusedFor {
 		return &FullError{Stream: stream, Used: u.Ratio(), HighWater: m.cfg.HighWater}
@@ -253,9 +253,9 @@ func (m *Monitor) Admit(id string) error {
 // Full reports whether request id's partition cannot store more: at its
 // limit at the last reading, or an append was refused there lately.
 func (m *Monitor) Full(id string) bool {
-	stream := m.parts.StreamOf(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	stream := m.parts.StreamOf(id) // parts is SetPartitions', under mu
 	return m.usage[stream].Ratio() >= fullSlack || time.Since(m.refused[stream]) < refusedFor
 }
 
@@ -263,9 +263,9 @@ func (m *Monitor) Full(id string) bool {
 // limits (streams.ErrStreamFull): its partition counts as full for a
 // moment, whatever the last reading said.
 func (m *Monitor) Refused(id string) {
-	stream := m.parts.StreamOf(id)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	stream := m.parts.StreamOf(id) // parts is SetPartitions', under mu
 	m.refused[stream] = time.Now()
 	close(m.changed)
 	m.changed = make(chan struct{})
