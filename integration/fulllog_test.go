@@ -138,7 +138,11 @@ func logState(t *testing.T, js jetstream.JetStream, id string) (p *projections.R
 // and another tenant is served. Then the log is filled again and its
 // frontend and workers are killed, leaving a full log of requests nobody
 // owns: the idle CPU of each process over that full, unchanging log is
-// measured (and held under 5% of a core).
+// measured, and held under a quarter of a core. That bound catches the
+// wedge's spin (a retry loop takes a whole core); it is no performance
+// target: the figure (1-9% of a core for NATS and the frontend, binaries
+// built with -race, 5 s windows) varies with the machine, and a 5% bound
+// failed in a clean CI run at 9.2%.
 func TestFullLogDrainsByItself(t *testing.T) {
 	s := newStack(t)
 	keys := filepath.Join(s.dir, "keys")
@@ -227,8 +231,8 @@ func TestFullLogDrainsByItself(t *testing.T) {
 	for name, pid := range procs {
 		share := float64(cpuTime(t, pid)-before[name]) / float64(took)
 		t.Logf("idle CPU over a full, unchanging log (used ratio %.3f): %s %.1f%% of a core", ratio, name, 100*share)
-		if share > 0.05 {
-			t.Errorf("%s used %.1f%% of a core over a full, unchanging log, want under 5%%", name, 100*share)
+		if share > 0.25 {
+			t.Errorf("%s used %.1f%% of a core over a full, unchanging log, want under 25%% (a spin takes a core)", name, 100*share)
 		}
 	}
 	if after := g.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS"); after < 0.8 {
