@@ -656,7 +656,7 @@ func TestClusterRecipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wc, err := nats.Connect(natsURL, nats.UserInfo("w1", strings.TrimSpace(string(wpass))), nats.CustomInboxPrefix(streams.WorkerInboxPrefix("w1")))
+	wc, err := nats.Connect(natsURL, nats.UserInfo("w1", strings.TrimSpace(string(wpass))), nats.CustomInboxPrefix(streams.WorkerInboxPrefix("w1")), nats.ErrorHandler(expectViolations))
 	if err != nil {
 		t.Fatalf("w1's credential from the worker users file: %v", err)
 	}

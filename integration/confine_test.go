@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -81,6 +83,17 @@ func (c *confined) connectAs(id string) (*nats.Conn, *asyncErrors) {
 	}
 	c.t.Cleanup(nc.Close)
 	return nc, errs
+}
+
+// expectViolations is the error handler of a connection that a test has
+// break its permissions on purpose: the refusal is what the test checks,
+// so a permissions violation is not printed (nats.go's default handler
+// prints every async error to stderr, where it reads as a failure); any
+// other error is, as by default.
+func expectViolations(nc *nats.Conn, _ *nats.Subscription, err error) {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		fmt.Fprintf(os.Stderr, "nats: %v on connection %s\n", err, nc.ConnectedUrlRedacted())
+	}
 }
 
 // jetStreamAs is a JetStream client on a connection with id's credentials

@@ -217,7 +217,7 @@ func TestBatchedOutputPermissions(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	fe := natstest.JetStream(t, url, nats.UserInfo("frontend", "fpw"))
+	fe := natstest.JetStream(t, url, nats.UserInfo("frontend", "fpw"), nats.ErrorHandler(expectViolations))
 	leases, err := fe.KeyValue(ctx, streams.LeasesBucket)
 	if err != nil {
 		t.Fatal(err)
