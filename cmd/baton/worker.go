@@ -41,7 +41,9 @@ With DYN_HEALTH_CHECK_ENABLED (default true), an idle worker sends its engine a
 one-token canary every DYN_CANARY_WAIT_TIME seconds; a canary that fails or takes longer
 than DYN_HEALTH_CHECK_REQUEST_TIMEOUT, or in-flight requests that produce no
 token for that long, make the worker not ready: /health answers 503 and
-frontends stop routing to it until a canary passes again.`
+frontends stop routing to it until a canary passes again. Time the engine
+waits for the worker to take a token (the worker's writes to the log behind)
+is not counted: that is no stall of the engine's.`
 
 // workerFlags are a worker's flags that `baton up` passes through to the
 // workers it starts.

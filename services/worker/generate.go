@@ -298,6 +298,15 @@ func (w *Worker) startGenerate(ctx context.Context, req engine.Request) (toks <-
 			select {
 			case ch <- t:
 				return nil
+			default:
+			}
+			// The worker is behind (its writes to the log are): the
+			// engine waits for it, which is no stall of the engine's.
+			w.health.holdBack(true)
+			defer w.health.holdBack(false)
+			select {
+			case ch <- t:
+				return nil
 			case <-ctx.Done():
 				return ctx.Err()
 			}

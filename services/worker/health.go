@@ -66,6 +66,10 @@ type monitor struct {
 	active    int       // requests running
 	idleSince time.Time // last start, end or canary while nothing ran
 	progress  time.Time // last token, or when active went from 0 to 1
+	// heldBack counts engines holding a token the worker has not taken
+	// yet, its own writes behind (a log slow to acknowledge, a NATS
+	// server stalling its publishes): they are not stalled.
+	heldBack  int
 	stalled   bool
 	failed    bool   // last canary failed
 	suspect   bool   // run a canary now
@@ -194,6 +198,26 @@ func (m *monitor) ended(hadToken bool) {
 	m.notify()
 }
 
+// holdBack records that an engine holds a token the worker is not ready
+// to take (on), or that the worker took it (off, which is progress): while
+// one waits so, the engine is not stalled, whatever the log's pace. A junk
+// flood that slows the log for everyone must not take honest workers out
+// of routing as stalled.
+func (m *monitor) holdBack(on bool) {
+	m.mu.Lock()
+	if on {
+		m.heldBack++
+	} else {
+		m.heldBack--
+		m.progress = time.Now()
+	}
+	wake := m.stalled
+	m.mu.Unlock()
+	if wake {
+		m.notify()
+	}
+}
+
 // token records progress: a request emitted a token. It is called on the
 // hot path and only wakes Run when the engine was stalled.
 func (m *monitor) token() {
@@ -265,6 +289,9 @@ func (m *monitor) step() (next time.Duration, canary bool) {
 	now := time.Now()
 	next = time.Hour
 	if m.active > 0 {
+		if m.heldBack > 0 {
+			m.progress = now // the engine waits for the worker, not the reverse
+		}
 		left := m.progress.Add(m.timeout).Sub(now)
 		m.stalled = left <= 0
 		if !m.stalled {

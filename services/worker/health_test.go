@@ -190,6 +190,38 @@ func TestMonitorStall(t *testing.T) {
 	})
 }
 
+// TestMonitorHeldBackIsNoStall: an engine that holds a token the worker
+// has not taken (the worker's writes behind: a junk flood slowing the log)
+// is not stalled however long it waits; once the worker takes the token
+// the stall clock starts again from then.
+func TestMonitorHeldBackIsNoStall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m, changes, stop := runMonitor(t, &monitorProbe{})
+		defer stop()
+		m.started()
+		m.holdBack(true)
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if h, why := m.state(); !h {
+			t.Fatalf("%q after 10 s with the engine held back, want healthy", why)
+		}
+		m.holdBack(false)
+		time.Sleep(2999 * time.Millisecond)
+		synctest.Wait()
+		if h, _ := m.state(); !h {
+			t.Fatal("stalled before the timeout after the token was taken")
+		}
+		time.Sleep(2 * time.Millisecond)
+		synctest.Wait()
+		if h, why := m.state(); h || why != engineStalled {
+			t.Fatalf("got %v %q 3 s after the last token, want %q", h, why, engineStalled)
+		}
+		if got := changes(); len(got) != 1 || got[0] {
+			t.Errorf("health changes %v, want one, to unhealthy", got)
+		}
+	})
+}
+
 func TestMonitorDisabled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := &monitorProbe{}
