@@ -569,10 +569,13 @@ func TestRollingRestartOfFrontends(t *testing.T) {
 	}
 	for round := range 2 {
 		for i := range 2 {
-			time.Sleep(700 * time.Millisecond) // steady load between restarts (the scenario, not synchronisation)
 			mu.Lock()
 			old := fronts[i]
 			mu.Unlock()
+			// Steady load first: the SIGTERM cuts streams in flight there.
+			waitFor(t, 30*time.Second, old.name+" serving two streams", func() bool {
+				return old.metric(t, "dynamo_frontend_active_requests") >= 2
+			})
 			old.signal(syscall.SIGTERM)
 			if code := old.wait(15 * time.Second); code != 0 {
 				t.Errorf("round %d: %s exited %d after SIGTERM, want 0", round, old.name, code)

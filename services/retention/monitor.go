@@ -104,7 +104,6 @@ const RetryAfter = time.Second
 // the last reading, which Run refreshes every Interval.
 type Monitor struct {
 	js      jetstream.JetStream
-	parts   streams.Partitions
 	cfg     Config
 	log     *slog.Logger
 	used    *prometheus.GaugeVec
@@ -113,6 +112,7 @@ type Monitor struct {
 	ends    endsState // what eviction knows of requests' ends (ends.go)
 
 	mu       sync.Mutex
+	parts    streams.Partitions       // the log's layout (SetPartitions)
 	usage    map[string]streams.Usage // by stream
 	read     bool                     // a reading of every partition is in
 	refused  map[string]time.Time     // by stream: when an append was last refused at the limit
@@ -242,7 +242,7 @@ func (m *Monitor) refresh(ctx context.Context, stream string) (streams.Usage, er
 func (m *Monitor) Admit(id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	stream := m.parts.StreamOf(id) // parts is SetPartitions', under mu
+	stream := m.parts.StreamOf(id)
 	u := m.usage[stream]
 	if u.Ratio() >= m.cfg.HighWater || time.Since(m.refused[stream]) < refusedFor {
 		return &FullError{Stream: stream, Used: u.Ratio(), HighWater: m.cfg.HighWater}
@@ -255,7 +255,7 @@ func (m *Monitor) Admit(id string) error {
 func (m *Monitor) Full(id string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	stream := m.parts.StreamOf(id) // parts is SetPartitions', under mu
+	stream := m.parts.StreamOf(id)
 	return m.usage[stream].Ratio() >= fullSlack || time.Since(m.refused[stream]) < refusedFor
 }
 
@@ -265,7 +265,7 @@ func (m *Monitor) Full(id string) bool {
 func (m *Monitor) Refused(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	stream := m.parts.StreamOf(id) // parts is SetPartitions', under mu
+	stream := m.parts.StreamOf(id)
 	m.refused[stream] = time.Now()
 	close(m.changed)
 	m.changed = make(chan struct{})

@@ -12,6 +12,8 @@ import (
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/notify"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/services/worker"
 	"github.com/baton-dev/baton/streams"
@@ -60,10 +62,12 @@ func batchedWriter(b *testing.B, n int, batched bool) {
 	}
 	// The reader: every end, from either live copy.
 	var ends atomic.Int64
+	ended := notify.NewSignal()
 	count := func(evs ...events.Envelope) {
 		for _, e := range evs {
 			if _, ok := e.Event.(events.RequestCompleted); ok {
 				ends.Add(1)
+				ended.Notify()
 			}
 		}
 	}
@@ -101,18 +105,11 @@ func batchedWriter(b *testing.B, n int, batched bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if e, err := kv.Get(ctx, "wbench"); err == nil {
-			var l events.Lease
-			if json.Unmarshal(e.Value(), &l) == nil && l.WritesBatched {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			b.Fatal("no lease with writes_batched")
-		}
-		time.Sleep(10 * time.Millisecond) // a benchmark's setup: no notification of a KV put here
-	}
+	waitfor.Poll(b, "a lease with writes_batched", func() bool {
+		e, err := kv.Get(ctx, "wbench")
+		var l events.Lease
+		return err == nil && json.Unmarshal(e.Value(), &l) == nil && l.WritesBatched
+	})
 	log := streams.NewLog(js, "baton/bench")
 	stored := func() uint64 {
 		var total uint64
@@ -152,12 +149,7 @@ func batchedWriter(b *testing.B, n int, batched bool) {
 				b.Fatal(err)
 			}
 		}
-		for deadline := time.Now().Add(30 * time.Second); ends.Load() < int64(n); {
-			if time.Now().After(deadline) {
-				b.Fatalf("%d of %d ends", ends.Load(), n)
-			}
-			time.Sleep(5 * time.Millisecond) // a benchmark's wait: polling an atomic
-		}
+		waitfor.Signal(b, ended, fmt.Sprintf("%d ends", n), func() bool { return ends.Load() >= int64(n) })
 	}
 	b.StopTimer()
 	cpu := cpuTime(b) - cpu0

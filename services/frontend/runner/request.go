@@ -27,12 +27,10 @@ type Request struct {
 	// early is the first dispatch, sent with the accepted event's append
 	// (Runner.dispatchEarly); the runner's first dispatch takes it.
 	early *heldDispatch
-	// What Runner.waitForPlace keeps (only t's runner uses it): the
-	// workers that refused the dispatch busy since it last waited, how
-	// many times it waited, and when it first found the pool busy.
-	refusedBusy []string
-	busyWaits   int
-	busySince   time.Time
+	// What Runner.waitForPlace keeps (only t's runner uses it): how many
+	// times it waited, and when it first found the pool busy.
+	busyWaits int
+	busySince time.Time
 
 	// Guarded by requests.mu.
 	refs          int       // holders: clients, the runner, lookups

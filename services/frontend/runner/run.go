@@ -97,32 +97,28 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 }
 
 // waitForPlace waits, when out found no worker free to take t because every
-// one is busy (its load report says so, or it refused the dispatch busy:
-// those are in exclude) and t has produced nothing, within Config.BusyWait
-// of t's accepted event, until some worker of t's model has a free place;
-// it reports whether one came in time (the caller dispatches again). Two
-// frontends that admit on one free worker both dispatch; the worker takes
-// one and refuses the other busy: that one was admitted, and waits here as
-// it would have waited in the queue.
+// one is busy (its load report says so, or its last attempt was refused
+// busy: those are in exclude) and t has produced nothing, within
+// Config.BusyWait of t's accepted event, until some worker of t's model
+// has a free place; it reports whether one came in time (the caller
+// dispatches again). Two frontends that admit on one free worker both
+// dispatch; the worker takes one and refuses the other busy: that one was
+// admitted, and waits here as it would have waited in the queue.
 func (rn *Runner) waitForPlace(ctx context.Context, t *Request, out *migrations.DispatchOutcome, exclude []string) bool {
-	if out.Result == migrations.DispatchRefused && out.Reason == streams.RefusedBusy {
-		t.refusedBusy = append(t.refusedBusy, out.WorkerID) // the policy tries the others first
-		return false
-	}
 	if rn.cfg.BusyWait <= 0 || out.Result != migrations.DispatchUnroutable {
 		return false
 	}
-	allRefusedBusy := len(exclude) > 0 && !slices.ContainsFunc(exclude, func(w string) bool { return !slices.Contains(t.refusedBusy, w) })
-	if !out.Busy && !allRefusedBusy {
+	var model string
+	var produced int
+	busy := out.Busy
+	t.f.view(func(p *projections.Request) {
+		model, produced = p.Accepted.Model, p.Len()
+		busy = busy || refusedBusy(p, exclude)
+	})
+	if !busy || produced > 0 || model == "" {
 		return false
 	}
 	out.Busy = true // if no place comes: 503 all_workers_busy, as at admission
-	var model string
-	var produced int
-	t.f.view(func(p *projections.Request) { model, produced = p.Accepted.Model, p.Len() })
-	if produced > 0 || model == "" {
-		return false
-	}
 	if t.busySince.IsZero() {
 		t.busySince = time.Now()
 	}
@@ -136,7 +132,6 @@ func (rn *Runner) waitForPlace(ctx context.Context, t *Request, out *migrations.
 	// stale view cannot turn into a dispatch (an attempt) a millisecond.
 	floor := time.Now().Add(min(busyBackoffMin<<min(t.busyWaits, 6), busyBackoffMax))
 	t.busyWaits++
-	t.refusedBusy = t.refusedBusy[:0]
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		changed := rn.fleet.WorkersChanged()
 		if !time.Now().Before(floor) && rn.fleet.Free(model) {
@@ -155,6 +150,23 @@ func (rn *Runner) waitForPlace(ctx context.Context, t *Request, out *migrations.
 		waitStep(ctx, next, nil, changed, nil)
 	}
 	return false
+}
+
+// refusedBusy reports whether the last attempt of each of workers (at least
+// one) was refused busy: the policy tried them all, and all were full.
+func refusedBusy(p *projections.Request, workers []string) bool {
+	for _, w := range workers {
+		last := ""
+		for _, a := range p.Attempts {
+			if a.WorkerID == w {
+				last = a.CloseReason
+			}
+		}
+		if last != "refused_"+streams.RefusedBusy {
+			return false
+		}
+	}
+	return len(workers) > 0
 }
 
 // How waitForPlace paces itself: a poll without a fleet change, and the
