@@ -85,6 +85,9 @@ type Observation struct {
 	// LogFull: the request's partition of the log cannot store more (at
 	// its limit, or it refused an append lately).
 	LogFull bool
+	// Unread is since when this frontend has failed to read the request's
+	// log (its last catch-up failed); zero while it reads it.
+	Unread time.Time
 }
 
 // LogFullGrace is how long a request makes no progress while the log is
@@ -95,6 +98,11 @@ const LogFullGrace = time.Second
 // CodeLogFull is the RequestFailed code of a request the log had no room
 // for; its clients get 503 (non-streaming) or an error event.
 const CodeLogFull = "log_full"
+
+// CodeLogUnreadable is the RequestFailed code of a request whose log its
+// owner could not read for the stall timeout; its clients get 503
+// (non-streaming) or an error event.
+const CodeLogUnreadable = "log_unreadable"
 
 // WorkerSeen is a worker as discovery shows it.
 type WorkerSeen struct {
@@ -150,7 +158,8 @@ const (
 	// worker not in Exclude), records the routed decision, sends it, and
 	// reports the outcome in the next Observation.
 	DispatchNext
-	// CatchUp re-reads the request's log, then steps again.
+	// CatchUp re-reads the request's log, then steps again (after a short
+	// pause when the read failed).
 	CatchUp
 	// Fence closes attempt Fence.Attempt (appending Fence when AppendFence),
 	// inhibits its worker when Inhibit (for InhibitFor, or the configured
@@ -234,6 +243,9 @@ func (p Policy) Step(s State, o Observation, now time.Time) Action {
 func (p Policy) step(r *projections.Request, m Memory, o Observation, now time.Time) Action {
 	if o.Dispatch != nil {
 		return p.afterDispatch(r, m, o, now)
+	}
+	if !o.Unread.IsZero() {
+		return p.unread(r, m, o, now)
 	}
 	cur, running := r.Current()
 	if f := m.Failure; f != nil {
@@ -337,6 +349,20 @@ func (p Policy) fail(r *projections.Request, m Memory, code, msg string, status 
 // failLogFull ends a request whose tokens the log had no room for.
 func (p Policy) failLogFull(r *projections.Request, m Memory, rep Report) Action {
 	return p.fail(r, m, CodeLogFull, "the request log is full: this request's tokens could not be stored", http.StatusServiceUnavailable, rep)
+}
+
+// unread holds a request whose log this frontend cannot read. Whatever
+// it would decide could rest on events it has not seen, and every decision
+// it stored would be refused (the events subject's sequence is past the
+// one it knows) and send it to read again: it reads again, rather than
+// decide, until it reads or the stall timeout has passed, and then fails
+// the request (the runner stores that end where it needs no sequence).
+func (p Policy) unread(r *projections.Request, m Memory, o Observation, now time.Time) Action {
+	if d := now.Sub(o.Unread); d >= p.StallTimeout {
+		msg := fmt.Sprintf("the request log could not be read for %v", d.Round(time.Second))
+		return p.fail(r, m, CodeLogUnreadable, msg, http.StatusServiceUnavailable, Report{MigrationFailed: m.Migration})
+	}
+	return Action{Kind: CatchUp, Next: m}
 }
 
 // watch checks the running attempt cur: the client gone for the detach

@@ -73,6 +73,7 @@ type follower struct {
 	progress   time.Time   // when the last token was accepted
 	timing     timing      // where the time before the first token went
 	err        error       // a catch-up failure; readers surface it
+	unread     time.Time   // since when catch-ups fail (zero once one succeeds)
 }
 
 // follow registers for request id's live messages. With history set it
@@ -328,11 +329,21 @@ func (f *follower) readLog() error {
 		got = append(got, e)
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	for _, e := range got {
 		f.applyLocked(e)
 	}
 	f.err = err
+	first := err != nil && f.unread.IsZero()
+	switch {
+	case err == nil:
+		f.unread = time.Time{}
+	case first:
+		f.unread = time.Now()
+	}
+	f.mu.Unlock()
+	if first {
+		f.decided.Notify() // the runner decides nothing while it cannot read
+	}
 	return err
 }
 
@@ -373,12 +384,13 @@ func (f *follower) view(fn func(p *projections.Request)) {
 	fn(f.proj)
 }
 
-// read runs fn on the projection and the time of the last accepted token,
-// under the lock; fn must not keep references.
-func (f *follower) read(fn func(p *projections.Request, progress time.Time)) {
+// read runs fn on the projection, the time of the last accepted token and
+// since when catch-ups fail (zero while they succeed), under the lock; fn
+// must not keep references.
+func (f *follower) read(fn func(p *projections.Request, progress, unread time.Time)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	fn(f.proj, f.progress)
+	fn(f.proj, f.progress, f.unread)
 }
 
 // eventsSeq is the last sequence seen on the request's events subject: the

@@ -59,16 +59,24 @@ const (
 	logFullPatience = 5 * time.Minute
 )
 
+// endHere ends request t, which this frontend owns, with ev without the
+// request log: the failure is folded locally, so its clients here get the
+// error at once, and stored in the ends place (storeEnd), which every
+// reader of this release folds and which needs no expected sequence.
+func (lc *lifecycle) endHere(ctx context.Context, t *Request, ev events.RequestFailed, why string) {
+	t.f.apply(lc.events.Envelope(events.ID(t.id, "failed"), t.id, ev))
+	t.f.changed.Notify()
+	lc.log.Error(why, "request_id", t.id, "code", ev.Code)
+	lc.storeEnd(ctx, t)
+}
+
 // failUnstored ends request t here when the log refused its failure ev at
 // a limit: its clients get the error at once (the failure is folded
 // locally), and the failure is stored once there is room again, quietly,
 // for at most logFullPatience. It reports whether it was stored.
 func (lc *lifecycle) failUnstored(ctx context.Context, t *Request, ev events.RequestFailed) bool {
 	lc.room.Refused(t.id)
-	t.f.apply(lc.events.Envelope(events.ID(t.id, "failed"), t.id, ev))
-	t.f.changed.Notify()
-	lc.log.Error("request log full: request ended", "request_id", t.id, "code", ev.Code)
-	lc.storeEnd(ctx, t) // where deltas cannot crowd it out; the log gets it too once there is room
+	lc.endHere(ctx, t, ev, "request log full: request ended") // where deltas cannot crowd it out; the log gets it too once there is room
 	deadline := time.Now().Add(logFullPatience)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		waitStep(ctx, time.Now().Add(logFullRetry), nil, nil, nil)

@@ -79,7 +79,9 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 				t.settle()
 			}
 		case migrations.CatchUp:
-			catchUp(ctx, t)
+			if t.f.catchUp(ctx) != nil {
+				waitStep(ctx, time.Now().Add(retryCatchUp), nil, nil, nil)
+			}
 		case migrations.Fence:
 			rn.carryFence(ctx, t, a)
 		case migrations.Migrate:
@@ -182,10 +184,10 @@ const (
 // action, the request's model and endpoint, and whether the running attempt
 // has no token yet, and notes in relayed what the current attempt must obey.
 func (rn *Runner) observe(t *Request, mem migrations.Memory, obs migrations.Observation, relayed *relay) (a migrations.Action, model, endpoint string, firstPending bool) {
-	t.f.read(func(p *projections.Request, progress time.Time) {
+	t.f.read(func(p *projections.Request, progress, unread time.Time) {
 		model, endpoint = p.Accepted.Model, p.Accepted.Endpoint
 		relayed.note(p)
-		obs.LastProgress = progress
+		obs.LastProgress, obs.Unread = progress, unread
 		if cur, ok := p.Current(); ok {
 			w, present := rn.fleet.Worker(cur.WorkerID)
 			// A quarantined worker's output is not to be waited for.
@@ -217,6 +219,10 @@ func (rn *Runner) carryMigrate(ctx context.Context, t *Request, m events.Request
 // retryAfterError is how long a runner waits before deciding again when the
 // log refused a decision for another reason than a concurrent writer.
 const retryAfterError = time.Second
+
+// retryCatchUp is how long a runner waits before reading the log again
+// when a catch-up failed.
+const retryCatchUp = 250 * time.Millisecond
 
 // waitStep blocks until ctx is done, until (if set), or the request,
 // discovery or the log's room changed (a nil channel never does).
@@ -392,6 +398,13 @@ func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Actio
 // expected sequence caught up) when another writer came first. It reports
 // false if the log refused it.
 func (rn *Runner) appendFailure(ctx context.Context, t *Request, ev events.RequestFailed) bool {
+	if ev.Code == migrations.CodeLogUnreadable {
+		// Its events subject's sequence is unknown here: the end goes
+		// where it needs none.
+		rn.commands.fenceCurrent(t)
+		rn.lifecycle.endHere(ctx, t, ev, "request log unreadable: request ended")
+		return true
+	}
 	for range 3 {
 		ok, err := rn.decisions.append(ctx, t, events.ID(t.id, "failed"), ev)
 		if errors.Is(err, streams.ErrStreamFull) {

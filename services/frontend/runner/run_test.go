@@ -321,6 +321,12 @@ func (x *runnerFixture) received() []streams.Command {
 // run accepts request id and runs its runner until it stops; it returns the
 // request's final state.
 func (x *runnerFixture) run(id string) projections.State {
+	return x.runAfter(id, func(*follower) {})
+}
+
+// runAfter is run, with before called once the request's follower has read
+// its accepted event and before its runner starts.
+func (x *runnerFixture) runAfter(id string, before func(f *follower)) projections.State {
 	acc := events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"}
 	if _, err := x.log.Append(x.ctx, streams.RequestEvents(id), x.log.Envelope(events.ID(id, "accepted"), id, acc), 0); err != nil {
 		x.t.Fatal(err)
@@ -330,6 +336,7 @@ func (x *runnerFixture) run(id string) projections.State {
 		x.t.Fatal(err)
 	}
 	defer f.stop()
+	before(f)
 	t := x.rn.requests.newRequest(id, f)
 	x.rn.run(x.ctx, t)
 	x.wg.Wait()
@@ -408,6 +415,59 @@ func TestRunnerBusyWaitEnds(t *testing.T) {
 				t.Errorf("%d attempts in %v, want a few (the back-off doubles from %v)", len(st.Attempts), took, busyBackoffMin)
 			}
 		})
+	}
+}
+
+// TestRunnerUnreadableLogFails: a runner that cannot read its request's
+// log back, after its follower missed a decision another writer stored (as
+// a frontend disconnected as a slow consumer misses live messages), decides
+// nothing and fails the request 503 log_unreadable once the stall timeout
+// has passed, its end stored in the ends place. Before, its routed
+// decision conflicted, the catch-up failed, and it dispatched again for
+// ever: its client got nothing.
+func TestRunnerUnreadableLogFails(t *testing.T) {
+	const stall = time.Second
+	x := newRunnerFixtureConfig(t, func(c *Config) { c.StallTimeout = stall }, fakeWorker{id: "w1"})
+	start := time.Now()
+	st := x.runAfter("r", func(f *follower) {
+		seen := f.eventsSeq()
+		other := events.RequestAttached{RequestID: "r", Frontend: "fe"}
+		seq, err := x.log.Append(x.ctx, streams.RequestEvents("r"), x.log.Envelope(events.ID("r", "attached", "x"), "r", other), -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The live copy of the other writer's decision is lost, and the
+		// log cannot be read back: direct gets are refused.
+		waitfor.Poll(t, "the other decision seen live", func() bool { return f.eventsSeq() >= seq })
+		f.mu.Lock()
+		f.lastBySubj.set(streams.RequestEvents("r"), seen)
+		f.mu.Unlock()
+		stream, err := x.js.Stream(x.ctx, x.rn.parts.StreamOf("r"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := stream.CachedInfo().Config
+		cfg.AllowDirect = false
+		if _, err := x.js.UpdateStream(x.ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	})
+	took := time.Since(start)
+	if st.Status != "failed" || st.Failure == nil || st.Failure.Code != "log_unreadable" || st.Failure.Status != 503 {
+		t.Fatalf("state %+v: want failed 503 log_unreadable", st)
+	}
+	if took < stall {
+		t.Errorf("failed after %v, want the stall timeout (%v) of failed reads first", took, stall)
+	}
+	if n := len(x.sent()); n != 0 {
+		t.Errorf("%d dispatches sent, want none (no routed decision could be stored)", n)
+	}
+	end, err := streams.ReadEnd(x.ctx, x.js, "r")
+	if err != nil || end == nil {
+		t.Fatalf("the ends place holds %v (%v), want the failure", end, err)
+	}
+	if e := end.Event.(events.RequestEnded); e.Failed == nil || e.Failed.Code != "log_unreadable" {
+		t.Errorf("end %+v, want the log_unreadable failure", e)
 	}
 }
 
