@@ -239,6 +239,10 @@ func TestUnmarshalRejects(t *testing.T) {
 		{"bad json", func(events.Header) {}, `{"worker_id":`, nil},
 		{"invalid routed", func(h events.Header) { h[events.HeaderType] = []string{events.TypeRequestRouted} }, `{"attempt":-1,"worker_id":"w"}`, nil},
 		{"invalid accepted", func(h events.Header) { h[events.HeaderType] = []string{events.TypeRequestAccepted} }, `{"model":"m"}`, nil},
+		{"accepted routing a later attempt", func(h events.Header) { h[events.HeaderType] = []string{events.TypeRequestAccepted} },
+			`{"request_id":"r","model":"m","route":{"request_id":"r","attempt":1,"worker_id":"w","start_offset":0}}`, nil},
+		{"accepted routing another request", func(h events.Header) { h[events.HeaderType] = []string{events.TypeRequestAccepted} },
+			`{"request_id":"r","model":"m","route":{"request_id":"q","attempt":0,"worker_id":"w","start_offset":0}}`, nil},
 		{"negative tokens offset", func(h events.Header) { h[events.HeaderType] = []string{events.TypeTokensGenerated} }, `{"offset":-2}`, nil},
 	}
 	for _, tt := range tests {

@@ -86,6 +86,14 @@ type RequestAccepted struct {
 	// --response-model client). Recorded here so that every rendering of
 	// the request, on any frontend, says the same.
 	ClientModel bool `json:"client_model,omitempty"`
+	// Route, when set, is the routed decision of attempt 0, stored with
+	// the acceptance rather than after it: the first dispatch left with
+	// the accepted event's append (it is held), and its worker may store
+	// output one acknowledgement sooner. Readers fold it as the
+	// RequestRouted it is. A frontend writes it only while every live
+	// frontend says FrontendPresence.ReadsAcceptedRoute: an earlier
+	// release would see attempt 0 unrouted and ignore its output.
+	Route *RequestRouted `json:"route,omitempty"`
 }
 
 func (RequestAccepted) EventType() string { return TypeRequestAccepted }
@@ -97,6 +105,9 @@ func (e *RequestAccepted) validate() error {
 	}
 	if e.MaxTokens < 0 || e.PromptTokens < 0 {
 		return fmt.Errorf("negative token count")
+	}
+	if r := e.Route; r != nil && (r.RequestID != e.RequestID || r.Attempt != 0 || r.StartOffset != 0 || r.WorkerID == "") {
+		return fmt.Errorf("route: not attempt 0 of this request from token 0 to a worker")
 	}
 	return nil
 }

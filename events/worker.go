@@ -157,6 +157,11 @@ type FrontendPresence struct {
 	// while every live frontend says so: an earlier release, which does
 	// not, would see a compacted request without its tokens.
 	ReadsCompacted bool `json:"reads_compacted,omitempty"`
+	// ReadsAcceptedRoute says that this frontend folds the routed
+	// decision of attempt 0 stored in a request's accepted event
+	// (RequestAccepted.Route). A frontend stores it there only while
+	// every live frontend says so.
+	ReadsAcceptedRoute bool `json:"reads_accepted_route,omitempty"`
 	// Adoptable lists the requests in flight that this frontend owns and
 	// that outlive their clients (background responses, X-Resumable), by
 	// where their accepted event is stored rather than by id (workers

@@ -278,6 +278,9 @@ func (r *Request) applyAccepted(seq uint64, ev events.RequestAccepted) (bool, st
 	r.Owner = ev.Frontend
 	r.Status = StatusPending
 	r.acceptedSeq = seq
+	if ev.Route != nil {
+		r.applyRouted(*ev.Route) // validated with the event: attempt 0, from token 0
+	}
 	return true, ""
 }
 

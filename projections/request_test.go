@@ -277,6 +277,25 @@ func TestRequestApplyReportsChange(t *testing.T) {
 	}
 }
 
+// TestRequestRouteInAccepted: attempt 0 routed in the accepted event
+// (RequestAccepted.Route) folds as its own routed event does, a migration
+// after it included; a routed event of attempt 0 after it changes nothing.
+func TestRequestRouteInAccepted(t *testing.T) {
+	acc := accepted(0)
+	acc.Route = &events.RequestRouted{RequestID: "r1", WorkerID: "w1"}
+	rest := []events.Event{delta(0, 0, "ab"), fenced(0, 2), migrated(0, 2), routed(1, "w2", 2), delta(1, 2, "c"), completed(1)}
+	want := fold(stored(append([]events.Event{accepted(0), routed(0, "w1", 0)}, rest...)...)).State()
+	for name, log := range map[string][]events.Event{
+		"route in accepted":           append([]events.Event{acc}, rest...),
+		"and a routed event after it": append([]events.Event{acc, routed(0, "w1", 0)}, rest...),
+	} {
+		got := fold(stored(log...)).State()
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: got %+v, want %+v", name, got, want)
+		}
+	}
+}
+
 // Events applied as appended (Seq 0) and again as stored must not be counted twice.
 func TestRequestUnstoredThenStored(t *testing.T) {
 	log := stored(accepted(0), routed(0, "w1", 0), delta(0, 0, "ab"), fenced(0, 2), migrated(0, 2),

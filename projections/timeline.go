@@ -181,6 +181,9 @@ func describeAccepted(ev events.RequestAccepted) string {
 	if ev.ParentID != "" {
 		parts = append(parts, "parent "+ev.ParentID)
 	}
+	if r := ev.Route; r != nil {
+		parts = append(parts, "attempt 0 → worker "+r.WorkerID)
+	}
 	if ev.PinnedWorker != "" {
 		parts = append(parts, "pinned to "+ev.PinnedWorker)
 	}

@@ -126,7 +126,7 @@ func (g *Guard) judge(ctx context.Context, stream, subject string, seq uint64) (
 
 // routedWorker returns the worker attempt of request id was routed to ("":
 // none yet), from the routed decisions on its events subject, which only a
-// frontend writes. A decision does not change once stored, so what was
+// frontend writes (attempt 0's may be stored in the accepted event). A decision does not change once stored, so what was
 // found is kept (a bounded cache: the guard asks about the same running
 // request at reading after reading).
 func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
@@ -144,11 +144,14 @@ func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int
 			return "", err
 		}
 		seq = msg.Sequence + 1
-		if msg.Header.Get(events.HeaderType) != events.TypeRequestRouted {
+		if typ := msg.Header.Get(events.HeaderType); typ != events.TypeRequestRouted && (attempt != 0 || typ != events.TypeRequestAccepted) {
 			continue
 		}
 		e, err := events.Unmarshal(events.Header(msg.Header), msg.Data)
 		r, ok := e.Event.(events.RequestRouted)
+		if a, acc := e.Event.(events.RequestAccepted); acc && a.Route != nil {
+			r, ok = *a.Route, true // attempt 0 routed with the acceptance
+		}
 		if err != nil || !ok || r.Attempt != attempt {
 			continue
 		}

@@ -34,6 +34,7 @@ type heldDispatch struct {
 	done   func() // ends the router's reservation of w
 	d      events.Dispatch
 	answer chan dispatchAnswer // the worker's answer, once
+	stored bool                // its routed decision is stored (in the accepted event)
 }
 
 type dispatchAnswer struct {

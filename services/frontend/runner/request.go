@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -71,6 +72,21 @@ func (t *Request) takeEarly() *heldDispatch {
 	return h
 }
 
+// takeEarlyRouted is takeEarly of a dispatch whose routed decision was
+// stored in the accepted event (nil for any other).
+func (t *Request) takeEarlyRouted() *heldDispatch {
+	if t.early == nil || !t.early.stored {
+		return nil
+	}
+	return t.takeEarly()
+}
+
+// everyoneReadsAcceptedRoute reports whether every live frontend folds the
+// routed decision stored in an accepted event (events.RequestAccepted.Route).
+func (rn *Runner) everyoneReadsAcceptedRoute() bool {
+	return !slices.ContainsFunc(rn.fleet.Frontends(), func(f projections.Frontend) bool { return !f.ReadsAcceptedRoute })
+}
+
 // ErrExists means a request with that id is already in the log.
 var ErrExists = errors.New("runner: request exists")
 
@@ -85,9 +101,16 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	}
 	env := rn.events.Envelope(events.ID(acc.RequestID, "accepted"), acc.RequestID, acc)
 	// The dispatch goes first: nothing of it is stored before its routed
-	// decision, which follows the accepted event, so the follower is
-	// registered long before.
+	// decision, which follows the accepted event or is stored in it, so
+	// the follower is registered long before.
 	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
+	if early != nil && rn.everyoneReadsAcceptedRoute() {
+		// Its routed decision is stored with the acceptance: the worker
+		// is told after one acknowledgement, not two.
+		acc.Route = &events.RequestRouted{RequestID: acc.RequestID, WorkerID: early.w.ID}
+		early.stored = true
+		env = rn.events.Envelope(env.ID, acc.RequestID, acc)
+	}
 	f, err := follow(ctx, rn.live, rn.js, rn.parts, acc.RequestID, false)
 	if err != nil {
 		rn.dispatcher.abandon(early)

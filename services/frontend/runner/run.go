@@ -28,6 +28,21 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		relayed relay       // the command last relayed to the current attempt's worker
 	)
 	defer func() { untrack() }()
+	took := func(done func()) { // the worker took the attempt outcome reports
+		watched, untrack = outcome.Attempt, done
+		if !t.acceptedAt.IsZero() {
+			t.noteDispatched(time.Since(t.acceptedAt))
+		}
+		t.settle()
+	}
+	if h := t.takeEarlyRouted(); h != nil {
+		// Attempt 0 is routed already (in the accepted event): the
+		// policy would watch it, so its dispatch's outcome is taken first.
+		var done func()
+		if outcome, done = rn.routeHeld(ctx, t, h); outcome.Result == migrations.DispatchAccepted {
+			took(done)
+		}
+	}
 	for ctx.Err() == nil {
 		// Waits are woken by what can change the next step: decisions (not
 		// every token: a stall has its own timer), and discovery's members
@@ -72,11 +87,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 				continue
 			}
 			if outcome.Result == migrations.DispatchAccepted {
-				watched, untrack = outcome.Attempt, done
-				if !t.acceptedAt.IsZero() {
-					t.noteDispatched(time.Since(t.acceptedAt))
-				}
-				t.settle()
+				took(done)
 			}
 		case migrations.CatchUp:
 			if t.f.catchUp(ctx) != nil {
@@ -344,7 +355,11 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 // is fenced once it answered (a fence sent earlier could overtake the
 // dispatch and find no job to end).
 func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*migrations.DispatchOutcome, func()) {
-	seq, ok, err := rn.decisions.store(ctx, t, routedID(t, h.d, rn.id), routedOf(t, h.w, h.d))
+	var seq uint64 // 0 when stored with the acceptance (folded already)
+	ok, err := h.stored, error(nil)
+	if !ok {
+		seq, ok, err = rn.decisions.store(ctx, t, routedID(t, h.d, rn.id), routedOf(t, h.w, h.d))
+	}
 	routedHere := ok || routedTo(t, h.d.Attempt, h.w.ID)
 	if routedHere {
 		rn.commands.send(h.w.ID, streams.Command{RequestID: t.id, Attempt: h.d.Attempt, Kind: streams.CommandRouted})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -569,6 +570,69 @@ func TestRunnerHeldDispatch(t *testing.T) {
 // first dispatch takes that dispatch rather than sending another. When the
 // append finds the id taken, the early dispatch is fenced, by its hold id
 // only, once the worker answered: the running job of the request that has
+// TestAcceptStoresRouteWithAcceptance: a held first dispatch's routed
+// decision is stored in the accepted event while every live frontend folds
+// it there, so the worker is told after one acknowledgement, not two; beside
+// a frontend of an earlier release (its presence lacks
+// reads_accepted_route), it is stored after, as its own event.
+func TestAcceptStoresRouteWithAcceptance(t *testing.T) {
+	for _, earlier := range []bool{false, true} {
+		t.Run(fmt.Sprintf("earlier_frontend=%v", earlier), func(t *testing.T) {
+			x := newRunnerFixture(t, fakeWorker{id: "w1", holds: true})
+			if earlier {
+				x.put(streams.FrontendsBucket, "old", events.FrontendPresence{FrontendID: "old", ReadsCompacted: true})
+				waitfor.Poll(t, "the earlier frontend in the fleet view", func() bool { return x.fl.FrontendAlive("old") })
+			}
+			var g errgroup.Group
+			ctx, stop := context.WithCancel(x.ctx)
+			g.Go(func() error { x.rn.runRunners(ctx, &g); return nil })
+			t.Cleanup(func() { stop(); _ = g.Wait() })
+			const id = "r-route"
+			req, err := x.rn.Accept(x.ctx, events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer req.Release()
+			if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
+				t.Fatal(err)
+			}
+			var st projections.State
+			req.View(func(p *projections.Request) { st = p.State() })
+			if st.Status != "completed" || st.Worker != "w1" || len(st.Attempts) != 1 {
+				t.Fatalf("state %+v, want completed on w1 in one attempt", st)
+			}
+			var route *events.RequestRouted
+			var routed int
+			for e, err := range streams.ReadRequest(x.ctx, x.js, x.rn.parts, id, 1) {
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch ev := e.Event.(type) {
+				case events.RequestAccepted:
+					route = ev.Route
+				case events.RequestRouted:
+					routed++
+				}
+			}
+			switch {
+			case !earlier && (route == nil || route.WorkerID != "w1" || routed != 0):
+				t.Errorf("accepted route %+v and %d routed events, want w1's route in the accepted event and none", route, routed)
+			case earlier && (route != nil || routed != 1):
+				t.Errorf("accepted route %+v and %d routed events, want no route in the accepted event and one", route, routed)
+			}
+			var notices int
+			for _, c := range x.received() {
+				if c.Kind == streams.CommandRouted && c.RequestID == id {
+					notices++
+				}
+			}
+			if notices != 1 {
+				t.Errorf("%d routed notices, want 1", notices)
+			}
+		})
+	}
+}
+
 // the id is not touched.
 func TestAcceptDispatchesEarly(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", holds: true})

@@ -219,7 +219,7 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
 			FrontendID: rn.id, Addr: addr,
 			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(), ReadsCompacted: true,
-			ManagesOutputs: rn.outputs != nil,
+			ReadsAcceptedRoute: true, ManagesOutputs: rn.outputs != nil,
 		}, g)
 	})
 	if err != nil {
