@@ -319,6 +319,35 @@ func (x *runnerFixture) received() []streams.Command {
 	return append([]streams.Command(nil), x.commands...)
 }
 
+// startRunners runs the runtime's runners (not the rest of Start) until the
+// test ends.
+func (x *runnerFixture) startRunners() *Runner {
+	var g errgroup.Group
+	ctx, stop := context.WithCancel(x.ctx)
+	g.Go(func() error { x.rn.runRunners(ctx, &g); return nil })
+	x.t.Cleanup(func() { stop(); _ = g.Wait() })
+	return x.rn
+}
+
+// acceptServed accepts acc through rn.Accept and fails the test unless it
+// completes on w1 in one attempt.
+func (x *runnerFixture) acceptServed(rn *Runner, acc events.RequestAccepted) {
+	x.t.Helper()
+	req, err := rn.Accept(x.ctx, acc)
+	if err != nil {
+		x.t.Fatal(err)
+	}
+	defer req.Release()
+	if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
+		x.t.Fatal(err)
+	}
+	var st projections.State
+	req.View(func(p *projections.Request) { st = p.State() })
+	if st.Status != "completed" || st.Worker != "w1" || len(st.Attempts) != 1 {
+		x.t.Fatalf("state %+v, want completed on w1 in one attempt", st)
+	}
+}
+
 // run accepts request id and runs its runner until it stops; it returns the
 // request's final state.
 func (x *runnerFixture) run(id string) projections.State {
@@ -583,24 +612,8 @@ func TestAcceptStoresRouteWithAcceptance(t *testing.T) {
 				x.put(streams.FrontendsBucket, "old", events.FrontendPresence{FrontendID: "old", ReadsCompacted: true})
 				waitfor.Poll(t, "the earlier frontend in the fleet view", func() bool { return x.fl.FrontendAlive("old") })
 			}
-			var g errgroup.Group
-			ctx, stop := context.WithCancel(x.ctx)
-			g.Go(func() error { x.rn.runRunners(ctx, &g); return nil })
-			t.Cleanup(func() { stop(); _ = g.Wait() })
 			const id = "r-route"
-			req, err := x.rn.Accept(x.ctx, events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer req.Release()
-			if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
-				t.Fatal(err)
-			}
-			var st projections.State
-			req.View(func(p *projections.Request) { st = p.State() })
-			if st.Status != "completed" || st.Worker != "w1" || len(st.Attempts) != 1 {
-				t.Fatalf("state %+v, want completed on w1 in one attempt", st)
-			}
+			x.acceptServed(x.startRunners(), events.RequestAccepted{RequestID: id, Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"})
 			var route *events.RequestRouted
 			var routed int
 			for e, err := range streams.ReadRequest(x.ctx, x.js, x.rn.parts, id, 1) {
@@ -636,25 +649,8 @@ func TestAcceptStoresRouteWithAcceptance(t *testing.T) {
 // the id is not touched.
 func TestAcceptDispatchesEarly(t *testing.T) {
 	x := newRunnerFixture(t, fakeWorker{id: "w1", holds: true})
-	var g errgroup.Group
-	ctx, stop := context.WithCancel(x.ctx)
-	g.Go(func() error { x.rn.runRunners(ctx, &g); return nil })
-	t.Cleanup(func() { stop(); _ = g.Wait() })
-
 	acc := events.RequestAccepted{RequestID: "r-early", Model: "m", Prompt: "p", PromptTokens: 1, MaxTokens: 2, Frontend: "fe"}
-	req, err := x.rn.Accept(x.ctx, acc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer req.Release()
-	if err := req.f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
-		t.Fatal(err)
-	}
-	var st projections.State
-	req.View(func(p *projections.Request) { st = p.State() })
-	if st.Status != "completed" || st.Worker != "w1" || len(st.Attempts) != 1 {
-		t.Fatalf("state %+v, want completed on w1 in one attempt", st)
-	}
+	x.acceptServed(x.startRunners(), acc)
 	if ds := x.sent(); len(ds) != 1 || ds[0].Hold == "" {
 		t.Fatalf("dispatches %+v, want one held dispatch", ds)
 	}
