@@ -55,6 +55,10 @@ type Guard struct {
 	sweptTo     map[string]uint64    // "stream worker": a quarantined worker's junk purged through this sequence (Run's)
 	honest      map[string]time.Time // tokens subject: found not junk, taken as such until then (Run's)
 	strangers   map[string]time.Time // "stream worker": a writer with no lease in the view, checked at every reading until then (Run's)
+	// quarantinedAt is when this guard last quarantined each worker
+	// (Run's): the fleet view may take a moment to show it, and the
+	// suspects met meanwhile are not judged again.
+	quarantinedAt map[string]time.Time
 
 	mu      sync.Mutex
 	parts   streams.Partitions
@@ -63,6 +67,8 @@ type Guard struct {
 	routed  map[string]string // "request attempt": the worker it was routed to (routedWorker)
 	bounds  map[string]int    // request: the most bytes a message of one of its attempts may hold (projections.AttemptBound)
 	trimmed map[string]uint64 // a fenced attempt's tokens subject: its large messages deleted through this sequence (Run's)
+
+	suspects chan suspect // large messages a follower saw (Suspect), judged by Run at once
 }
 
 // GuardConfig sets the pace of a Guard. Zero values mean the defaults.
@@ -111,8 +117,9 @@ func NewGuard(js jetstream.JetStream, usage UsageReader, reg prometheus.Register
 		quarantined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "baton_log_workers_quarantined_total", Help: "Workers this frontend quarantined for writing junk to a request stream.",
 		}, []string{"stream"}),
-		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{}, strangers: map[string]time.Time{},
+		checked: map[string]uint64{}, sweptTo: map[string]uint64{}, honest: map[string]time.Time{}, strangers: map[string]time.Time{}, quarantinedAt: map[string]time.Time{},
 		swept: map[string]bool{}, routed: map[string]string{}, bounds: map[string]int{}, trimmed: map[string]uint64{},
+		suspects: make(chan suspect, suspectsQueued),
 	}
 	if g.usage == nil {
 		g.usage = ownReadings{js, log}
@@ -173,6 +180,9 @@ func (g *Guard) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case s := <-g.suspects:
+			g.judgeSuspect(ctx, s)
+			continue
 		case <-t.C:
 		}
 		fast := false
@@ -428,24 +438,33 @@ func (g *Guard) check(ctx context.Context, stream, worker string, f Fleet, from,
 		if (now.Before(g.honest[msg.Subject]) && !large) || (i > 0 && !judgeAll && !large) {
 			continue
 		}
-		why, running := g.judge(ctx, stream, msg.Subject, msg.Sequence)
-		if why == "" && running && large {
-			why = g.overBound(ctx, stream, msg) // its own attempt's, but more than the attempt may write
+		if g.judgeMsg(ctx, stream, worker, f, msg, now) {
+			break
 		}
-		if why == "" {
-			if running {
-				if len(g.honest) >= routedCache {
-					clear(g.honest)
-				}
-				g.honest[msg.Subject] = now.Add(honestFor)
-			}
-			continue
-		}
-		if full, err := streams.MsgAt(ctx, g.js, stream, msg.Sequence); err == nil && full != nil {
-			msg = full // its headers count towards its size
-		}
-		g.judgeJunk(ctx, stream, worker, f, msg, why)
-		break
 	}
 	return to
+}
+
+// judgeMsg judges msg, one of worker's messages on stream, and deals with
+// it if it is junk (judgeJunk), which it reports. A subject found not junk
+// for as long as its request runs is taken as honest for honestFor.
+func (g *Guard) judgeMsg(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, now time.Time) bool {
+	why, running := g.judge(ctx, stream, msg.Subject, msg.Sequence)
+	if why == "" && running && len(msg.Data) >= junkLarge {
+		why = g.overBound(ctx, stream, msg) // its own attempt's, but more than the attempt may write
+	}
+	if why == "" {
+		if running {
+			if len(g.honest) >= routedCache {
+				clear(g.honest)
+			}
+			g.honest[msg.Subject] = now.Add(honestFor)
+		}
+		return false
+	}
+	if full, err := streams.MsgAt(ctx, g.js, stream, msg.Sequence); err == nil && full != nil {
+		msg = full // its headers count towards its size
+	}
+	g.judgeJunk(ctx, stream, worker, f, msg, why)
+	return true
 }

@@ -77,7 +77,7 @@ func guardedLog(t *testing.T) (js jetstream.JetStream, fe, wk *streams.Log) {
 // guard runs a Guard of the one-partition log guarding f's workers,
 // reading every interval (through a Monitor of its readings, as a
 // frontend's does), until the test ends.
-func guard(t *testing.T, js jetstream.JetStream, f *fleet, interval time.Duration) {
+func guard(t *testing.T, js jetstream.JetStream, f *fleet, interval time.Duration) *retention.Guard {
 	t.Helper()
 	reg, log := prometheus.NewRegistry(), slog.New(slog.DiscardHandler)
 	m, err := retention.NewMonitor(js, reg, log, retention.Config{Interval: interval})
@@ -103,6 +103,7 @@ func guard(t *testing.T, js jetstream.JetStream, f *fleet, interval time.Duratio
 			}
 		}
 	})
+	return g
 }
 
 // TestGuardQuarantinesJunkWriters: what a worker wrote since it was last
@@ -404,6 +405,36 @@ func TestGuardSweepsManySubjects(t *testing.T) {
 	tokens := streams.RequestTokens("inflight", 0, "w1")
 	if got := subjects()[tokens]; got != 10 {
 		t.Errorf("the request in flight's deltas after the sweep: %d, want 10", got)
+	}
+}
+
+// TestGuardJudgesSuspectAtOnce: a 200 KiB message on w1's own running
+// attempt, which a reader saw go by and told the guard of (Suspect), is
+// judged at once, with no reading to meet it (the guard reads once an
+// hour here): w1 is quarantined. A large honest message (the request's
+// accepted event, on no worker's subject) and a message under
+// SuspectSize are not judged.
+func TestGuardJudgesSuspectAtOnce(t *testing.T) {
+	js, fe, wk := guardedLog(t)
+	ctx := context.Background()
+	store(t, fe, wk, "inflight", 10, true)
+	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
+	g := guard(t, js, f, time.Hour)
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	small, err := js.Publish(ctx, tokens, make([]byte, retention.SuspectSize-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Suspect(streams.RequestsStream, tokens, small.Sequence, retention.SuspectSize-1)
+	g.Suspect(streams.RequestsStream, streams.RequestEvents("inflight"), 1, 1<<20)
+	big, err := js.Publish(ctx, tokens, make([]byte, 200<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Suspect(streams.RequestsStream, tokens, big.Sequence, 200<<10)
+	waitfor.Poll(t, "w1 quarantined", func() bool { _, q := f.why("w1"); return q })
+	if why, _ := f.why("w1"); !strings.Contains(why, "204800-byte") {
+		t.Errorf("w1's quarantine: %q, want the 200 KiB message named", why)
 	}
 }
 

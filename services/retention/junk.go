@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
@@ -63,6 +64,10 @@ func (g *Guard) ownAttempt(ctx context.Context, stream, subject, worker string) 
 }
 
 func (g *Guard) quarantine(ctx context.Context, f Fleet, stream, worker, why string) {
+	if len(g.quarantinedAt) >= routedCache {
+		clear(g.quarantinedAt)
+	}
+	g.quarantinedAt[worker] = time.Now()
 	why = "wrote to the request log outside its attempts: " + why
 	g.log.Warn("worker quarantined", "worker_id", worker, "stream", stream, "why", why, "for", QuarantineFor)
 	g.quarantined.WithLabelValues(stream).Inc()

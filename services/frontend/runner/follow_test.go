@@ -157,7 +157,7 @@ func TestFollowerConcurrentCatchUps(t *testing.T) {
 // liveOn is the live subscription of a test's connection.
 func liveOn(t *testing.T, nc *nats.Conn) *live {
 	t.Helper()
-	l, err := newLive(nc)
+	l, err := newLive(nc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

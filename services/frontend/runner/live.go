@@ -3,11 +3,14 @@ package runner
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // livePendingBytes bounds the republished messages one slot's live
@@ -40,6 +43,9 @@ const liveLinger = 30 * time.Second
 // read from the log (follow's history, or the gap the next message shows).
 type live struct {
 	nc *nats.Conn
+	// suspect is told of every large message delivered (a worker's junk,
+	// maybe: retention.Guard.Suspect judges it at once); nil in tests.
+	suspect func(stream, subject string, seq uint64, size int)
 
 	mu        sync.RWMutex
 	followers map[string][]*follower
@@ -56,8 +62,8 @@ type liveSlot struct {
 	linger *time.Timer // unsubscribes when it fires with n still 0
 }
 
-func newLive(nc *nats.Conn) (*live, error) {
-	l := &live{nc: nc, followers: map[string][]*follower{}}
+func newLive(nc *nats.Conn, suspect func(stream, subject string, seq uint64, size int)) (*live, error) {
+	l := &live{nc: nc, suspect: suspect, followers: map[string][]*follower{}}
 	sub, err := nc.Subscribe(streams.EndsLive(), l.deliverEnd)
 	if err != nil {
 		return nil, fmt.Errorf("subscribe to %s: %w", streams.EndsLive(), err)
@@ -78,6 +84,10 @@ func (l *live) deliverEnd(m *nats.Msg) {
 }
 
 func (l *live) deliver(m *nats.Msg) {
+	if l.suspect != nil && len(m.Data) >= retention.SuspectSize {
+		seq, _ := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+		l.suspect(m.Header.Get(jetstream.StreamHeader), streams.StoredSubject(m.Subject), seq, len(m.Data))
+	}
 	if id, ok := streams.RequestIDOf(m.Subject); ok {
 		for _, f := range l.followersOf(id) {
 			f.onLive(m)

@@ -106,7 +106,7 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 	if cfg.BatchedOutput {
 		rn.outputs = newOutputs(rn)
 	}
-	if rn.live, err = newLive(nc); err != nil {
+	if rn.live, err = newLive(nc, rn.guard.Suspect); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
 	received := prometheus.NewCounterFunc(prometheus.CounterOpts{

@@ -1,0 +1,58 @@
+package retention
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/baton-dev/baton/streams"
+)
+
+// suspect is a large message of a worker's tokens subject that a reader saw
+// go by: where it is stored.
+type suspect struct {
+	stream, subject string
+	seq             uint64
+}
+
+// SuspectSize is the size from which a message a reader sees is worth
+// judging at once (Suspect): a junk message this large quarantines its
+// worker at once.
+const SuspectSize = junkLarge
+
+// suspectsQueued bounds the suspects waiting for Run; more are dropped (the
+// readings find what they miss).
+const suspectsQueued = 64
+
+// Suspect has Run judge at once the message at seq of stream, on a
+// worker's tokens subject, which a reader saw go by and which is
+// SuspectSize bytes or more (size): junk of that size on the worker's own
+// running attempt would otherwise wait for a reading's samples to meet it,
+// seconds on a loaded machine, while it fills the log and every reader of
+// the request's live messages. It never blocks.
+func (g *Guard) Suspect(stream, subject string, seq uint64, size int) {
+	if size < SuspectSize {
+		return
+	}
+	select {
+	case g.suspects <- suspect{stream, subject, seq}:
+	default:
+	}
+}
+
+// judgeSuspect judges a suspect (Run's goroutine).
+func (g *Guard) judgeSuspect(ctx context.Context, s suspect) {
+	g.mu.Lock()
+	f := g.fleet
+	g.mu.Unlock()
+	rs, err := streams.ParseRequestSubject(s.subject)
+	if f == nil || err != nil || rs.Worker == "" {
+		return
+	}
+	if at, ok := g.quarantinedAt[rs.Worker]; (ok && time.Since(at) < QuarantineFor) || slices.Contains(f.Quarantined(), rs.Worker) {
+		return // a quarantined worker's writes are swept already
+	}
+	if msg, err := streams.MsgAt(ctx, g.js, s.stream, s.seq); err == nil && msg != nil && msg.Subject == s.subject {
+		g.judgeMsg(ctx, s.stream, rs.Worker, f, msg, time.Now())
+	}
+}
