@@ -282,6 +282,10 @@ func storedTokens(t *testing.T, js jetstream.JetStream, id string) (tokens, delt
 			}
 			tokens += len(ev.Tokens)
 			deltas++
+		case events.RequestAccepted:
+			if ev.Route != nil { // attempt 0 routed with the acceptance
+				starts = append(starts, ev.Route.StartOffset)
+			}
 		case events.RequestRouted:
 			starts = append(starts, ev.StartOffset)
 		}
