@@ -80,6 +80,8 @@ func addFrontendFlags(f *flagSet) *frontendFlags {
 	f.DurationVar(&fc.Tenants.AdmissionWait, "admission-wait", 0, "how long a request may wait in the admission queue before it gets 503 with Retry-After, a `duration`")
 	f.bindEnv("admission-wait", "BATON_ADMISSION_WAIT", nil)
 	f.showDefault("admission-wait", tenants.DefaultAdmissionWait.String()+" with --admission-queue")
+	f.BoolVar(&rt.RouteInAccepted, "route-in-accepted", false, "store a request's first routing decision in its accepted event, while every live frontend reads it there: the first token one acknowledgement sooner; leave off while a frontend or baton replay of 9cbe480 reads the log (it would see attempt 0 unrouted); the next release turns it on")
+	f.bindEnv("route-in-accepted", "BATON_ROUTE_IN_ACCEPTED", nil)
 	f.BoolVar(&rt.BatchedOutput, "batched-output", false, "not for production yet (issue 33): answer workers' asks for an output stream of their own (BATON_OUT_<worker>, created with --worker-output-max-bytes) and delete those of workers gone for the stream's MaxAge (--detach-timeout + 60s); off, no such stream is created, listed or deleted")
 	f.bindEnv("batched-output", "BATON_BATCHED_OUTPUT", nil)
 	f.Int64Var(&rt.WorkerOutputMaxBytes, "worker-output-max-bytes", streams.DefaultWorkerOutputMaxBytes, "with --batched-output: size cap of each worker's output stream in `bytes`; a full one refuses that worker's writes only")

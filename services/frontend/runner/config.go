@@ -50,6 +50,16 @@ type Config struct {
 	Log          retention.Config // the log's lifecycle: the high-water mark above which new requests are refused (ErrLogFull), eviction
 	NoCompaction bool             // keep a finished request's deltas rather than fold them into its compact record (debugging; baton compact does it by hand)
 
+	// RouteInAccepted (--route-in-accepted, off by default in this
+	// release) stores a request's first routing decision in its accepted
+	// event (events.RequestAccepted.Route) while every live frontend says
+	// it reads it there: the worker is told after one acknowledgement,
+	// not two. Off while a previous release's frontend or baton replay
+	// may read the log, which would see attempt 0 unrouted
+	// (docs/compatibility.md, rule 3: this release reads it, the next
+	// writes it).
+	RouteInAccepted bool
+
 	// BatchedOutput (--batched-output, off by default) makes this frontend
 	// answer workers' asks for an output stream of their own
 	// (streams.WorkerOutputStream) and delete those of workers gone for

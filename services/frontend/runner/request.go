@@ -104,7 +104,7 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	// decision, which follows the accepted event or is stored in it, so
 	// the follower is registered long before.
 	early := rn.dispatchEarly(context.WithoutCancel(ctx), env)
-	if early != nil && rn.everyoneReadsAcceptedRoute() {
+	if early != nil && rn.cfg.RouteInAccepted && rn.everyoneReadsAcceptedRoute() {
 		// Its routed decision is stored with the acceptance: the worker
 		// is told after one acknowledgement, not two.
 		acc.Route = &events.RequestRouted{RequestID: acc.RequestID, WorkerID: early.w.ID}

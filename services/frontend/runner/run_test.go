@@ -599,15 +599,17 @@ func TestRunnerHeldDispatch(t *testing.T) {
 // first dispatch takes that dispatch rather than sending another. When the
 // append finds the id taken, the early dispatch is fenced, by its hold id
 // only, once the worker answered: the running job of the request that has
-// TestAcceptStoresRouteWithAcceptance: a held first dispatch's routed
-// decision is stored in the accepted event while every live frontend folds
-// it there, so the worker is told after one acknowledgement, not two; beside
-// a frontend of an earlier release (its presence lacks
-// reads_accepted_route), it is stored after, as its own event.
+// TestAcceptStoresRouteWithAcceptance: with Config.RouteInAccepted, a held
+// first dispatch's routed decision is stored in the accepted event while
+// every live frontend folds it there, so the worker is told after one
+// acknowledgement, not two; beside a frontend of an earlier release (its
+// presence lacks reads_accepted_route), or without the switch (this
+// release's default), it is stored after, as its own event.
 func TestAcceptStoresRouteWithAcceptance(t *testing.T) {
-	for _, earlier := range []bool{false, true} {
-		t.Run(fmt.Sprintf("earlier_frontend=%v", earlier), func(t *testing.T) {
-			x := newRunnerFixture(t, fakeWorker{id: "w1", holds: true})
+	for _, tc := range []struct{ on, earlier bool }{{true, false}, {true, true}, {false, false}} {
+		on, earlier := tc.on, tc.earlier
+		t.Run(fmt.Sprintf("switch=%v,earlier_frontend=%v", on, earlier), func(t *testing.T) {
+			x := newRunnerFixtureConfig(t, func(c *Config) { c.RouteInAccepted = on }, fakeWorker{id: "w1", holds: true})
 			if earlier {
 				x.put(streams.FrontendsBucket, "old", events.FrontendPresence{FrontendID: "old", ReadsCompacted: true})
 				waitfor.Poll(t, "the earlier frontend in the fleet view", func() bool { return x.fl.FrontendAlive("old") })
@@ -627,10 +629,10 @@ func TestAcceptStoresRouteWithAcceptance(t *testing.T) {
 					routed++
 				}
 			}
-			switch {
-			case !earlier && (route == nil || route.WorkerID != "w1" || routed != 0):
+			switch inAccepted := on && !earlier; {
+			case inAccepted && (route == nil || route.WorkerID != "w1" || routed != 0):
 				t.Errorf("accepted route %+v and %d routed events, want w1's route in the accepted event and none", route, routed)
-			case earlier && (route != nil || routed != 1):
+			case !inAccepted && (route != nil || routed != 1):
 				t.Errorf("accepted route %+v and %d routed events, want no route in the accepted event and one", route, routed)
 			}
 			var notices int
