@@ -131,9 +131,10 @@ func (g *Guard) judge(ctx context.Context, stream, subject string, seq uint64) (
 
 // routedWorker returns the worker attempt of request id was routed to ("":
 // none yet), from the routed decisions on its events subject, which only a
-// frontend writes (attempt 0's may be stored in the accepted event). A decision does not change once stored, so what was
-// found is kept (a bounded cache: the guard asks about the same running
-// request at reading after reading).
+// frontend writes (attempt 0's may be stored in the accepted event). A
+// decision does not change once stored, so what was found is kept (a
+// bounded cache: the guard asks about the same running request at reading
+// after reading).
 func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int) (string, error) {
 	key := fmt.Sprintf("%s %d", id, attempt)
 	g.mu.Lock()

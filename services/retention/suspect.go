@@ -11,8 +11,8 @@ import (
 // suspect is a large message of a worker's tokens subject that a reader saw
 // go by: where it is stored.
 type suspect struct {
-	stream, subject string
-	seq             uint64
+	stream, subject, worker string
+	seq                     uint64
 }
 
 // SuspectSize is the size from which a message a reader sees is worth
@@ -34,8 +34,12 @@ func (g *Guard) Suspect(stream, subject string, seq uint64, size int) {
 	if size < SuspectSize {
 		return
 	}
+	rs, err := streams.ParseRequestSubject(subject)
+	if err != nil || rs.Worker == "" {
+		return // not a worker's subject (a large accepted event): no room taken in the queue
+	}
 	select {
-	case g.suspects <- suspect{stream, subject, seq}:
+	case g.suspects <- suspect{stream, subject, rs.Worker, seq}:
 	default:
 	}
 }
@@ -45,14 +49,13 @@ func (g *Guard) judgeSuspect(ctx context.Context, s suspect) {
 	g.mu.Lock()
 	f := g.fleet
 	g.mu.Unlock()
-	rs, err := streams.ParseRequestSubject(s.subject)
-	if f == nil || err != nil || rs.Worker == "" {
+	if f == nil {
 		return
 	}
-	if at, ok := g.quarantinedAt[rs.Worker]; (ok && time.Since(at) < QuarantineFor) || slices.Contains(f.Quarantined(), rs.Worker) {
+	if at, ok := g.quarantinedAt[s.worker]; (ok && time.Since(at) < QuarantineFor) || slices.Contains(f.Quarantined(), s.worker) {
 		return // a quarantined worker's writes are swept already
 	}
 	if msg, err := streams.MsgAt(ctx, g.js, s.stream, s.seq); err == nil && msg != nil && msg.Subject == s.subject {
-		g.judgeMsg(ctx, s.stream, rs.Worker, f, msg, time.Now())
+		g.judgeMsg(ctx, s.stream, s.worker, f, msg, time.Now())
 	}
 }

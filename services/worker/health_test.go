@@ -150,16 +150,7 @@ func TestMonitorStall(t *testing.T) {
 		m.started()
 		time.Sleep(2 * time.Second)
 		m.token()
-		time.Sleep(2999 * time.Millisecond)
-		synctest.Wait()
-		if h, _ := m.state(); !h {
-			t.Fatal("stalled before the timeout")
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if h, why := m.state(); h || why != engineStalled {
-			t.Fatalf("got state %v %q 3s without a token, want %q", h, why, engineStalled)
-		}
+		stallsAfterTimeout(t, m)
 		m.token() // progress again: healthy at once
 		synctest.Wait()
 		if h, _ := m.state(); !h {
@@ -190,6 +181,23 @@ func TestMonitorStall(t *testing.T) {
 	})
 }
 
+// stallsAfterTimeout checks, in a synctest bubble, that m (the 3 s
+// timeout of runMonitor) is healthy 1 ms before the timeout from now and
+// stalled 1 ms after it.
+func stallsAfterTimeout(t *testing.T, m *monitor) {
+	t.Helper()
+	time.Sleep(2999 * time.Millisecond)
+	synctest.Wait()
+	if h, _ := m.state(); !h {
+		t.Fatal("stalled before the timeout")
+	}
+	time.Sleep(2 * time.Millisecond)
+	synctest.Wait()
+	if h, why := m.state(); h || why != engineStalled {
+		t.Fatalf("got state %v %q 3s without a token, want %q", h, why, engineStalled)
+	}
+}
+
 // TestMonitorHeldBackIsNoStall: an engine that holds a token the worker
 // has not taken (the worker's writes behind: a junk flood slowing the log)
 // is not stalled however long it waits; once the worker takes the token
@@ -206,16 +214,7 @@ func TestMonitorHeldBackIsNoStall(t *testing.T) {
 			t.Fatalf("%q after 10 s with the engine held back, want healthy", why)
 		}
 		m.holdBack(false)
-		time.Sleep(2999 * time.Millisecond)
-		synctest.Wait()
-		if h, _ := m.state(); !h {
-			t.Fatal("stalled before the timeout after the token was taken")
-		}
-		time.Sleep(2 * time.Millisecond)
-		synctest.Wait()
-		if h, why := m.state(); h || why != engineStalled {
-			t.Fatalf("got %v %q 3 s after the last token, want %q", h, why, engineStalled)
-		}
+		stallsAfterTimeout(t, m)
 		if got := changes(); len(got) != 1 || got[0] {
 			t.Errorf("health changes %v, want one, to unhealthy", got)
 		}
