@@ -22,39 +22,13 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 	defer func() { rn.dispatcher.abandon(t.takeEarly()) }() // if the policy never dispatched
 	var (
 		mem     migrations.Memory
-		outcome *migrations.DispatchOutcome
-		watched = -1        // the attempt whose dispatch untrack counts
-		untrack = func() {} // ends the router's count of watched's dispatch
-		relayed relay       // the command last relayed to the current attempt's worker
+		tr      = tracking{attempt: -1}
+		relayed relay // the command last relayed to the current attempt's worker
 	)
-	defer func() { untrack() }()
-	took := func(done func()) { // the worker took the attempt outcome reports
-		watched, untrack = outcome.Attempt, done
-		if !t.acceptedAt.IsZero() {
-			t.noteDispatched(time.Since(t.acceptedAt))
-		}
-		t.settle()
-	}
-	if h := t.takeEarlyRouted(); h != nil {
-		// Attempt 0 is routed already (in the accepted event): the
-		// policy would watch it, so its dispatch's outcome is taken first.
-		var done func()
-		if outcome, done = rn.routeHeld(ctx, t, h); outcome.Result == migrations.DispatchAccepted {
-			took(done)
-		}
-	}
+	defer tr.end()
+	outcome := rn.routedWithAcceptance(ctx, t, &tr)
 	for ctx.Err() == nil {
-		// Waits are woken by what can change the next step: decisions (not
-		// every token: a stall has its own timer), and discovery's members
-		// while an attempt runs (not its load reports, which only choosing
-		// a worker needs).
-		fch, dch, tch := t.f.decided.C(), rn.fleet.WorkersChanged(), t.f.changed.C()
-		if rn.cfg.MigrationMaxSeqLen > 0 {
-			fch = tch // every token counts towards the limit
-		}
-		if mem.Watch.Active {
-			dch = rn.fleet.MembersChanged()
-		}
+		fch, dch, tch := rn.wakes(t, mem)
 		obs := migrations.Observation{DetachedSince: rn.requests.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
 		lch := rn.room.Changed()
 		a, model, endpoint, firstPending := rn.observe(t, mem, obs, &relayed)
@@ -65,9 +39,8 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			// there (migrations.Policy's rule for queued engines).
 			fch = tch
 		}
-		if !mem.Watch.Active || mem.Watch.Attempt != watched {
-			untrack()
-			watched, untrack = -1, func() {}
+		if !mem.Watch.Active || mem.Watch.Attempt != tr.attempt {
+			tr.end()
 		}
 		rn.report(model, endpoint, a.Report)
 		switch a.Kind {
@@ -87,7 +60,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 				continue
 			}
 			if outcome.Result == migrations.DispatchAccepted {
-				took(done)
+				tr.took(t, outcome, done)
 			}
 		case migrations.CatchUp:
 			if t.f.catchUp(ctx) != nil {
@@ -107,6 +80,63 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			rn.carryDetach(ctx, t)
 		}
 	}
+}
+
+// wakes are the channels a Wait of t's runner is woken by: what can change
+// the next step. Decisions (fch; not every token: a stall has its own
+// timer, unless --migration-max-seq-len makes every token count), tokens
+// (tch), and discovery's workers (dch), only its members while an attempt
+// runs (not their load reports, which only choosing a worker needs).
+func (rn *Runner) wakes(t *Request, mem migrations.Memory) (fch, dch, tch <-chan struct{}) {
+	fch, dch, tch = t.f.decided.C(), rn.fleet.WorkersChanged(), t.f.changed.C()
+	if rn.cfg.MigrationMaxSeqLen > 0 {
+		fch = tch
+	}
+	if mem.Watch.Active {
+		dch = rn.fleet.MembersChanged()
+	}
+	return fch, dch, tch
+}
+
+// tracking is the attempt whose dispatch the router counts as running on
+// its worker (-1: none), and what ends that count.
+type tracking struct {
+	attempt int
+	untrack func()
+}
+
+// took starts tracking the attempt out reports its worker took; done ends
+// the router's count of it. t's first dispatch has settled.
+func (tr *tracking) took(t *Request, out *migrations.DispatchOutcome, done func()) {
+	tr.attempt, tr.untrack = out.Attempt, done
+	if !t.acceptedAt.IsZero() {
+		t.noteDispatched(time.Since(t.acceptedAt))
+	}
+	t.settle()
+}
+
+// end ends the router's count of the tracked attempt, if any.
+func (tr *tracking) end() {
+	if tr.untrack != nil {
+		tr.untrack()
+	}
+	tr.attempt, tr.untrack = -1, nil
+}
+
+// routedWithAcceptance carries out t's first dispatch when its routed
+// decision was stored in the accepted event (nil otherwise): attempt 0 is
+// routed already, so the policy would watch it rather than dispatch, and
+// the dispatch's outcome is taken before the first step.
+func (rn *Runner) routedWithAcceptance(ctx context.Context, t *Request, tr *tracking) *migrations.DispatchOutcome {
+	h := t.takeEarlyRouted()
+	if h == nil {
+		return nil
+	}
+	out, done := rn.routeHeld(ctx, t, h)
+	if out.Result == migrations.DispatchAccepted {
+		tr.took(t, out, done)
+	}
+	return out
 }
 
 // waitForPlace waits, when out found no worker free to take t because every
