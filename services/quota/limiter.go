@@ -251,7 +251,7 @@ func (l *Limiter) take(ctx context.Context, tenant string, h *held, rs, ts shape
 	leftReq, leftTok, oldExp := h.req, h.tok, h.exp
 	h.req, h.tok, h.exp = 0, 0, time.Time{}
 	l.mu.Unlock()
-	for range 20 {
+	for try := range casTries {
 		now := l.cfg.Now()
 		s, rev, err := l.get(ctx, key, now, rs, ts)
 		if err != nil {
@@ -289,6 +289,7 @@ func (l *Limiter) take(ctx context.Context, tenant string, h *held, rs, ts shape
 		s.Leases[l.cfg.Frontend] = lease{Req: gotReq, Tok: gotTok, Exp: exp.UnixNano()}
 		switch err := l.put(ctx, key, s, rev); {
 		case errors.Is(err, jetstream.ErrKeyExists), isWrongSequence(err):
+			backOff(try)
 			continue // another frontend wrote first: read again
 		case err != nil:
 			return err
@@ -399,7 +400,7 @@ func (l *Limiter) giveBack(ctx context.Context, tenant string) error {
 	l.mu.Unlock()
 	rs, ts := shapeOf(b.RPM), shapeOf(b.TPM)
 	key := tenantKey(tenant)
-	for range 20 {
+	for try := range casTries {
 		now := l.cfg.Now()
 		s, rev, err := l.get(ctx, key, now, rs, ts)
 		if err != nil {
@@ -415,6 +416,7 @@ func (l *Limiter) giveBack(ctx context.Context, tenant string) error {
 		delete(s.Leases, l.cfg.Frontend)
 		switch err := l.put(ctx, key, s, rev); {
 		case errors.Is(err, jetstream.ErrKeyExists), isWrongSequence(err):
+			backOff(try)
 			continue
 		case err != nil:
 			return err

@@ -272,19 +272,22 @@ func (st slotsState) others(now time.Time, self string) int {
 
 var errConflict = errors.New("quota: another frontend wrote first")
 
-// casTries bounds the compare-and-set tries of one take or write of a
-// tenant's slots. Every conflict means another frontend's write went in,
-// but a frontend whose writes need no read (its view fresh) can win many
-// rounds in a row against one that must read first: 20 tries once ran out
-// in a unit test of two frontends taking and giving back slots in a tight
-// loop (TestSlotsNeverOverCap, "too many concurrent writers").
+// casTries bounds the compare-and-set tries of one change to a tenant's
+// key, slots or budget lease. Every conflict means another frontend's
+// write went in, but a frontend whose writes need no read (its view fresh)
+// can win many rounds in a row against one that must read first: 20 tries
+// once ran out in a unit test of two frontends taking and giving back
+// slots in a tight loop (TestSlotsNeverOverCap, "too many concurrent
+// writers"). A budget lease (Limiter's take and return) reads before every
+// try, and follows the same rule.
 const casTries = 64
 
-// backOff waits a random while, longer with each try up to 1.6 ms, after
-// a conflict: a frontend whose next write needs no read would otherwise
-// win every race against one that must read first.
+// backOff waits a random while after the try-th conflict (counted from
+// 0), longer with each up to 1.6 ms: a frontend whose next write needs
+// no read would otherwise win every race against one that must read
+// first, and writers that all read again at once conflict again.
 func backOff(try int) {
-	time.Sleep(rand.N(time.Duration(min(try, 8)) * 200 * time.Microsecond))
+	time.Sleep(rand.N(time.Duration(min(try+1, 8)) * 200 * time.Microsecond))
 }
 
 // read reads tenant's key into h; a key that does not exist holds nothing.
