@@ -99,7 +99,7 @@ func asyncPublisher(b *testing.B, url string) jetstream.JetStream {
 func (c *cluster) cpu(b *testing.B) map[string]time.Duration {
 	out := map[string]time.Duration{}
 	for _, n := range c.nodes {
-		out[n.name], _ = procCPU(b, n.cmd.Process.Pid)
+		out[n.name], _ = procCPU(b, n.Pid())
 	}
 	return out
 }

@@ -161,7 +161,7 @@ func BenchmarkOverhead(b *testing.B) {
 			b.ReportMetric(float64(len(bTTFT)), "requests_each")
 		})
 	}
-	pids := map[string]int{"nats": s.nats.pid(), "frontend": fe.pid(), "worker": s.workers["oa1"].pid(), "sim": sim.pid()}
+	pids := map[string]int{"nats": s.nats.Pid(), "frontend": fe.Pid(), "worker": s.workers["oa1"].Pid(), "sim": sim.Pid()}
 	b.Run("rate=max", func(b *testing.B) { benchOverheadMaxRate(b, client, sim.url, fe.url, tokens, traces, pids) })
 }
 

@@ -143,8 +143,8 @@ func runScale(b *testing.B, sc scaleCase) {
 		pprofAddr["frontend"] = fePprof
 	}
 	fe := s.frontend(env, feArgs...)
-	procs := []scaleProc{{name: "nats", pid: s.nats.pid()},
-		{name: "frontend", pid: fe.pid(), metrics: fe.url + "/metrics", gctrace: fe.proc, pprof: fePprof}}
+	procs := []scaleProc{{name: "nats", pid: s.nats.Pid()},
+		{name: "frontend", pid: fe.Pid(), metrics: fe.url + "/metrics", gctrace: fe.proc, pprof: fePprof}}
 	for _, id := range []string{"w1", "w2"} {
 		port := freePort(b)
 		args := []string{"--mock-tokens-per-sec", strconv.Itoa(sc.rate), "--mock-kv-blocks", "10000000",
@@ -158,7 +158,7 @@ func runScale(b *testing.B, sc scaleCase) {
 			pprofAddr["worker"] = wPprof
 		}
 		p := s.worker(id, args...)
-		procs = append(procs, scaleProc{name: "worker-" + id, pid: p.pid(),
+		procs = append(procs, scaleProc{name: "worker-" + id, pid: p.Pid(),
 			metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), gctrace: p, pprof: wPprof})
 	}
 	fe.waitRoutable(b, "w1", "w2")

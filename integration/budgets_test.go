@@ -131,7 +131,7 @@ func TestTenantBudgetsAcrossFrontends(t *testing.T) {
 		return slices.Contains(d, "frontend-1") && slices.Contains(d, "frontend-2")
 	})
 	for _, f := range []*frontend{f1, f3} {
-		waitFor(t, 20*time.Second, f.name+"'s log to say the budgets differ", func() bool {
+		waitFor(t, 20*time.Second, f.Name+"'s log to say the budgets differ", func() bool {
 			return strings.Contains(f.output(), "tenant budgets differ from other frontends'")
 		})
 	}
@@ -333,7 +333,7 @@ func TestBudgetLeaseOfAKilledFrontend(t *testing.T) {
 	if err := json.Unmarshal(budgetsKey(t, s, "t.alice"), &key); err != nil {
 		t.Fatal(err)
 	}
-	lease, ok := key.Leases[f1.name]
+	lease, ok := key.Leases[f1.Name]
 	if !ok || lease.Req != 10 { // a slice of 10 (one of it spent here, which the key does not see)
 		t.Fatalf("alice's key after frontend-1's take: %+v, want frontend-1's lease of 10", key)
 	}
@@ -404,7 +404,7 @@ func TestWithoutBudgetsAsBefore(t *testing.T) {
 	for _, f := range []*frontend{f1, f2} {
 		r := apiClient{f.url, aliceKey}.get(t, "/v1/models")
 		if r.status != http.StatusOK {
-			t.Fatalf("alice's models at %s: %d %s", f.name, r.status, r.body)
+			t.Fatalf("alice's models at %s: %d %s", f.Name, r.status, r.body)
 		}
 		noHeaders("a read", r.header)
 	}
@@ -415,7 +415,7 @@ func TestWithoutBudgetsAsBefore(t *testing.T) {
 		t.Fatalf("alice's stream through frontend-1: %d %s", held.status, held.body)
 	}
 	for _, f := range []*frontend{f1, f2} {
-		waitFor(t, 20*time.Second, f.name+" to see w1 busy", func() bool {
+		waitFor(t, 20*time.Second, f.Name+" to see w1 busy", func() bool {
 			var out struct {
 				Data []workerInfo `json:"data"`
 			}
@@ -455,7 +455,7 @@ func TestWithoutBudgetsAsBefore(t *testing.T) {
 		err = json.NewDecoder(resp.Body).Decode(&h)
 		resp.Body.Close()
 		if _, ok := h["budgets_differ"]; err != nil || ok {
-			t.Errorf("%s's /health: %v %v, want no budgets_differ", f.name, h, err)
+			t.Errorf("%s's /health: %v %v, want no budgets_differ", f.Name, h, err)
 		}
 	}
 

@@ -254,11 +254,11 @@ func checkClusterStreams(t *testing.T, js jetstream.JetStream, reader *frontend,
 		checkIDs(t, cs.res, 0)
 		st := reader.state(t, cs.id)
 		if st.Status != "completed" || st.TokensGenerated != maxTokens {
-			t.Errorf("%s: state via %s: status %q, %d tokens; want completed, %d", cs.id, reader.name, st.Status, st.TokensGenerated, maxTokens)
+			t.Errorf("%s: state via %s: status %q, %d tokens; want completed, %d", cs.id, reader.Name, st.Status, st.TokensGenerated, maxTokens)
 		}
 		replay := postlessReplay(t, reader, cs.id)
 		if !replay.done || replay.text != want {
-			t.Errorf("%s: replay from the log via %s differs:\n got %q\nwant %q", cs.id, reader.name, replay.text, want)
+			t.Errorf("%s: replay from the log via %s differs:\n got %q\nwant %q", cs.id, reader.Name, replay.text, want)
 		}
 		t.Logf("%s: %d tokens, longest pause %v, %d migrations", cs.id, maxTokens, cs.maxGap.Round(time.Millisecond), len(st.Migrations))
 	}

@@ -163,7 +163,7 @@ func TestConcurrencyAcrossFrontends(t *testing.T) {
 	if err := json.Unmarshal(budgetsKey(t, s, "c.alice"), &key); err != nil {
 		t.Fatal(err)
 	}
-	held, ok := key.Held[f1.name]
+	held, ok := key.Held[f1.Name]
 	if !ok || held.N != 1 {
 		t.Fatalf("alice's slots after frontend-1 was killed: %+v, want one held by frontend-1", key)
 	}

@@ -409,7 +409,7 @@ func TestForgedWorkerEventsIgnored(t *testing.T) {
 	// Each logs the first ignored event; the repeats within the interval of
 	// its rate-limited warnings are counted, not written (package ratelog).
 	for f, n := range map[*frontend]int{f1: 1, f2: 1} {
-		waitFor(t, 10*time.Second, f.name+" to ignore the forged events", func() bool {
+		waitFor(t, 10*time.Second, f.Name+" to ignore the forged events", func() bool {
 			return strings.Count(f.output(), "worker event ignored") >= n
 		})
 		f.waitRoutable(t, "w1", "w2")
@@ -423,7 +423,7 @@ func TestForgedWorkerEventsIgnored(t *testing.T) {
 		resp := post(t, f.url+"/v1/completions", map[string]any{"model": "mock", "prompt": "after the forgery", "max_tokens": 3}, nil)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Request-Id") == "" {
-			t.Errorf("%s: a request with w2 alone: status %d, want 200", f.name, resp.StatusCode)
+			t.Errorf("%s: a request with w2 alone: status %d, want 200", f.Name, resp.StatusCode)
 		}
 	}
 	out, errOut, code := runTool(t, batonBin, append([]string{"events", "--worker", "w1", "--nats", c.natsURL}, c.auth...)...)

@@ -183,8 +183,8 @@ func TestEngineFailureClasses(t *testing.T) {
 		})
 	}
 	for _, p := range []*proc{s.workers["oa1"], s.workers["oa2"]} {
-		if !p.running() {
-			t.Errorf("%s exited: no upstream error may end a worker", p.name)
+		if p.Exited() {
+			t.Errorf("%s exited: no upstream error may end a worker", p.Name)
 		}
 	}
 }
@@ -420,7 +420,7 @@ func TestEngineNotReadyReason(t *testing.T) {
 	if !res.done || res.header.Get("X-Worker-Id") != "good" {
 		t.Errorf("request: done %v on %q, want done on good", res.done, res.header.Get("X-Worker-Id"))
 	}
-	if !bad.running() {
+	if bad.Exited() {
 		t.Error("worker bad exited; an upstream that refuses it must only make it not ready")
 	}
 }
@@ -465,7 +465,7 @@ func killWithNoContinuation(t *testing.T, s *stack, fe *frontend, next *simProc,
 	}
 	for _, g := range next.generations(t) {
 		if g.Body["continue_final_message"] == true {
-			t.Errorf("%s, which cannot continue the answer, was sent a prefill: %v", next.name, g.Body)
+			t.Errorf("%s, which cannot continue the answer, was sent a prefill: %v", next.Name, g.Body)
 		}
 	}
 }

@@ -182,12 +182,12 @@ func fairCounters(t testing.TB, s *stack) {
 		t.Fatal(err)
 	}
 	for _, f := range s.fronts {
-		e, err := kv.Get(context.Background(), "vtc."+f.name)
+		e, err := kv.Get(context.Background(), "vtc."+f.Name)
 		if err != nil {
-			t.Errorf("the fair-admission key of %s: %v", f.name, err)
+			t.Errorf("the fair-admission key of %s: %v", f.Name, err)
 			continue
 		}
-		t.Logf("vtc.%s = %s", f.name, e.Value())
+		t.Logf("vtc.%s = %s", f.Name, e.Value())
 	}
 }
 

@@ -120,7 +120,7 @@ func TestAllWorkersDead(t *testing.T) {
 	s, fe, ids := faultStack(t, faultOpts{workers: 2, advisory: true, frontendArgs: []string{"--migration-limit", "3"}})
 	killAll := func() {
 		for _, id := range ids {
-			if p := s.workers[id]; p.running() {
+			if p := s.workers[id]; !p.Exited() {
 				p.signal(syscall.SIGKILL)
 			}
 		}

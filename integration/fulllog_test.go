@@ -219,7 +219,7 @@ func TestFullLogDrainsByItself(t *testing.T) {
 	// instead would itself load the frontend it measures.
 	time.Sleep(3 * time.Second)
 	ratio := g.metric(t, "baton_log_used_ratio", "stream", "BATON_REQUESTS")
-	procs := map[string]int{"nats": s.nats.pid(), "frontend": g.pid(), "worker": w3.pid()}
+	procs := map[string]int{"nats": s.nats.Pid(), "frontend": g.Pid(), "worker": w3.Pid()}
 	before := map[string]time.Duration{}
 	for name, pid := range procs {
 		before[name] = cpuTime(t, pid)

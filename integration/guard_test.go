@@ -81,7 +81,7 @@ func (l *clientLoad) end(t *testing.T) {
 // waitQuarantined waits until f lists worker id quarantined for junk.
 func (f *frontend) waitQuarantined(t *testing.T, id string, within time.Duration) {
 	t.Helper()
-	waitFor(t, within, id+" listed as quarantined on "+f.name, func() bool {
+	waitFor(t, within, id+" listed as quarantined on "+f.Name, func() bool {
 		ws, err := f.workers()
 		if err != nil {
 			return false

@@ -63,15 +63,13 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// proc is a running baton process.
+// proc is a running baton process (or another program a test starts) and
+// its output.
 type proc struct {
-	t    testing.TB
-	name string
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
-	mu   *sync.Mutex
-	done chan struct{}
-	err  error
+	*faultcheck.Process
+	t   testing.TB
+	log *bytes.Buffer
+	mu  *sync.Mutex
 }
 
 // syncWriter writes to b under mu: a process's stdout and stderr into one
@@ -97,26 +95,19 @@ func start(t testing.TB, name string, env []string, args ...string) *proc {
 // startBin runs bin with args, as start does.
 func startBin(t testing.TB, bin, name string, env []string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan struct{})}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), env...)
+	p := &proc{t: t, log: &bytes.Buffer{}, mu: &sync.Mutex{}}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	w := syncWriter{mu: p.mu, b: p.log}
-	p.cmd.Stdout, p.cmd.Stderr = w, w
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
+	cmd.Stdout, cmd.Stderr = w, w
+	var err error
+	if p.Process, err = faultcheck.Start(name, cmd); err != nil {
+		t.Fatal(err)
 	}
-	go func() {
-		p.err = p.cmd.Wait()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		if p.running() {
-			_ = p.cmd.Process.Signal(syscall.SIGCONT)
-			_ = p.cmd.Process.Kill()
-			<-p.done
-		}
+		p.Stop()
 		if t.Failed() {
-			t.Logf("---- %s (pid %d) output ----\n%s", p.name, p.cmd.Process.Pid, p.output())
+			t.Logf("---- %s (pid %d) output ----\n%s", p.Name, p.Pid(), p.output())
 		}
 	})
 	return p
@@ -128,70 +119,39 @@ func (p *proc) output() string {
 	return p.log.String()
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) running() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
 // signal sends sig and checks that it took effect, failing the test loudly
 // if not: after SIGSTOP the process is in state T, after SIGCONT it is not,
 // after SIGKILL it is gone and its exit status says SIGKILL. (A fault that
 // silently did nothing would let a fault test pass without testing
 // anything.) Other signals are not checked: their effect is the process's
-// own behaviour, which the tests check.
+// own behaviour, which the tests check. Unlike Signal, it fails the test
+// when the process has exited.
 func (p *proc) signal(sig syscall.Signal) {
 	p.t.Helper()
-	if err := p.cmd.Process.Signal(sig); err != nil {
-		p.t.Fatalf("signal %v to %s: %v", sig, p.name, err)
+	if err := p.Cmd.Process.Signal(sig); err != nil {
+		p.t.Fatalf("signal %v to %s: %v", sig, p.Name, err)
 	}
 	var err error
 	switch sig {
 	case syscall.SIGSTOP:
-		_, err = faultcheck.Stopped(p.pid(), 5*time.Second)
+		_, err = faultcheck.Stopped(p.Pid(), 5*time.Second)
 	case syscall.SIGCONT:
-		_, err = faultcheck.Resumed(p.pid(), 5*time.Second)
+		_, err = faultcheck.Resumed(p.Pid(), 5*time.Second)
 	case syscall.SIGKILL:
-		err = p.killed(10 * time.Second)
+		err = p.Killed(10 * time.Second)
 	}
 	if err != nil {
-		p.t.Fatalf("%s: %v", p.name, err)
+		p.t.Fatalf("%s: %v", p.Name, err)
 	}
 }
 
-// killed waits for the process to die of SIGKILL and to be gone from /proc.
-func (p *proc) killed(timeout time.Duration) error {
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		return fmt.Errorf("sent SIGKILL, still running after %v: the fault did not take effect", timeout)
-	}
-	return faultcheck.Killed(p.pid(), p.err, timeout)
-}
-
-// wait waits for the process to exit and returns its exit code.
+// wait waits for the process to exit and returns its exit code (ExitCode).
 func (p *proc) wait(timeout time.Duration) int {
 	p.t.Helper()
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		p.t.Fatalf("%s did not exit within %v", p.name, timeout)
+	if !p.WaitFor(timeout) {
+		p.t.Fatalf("%s did not exit within %v", p.Name, timeout)
 	}
-	if p.err == nil {
-		return 0
-	}
-	if ee, ok := p.err.(*exec.ExitError); ok {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
-		}
-		return ee.ExitCode()
-	}
-	return -1
+	return p.ExitCode()
 }
 
 // freePort returns a TCP port that was free a moment ago.
@@ -306,7 +266,7 @@ func waitErrorEnd(t *testing.T, ch <-chan sseResult, what string) {
 // requests they hold, and hold no more.
 func (s *stack) release(except string) {
 	for id, w := range s.workers {
-		if id != except && w.running() {
+		if id != except && !w.Exited() {
 			w.signal(syscall.SIGUSR1)
 		}
 	}
@@ -315,7 +275,7 @@ func (s *stack) release(except string) {
 // waitRoutable waits until frontend f sees exactly the given workers ready.
 func (f *frontend) waitRoutable(t testing.TB, ids ...string) {
 	t.Helper()
-	waitFor(t, 20*time.Second, fmt.Sprintf("workers %v routable on %s", ids, f.name), func() bool {
+	waitFor(t, 20*time.Second, fmt.Sprintf("workers %v routable on %s", ids, f.Name), func() bool {
 		ws, err := f.workers()
 		if err != nil {
 			return false

@@ -79,12 +79,10 @@ func startOllamaModel(t *testing.T, name, modelfile string) *ollamaProc {
 	o := &ollamaProc{proc: startBin(t, bin, name, env, "serve"), url: "http://" + host}
 	t.Cleanup(func() {
 		// SIGTERM first: ollama serve then stops its runner child.
-		if o.running() {
-			_ = o.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-o.done:
-			case <-time.After(10 * time.Second):
-			}
+		o.Signal(syscall.SIGTERM)
+		select {
+		case <-o.Done():
+		case <-time.After(10 * time.Second):
 		}
 	})
 	waitFor(t, 30*time.Second, name+" to serve", func() bool { return answers200(http.DefaultClient, o.url+"/api/version") })

@@ -189,7 +189,7 @@ func leastPrivilege(t *testing.T, partitions int) {
 	}
 	// A worker's graceful shutdown (its lease, load and watchers end) under the set.
 	for id, p := range s.workers {
-		if p.running() {
+		if !p.Exited() {
 			p.signal(syscall.SIGTERM)
 			if code := p.wait(30 * time.Second); code != 0 {
 				t.Errorf("worker %s exited %d after SIGTERM", id, code)

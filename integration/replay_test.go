@@ -89,7 +89,7 @@ func TestReplayMigratedAndResumed(t *testing.T) {
 	if survivor == "" {
 		t.Fatalf("killed worker %q, want w1 or w2", killed)
 	}
-	releaseWhenOwned(f2, id, "frontend-2", s.workers[survivor].pid())
+	releaseWhenOwned(f2, id, "frontend-2", s.workers[survivor].Pid())
 	rest := resume(t, f2, id, lastID(first))
 	joined(t, first, rest, prompt, maxTokens)
 	want := engine.MockText(prompt, 0, maxTokens)

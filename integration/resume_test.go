@@ -26,7 +26,7 @@ func resume(t testing.TB, f *frontend, id, lastID string) sseResult {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("resume %s on %s: %v", id, f.name, err)
+		t.Fatalf("resume %s on %s: %v", id, f.Name, err)
 	}
 	defer resp.Body.Close()
 	return readStream(t, resp, nil)
@@ -310,7 +310,7 @@ func replayOf(t *testing.T, s *stack, id string) replayed {
 // long after killed that was (to within a poll of its metrics).
 func waitAdopted(t *testing.T, f *frontend, killed time.Time) time.Duration {
 	t.Helper()
-	waitFor(t, 15*time.Second, f.name+" to adopt", func() bool { return f.metric(t, "baton_frontend_requests_adopted_total") >= 1 })
+	waitFor(t, 15*time.Second, f.Name+" to adopt", func() bool { return f.metric(t, "baton_frontend_requests_adopted_total") >= 1 })
 	return time.Since(killed)
 }
 
@@ -424,7 +424,7 @@ func TestOrphanTakenBackByItsRestartedFrontend(t *testing.T) {
 	question := "taken back after a restart"
 	created := createBackground(t, f1.url, question)
 	killed := killBoth(t, s, f1, created.ID, 20)
-	again := s.frontend(nil, append(args, "--frontend-id", f1.name)...)
+	again := s.frontend(nil, append(args, "--frontend-id", f1.Name)...)
 	if since := time.Since(killed); since > 5*time.Second {
 		t.Fatalf("the frontend took %v to start again: its key (TTL 6 s) may have expired, which is not what this test checks", since)
 	}
@@ -435,8 +435,8 @@ func TestOrphanTakenBackByItsRestartedFrontend(t *testing.T) {
 		return r.Request.Status == "completed"
 	})
 	t.Logf("taken back %v after the kills", adopted)
-	if r.Request.Owner != f1.name {
-		t.Errorf("owner %q, want %s (the same id, started again)", r.Request.Owner, f1.name)
+	if r.Request.Owner != f1.Name {
+		t.Errorf("owner %q, want %s (the same id, started again)", r.Request.Owner, f1.Name)
 	}
 	if len(r.Request.Migrations) != 1 || r.Request.Migrations[0].MigrationType != "ongoing_request" {
 		t.Errorf("migrations %+v, want one ongoing_request", r.Request.Migrations)

@@ -573,12 +573,12 @@ func TestRollingRestartOfFrontends(t *testing.T) {
 			old := fronts[i]
 			mu.Unlock()
 			// Steady load first: the SIGTERM cuts streams in flight there.
-			waitFor(t, 30*time.Second, old.name+" serving two streams", func() bool {
+			waitFor(t, 30*time.Second, old.Name+" serving two streams", func() bool {
 				return old.metric(t, "dynamo_frontend_active_requests") >= 2
 			})
 			old.signal(syscall.SIGTERM)
 			if code := old.wait(15 * time.Second); code != 0 {
-				t.Errorf("round %d: %s exited %d after SIGTERM, want 0", round, old.name, code)
+				t.Errorf("round %d: %s exited %d after SIGTERM, want 0", round, old.Name, code)
 			}
 			nf := s.frontend(env, args...)
 			nf.waitRoutable(t, "w1", "w2")

@@ -106,7 +106,7 @@ func TestUpFlags(t *testing.T) {
 	up, f, natsPort := upStack(t, dataDir, "--system-port", strconv.Itoa(sys), "--user", "alice", "--password", "s3cret")
 	httpPort := strings.TrimPrefix(f.url, "http://127.0.0.1:")
 	for _, want := range []string{
-		"frontend   pid " + strconv.Itoa(up.pid()),
+		"frontend   pid " + strconv.Itoa(up.Pid()),
 		"listening on 127.0.0.1:" + httpPort + "\n",
 		"listening on 127.0.0.1:" + strconv.Itoa(natsPort) + " (store " + filepath.Join(dataDir, "nats") + ", user alice)",
 		"up-w1 (model mock, status http://127.0.0.1:" + strconv.Itoa(sys) + ")",

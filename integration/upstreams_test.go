@@ -454,13 +454,13 @@ func TestUpstreamModelInTheAnswer(t *testing.T) {
 			data = append(data, e.data)
 		}
 		if got := modelsOf(data); !res.done || len(got) != 1 || !got[tc.want] {
-			t.Errorf("%s: streamed models %v, want only %q", tc.fe.name, got, tc.want)
+			t.Errorf("%s: streamed models %v, want only %q", tc.fe.Name, got, tc.want)
 		}
 		resp := post(t, tc.fe.url+"/v1/chat/completions", chatRequest("name yourself", 4, map[string]any{"model": "tiny", "stream": false}), nil)
 		raw, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if got := modelsOf([]string{string(raw)}); len(got) != 1 || !got[tc.want] {
-			t.Errorf("%s: non-streaming model %v, want %q: %s", tc.fe.name, got, tc.want, raw)
+			t.Errorf("%s: non-streaming model %v, want %q: %s", tc.fe.Name, got, tc.want, raw)
 		}
 	}
 	// The request accepted on fe, replayed on the --client-model frontend,

@@ -5,6 +5,8 @@
 // test runs) would let a fault test pass without testing anything, so every
 // check returns an error that names the process and what /proc said.
 //
-// It reads Linux's /proc and the exit statuses it is given, and does nothing
-// else.
+// The functions read Linux's /proc and the exit statuses they are given, and
+// do nothing else. Process is a child process as both harnesses run it: Start
+// reaps it on a goroutine; Pause, Resume and Kill send their signal and make
+// the check; the owner keeps the process's output and names it in errors.
 package faultcheck

@@ -186,13 +186,13 @@ func (h *harness) churnWorker(action string, w *workerSlot, pause time.Duration)
 			return err
 		}
 	case "worker_term":
-		w.p.signal(syscall.SIGTERM)
-		if !w.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
-			w.p.stop()
+		w.p.Signal(syscall.SIGTERM)
+		if !w.p.WaitFor(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
+			w.p.Stop()
 			return fmt.Errorf("did not exit after SIGTERM; killed")
 		}
-		if w.p.err != nil {
-			return fmt.Errorf("exit after SIGTERM: %v, want 0", w.p.err)
+		if err := w.p.Err(); err != nil {
+			return fmt.Errorf("exit after SIGTERM: %v, want 0", err)
 		}
 	case "worker_lease_expiry":
 		// A worker that vanished from the network: it holds its connection
@@ -209,7 +209,7 @@ func (h *harness) churnWorker(action string, w *workerSlot, pause time.Duration)
 			return err
 		}
 		time.Sleep(pause)
-		if err := w.p.resume(); err != nil {
+		if err := w.p.Resume(); err != nil {
 			return err
 		}
 		return h.waitReady(w.id, 30*time.Second)
@@ -221,7 +221,7 @@ func (h *harness) churnWorker(action string, w *workerSlot, pause time.Duration)
 func (h *harness) waitUnroutable(id string, timeout time.Duration) error {
 	return waitUntil(timeout, "worker "+id+" out of every frontend's routing", func() bool {
 		for _, f := range h.current() {
-			if f.p.exited() {
+			if f.p.Exited() {
 				continue
 			}
 			ready, ok := f.readyWorkers()

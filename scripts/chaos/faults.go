@@ -84,15 +84,15 @@ func (h *harness) injectWorker(kind string, rng *rand.Rand) (string, error) {
 			return w.id, err
 		}
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second))))
-		return w.id, w.p.resume()
+		return w.id, w.p.Resume()
 	case "worker_term":
-		w.p.signal(syscall.SIGTERM)
-		if !w.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
-			w.p.stop()
+		w.p.Signal(syscall.SIGTERM)
+		if !w.p.WaitFor(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
+			w.p.Stop()
 			return w.id, fmt.Errorf("did not exit after SIGTERM; killed")
 		}
-		if w.p.err != nil {
-			return w.id, fmt.Errorf("exit after SIGTERM: %v, want 0", w.p.err)
+		if err := w.p.Err(); err != nil {
+			return w.id, fmt.Errorf("exit after SIGTERM: %v, want 0", err)
 		}
 	}
 	if err := h.startWorker(i); err != nil {
@@ -275,7 +275,7 @@ func (f *feInc) scrapeOnce() bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.killed && f.p.exited() {
+	if f.killed && f.p.Exited() {
 		return false // a stale answer cannot come from a dead process, but be strict
 	}
 	f.last, f.scraped = c, true

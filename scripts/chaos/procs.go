@@ -24,101 +24,55 @@ import (
 // proc is one running baton process. Its output goes to a log file under the
 // run directory (appended, so restarts of a component share one file).
 type proc struct {
-	name string
-	noop bool // -noop-faults: kill and pause send nothing
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error // exit status, valid once done is closed
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// signal sends sig; a process that already exited is not an error.
-func (p *proc) signal(sig syscall.Signal) {
-	if !p.exited() {
-		_ = p.cmd.Process.Signal(sig)
-	}
+	*faultcheck.Process
+	noop bool // -noop-faults: kill and pause send nothing, and still check
 }
 
 // term sends SIGTERM and waits up to timeout for the process to exit 0: one
 // still running then is killed, and who names it in the error.
 func (p *proc) term(who string, timeout time.Duration) error {
-	p.signal(syscall.SIGTERM)
-	if !p.wait(timeout) {
-		p.stop()
+	p.Signal(syscall.SIGTERM)
+	if !p.WaitFor(timeout) {
+		p.Stop()
 		return fmt.Errorf("%s did not exit within %v of SIGTERM; killed", who, timeout)
 	}
-	if p.err != nil {
-		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", who, p.err)
+	if err := p.Err(); err != nil {
+		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", who, err)
 	}
 	return nil
 }
 
-// wait waits up to timeout for the process to exit.
-func (p *proc) wait(timeout time.Duration) bool {
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(timeout):
-		return false
-	}
-}
-
-// The checks below make sure a fault took effect (Dynamo's TCP-reset
+// The faults below are checked to have taken effect (Dynamo's TCP-reset
 // injection was a no-op for two whole test runs): a fault that did nothing
-// is an error, which the soak reports as a violation.
+// is an error, which the soak reports as a violation. They honour
+// -noop-faults, which the embedded Kill and Pause do not.
 
 // kill sends SIGKILL and checks that the process died of it and is gone
 // from /proc.
 func (p *proc) kill(timeout time.Duration) error {
-	if p.exited() {
-		return fmt.Errorf("%s had already exited (%v) before the kill: the fault did nothing", p.name, p.err)
+	if p.Exited() {
+		return fmt.Errorf("%s had already exited (%v) before the kill: the fault did nothing", p.Name, p.Err())
 	}
-	if !p.noop {
-		p.signal(syscall.SIGKILL)
+	check := p.Kill
+	if p.noop {
+		check = p.Killed
 	}
-	if !p.wait(timeout) {
-		return fmt.Errorf("%s: sent SIGKILL, still running after %v: the fault did not take effect", p.name, timeout)
-	}
-	if err := faultcheck.Killed(p.pid(), p.err, timeout); err != nil {
-		return fmt.Errorf("%s: %w", p.name, err)
+	if err := check(timeout); err != nil {
+		return fmt.Errorf("%s: %w", p.Name, err)
 	}
 	return nil
 }
 
 // pause sends SIGSTOP and checks that the process is in state T.
 func (p *proc) pause() error {
-	if p.exited() {
-		return fmt.Errorf("%s had already exited (%v) before SIGSTOP: the fault did nothing", p.name, p.err)
+	if p.Exited() {
+		return fmt.Errorf("%s had already exited (%v) before SIGSTOP: the fault did nothing", p.Name, p.Err())
 	}
-	if !p.noop {
-		p.signal(syscall.SIGSTOP)
+	if p.noop {
+		_, err := faultcheck.Stopped(p.Pid(), 5*time.Second)
+		return err
 	}
-	_, err := faultcheck.Stopped(p.pid(), 5*time.Second)
-	return err
-}
-
-// resume sends SIGCONT and checks that the process left state T.
-func (p *proc) resume() error {
-	p.signal(syscall.SIGCONT)
-	_, err := faultcheck.Resumed(p.pid(), 5*time.Second)
-	return err
-}
-
-// stop kills the process (waking it first if it was stopped) and reaps it.
-func (p *proc) stop() {
-	p.signal(syscall.SIGCONT)
-	p.signal(syscall.SIGKILL)
-	<-p.done
+	return p.Pause()
 }
 
 // feInc is one incarnation of a frontend slot: a process with its own id and
@@ -219,14 +173,11 @@ func (h *harness) startBin(bin, name string, env []string, args ...string) (*pro
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // nothing outlives the soak
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
+	fp, err := faultcheck.Start(name, cmd)
+	if err != nil {
+		return nil, err
 	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), noop: h.cfg.noopFaults}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
-	}()
+	p := &proc{Process: fp, noop: h.cfg.noopFaults}
 	h.mu.Lock()
 	h.procs = append(h.procs, p)
 	h.mu.Unlock()
@@ -242,7 +193,7 @@ func (h *harness) stopAll() {
 	ps := append([]*proc(nil), h.procs...)
 	h.mu.Unlock()
 	for _, p := range ps {
-		p.stop()
+		p.Stop()
 	}
 }
 
@@ -281,7 +232,7 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 	}
 	inc.p = p
 	err = waitUntil(30*time.Second, inc.id+" to serve", func() bool {
-		if p.exited() {
+		if p.Exited() {
 			return true
 		}
 		resp, err := http.Get(inc.url + "/live")
@@ -290,8 +241,8 @@ func (h *harness) startFrontend(slot int) (*feInc, error) {
 		}
 		return err == nil && resp.StatusCode == 200
 	})
-	if err == nil && p.exited() {
-		err = fmt.Errorf("%s exited at start: %v (see %s)", inc.id, p.err, filepath.Join(h.dir, p.name+".log"))
+	if err == nil && p.Exited() {
+		err = fmt.Errorf("%s exited at start: %v (see %s)", inc.id, p.Err(), filepath.Join(h.dir, p.Name+".log"))
 	}
 	if err != nil {
 		return nil, err
@@ -339,7 +290,7 @@ func (h *harness) waitReady(id string, timeout time.Duration) error {
 	h.mu.Lock()
 	for _, w := range h.workers {
 		if w.id == id && w.p != nil {
-			pid = w.p.pid()
+			pid = w.p.Pid()
 		}
 	}
 	h.mu.Unlock()
@@ -348,7 +299,7 @@ func (h *harness) waitReady(id string, timeout time.Duration) error {
 			f.mu.Lock()
 			leaving := f.draining
 			f.mu.Unlock()
-			if leaving || f.p.exited() {
+			if leaving || f.p.Exited() {
 				continue // being replaced (churn): its successor is waited for
 			}
 			if !f.workerReady(id, pid) {

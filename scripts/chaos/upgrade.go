@@ -131,16 +131,16 @@ func (h *harness) rollWorker(old, nw *workerSlot) error {
 	if err := h.waitReady(nw.id, 30*time.Second); err != nil {
 		return err
 	}
-	old.p.signal(syscall.SIGTERM)
-	if !old.p.wait(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
-		old.p.stop()
+	old.p.Signal(syscall.SIGTERM)
+	if !old.p.WaitFor(time.Duration(h.cfg.drainSecs)*time.Second + 20*time.Second) {
+		old.p.Stop()
 		return fmt.Errorf("%s did not exit after SIGTERM; killed", old.id)
 	}
 	h.mu.Lock()
 	old.gone = true
 	h.mu.Unlock()
-	if old.p.err != nil {
-		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", old.id, old.p.err)
+	if err := old.p.Err(); err != nil {
+		return fmt.Errorf("%s: exit after SIGTERM: %v, want 0", old.id, err)
 	}
 	return h.waitUnroutable(old.id, 30*time.Second)
 }
