@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/every"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
 )
@@ -115,20 +116,13 @@ func (lc *lifecycle) storeEnd(ctx context.Context, t *Request) {
 // retryEnds stores the ends kept by storeEnd again, every endsRetryEvery,
 // until ctx is done.
 func (lc *lifecycle) retryEnds(ctx context.Context) {
-	t := time.NewTicker(endsRetryEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Tick(ctx, endsRetryEvery, func() {
 		for _, e := range lc.ended.all() {
 			if _, err := streams.StoreEnd(ctx, lc.events, endID(e.ev.RequestID), e.ev, e.acceptedSeq); err == nil {
 				lc.ended.done(e.ev.RequestID)
 			}
 		}
-	}
+	})
 }
 
 // Ended reports whether this frontend ended request id, which it owns, and

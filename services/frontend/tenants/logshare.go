@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/every"
 	"github.com/baton-dev/baton/migrations"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/services/frontend/runner"
@@ -83,22 +84,9 @@ func (g *Gate) startLogShares(ctx context.Context) (run func(context.Context) er
 	g.Runtime.SetOverShare(l.overShare)
 	g.ledger = l
 	return func(ctx context.Context) error {
-		go l.run(ctx)
+		go every.Tick(ctx, quota.DefaultShareInterval, func() { l.tick(ctx) })
 		return s.Run(ctx)
 	}, nil
-}
-
-func (l *logLedger) run(ctx context.Context) {
-	t := time.NewTicker(quota.DefaultShareInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			l.tick(ctx)
-		}
-	}
 }
 
 // allowance is tenant's share of the log in bytes at mark (a fraction of
