@@ -174,7 +174,6 @@ func (w *Worker) generate(j *job) {
 	d := j.d
 	log := w.log.With("request_id", d.RequestID, "attempt", d.Attempt)
 	var out *deltas
-	healthEnded := false // the health monitor was told the engine is done with it
 	defer func() {
 		j.cancel(nil)
 		w.mu.Lock()
@@ -183,9 +182,6 @@ func (w *Worker) generate(j *job) {
 		}
 		w.mu.Unlock()
 		w.metrics.inflight.WithLabelValues(w.cfg.Model).Dec()
-		if !healthEnded {
-			w.health.ended(out.sawToken)
-		}
 		w.load.notify()
 		w.gens.Done()
 	}()
@@ -201,10 +197,6 @@ func (w *Worker) generate(j *job) {
 		log.Warn("request log full: stopped generating", "tokens", out.offset())
 		w.metrics.requests.WithLabelValues(w.cfg.Model, statusFailed).Inc()
 		if j.released() { // held to its end: nothing of it is stored (hold.go)
-			// The engine is done: the tries to store the end are not
-			// its progress (the health monitor's stall).
-			w.health.ended(out.sawToken)
-			healthEnded = true
 			w.reportLogFull(j, out, log)
 		}
 		return
@@ -264,6 +256,9 @@ func (w *Worker) generate(j *job) {
 // goroutine instead saves a wake-up per token but blocks the engine at
 // every one, so nothing coalesces under load: at 1,000 streams × 50
 // tokens/s it cost NATS 1.5x the CPU per token (BENCHMARKS.md).
+//
+// The health monitor counts the job as running until the engine returns,
+// not until its output is stored.
 func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req engine.Request, routed <-chan struct{}, out *deltas) (engine.Result, error) {
 	toks, result := w.startGenerate(ctx, req)
 	b := w.newBatcher(ctx, stop, routed, out)
@@ -272,6 +267,11 @@ func (w *Worker) produce(ctx context.Context, stop context.CancelCauseFunc, req 
 		select {
 		case t, ok := <-toks:
 			if !ok {
+				// The engine is done. What the job still waits for (its
+				// routed decision, the log's acknowledgements, the
+				// end's append) is not the engine's progress: a slow log
+				// must not take the worker out of routing as stalled.
+				w.health.ended(out.sawToken)
 				b.finish()
 				return result()
 			}

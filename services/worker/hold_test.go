@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/services/engine"
@@ -225,5 +226,58 @@ func TestHeldDispatchAfterTheLosersFence(t *testing.T) {
 	end, _ := ended(out)
 	if c, ok := end.Event.(events.RequestCompleted); !ok || countTokens(out) != 12 || c.FinishReason != "length" {
 		t.Errorf("stored %d tokens and %+v, want 12 and finish length", countTokens(out), end.Event)
+	}
+}
+
+// returned is an engine that closes done when request id's generation
+// returns (a canary's does not count).
+type returned struct {
+	engine.Engine
+	id   string
+	done chan struct{}
+}
+
+func (r returned) Generate(ctx context.Context, req engine.Request, emit func(engine.Token) error) (engine.Result, error) {
+	res, err := r.Engine.Generate(ctx, req, emit)
+	if req.RequestID == r.id {
+		close(r.done)
+	}
+	return res, err
+}
+
+// A held dispatch whose engine has finished waits for its routed decision,
+// which a log slowed by a junk flood took seconds to store. The engine is
+// idle meanwhile: the health monitor runs its canaries, as for any idle
+// engine, and never calls it stalled. Formerly the job counted as a request
+// running without progress, and the worker left routing as stalled once
+// HealthCheckTimeout passed, taking every request of the fleet's only
+// honest worker with it (TestQuarantinedWorkerLargeJunkOnOwnAttempt on a
+// loaded machine).
+func TestHeldDispatchDoneIsNoStall(t *testing.T) {
+	e := newEnv(t)
+	mock, _ := engine.NewMock(fullSpeed)
+	eng := returned{Engine: mock, id: "r-hd", done: make(chan struct{})}
+	r, _ := e.startStatus(eng, worker.Config{ID: "w-hd", HealthCheck: true,
+		CanaryWait: 50 * time.Millisecond, HealthCheckTimeout: 200 * time.Millisecond})
+	e.accept("r-hd", "a b c", 12, "w-hd")
+	d := newDispatch("r-hd", "a b c", 12)
+	d.Hold = "h1"
+	if rep := e.dispatch("w-hd", d); !rep.Accepted {
+		t.Fatalf("dispatch: %+v", rep)
+	}
+	<-eng.done
+	canaries := value(t, r.reg, "baton_worker_canary_total")
+	// Two canaries after the engine returned: one in flight before it
+	// could end after it whatever the fix.
+	e.waitFor("two canaries while the held job waits", func() bool {
+		if l, ok := e.lease("w-hd"); ok && l.NotReady {
+			t.Fatalf("the worker left routing while its held job waited: %+v", l)
+		}
+		return value(t, r.reg, "baton_worker_canary_total") >= canaries+2
+	})
+	e.command("w-hd", streams.Command{RequestID: "r-hd", Attempt: 0, Kind: streams.CommandRouted})
+	e.waitFor("the job to end", func() bool { return value(t, r.reg, "dynamo_component_inflight_requests") == 0 })
+	if n := countTokens(e.outputOf("r-hd", "w-hd")); n != 12 {
+		t.Errorf("stored %d tokens once routed, want 12", n)
 	}
 }
