@@ -3,13 +3,16 @@ package runner
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
 )
@@ -324,5 +327,56 @@ func TestFollowerQueueBoundedInBytes(t *testing.T) {
 	if held > maxQueuedBytes || held != f.queued || !f.overflow {
 		t.Errorf("queued %d messages, %d bytes (counted %d), overflow %v: want at most %d bytes, the rest dropped for a read of the log",
 			len(f.queue), held, f.queued, f.overflow, maxQueuedBytes)
+	}
+}
+
+// TestFollowerReadsWhatLiveDropped: the live subscription's delivery is
+// held up (a large message's suspect hook, here blocked) while more
+// messages arrive than it may hold, so nats.go drops them, the request's
+// completion among them, and no later message of its subject shows the
+// gap. watchDrops sees the drops and has the follower read the log: it
+// ends. Without it the follower waited for ever, and so did its client
+// (TestQuarantinedWorkerLargeJunkOnOwnAttempt on a loaded machine, where
+// 1 MiB junk on the request's own slot filled the subscription).
+func TestFollowerReadsWhatLiveDropped(t *testing.T) {
+	x, s := newFollowFixture(t)
+	x.start(10)
+	nc := s.Connect(t)
+	lv := liveOn(t, nc)
+	held, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	lv.suspect = func(string, string, uint64, int) {
+		once.Do(func() { close(held); <-release })
+	}
+	f, err := follow(x.ctx, lv, s.JetStream(t), 1, "r1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.stop()
+	sub := lv.slots[streams.Slot("r1")].sub
+	if err := sub.SetPendingLimits(2, -1); err != nil { // two messages held at most, the one delivered counted
+		t.Fatal(err)
+	}
+	x.tokens(0, strings.Repeat("x", retention.SuspectSize)) // holds the delivery up
+	<-held
+	for i := 1; i < 9; i++ {
+		x.tokens(i, "t ") // two held, the rest dropped
+	}
+	x.append(events.RequestCompleted{RequestID: "r1", FinishReason: "length", CompletionTokens: 9}) // dropped
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// All ten reached the subscription: the one in the callback and one
+	// more held, the eight after them dropped, the completion last.
+	waitfor.Poll(t, "the completion dropped", func() bool {
+		n, _ := sub.Dropped()
+		return n == 8
+	})
+	close(release)
+	ctx, cancel := context.WithCancel(x.ctx)
+	defer cancel()
+	go lv.watchDrops(ctx)
+	if err := f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
+		f.view(func(p *projections.Request) { t.Fatalf("status %v after the drops, text of %d bytes: %v", p.Status, len(p.Text()), err) })
 	}
 }

@@ -1,12 +1,14 @@
 package runner
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/baton-dev/baton/internal/every"
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
@@ -14,10 +16,12 @@ import (
 )
 
 // livePendingBytes bounds the republished messages one slot's live
-// subscription holds undelivered; past it NATS drops them (a slow
-// consumer), and each follower sees the gap in Nats-Last-Sequence and reads
-// the log.
+// subscription holds undelivered; past it nats.go drops them (a slow
+// consumer), and the followers of the slot read the log (watchDrops).
 const livePendingBytes = 256 << 20
+
+// dropsCheckEvery is how often watchDrops looks for dropped messages.
+const dropsCheckEvery = 250 * time.Millisecond
 
 // liveLinger is how long a slot's subscription outlives its last follower:
 // a frontend that serves requests keeps the slots it uses (a new request
@@ -173,6 +177,71 @@ func (l *live) remove(f *follower) {
 	}
 	l.mu.Unlock()
 	l.release(streams.Slot(f.id))
+}
+
+// watchDrops has the followers of a slot whose subscription dropped
+// messages read the log, every dropsCheckEvery until ctx is done; after a
+// drop of the ends place's, every follower reads it. A follower sees a
+// gap in Nats-Last-Sequence only when a later message of the same subject
+// comes, and a dropped message may be its subject's last: a request's end,
+// whose client would otherwise wait for ever. (A disconnection, the
+// server's slow consumer, is caught up on reconnect: catchUpOnReconnect.)
+func (l *live) watchDrops(ctx context.Context) {
+	var seen [streams.Slots]dropCount
+	var ends dropCount
+	every.Tick(ctx, dropsCheckEvery, func() {
+		if ends.changed(l.ends) {
+			l.readAgain(func(string) bool { return true })
+		}
+		for k := range l.slots {
+			s := &l.slots[k]
+			s.mu.Lock()
+			sub := s.sub
+			s.mu.Unlock()
+			if seen[k].changed(sub) {
+				l.readAgain(func(id string) bool { return streams.Slot(id) == k })
+			}
+		}
+	})
+}
+
+// dropCount is the messages a subscription had dropped when last looked at.
+type dropCount struct {
+	sub *nats.Subscription
+	n   int
+}
+
+// changed reports whether sub dropped messages since the last look, or
+// since it subscribed when it is new.
+func (d *dropCount) changed(sub *nats.Subscription) bool {
+	if sub != d.sub {
+		*d = dropCount{sub: sub}
+	}
+	if sub == nil {
+		return false
+	}
+	n, err := sub.Dropped()
+	if err != nil || n == d.n {
+		return false // none, or unsubscribed meanwhile
+	}
+	d.n = n
+	return true
+}
+
+// readAgain has the followers of every followed request that match read
+// the log.
+func (l *live) readAgain(match func(id string) bool) {
+	l.mu.RLock()
+	var fs []*follower
+	for id, of := range l.followers {
+		if match(id) {
+			fs = append(fs, of...)
+		}
+	}
+	l.mu.RUnlock()
+	for _, f := range fs {
+		f.readAgain()
+	}
 }
 
 // close ends every subscription.

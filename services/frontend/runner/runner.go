@@ -153,6 +153,10 @@ func (rn *Runner) Start(ctx context.Context, addr string) error {
 		rn.lifecycle.retryEnds(runCtx)
 		return nil
 	})
+	rn.g.Go(func() error {
+		rn.live.watchDrops(runCtx)
+		return nil
+	})
 	if err := rn.startWatchers(ctx, runCtx, &rn.g, addr); err != nil {
 		rn.cancelRun()
 		return err
