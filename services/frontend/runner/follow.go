@@ -328,6 +328,9 @@ func (f *follower) readLog() error {
 		}
 		got = append(got, e)
 	}
+	if err == nil && len(got) == 0 && from > 1 {
+		err = f.gone(ctx)
+	}
 	f.mu.Lock()
 	for _, e := range got {
 		f.applyLocked(e)
@@ -345,6 +348,31 @@ func (f *follower) readLog() error {
 		f.decided.Notify() // the runner decides nothing while it cannot read
 	}
 	return err
+}
+
+// errGone means the request's events were purged from the log (it was
+// evicted) before this follower folded its end, which is then lost to it.
+var errGone = errors.New("runner: the request is no longer in the log (evicted) and its end was not read")
+
+// gone reports errGone when a read found nothing new for a request this
+// follower knows and has not seen end, and its events subject, whose first
+// message is its acceptance, is empty: an eviction purged it (a missed
+// end, then a full log's eviction of the finished request). Readers then
+// see a catch-up that fails (the runner ends the request, log_unreadable)
+// instead of waiting for an end that can no longer come. Any other answer
+// leaves the log's word standing.
+func (f *follower) gone(ctx context.Context) error {
+	f.mu.Lock()
+	pending := f.proj.Known() && !f.proj.Status.Terminal()
+	f.mu.Unlock()
+	if !pending {
+		return nil
+	}
+	m, err := streams.LastOnSubject(ctx, f.js, f.parts.StreamOf(f.id), streams.RequestEvents(f.id))
+	if err != nil || m != nil {
+		return nil
+	}
+	return errGone
 }
 
 // isUnreadable reports an event this build cannot read, which the fold

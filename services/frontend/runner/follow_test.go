@@ -15,6 +15,7 @@ import (
 	"github.com/baton-dev/baton/services/retention"
 	"github.com/baton-dev/baton/streams"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 type followFixture struct {
@@ -378,5 +379,37 @@ func TestFollowerReadsWhatLiveDropped(t *testing.T) {
 	go lv.watchDrops(ctx)
 	if err := f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
 		f.view(func(p *projections.Request) { t.Fatalf("status %v after the drops, text of %d bytes: %v", p.Status, len(p.Text()), err) })
+	}
+}
+
+// TestFollowerSeesRequestGone: a follower that gets nothing live (its
+// connection closed) reads nothing new while the request is in the log:
+// no error. It misses the request's end; an eviction then purges the
+// request, and the end is lost to it: its catch-up fails with errGone, so
+// that its readers end the request rather than wait for ever.
+func TestFollowerSeesRequestGone(t *testing.T) {
+	x, s := newFollowFixture(t)
+	x.start(10)
+	x.tokens(0, "a ")
+	nc := s.Connect(t)
+	f, err := follow(x.ctx, liveOn(t, nc), s.JetStream(t), 1, "r1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.stop()
+	nc.Close()
+	if err := f.catchUp(x.ctx); err != nil {
+		t.Fatalf("catch-up with nothing new: %v", err)
+	}
+	x.append(events.RequestCompleted{RequestID: "r1", FinishReason: "stop", CompletionTokens: 1})
+	str, err := s.JetStream(t).Stream(x.ctx, streams.RequestsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := str.Purge(x.ctx, jetstream.WithPurgeSubject(streams.RequestAll("r1"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.catchUp(x.ctx); !errors.Is(err, errGone) {
+		t.Errorf("catch-up of an evicted request whose end was missed: %v, want errGone", err)
 	}
 }
