@@ -378,7 +378,9 @@ func TestFollowerReadsWhatLiveDropped(t *testing.T) {
 	defer cancel()
 	go lv.watchDrops(ctx)
 	if err := f.waitFor(x.ctx, func(p *projections.Request) bool { return p.Status.Terminal() }); err != nil {
-		f.view(func(p *projections.Request) { t.Fatalf("status %v after the drops, text of %d bytes: %v", p.Status, len(p.Text()), err) })
+		f.view(func(p *projections.Request) {
+			t.Fatalf("status %v after the drops, text of %d bytes: %v", p.Status, len(p.Text()), err)
+		})
 	}
 }
 
