@@ -268,8 +268,16 @@ func readable(e events.Envelope, err error) (events.Envelope, bool) {
 	return e, ok
 }
 
-// batchSize is how many messages one batch direct get asks for.
-const batchSize = 1000
+// batchSize and batchBytes bound one batch direct get of a read. Without
+// the byte bound, a request whose subject holds large messages (a
+// quarantined worker's 1 MiB junk on its own attempt) came back as one
+// answer of hundreds of MiB: the server disconnected the reader as a slow
+// consumer, its reconnect read the request again, and so on for as long as
+// the junk stayed.
+const (
+	batchSize  = 1000
+	batchBytes = 8 << 20
+)
 
 // ReadRequest yields the stored events of request id in stream order, starting
 // at stream sequence from (1 for the whole history), using batch direct get: no
@@ -326,7 +334,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 		any := false
 		for {
 			msgs, err := jetstreamext.GetBatch(ctx, js, stream, batchSize,
-				jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(from))
+				jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchSeq(from), jetstreamext.GetBatchMaxBytes(batchBytes))
 			if err != nil {
 				yield(events.Envelope{}, fmt.Errorf("read %s: %w", subject, err))
 				return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -601,5 +602,53 @@ func TestAppendMsgAsyncConnectionLost(t *testing.T) {
 	}
 	if d := time.Since(start); d >= streams.AppendAckTimeout {
 		t.Errorf("failed %v after the connection was lost, at its timeout: want at once", d)
+	}
+}
+
+// TestReadRequestOfLargeMessages reads a request whose attempt subject
+// holds 80 MiB of 1 MiB messages (a quarantined worker's junk on its own
+// attempt) on a connection that counts its reconnects. Read in one batch
+// direct get of 1,000 messages, the answer exceeded the server's pending
+// bytes for a client (64 MiB): the server disconnected the reader as a slow
+// consumer, and its reconnect read the request again, for as long as the
+// junk stayed. Each batch is now bounded in bytes.
+func TestReadRequestOfLargeMessages(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(js, "test")
+	natstest.Append(ctx, t, log, streams.RequestEvents("big"), "big.accepted", "big",
+		events.RequestAccepted{RequestID: "big", Model: "m", MaxTokens: 10})
+	junk := make([]byte, 1<<20-4096)
+	var pending []jetstream.PubAckFuture
+	for range 80 {
+		f, err := js.PublishAsync(streams.RequestTokens("big", 0, "w"), junk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = append(pending, f)
+	}
+	for _, f := range pending {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-ctx.Done():
+			t.Fatal("junk unacknowledged")
+		}
+	}
+	var reconnects atomic.Int32
+	rjs := natstest.JetStream(t, s.URL, nats.DisconnectErrHandler(func(*nats.Conn, error) { reconnects.Add(1) }))
+	n := 0
+	for e, err := range streams.ReadRequest(ctx, rjs, 1, "big", 1) {
+		if err != nil {
+			t.Fatalf("read after %d events: %v", n, err)
+		}
+		if _, ok := e.Event.(events.RequestAccepted); ok {
+			n++
+		}
+	}
+	if n != 1 || reconnects.Load() != 0 {
+		t.Errorf("read %d acceptances with %d disconnects, want 1 and none", n, reconnects.Load())
 	}
 }
