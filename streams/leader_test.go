@@ -41,7 +41,7 @@ func TestReadBehind(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []uint64
-			read, ok := streams.ReadBehind(ctx, js, streams.RequestsStream, streams.RequestAll("r"), tc.from,
+			read, ok := streams.ReadBehind(ctx, js, streams.RequestsStream, streams.RequestAll("r"), tc.from, new(uint64),
 				func(e events.Envelope, err error) bool {
 					if err != nil {
 						t.Fatalf("read: %v", err)

@@ -294,7 +294,17 @@ const (
 // one (with Seq 0: its sequence is not the request log's). It is not
 // yielded for a request of which the log holds nothing (from 1).
 func ReadRequest(ctx context.Context, js jetstream.JetStream, p Partitions, id string, from uint64) iter.Seq2[events.Envelope, error] {
-	stored := readSubject(ctx, js, p.StreamOf(id), RequestAll(id), from)
+	return ReadRequestPast(ctx, js, p, id, from, nil)
+}
+
+// ReadRequestPast is ReadRequest that also sets *past to the last stream
+// sequence it read, a message that is no baton event included (a worker's
+// junk on the request's subjects, skipped). A reader that reads again from
+// *past + 1 does not read what it skipped twice: formerly each catch-up of
+// a request whose attempt subject held 1 MiB junk read all of it again
+// from the last event it had applied, timed out, and applied nothing.
+func ReadRequestPast(ctx context.Context, js jetstream.JetStream, p Partitions, id string, from uint64, past *uint64) iter.Seq2[events.Envelope, error] {
+	stored := readSubject(ctx, js, p.StreamOf(id), RequestAll(id), from, past)
 	return func(yield func(events.Envelope, error) bool) {
 		end, _ := ReadEnd(ctx, js, id) // an ends place that does not answer: the log's word stands
 		var through uint64
@@ -326,7 +336,10 @@ func ReadRequest(ctx context.Context, js jetstream.JetStream, p Partitions, id s
 	}
 }
 
-func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64) iter.Seq2[events.Envelope, error] {
+func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64, past *uint64) iter.Seq2[events.Envelope, error] {
+	if past == nil {
+		past = new(uint64)
+	}
 	return func(yield func(events.Envelope, error) bool) {
 		if from == 0 {
 			from = 1
@@ -350,7 +363,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 				}
 				n++
 				any = true
-				from = m.Sequence + 1
+				from, *past = m.Sequence+1, m.Sequence
 				pending = m.Header.Get("Nats-Num-Pending")
 				e, ok := readable(DecodeRaw(m))
 				if !ok {
@@ -363,7 +376,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 			// The server may cut a batch short (max bytes); only an empty batch
 			// or nothing pending past the last message ends the read.
 			if n == 0 || pending == "0" {
-				if read, ok := readBehind(ctx, js, stream, subject, from, yield); !ok {
+				if read, ok := readBehind(ctx, js, stream, subject, from, past, yield); !ok {
 					return
 				} else if read {
 					any = true
@@ -381,7 +394,7 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 // sequence from on, which the replica that answered the direct gets had not
 // yet applied (see leader.go). read says whether it yielded anything; ok is
 // false when the reader stopped or an error was yielded.
-func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64,
+func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64, past *uint64,
 	yield func(events.Envelope, error) bool) (read, ok bool) {
 	last, err := leaderGet(ctx, js, stream, subject, 0, true)
 	if err != nil {
@@ -399,7 +412,7 @@ func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject str
 		if m == nil {
 			break
 		}
-		read, from = true, m.Sequence+1
+		read, from, *past = true, m.Sequence+1, m.Sequence
 		e, ok := readable(DecodeRaw(m))
 		if !ok {
 			continue // not a baton event

@@ -652,3 +652,39 @@ func TestReadRequestOfLargeMessages(t *testing.T) {
 		t.Errorf("read %d acceptances with %d disconnects, want 1 and none", n, reconnects.Load())
 	}
 }
+
+// TestReadRequestPast: a read reports the last sequence it read, past the
+// messages that are no baton events (junk), so that the next read starts
+// after them.
+func TestReadRequestPast(t *testing.T) {
+	s := natstest.Start(t)
+	js := s.Provision(t)
+	ctx := testCtx(t)
+	log := streams.NewLog(js, "test")
+	natstest.Append(ctx, t, log, streams.RequestEvents("j"), "j.accepted", "j",
+		events.RequestAccepted{RequestID: "j", Model: "m", MaxTokens: 10})
+	var last uint64
+	for range 3 {
+		ack, err := js.Publish(ctx, streams.RequestTokens("j", 0, "w"), []byte("junk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	var past uint64
+	n := 0
+	for _, err := range streams.ReadRequestPast(ctx, js, 1, "j", 1, &past) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+	}
+	if n != 1 || past != last {
+		t.Errorf("read %d events, past %d; want the acceptance and past %d, the last junk", n, past, last)
+	}
+	for _, err := range streams.ReadRequestPast(ctx, js, 1, "j", past+1, &past) {
+		if !errors.Is(err, streams.ErrNotFound) {
+			t.Errorf("read from past+1: %v, want ErrNotFound", err)
+		}
+	}
+}

@@ -70,6 +70,7 @@ type follower struct {
 	mu         sync.Mutex
 	proj       *projections.Request
 	lastBySubj subjectSeqs // last stream sequence seen per stored subject
+	readPast   uint64      // last stream sequence read from the log, events or not (junk is read once)
 	progress   time.Time   // when the last token was accepted
 	timing     timing      // where the time before the first token went
 	err        error       // a catch-up failure; readers surface it
@@ -299,7 +300,7 @@ func (f *follower) live(m *nats.Msg) bool {
 // kept in f.err, which readers see, until the next catch-up. Only run calls it.
 func (f *follower) readLog() error {
 	f.mu.Lock()
-	from := f.proj.LastSeq() + 1
+	from := max(f.proj.LastSeq(), f.readPast) + 1
 	for _, s := range f.lastBySubj {
 		from = max(from, s.seq+1)
 	}
@@ -319,7 +320,8 @@ func (f *follower) readLog() error {
 	}()
 	var got []events.Envelope
 	var err error
-	for e, rerr := range streams.ReadRequest(ctx, f.js, f.parts, f.id, from) {
+	var past uint64
+	for e, rerr := range streams.ReadRequestPast(ctx, f.js, f.parts, f.id, from, &past) {
 		if rerr != nil {
 			if !errors.Is(rerr, streams.ErrNotFound) || from <= 1 {
 				err = rerr
@@ -335,6 +337,7 @@ func (f *follower) readLog() error {
 	for _, e := range got {
 		f.applyLocked(e)
 	}
+	f.readPast = max(f.readPast, past)
 	f.err = err
 	first := err != nil && f.unread.IsZero()
 	switch {
