@@ -171,15 +171,7 @@ func TestReadRequestAcrossBatches(t *testing.T) {
 			futures = append(futures, f)
 		}
 	}
-	for _, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatalf("append: %v", err)
-		case <-ctx.Done():
-			t.Fatal("timed out waiting for acks")
-		}
-	}
+	acked(t, ctx, futures)
 
 	got := readAll(t, ctx, js, "big", 1)
 	if len(got) != n {
@@ -509,6 +501,21 @@ func TestAppendAsyncIsNotRetriedOutOfOrder(t *testing.T) {
 	}
 }
 
+// acked waits until every append of futures is acknowledged; it fails the
+// test if one fails or ctx ends first.
+func acked(t *testing.T, ctx context.Context, futures []jetstream.PubAckFuture) {
+	t.Helper()
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("append: %v", err)
+		case <-ctx.Done():
+			t.Fatal("timed out waiting for acks")
+		}
+	}
+}
+
 // swallow subscribes to subject on nc and never answers: a stream leader
 // that died with the appends it received.
 func swallow(t *testing.T, nc *nats.Conn, subject string) {
@@ -628,15 +635,7 @@ func TestReadRequestOfLargeMessages(t *testing.T) {
 		}
 		pending = append(pending, f)
 	}
-	for _, f := range pending {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatal(err)
-		case <-ctx.Done():
-			t.Fatal("junk unacknowledged")
-		}
-	}
+	acked(t, ctx, pending)
 	var reconnects atomic.Int32
 	rjs := natstest.JetStream(t, s.URL, nats.DisconnectErrHandler(func(*nats.Conn, error) { reconnects.Add(1) }))
 	n := 0
