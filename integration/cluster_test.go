@@ -323,6 +323,7 @@ func TestClusterNodeLoss(t *testing.T) {
 	if testing.Short() {
 		t.Skip("cluster test")
 	}
+	t.Parallel() // waits on elections, with no timing bound of its own
 	c := newCluster(t)
 	s := &stack{t: t, dir: t.TempDir(), natsURL: c.urls(), workers: map[string]*proc{}, partitions: clusterPartitions}
 	parts := streams.Partitions(clusterPartitions)

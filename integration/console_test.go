@@ -451,6 +451,7 @@ func httpGetJSON(url string, v any) (int, error) {
 // alice's budget left across the frontends, her share of the log, and what
 // this frontend admitted and refused of hers.
 func TestConsoleTenants(t *testing.T) {
+	t.Parallel() // no timing bound of its own
 	s := newStack(t)
 	args, _ := s.tenantFiles(t, "alice rpm=20 log=0.3\n", "alice "+aliceKey, "bob "+bobKey, "admin "+adminKey)
 	f := s.frontend(nil, args...)

@@ -104,6 +104,7 @@ func promQuery(promURL, expr string) ([]float64, error) {
 // cancellation, a resume, canaries), and checks that every PromQL
 // expression of docs/grafana/baton.json parses and returns data.
 func TestDashboard(t *testing.T) {
+	t.Parallel() // waits on prometheus's scrapes, with no timing bound of its own
 	promBin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Fatal("no prometheus in PATH: install Debian's prometheus package (.ci/run does)")

@@ -110,6 +110,7 @@ func missing(got string, want []string, host string, ordered bool) string {
 // order for baton's commands and in any order for the nats CLI's (numbers,
 // times and ids may differ, and `…` stands for anything).
 func TestDocsDebugging(t *testing.T) {
+	t.Parallel() // a walk-through's commands, with no timing bound of their own
 	doc := readDoc(t, "docs/debugging.md")
 	setup := shBlocks(doc)
 	if len(setup) == 0 || len(setup[0]) != 2 || !strings.HasPrefix(setup[0][0], "baton up ") || !strings.HasPrefix(setup[0][1], "baton frontend ") {

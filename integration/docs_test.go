@@ -107,6 +107,7 @@ func shellWithin(t *testing.T, line string, env []string, bound time.Duration) (
 // a private store) and "Ask it something" as written: the curl, then the Go
 // program in a module of its own with the commands the README gives.
 func TestReadmeQuickStart(t *testing.T) {
+	t.Parallel() // a walk-through's commands (and a Go build), with no timing bound of their own
 	readme := readDoc(t, "README.md")
 	quick := shBlocks(section(t, readme, "## Quick start (a fresh machine with Go 1.26)"))
 	askText := section(t, readme, "### Ask it something")
@@ -193,6 +194,7 @@ func readmeGoProgram(t *testing.T, askText string, cmds []string, port int) {
 // the `nats` commands of docs/internals.md, which look at the demo's stack,
 // against the same stack, without a terminal.
 func TestReadmeDemo(t *testing.T) {
+	t.Parallel() // a walk-through's commands, with no timing bound of their own
 	readme := readDoc(t, "README.md")
 	blocks := shBlocks(section(t, readme, "### Watch a migration happen"))
 	if len(blocks) != 3 || len(blocks[0]) != 1 || len(blocks[1]) != 4 || len(blocks[2]) != 4 {
@@ -373,6 +375,7 @@ func docsNATS(t *testing.T, f *frontend, natsURL string) {
 // TestDemoScript runs scripts/demo (faster than its defaults): it must see
 // the migration, the pause and the undisturbed text, and exit 0.
 func TestDemoScript(t *testing.T) {
+	t.Parallel() // a walk-through's commands, with no timing bound of their own
 	demo := filepath.Join(t.TempDir(), "demo")
 	if out, err := exec.Command("go", "build", "-o", demo, "../scripts/demo").CombinedOutput(); err != nil {
 		t.Fatalf("build scripts/demo: %v\n%s", err, out)

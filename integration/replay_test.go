@@ -75,6 +75,7 @@ func natsCLI(t *testing.T) string {
 // do so, a thin margin on a loaded machine: a request that ends first is
 // not taken over).
 func TestReplayMigratedAndResumed(t *testing.T) {
+	t.Parallel() // no timing bound of its own
 	s, f1, f2 := twoFrontendsWorkers(t, []string{"--mock-hold-at-token", "100"})
 	const id, maxTokens = "replayed", 150
 	prompt := "replay a request that migrated and resumed"
@@ -349,6 +350,7 @@ func TestFutureEventsInALiveRequest(t *testing.T) {
 // of all of them; a component that asks for another number of partitions
 // exits 2 with the reason.
 func TestPartitionedLogTools(t *testing.T) {
+	t.Parallel() // no timing bound of its own
 	s := newStack(t)
 	fe := s.frontend([]string{"BATON_REQUEST_PARTITIONS=3"})
 	s.worker("w1", "--mock-tokens-per-sec", "1000", "--mock-ttft", "1ms")

@@ -101,6 +101,7 @@ func stopUp(t *testing.T, up *proc) {
 // server require that login (the frontend and workers use it); the store
 // persists across restarts, and --fresh starts empty.
 func TestUpFlags(t *testing.T) {
+	t.Parallel() // no timing bound of its own
 	dataDir := filepath.Join(t.TempDir(), "data")
 	sys := freePortPair(t)
 	up, f, natsPort := upStack(t, dataDir, "--system-port", strconv.Itoa(sys), "--user", "alice", "--password", "s3cret")
