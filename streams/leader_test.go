@@ -8,11 +8,14 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
-// TestReadBehind reads from the stream leader what a replica that answered
-// the direct gets had not applied yet. A lagging replica cannot be staged on
-// one node, so each case states where the replica's answer stopped (from):
-// the leader must supply exactly the request's messages from there on, in
-// order, and nothing of another request's.
+// TestReadBehind reads what a replica that answered the direct gets had not
+// returned (appended since, or not applied there yet). A lagging replica
+// cannot be staged on one node, so each case states where the replica's
+// answer stopped (from): readBehind must supply exactly the request's
+// messages from there on, in order, and nothing of another request's. On
+// one node its second batched get answers them all: the leader's answers a
+// message at a time, for a replica still behind, need a lagging replica,
+// which no test stages.
 func TestReadBehind(t *testing.T) {
 	s := natstest.Start(t)
 	js := s.Provision(t)

@@ -390,10 +390,14 @@ func readSubject(ctx context.Context, js jetstream.JetStream, stream, subject st
 	}
 }
 
-// readBehind reads from stream's leader what is stored on subject from
-// sequence from on, which the replica that answered the direct gets had not
-// yet applied (see leader.go). read says whether it yielded anything; ok is
-// false when the reader stopped or an error was yielded.
+// readBehind reads what is stored on subject from sequence from on that
+// the replica which answered the direct gets had not returned: appended
+// since (a request in flight), or not yet applied there (see leader.go).
+// It asks the stream's leader for the subject's last message, then reads
+// up to it with one more batched direct get (the leader itself, or a
+// replica that has caught up, answers it at once), and what that still
+// lacks from the leader a message at a time. read says whether it yielded
+// anything; ok is false when the reader stopped or an error was yielded.
 func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject string, from uint64, past *uint64,
 	yield func(events.Envelope, error) bool) (read, ok bool) {
 	last, err := leaderGet(ctx, js, stream, subject, 0, true)
@@ -403,7 +407,25 @@ func readBehind(ctx context.Context, js jetstream.JetStream, stream, subject str
 		// something still learns of it from the next live message's gap.
 		return false, true
 	}
-	for last != nil && from <= last.Sequence {
+	if last == nil || from > last.Sequence {
+		return false, true
+	}
+	// Formerly every message appended during the read cost a question to
+	// the leader: a takeover's catch-up of a fast stream, on a loaded
+	// server, ran out of its 5 s that way (TestRollingRestartOfFrontends).
+	if msgs, err := jetstreamext.GetBatch(ctx, js, stream, batchSize, jetstreamext.GetBatchSubject(subject),
+		jetstreamext.GetBatchSeq(from), jetstreamext.GetBatchMaxBytes(batchBytes)); err == nil {
+		for m, err := range msgs {
+			if err != nil {
+				break // the leader's answers below stand for it
+			}
+			read, from, *past = true, m.Sequence+1, m.Sequence
+			if e, isEvent := readable(DecodeRaw(m)); isEvent && !yield(e, nil) {
+				return read, false
+			}
+		}
+	}
+	for from <= last.Sequence {
 		m, err := leaderGet(ctx, js, stream, subject, from, false)
 		if err != nil {
 			// As above: what was read stands, a prefix of the subject in
