@@ -218,6 +218,20 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	case <-pctx.Done():
 		return fmt.Errorf("load the fleet view: %w", pctx.Err())
 	}
+	// The asks are answered before the presence says so (ManagesOutputs):
+	// a worker that reads it may ask at once, and a subscription not yet
+	// the server's interest gets "no responders".
+	if err := rn.checks.answer(runCtx, g); err != nil {
+		return err
+	}
+	if rn.outputs != nil {
+		if err := rn.outputs.start(runCtx, g); err != nil {
+			return err
+		}
+	}
+	if err := rn.nc.FlushWithContext(pctx); err != nil {
+		return fmt.Errorf("subscribe to checks and asks: %w", err)
+	}
 	earlier := rn.adopter.earlierRun() // before this run's key replaces it
 	err := streams.Retry(pctx, func(tctx context.Context) error {
 		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
@@ -228,14 +242,6 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 	})
 	if err != nil {
 		return err
-	}
-	if err := rn.checks.answer(runCtx, g); err != nil {
-		return err
-	}
-	if rn.outputs != nil {
-		if err := rn.outputs.start(runCtx, g); err != nil {
-			return err
-		}
 	}
 	g.Go(func() error {
 		rn.adopter.publish(runCtx)
