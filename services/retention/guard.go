@@ -187,6 +187,7 @@ func (g *Guard) Run(ctx context.Context) error {
 		}
 		fast := false
 		for _, stream := range g.partitions().Streams() {
+			g.judgeQueued(ctx)
 			u, err := g.usage.Read(ctx, stream)
 			if err != nil {
 				continue // the next reading tries again
@@ -335,6 +336,7 @@ func (g *Guard) guard(ctx context.Context, before, u streams.Usage, fast bool) {
 	}
 	g.mu.Unlock()
 	for _, w := range q {
+		g.judgeQueued(ctx)
 		g.sweep(ctx, u.Stream, w, u.LastSeq)
 	}
 	ws := f.Workers()
@@ -354,6 +356,7 @@ func (g *Guard) guard(ctx context.Context, before, u streams.Usage, fast bool) {
 		if ctx.Err() != nil {
 			return
 		}
+		g.judgeQueued(ctx)
 		w := ws[(start+i)%len(ws)]
 		key := u.Stream + " " + w
 		samples := minSamples

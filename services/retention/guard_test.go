@@ -438,6 +438,62 @@ func TestGuardJudgesSuspectAtOnce(t *testing.T) {
 	}
 }
 
+// stuckUsage is a UsageReader whose readings never answer but the first
+// partition's, which answers (an error) once released.
+type stuckUsage struct {
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (u *stuckUsage) Read(ctx context.Context, stream string) (streams.Usage, error) {
+	if stream == streams.Partitions(2).Stream(0) {
+		u.once.Do(func() { close(u.entered) })
+		select {
+		case <-u.release:
+		case <-ctx.Done():
+		}
+		return streams.Usage{}, errors.New("slow, then gone")
+	}
+	<-ctx.Done()
+	return streams.Usage{}, ctx.Err()
+}
+
+// TestGuardJudgesSuspectDuringReading: a suspect told while a reading's
+// question hangs is judged as soon as that question returns, before the
+// reading's next (which here never answers): it waits for one question,
+// not for the whole reading, which takes seconds under a flood.
+func TestGuardJudgesSuspectDuringReading(t *testing.T) {
+	js, fe, wk := guardedLog(t)
+	ctx := context.Background()
+	store(t, fe, wk, "inflight", 10, true)
+	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
+	u := &stuckUsage{entered: make(chan struct{}), release: make(chan struct{})}
+	g, err := retention.NewGuard(js, u, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.GuardConfig{Interval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.SetPartitions(2)
+	g.SetFleet(f)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- g.Run(rctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-u.entered // the reading's first question hangs
+	tokens := streams.RequestTokens("inflight", 0, "w1")
+	big, err := js.Publish(ctx, tokens, make([]byte, 200<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Suspect(streams.RequestsStream, tokens, big.Sequence, 200<<10)
+	close(u.release)
+	waitfor.Poll(t, "w1 quarantined, the reading's second question unanswered", func() bool { _, q := f.why("w1"); return q })
+}
+
 // TestGuardBoundsOwnAttempt: w1 serves a request of max_tokens 10 (an
 // attempt's message may hold 64 KiB + 10 × 4 KiB + the prompt's ids) and
 // writes four 200 KiB messages on its own attempt's subject (the partition

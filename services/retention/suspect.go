@@ -44,6 +44,20 @@ func (g *Guard) Suspect(stream, subject string, seq uint64, size int) {
 	}
 }
 
+// judgeQueued judges the suspects queued now (Run's goroutine). A reading
+// calls it between its questions, each of which may take long under a
+// flood: a suspect waits for one question, not for the whole reading.
+func (g *Guard) judgeQueued(ctx context.Context) {
+	for {
+		select {
+		case s := <-g.suspects:
+			g.judgeSuspect(ctx, s)
+		default:
+			return
+		}
+	}
+}
+
 // judgeSuspect judges a suspect (Run's goroutine).
 func (g *Guard) judgeSuspect(ctx context.Context, s suspect) {
 	g.mu.Lock()
