@@ -206,6 +206,9 @@ func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, 
 			nats.ClosedHandler(func(*nats.Conn) {
 				once.Do(func() { close(closed) })
 			}),
+			nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+				logAsyncError(log, sub, err)
+			}),
 		}
 		nc, err := nats.Connect(urls, append(opts, extra...)...)
 		if err == nil {
@@ -233,6 +236,19 @@ func connectNATS(ctx context.Context, urls, name string, timeout time.Duration, 
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// logAsyncError logs what the server or the client library reports
+// outside any call (a slow consumer's dropped messages, a permissions
+// violation) in the process's own log, where nats.go would print it to
+// stderr unstructured. A dropped live message is repaired (its reader
+// reads the log, runner/live.go), so it is a warning, not an error.
+func logAsyncError(log *slog.Logger, sub *nats.Subscription, err error) {
+	if sub == nil {
+		log.Warn("nats", "err", err)
+		return
+	}
+	log.Warn("nats", "subject", sub.Subject, "err", err)
 }
 
 // refused says what kind of refusal err is, when a server answered and

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -17,10 +18,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/baton-dev/baton/internal/natstest"
+	"github.com/baton-dev/baton/internal/waitfor"
 	"github.com/baton-dev/baton/services/natsserver"
 	"github.com/nats-io/nats.go"
 )
@@ -206,4 +210,52 @@ func TestRefused(t *testing.T) {
 			t.Errorf("%s: refused(%v) = %q, want %q", tt.name, tt.err, got, tt.want)
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger's and a test's use.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestAsyncErrorsLogged: what the connection reports outside any call (here
+// a slow consumer's dropped messages) is a line of the process's log, with
+// its subscription's subject, not nats.go's line on stderr.
+func TestAsyncErrorsLogged(t *testing.T) {
+	s := natstest.Start(t)
+	var out lockedBuffer
+	nc, err := connectNATS(t.Context(), s.URL, "test", 10*time.Second, slog.New(slog.NewTextHandler(&out, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	block := make(chan struct{})
+	defer close(block)
+	sub, err := nc.Subscribe("baton.test.slow", func(*nats.Msg) { <-block })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(1, -1); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := nc.Publish("baton.test.slow", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitfor.Poll(t, "the slow consumer logged", func() bool {
+		return strings.Contains(out.String(), "subject=baton.test.slow") && strings.Contains(out.String(), "slow consumer")
+	})
 }

@@ -2,6 +2,7 @@ package natstest
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,9 +48,30 @@ func (s *Server) JetStream(t testing.TB) jetstream.JetStream {
 
 // Connect opens a connection to url (any server: a cluster's, a proxy, a
 // baton process's) with opts; it closes when the test ends.
+//
+// What the connection reports outside any call (a slow consumer, which
+// nats.go would print to stderr) goes to the test's log, shown with -v or
+// on failure, until the test ends; an opts' ErrorHandler replaces that.
 func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(url, opts...)
+	var (
+		mu    sync.Mutex
+		ended bool
+	)
+	t.Cleanup(func() { mu.Lock(); ended = true; mu.Unlock() })
+	logErr := nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended {
+			return
+		}
+		if sub != nil {
+			t.Logf("nats: %s: %v", sub.Subject, err)
+		} else {
+			t.Logf("nats: %v", err)
+		}
+	})
+	nc, err := nats.Connect(url, append([]nats.Option{logErr}, opts...)...)
 	if err != nil {
 		t.Fatalf("connect %s: %v", url, err)
 	}
