@@ -509,6 +509,7 @@ func recipeBlocks(t *testing.T) [][]string {
 // workers w1-w3 each as its own user. A request is answered over HTTPS, the
 // streams are R3, and w1's credential cannot purge the log.
 func TestClusterRecipe(t *testing.T) {
+	t.Parallel() // no timing bound; its fixed ports (4222, 6222 on 127.0.0.1-3) are no other test's
 	if _, err := exec.LookPath("openssl"); err != nil {
 		t.Fatalf("openssl: %v (the recipe makes its certificates with it)", err)
 	}
