@@ -26,7 +26,8 @@
 //     it sees in the log is looked at, by the worker id its subjects name,
 //     whether or not the view holds its lease (checkStrangers): a
 //     credential needs no lease to write. A large message a reader saw go
-//     by (Suspect) is judged at once, between readings. A sweep judges a
+//     by (Suspect) is judged at once, between readings and between a
+//     reading's questions. A sweep judges a
 //     quarantined worker's subjects by their requests' last events, read
 //     1,024 a batched get (classifyBatched), and once none of its output
 //     is needed purges all it wrote with one purge of its tokens filter a
