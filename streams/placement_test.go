@@ -104,6 +104,7 @@ func distinct(leaders []string) bool {
 // leaders end on three nodes. Moved all onto n1, SpreadLeaders spreads them
 // again.
 func TestSpreadLeaders(t *testing.T) {
+	t.Parallel() // a cluster of its own; it waits for elections more than it computes
 	url := startCluster(t)
 	js := clusterJS(t, url, "admin", "a")
 	ctx := clusterCtx(t)
@@ -137,6 +138,7 @@ func TestSpreadLeaders(t *testing.T) {
 // down still provisions a working partitioned log, and says that the
 // leaders could not be spread.
 func TestProvisionLeadersNotSpread(t *testing.T) {
+	t.Parallel() // a cluster of its own; it waits for elections more than it computes
 	url := startCluster(t)
 	js := clusterJS(t, url, "nostep", "n")
 	ctx := clusterCtx(t)
