@@ -441,19 +441,27 @@ func (g *Guard) check(ctx context.Context, stream, worker string, f Fleet, from,
 		if (now.Before(g.honest[msg.Subject]) && !large) || (i > 0 && !judgeAll && !large) {
 			continue
 		}
-		if g.judgeMsg(ctx, stream, worker, f, msg, now) {
+		if g.judgeMsg(ctx, stream, worker, f, seen{msg.Subject, msg.Sequence, len(msg.Data)}, now) {
 			break
 		}
 	}
 	return to
 }
 
+// seen is a message of a worker's as the guard judges it: where it is
+// stored, and the size of its data.
+type seen struct {
+	subject string
+	seq     uint64
+	size    int
+}
+
 // judgeMsg judges msg, one of worker's messages on stream, and deals with
 // it if it is junk (judgeJunk), which it reports. A subject found not junk
 // for as long as its request runs is taken as honest for honestFor.
-func (g *Guard) judgeMsg(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, now time.Time) bool {
-	why, running := g.judge(ctx, stream, msg.Subject, msg.Sequence)
-	if why == "" && running && len(msg.Data) >= junkLarge {
+func (g *Guard) judgeMsg(ctx context.Context, stream, worker string, f Fleet, msg seen, now time.Time) bool {
+	why, running := g.judge(ctx, stream, msg.subject, msg.seq)
+	if why == "" && running && msg.size >= junkLarge {
 		why = g.overBound(ctx, stream, msg) // its own attempt's, but more than the attempt may write
 	}
 	if why == "" {
@@ -461,13 +469,16 @@ func (g *Guard) judgeMsg(ctx context.Context, stream, worker string, f Fleet, ms
 			if len(g.honest) >= routedCache {
 				clear(g.honest)
 			}
-			g.honest[msg.Subject] = now.Add(honestFor)
+			g.honest[msg.subject] = now.Add(honestFor)
 		}
 		return false
 	}
-	if full, err := streams.MsgAt(ctx, g.js, stream, msg.Sequence); err == nil && full != nil {
-		msg = full // its headers count towards its size
+	size := msg.size
+	if size < junkLarge { // its headers count towards its size, and may make it large
+		if full, err := streams.MsgAt(ctx, g.js, stream, msg.seq); err == nil && full != nil {
+			size = storedSize(full)
+		}
 	}
-	g.judgeJunk(ctx, stream, worker, f, msg, why)
+	g.judgeJunk(ctx, stream, worker, f, size, why)
 	return true
 }

@@ -16,16 +16,10 @@ import (
 // What the Guard makes of a worker's message: junk or not (judge, classify),
 // and what it does with junk (judgeJunk, quarantine, purgeAll, sweep).
 
-// judgeJunk deals with msg, junk of worker's for why: a large one
-// quarantines it at once; a small one is junk at all, or an honest
-// worker's late delta, as the count of its junk says.
-func (g *Guard) judgeJunk(ctx context.Context, stream, worker string, f Fleet, msg *jetstream.RawStreamMsg, why string) {
-	size := len(msg.Data)
-	for k, vs := range msg.Header {
-		for _, v := range vs {
-			size += len(k) + len(v)
-		}
-	}
+// judgeJunk deals with a message of size bytes, junk of worker's for why: a
+// large one quarantines it at once; a small one is junk at all, or an
+// honest worker's late delta, as the count of its junk says.
+func (g *Guard) judgeJunk(ctx context.Context, stream, worker string, f Fleet, size int, why string) {
 	if size >= junkLarge {
 		g.quarantine(ctx, f, stream, worker, fmt.Sprintf("a %d-byte message %s", size, why))
 		return
@@ -49,6 +43,18 @@ func (g *Guard) judgeJunk(ctx context.Context, stream, worker string, f Fleet, m
 		return
 	}
 	g.purgeAll(ctx, stream, junk)
+}
+
+// storedSize is msg's size as the guard counts it: its data and its
+// headers.
+func storedSize(msg *jetstream.RawStreamMsg) int {
+	size := len(msg.Data)
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			size += len(k) + len(v)
+		}
+	}
+	return size
 }
 
 // ownAttempt reports whether subject, a tokens subject of worker's, is
@@ -174,17 +180,17 @@ func (g *Guard) routedWorker(ctx context.Context, stream, id string, attempt int
 // overBound says why msg, on the subject of an attempt routed to its
 // worker, is junk all the same ("" if it is not): it is larger than any
 // message of an attempt of its request may be (projections.AttemptBound).
-func (g *Guard) overBound(ctx context.Context, stream string, msg *jetstream.RawStreamMsg) string {
-	rs, err := streams.ParseRequestSubject(msg.Subject)
+func (g *Guard) overBound(ctx context.Context, stream string, msg seen) string {
+	rs, err := streams.ParseRequestSubject(msg.subject)
 	if err != nil {
 		return ""
 	}
 	bound, err := g.requestBound(ctx, stream, rs.ID)
-	if err != nil || bound == 0 || len(msg.Data) <= bound {
+	if err != nil || bound == 0 || msg.size <= bound {
 		return ""
 	}
 	return fmt.Sprintf("on %s, its own attempt %d of request %s, a %d-byte message, over the %d bytes a message of the request's may hold",
-		msg.Subject, rs.Attempt, rs.ID, len(msg.Data), bound)
+		msg.subject, rs.Attempt, rs.ID, msg.size, bound)
 }
 
 // requestBound is attemptBound of request id, from its accepted event
