@@ -31,8 +31,8 @@ const suspectsQueued = 64
 // seconds on a loaded machine, while it fills the log and every reader of
 // the request's live messages. It never blocks.
 func (g *Guard) Suspect(stream, subject string, seq uint64, size int) {
-	if size < SuspectSize {
-		return
+	if size < SuspectSize || seq == 0 {
+		return // small, or not as the stream stored it (no sequence)
 	}
 	rs, err := streams.ParseRequestSubject(subject)
 	if err != nil || rs.Worker == "" {
