@@ -60,6 +60,9 @@ func batchedWriter(b *testing.B, n int, batched bool) {
 	}); err != nil {
 		b.Fatal(err)
 	}
+	if err := nc.Flush(); err != nil { // the answerer is the server's before a worker asks
+		b.Fatal(err)
+	}
 	// The reader: every end, from either live copy.
 	var ends atomic.Int64
 	ended := notify.NewSignal()
