@@ -79,31 +79,41 @@ func guardedLog(t *testing.T) (js jetstream.JetStream, fe, wk *streams.Log) {
 // frontend's does), until the test ends.
 func guard(t *testing.T, js jetstream.JetStream, f *fleet, interval time.Duration) *retention.Guard {
 	t.Helper()
-	reg, log := prometheus.NewRegistry(), slog.New(slog.DiscardHandler)
-	m, err := retention.NewMonitor(js, reg, log, retention.Config{Interval: interval})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g, err := retention.NewGuard(js, m, reg, log, retention.GuardConfig{Interval: interval})
+	m, err := retention.NewMonitor(js, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.Config{Interval: interval})
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.SetPartitions(1)
-	g.SetPartitions(1)
+	runUntilEnd(t, m.Run)
+	return runGuard(t, js, f, m, interval, 1)
+}
+
+// runGuard runs a Guard of a log of parts partitions guarding f's workers,
+// reading through usage every interval, until the test ends.
+func runGuard(t *testing.T, js jetstream.JetStream, f *fleet, usage retention.UsageReader, interval time.Duration, parts streams.Partitions) *retention.Guard {
+	t.Helper()
+	g, err := retention.NewGuard(js, usage, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.GuardConfig{Interval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.SetPartitions(parts)
 	g.SetFleet(f)
+	runUntilEnd(t, g.Run)
+	return g
+}
+
+// runUntilEnd runs run until the test ends, and fails the test unless it
+// then returns nil.
+func runUntilEnd(t *testing.T, run func(context.Context) error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 2)
-	go func() { done <- m.Run(ctx) }()
-	go func() { done <- g.Run(ctx) }()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		for range 2 {
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
+		if err := <-done; err != nil {
+			t.Error(err)
 		}
 	})
-	return g
 }
 
 // TestGuardQuarantinesJunkWriters: what a worker wrote since it was last
@@ -468,21 +478,7 @@ func TestGuardJudgesSuspectDuringReading(t *testing.T) {
 	store(t, fe, wk, "inflight", 10, true)
 	f := &fleet{live: []string{"w1"}, quarantined: map[string]string{}}
 	u := &stuckUsage{entered: make(chan struct{}), release: make(chan struct{})}
-	g, err := retention.NewGuard(js, u, prometheus.NewRegistry(), slog.New(slog.DiscardHandler), retention.GuardConfig{Interval: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.SetPartitions(2)
-	g.SetFleet(f)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- g.Run(rctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	g := runGuard(t, js, f, u, time.Millisecond, 2)
 	<-u.entered // the reading's first question hangs
 	tokens := streams.RequestTokens("inflight", 0, "w1")
 	big, err := js.Publish(ctx, tokens, make([]byte, 200<<10))
