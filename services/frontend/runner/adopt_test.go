@@ -76,6 +76,11 @@ func TestAdoptsOrphans(t *testing.T) {
 	list := []events.StoredAt{accept("bg", true), accept("plain", false)}
 	x.put(streams.FrontendsBucket, "fe-gone", events.FrontendPresence{FrontendID: "fe-gone", Adoptable: list})
 	x.depart("fe-gone")
+	// Adopted before it is attached to here: an attach first would take
+	// it over as a client's resume does, and leave nothing to adopt.
+	for x.counter("baton_frontend_requests_adopted_total") < 1 && x.ctx.Err() == nil {
+		time.Sleep(5 * time.Millisecond)
+	}
 
 	bg, err := rn.Attach(x.ctx, "bg")
 	if err != nil {
