@@ -119,6 +119,16 @@ type RequestRouted struct {
 	Attempt     int    `json:"attempt"`
 	WorkerID    string `json:"worker_id"`
 	StartOffset int    `json:"start_offset"`
+	// Output is the dispatch's Output: OutputBatched when the attempt's
+	// worker writes it in batches to its own output stream, on the subject
+	// streams.WorkerOutput(WorkerID, OutputTo), rather than per token on
+	// the request's partition. Absent: per token. Older readers ignore it,
+	// which is why a frontend asks for batches only while every live
+	// frontend reads them (FrontendPresence.ReadsBatched).
+	Output string `json:"output,omitempty"`
+	// OutputTo is the frontend the worker sends the attempt's batches to
+	// (the dispatch's Frontend), with Output.
+	OutputTo string `json:"output_to,omitempty"`
 }
 
 func (RequestRouted) EventType() string { return TypeRequestRouted }
@@ -127,6 +137,9 @@ func (e RequestRouted) Request() string { return e.RequestID }
 func (e *RequestRouted) validate() error {
 	if e.Attempt < 0 || e.StartOffset < 0 || e.WorkerID == "" {
 		return fmt.Errorf("bad attempt, offset or worker")
+	}
+	if e.Output == OutputBatched && e.OutputTo == "" {
+		return fmt.Errorf("batched output without output_to")
 	}
 	return nil
 }

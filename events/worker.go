@@ -173,6 +173,12 @@ type FrontendPresence struct {
 	// for the stream's MaxAge (--batched-output). Absent: older builds and
 	// frontends without the switch, which are never ranked to delete.
 	ManagesOutputs bool `json:"manages_outputs,omitempty"`
+	// ReadsBatched says this frontend follows the batches that workers
+	// send it (--batched-output), and closes a batched attempt in its
+	// worker's stream before it decides (docs/internals.md, "The write
+	// path of many tokens per message"). A frontend asks a worker for
+	// batches (Dispatch.Output) only while every live frontend says so.
+	ReadsBatched bool `json:"reads_batched,omitempty"`
 }
 
 // StoredAt is where a request's accepted event is stored: the partition of

@@ -101,6 +101,11 @@ func IsCarry(id, evid string) bool {
 		rest[1:1+len(carrySuffix)] == carrySuffix && rest[1+len(carrySuffix)] == '.'
 }
 
+// IsConsolidation reports whether evid is the id of a consolidated delta:
+// a batched attempt's tokens, copied by its owner from the worker's stream
+// to the partition ("<request>.<attempt>.<offset>.c").
+func IsConsolidation(evid string) bool { return strings.HasSuffix(evid, ".c") }
+
 // Compacted reports whether the state came from a compact record.
 func (r *Request) Compacted() bool { return r.compacted }
 
@@ -187,4 +192,58 @@ func (r *Request) applyCompacted(ev events.RequestCompacted) (bool, string) {
 		r.tokens = nil
 	}
 	return true, ""
+}
+
+// Consolidation is the delta that copies attempt k's tokens from offset
+// from up to where the fold has them (its cut once it is closed): how a
+// batched attempt's output, folded from its worker's stream, is written to
+// the request's partition (docs/internals.md). ok is false when there is
+// nothing to copy. Its ids, details, prompt ids, model and verdict are the
+// fold's, so that a reader of the copy folds what this fold holds.
+func (r *Request) Consolidation(k, from int) (d events.TokensGenerated, ok bool) {
+	if k < 0 || k >= len(r.Attempts) || r.countOnly {
+		return d, false
+	}
+	a := r.Attempts[k]
+	end := r.n
+	if a.Closed {
+		end = a.Cut
+	}
+	from = max(from, a.StartOffset)
+	if end <= from || end > len(r.tokens) {
+		return d, false
+	}
+	d = events.TokensGenerated{RequestID: r.Accepted.RequestID, Attempt: k, Offset: from, Tokens: slices.Clone(r.tokens[from:end]),
+		Exact: a.Exact}
+	if !r.idsLost && len(r.ids) >= end {
+		d.IDs = slices.Clone(r.ids[from:end])
+	}
+	if len(r.details) >= end {
+		d.Details = slices.Clone(r.details[from:end])
+	}
+	if from == 0 {
+		d.PromptIDs = r.PromptIDs
+	}
+	d.Model = r.UpstreamModel
+	return d, true
+}
+
+// Closing is the event that closed attempt k in the fold, as its worker or
+// a fence stored it: the attempt's failure at its cut, or the request's
+// completion by k. ok is false while k is open.
+func (r *Request) Closing(k int) (ev events.Event, ok bool) {
+	if k < 0 || k >= len(r.Attempts) {
+		return nil, false
+	}
+	a := r.Attempts[k]
+	id := r.Accepted.RequestID
+	switch {
+	case a.Closed:
+		return events.AttemptFailed{RequestID: id, Attempt: k, WorkerID: a.WorkerID, Offset: a.Cut, Reason: a.CloseReason,
+			Class: a.CloseClass, Status: a.CloseStatus, Code: a.CloseCode, Message: a.CloseMessage, RetryAfterMS: a.RetryAfterMS}, true
+	case r.Status == StatusCompleted && k == len(r.Attempts)-1:
+		return events.RequestCompleted{RequestID: id, Attempt: k, FinishReason: r.FinishReason,
+			PromptTokens: r.EnginePromptTokens, CompletionTokens: r.EngineCompletionTokens, Exact: a.Exact}, true
+	}
+	return nil, false
 }

@@ -48,7 +48,15 @@ type Attempt struct {
 	// reported it on its first delta or its completion: whether it
 	// continued the answer so far exactly. Nil: not reported (yet).
 	Exact *bool `json:"exact,omitempty"`
+	// Output and OutputTo are the routed decision's (events.RequestRouted):
+	// a batched attempt's output is in its worker's output stream, on the
+	// subject of the frontend OutputTo, until it is consolidated here.
+	Output   string `json:"output,omitempty"`
+	OutputTo string `json:"output_to,omitempty"`
 }
+
+// Batched reports whether the attempt's worker writes it in batches.
+func (a Attempt) Batched() bool { return a.Output == events.OutputBatched }
 
 // Migration is one re-dispatch of a request.
 type Migration struct {
@@ -294,7 +302,8 @@ func (r *Request) applyRouted(ev events.RequestRouted) (bool, string) {
 	case ev.Attempt != len(r.Attempts):
 		return false, IgnoredOutOfOrder
 	}
-	r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset})
+	r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset,
+		Output: ev.Output, OutputTo: ev.OutputTo})
 	r.Status = StatusRunning
 	return true, ""
 }

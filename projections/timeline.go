@@ -114,10 +114,17 @@ func Describe(e events.Envelope) string {
 	case events.RequestAccepted:
 		return describeAccepted(ev)
 	case events.RequestRouted:
-		return fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
+		s := fmt.Sprintf("attempt %d → worker %s, from token %d", ev.Attempt, ev.WorkerID, ev.StartOffset)
+		if ev.Output == events.OutputBatched {
+			s += ", batched (its output in the worker's stream, for frontend " + ev.OutputTo + ")"
+		}
+		return s
 	case events.TokensGenerated:
 		if IsCarry(ev.RequestID, e.ID) {
 			return CarryPrefix + TokenRange(ev.Offset, len(ev.Tokens), 1)
+		}
+		if IsConsolidation(e.ID) {
+			return fmt.Sprintf("attempt %d: %s, copied from its worker's stream", ev.Attempt, TokenRange(ev.Offset, len(ev.Tokens), 1))
 		}
 		return fmt.Sprintf("attempt %d: %s", ev.Attempt, TokenRange(ev.Offset, len(ev.Tokens), 1))
 	case events.RequestCompleted:
@@ -182,7 +189,11 @@ func describeAccepted(ev events.RequestAccepted) string {
 		parts = append(parts, "parent "+ev.ParentID)
 	}
 	if r := ev.Route; r != nil {
-		parts = append(parts, "attempt 0 → worker "+r.WorkerID)
+		route := "attempt 0 → worker " + r.WorkerID
+		if r.Output == events.OutputBatched {
+			route += ", batched"
+		}
+		parts = append(parts, route)
 	}
 	if ev.PinnedWorker != "" {
 		parts = append(parts, "pinned to "+ev.PinnedWorker)

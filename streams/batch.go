@@ -1,12 +1,18 @@
 package streams
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"iter"
 	"strings"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 // The subjects of issue 33's write path (docs/internals.md, "The write path
@@ -79,4 +85,99 @@ func BatchEntries(m *nats.Msg) (worker string, entries []events.Envelope, err er
 		}
 		entries = append(entries, e)
 	}
+}
+
+// LiveWorkerOutput is the subject on which WorkerOutput(worker, owner)'s
+// batches are republished.
+func LiveWorkerOutput(worker, owner string) string { return liveOutPrefix + worker + outDest + owner }
+
+// LiveWorkerOutputs matches the republished batches of every worker for
+// the requests owner follows: a frontend's one subscription to them.
+func LiveWorkerOutputs(owner string) string { return liveOutPrefix + "*" + outDest + owner }
+
+// OutputBatch is one batch of a worker's output as read back: its stream
+// sequence and its entries (BatchEntries).
+type OutputBatch struct {
+	Seq     uint64
+	Entries []events.Envelope
+}
+
+// ReadWorkerOutput reads the batches worker stored for owner's requests
+// (WorkerOutput(worker, owner)) in their order: from sequence from, or,
+// with from 0, from the first stored at since or later (the server's
+// clock), up to sequence to included (0: to the last). A batch that
+// cannot be read whole yields what it framed, and the read goes on: a
+// worker's junk is its own. ErrNotFound when the stream is gone.
+func ReadWorkerOutput(ctx context.Context, js jetstream.JetStream, worker, owner string, from uint64, since time.Time, to uint64) iter.Seq2[OutputBatch, error] {
+	subject, stream := WorkerOutput(worker, owner), WorkerOutputStream(worker)
+	return func(yield func(OutputBatch, error) bool) {
+		for {
+			opts := []jetstreamext.GetBatchOpt{jetstreamext.GetBatchSubject(subject), jetstreamext.GetBatchMaxBytes(batchBytes)}
+			if from == 0 && !since.IsZero() {
+				opts = append(opts, jetstreamext.GetBatchStartTime(since))
+			} else {
+				opts = append(opts, jetstreamext.GetBatchSeq(max(from, 1)))
+			}
+			msgs, err := jetstreamext.GetBatch(ctx, js, stream, batchSize, opts...)
+			if err != nil {
+				yield(OutputBatch{}, outputReadErr(subject, err))
+				return
+			}
+			n, pending := 0, ""
+			for m, err := range msgs {
+				if errors.Is(err, jetstreamext.ErrNoMessages) {
+					break
+				}
+				if err != nil {
+					yield(OutputBatch{}, outputReadErr(subject, err))
+					return
+				}
+				if to != 0 && m.Sequence > to {
+					return
+				}
+				n++
+				from, pending = m.Sequence+1, m.Header.Get("Nats-Num-Pending")
+				_, entries, _ := BatchEntries(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+				if !yield(OutputBatch{Seq: m.Sequence, Entries: entries}, nil) {
+					return
+				}
+			}
+			if n == 0 || pending == "0" || (to != 0 && from > to) {
+				return
+			}
+		}
+	}
+}
+
+func outputReadErr(subject string, err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("read %s: %w", subject, ErrNotFound)
+	}
+	return fmt.Errorf("read %s: %w", subject, err)
+}
+
+// AppendOutputFence stores ev, a frontend's fence of an attempt (an
+// AttemptFailed), as a batch of one entry on WorkerOutput(worker, owner):
+// ordered with the worker's batches, so that every reader of the attempt
+// accepts what was stored before it and nothing after. It returns the
+// fence's stream sequence. source is the frontend's, id the fence's event
+// id (also the message id: a retried fence is stored once).
+func AppendOutputFence(ctx context.Context, js jetstream.JetStream, worker, owner, source, id string, ev events.AttemptFailed) (uint64, error) {
+	enc, err := events.NewBatchEncoder(source)
+	if err != nil {
+		return 0, err
+	}
+	if err := enc.AppendEvent(events.Envelope{ID: id, Subject: ev.RequestID, Time: time.Now(), Event: ev}); err != nil {
+		return 0, err
+	}
+	h, data, err := enc.Message(nil, id+".batch")
+	if err != nil {
+		return 0, err
+	}
+	m := &nats.Msg{Subject: WorkerOutput(worker, owner), Header: nats.Header(h), Data: data}
+	ack, err := js.PublishMsg(ctx, m, jetstream.WithMsgID(id), jetstream.WithExpectStream(WorkerOutputStream(worker)))
+	if err != nil {
+		return 0, fmt.Errorf("fence %s: %w", m.Subject, err)
+	}
+	return ack.Sequence, nil
 }

@@ -94,7 +94,9 @@ func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldD
 		done()
 		return nil
 	}
-	return rn.dispatcher.sendHeld(ctx, w, done, a.Dispatch)
+	d := a.Dispatch
+	rn.batchedTo(w, &d)
+	return rn.dispatcher.sendHeld(ctx, w, done, d)
 }
 
 // send sends d to workerID and waits for its answer; it sets the

@@ -62,7 +62,7 @@ type follower struct {
 	running  bool       // run was started and has not decided to return
 	halted   bool       // stop was called: run is not started again
 	busy     bool       // run has messages or catch-ups in hand
-	queue    []*nats.Msg
+	queue    []liveItem
 	queued   int          // bytes of the queued messages' bodies
 	overflow bool         // messages were dropped: read the log
 	waiters  []chan error // catch-ups asked for
@@ -75,6 +75,21 @@ type follower struct {
 	timing     timing      // where the time before the first token went
 	err        error       // a catch-up failure; readers surface it
 	unread     time.Time   // since when catch-ups fail (zero once one succeeds)
+	// outSeqs is the last batch applied per worker output subject (the
+	// stream sequence in the worker's output stream), and routedAt when
+	// each attempt was routed (its decision's time): where a read of a
+	// batched attempt's output starts (batched.go).
+	outSeqs  subjectSeqs
+	routedAt []time.Time
+	sealed   []int    // batched attempts whose output is taken no more (seal)
+	foreign  []string // other frontends' output subjects held (live.holdForeign)
+}
+
+// liveItem is what a follower queues for run: a republished message of
+// its request, or the entries of a batch a worker sent this frontend.
+type liveItem struct {
+	m   *nats.Msg
+	out *outBatch
 }
 
 // follow registers for request id's live messages. With history set it
@@ -104,6 +119,9 @@ func (f *follower) stop() {
 	f.qmu.Unlock()
 	close(f.stopped)
 	f.runs.Wait()
+	for _, subj := range f.foreign { // run, which holds them, is done
+		f.subs.releaseForeign(subj)
+	}
 	close(f.done)
 }
 
@@ -123,14 +141,20 @@ func (f *follower) onLive(m *nats.Msg) {
 		}
 		f.qmu.Lock()
 	}
-	if len(f.queue) < maxQueued && f.queued+len(m.Data) <= maxQueuedBytes {
-		f.queue = append(f.queue, m)
-		f.queued += len(m.Data)
+	f.enqueueLocked(liveItem{m: m}, len(m.Data))
+	f.qmu.Unlock()
+	f.poke()
+}
+
+// enqueueLocked queues it for run, or, past the bounds, has run read the
+// log instead. Called with qmu held.
+func (f *follower) enqueueLocked(it liveItem, size int) {
+	if len(f.queue) < maxQueued && f.queued+size <= maxQueuedBytes {
+		f.queue = append(f.queue, it)
+		f.queued += size
 	} else {
 		f.overflow = true
 	}
-	f.qmu.Unlock()
-	f.poke()
 }
 
 // liveMsg is a republished message as the follower applies it: the rule,
@@ -250,9 +274,9 @@ func (f *follower) run() {
 // queues behind it, so events are applied in order.
 func (f *follower) drain() bool {
 	f.qmu.Lock()
-	msgs, overflow, waiters := f.queue, f.overflow, f.waiters
+	items, overflow, waiters := f.queue, f.overflow, f.waiters
 	f.queue, f.queued, f.overflow, f.waiters = nil, 0, false, nil
-	f.busy = len(msgs) > 0 || overflow || len(waiters) > 0
+	f.busy = len(items) > 0 || overflow || len(waiters) > 0
 	busy := f.busy
 	f.qmu.Unlock()
 	if !busy {
@@ -266,8 +290,12 @@ func (f *follower) drain() bool {
 		}
 		changed = true
 	}
-	for _, m := range msgs {
-		changed = f.live(m) || changed
+	for _, it := range items {
+		if it.out != nil {
+			changed = f.batch(it.out) || changed
+		} else {
+			changed = f.live(it.m) || changed
+		}
 	}
 	if changed {
 		f.changed.Notify()
@@ -338,6 +366,11 @@ func (f *follower) readLog() error {
 		f.applyLocked(e)
 	}
 	f.readPast = max(f.readPast, past)
+	f.mu.Unlock()
+	if err == nil {
+		err = f.readOutput(ctx)
+	}
+	f.mu.Lock()
 	f.err = err
 	first := err != nil && f.unread.IsZero()
 	switch {
@@ -402,7 +435,12 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 		f.progress = time.Now()
 		f.timing.note(e, before)
 	}
-	if _, delta := e.Event.(events.TokensGenerated); changed && !delta {
+	_, delta := e.Event.(events.TokensGenerated)
+	switch {
+	case delta && e.Header != nil:
+		f.noteConsolidated(e)
+	case changed && !delta:
+		f.noteRouted(e)
 		f.decided.Notify()
 	}
 	return changed

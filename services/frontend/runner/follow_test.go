@@ -323,7 +323,7 @@ func TestFollowerQueueBoundedInBytes(t *testing.T) {
 	defer f.qmu.Unlock()
 	held := 0
 	for _, m := range f.queue {
-		held += len(m.Data)
+		held += len(m.m.Data)
 	}
 	if held > maxQueuedBytes || held != f.queued || !f.overflow {
 		t.Errorf("queued %d messages, %d bytes (counted %d), overflow %v: want at most %d bytes, the rest dropped for a read of the log",

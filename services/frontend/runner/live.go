@@ -56,6 +56,7 @@ type live struct {
 
 	slots [streams.Slots]liveSlot
 	ends  *nats.Subscription // the ends place's republished ends (streams.EndsLive), rare: one for every request
+	outs  *liveOutputs       // the batches workers send this frontend; nil without --batched-output
 }
 
 // liveSlot is the subscription of one hash slot.
@@ -188,10 +189,13 @@ func (l *live) remove(f *follower) {
 // server's slow consumer, is caught up on reconnect: catchUpOnReconnect.)
 func (l *live) watchDrops(ctx context.Context) {
 	var seen [streams.Slots]dropCount
-	var ends dropCount
+	var ends, outs dropCount
 	every.Tick(ctx, dropsCheckEvery, func() {
 		if ends.changed(l.ends) {
 			l.readAgain(func(string) bool { return true })
+		}
+		if l.outs != nil && outs.changed(l.outs.sub) {
+			l.readAgainBatched("")
 		}
 		for k := range l.slots {
 			s := &l.slots[k]
@@ -247,6 +251,9 @@ func (l *live) readAgain(match func(id string) bool) {
 // close ends every subscription.
 func (l *live) close() error {
 	_ = l.ends.Unsubscribe()
+	if l.outs != nil {
+		_ = l.outs.sub.Unsubscribe()
+	}
 	for k := range l.slots {
 		s := &l.slots[k]
 		s.mu.Lock()

@@ -32,6 +32,9 @@ type Request struct {
 	// times it waited, and when it first found the pool busy.
 	busyWaits int
 	busySince time.Time
+	// cons is what t's runner copied of its batched attempts to the
+	// partition (consolidate), per attempt.
+	cons []consolidated
 
 	// Guarded by requests.mu.
 	refs          int       // holders: clients, the runner, lookups
@@ -107,7 +110,8 @@ func (rn *Runner) Accept(ctx context.Context, acc events.RequestAccepted) (*Requ
 	if early != nil && rn.cfg.RouteInAccepted && rn.everyoneReadsAcceptedRoute() {
 		// Its routed decision is stored with the acceptance: the worker
 		// is told after one acknowledgement, not two.
-		acc.Route = &events.RequestRouted{RequestID: acc.RequestID, WorkerID: early.w.ID}
+		route := routedOf(acc.RequestID, early.w, early.d)
+		acc.Route = &route
 		early.stored = true
 		env = rn.events.Envelope(env.ID, acc.RequestID, acc)
 	}

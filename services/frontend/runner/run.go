@@ -32,6 +32,9 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		obs := migrations.Observation{DetachedSince: rn.requests.detachedSince(t), Dispatch: outcome, LogFull: rn.room.Full(t.id)}
 		lch := rn.room.Changed()
 		a, model, endpoint, firstPending := rn.observe(t, mem, obs, &relayed)
+		// Whatever closed a batched attempt in what the step saw is
+		// copied to the partition before the step stores anything.
+		due := rn.consolidate(ctx, t)
 		rn.commands.relay(&relayed)
 		mem, outcome = a.Next, nil
 		if firstPending && mem.Watch.Active {
@@ -50,7 +53,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 			}
 			return
 		case migrations.Wait:
-			waitStep(ctx, a.Until, fch, dch, lch)
+			waitStep(ctx, earliest(a.Until, due), fch, dch, lch)
 		case migrations.DispatchNext:
 			var done func()
 			outcome, done = rn.carryDispatch(ctx, t, a)
@@ -265,6 +268,14 @@ const retryAfterError = time.Second
 // when a catch-up failed.
 const retryCatchUp = 250 * time.Millisecond
 
+// earliest is the earlier of two times, the zero time being never.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || (!b.IsZero() && b.Before(a)) {
+		return b
+	}
+	return a
+}
+
 // waitStep blocks until ctx is done, until (if set), or the request,
 // discovery or the log's room changed (a nil channel never does).
 func waitStep(ctx context.Context, until time.Time, request, discovery, room <-chan struct{}) {
@@ -320,6 +331,7 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		rn.dispatcher.abandon(h)
 	}
 	w, done, err := rn.fleet.Pick(d, a.Pinned, a.Exclude)
+	rn.batchedTo(w, &d)
 	if err != nil {
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, fleet.ErrAllBusy),
 			NotCapable: fleet.IsNotCapable(err), Err: err.Error()}, nil
@@ -327,7 +339,7 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	if w.HoldsUntilRouted {
 		return rn.routeHeld(ctx, t, rn.dispatcher.sendHeld(ctx, w, done, d))
 	}
-	ok, err := rn.decisions.append(ctx, t, routedID(t, d, rn.id), routedOf(t, w, d))
+	ok, err := rn.decisions.append(ctx, t, routedID(t, d, rn.id), routedOf(t.id, w, d))
 	if !ok {
 		return rn.notRouted(t, done, err), nil
 	}
@@ -335,8 +347,13 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 	return rn.dispatched(ctx, t, w, done, d, reply, err)
 }
 
-func routedOf(t *Request, w projections.Worker, d events.Dispatch) events.RequestRouted {
-	return events.RequestRouted{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
+// routedOf is the routed decision of dispatch d of request id to w.
+func routedOf(id string, w projections.Worker, d events.Dispatch) events.RequestRouted {
+	r := events.RequestRouted{RequestID: id, Attempt: d.Attempt, WorkerID: w.ID, StartOffset: d.StartOffset}
+	if d.Output == events.OutputBatched {
+		r.Output, r.OutputTo = d.Output, d.Frontend
+	}
+	return r
 }
 
 func routedID(t *Request, d events.Dispatch, frontend string) string {
@@ -373,7 +390,7 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 		rn.metrics.dispatchUnanswered.WithLabelValues(w.ID).Inc()
 		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
-	rn.decisions.fence(ctx, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	rn.fence(ctx, t, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
 	waitClosed(ctx, t, d.Attempt)
 	return out, nil
 }
@@ -388,7 +405,7 @@ func (rn *Runner) routeHeld(ctx context.Context, t *Request, h *heldDispatch) (*
 	var seq uint64 // 0 when stored with the acceptance (folded already)
 	ok, err := h.stored, error(nil)
 	if !ok {
-		seq, ok, err = rn.decisions.store(ctx, t, routedID(t, h.d, rn.id), routedOf(t, h.w, h.d))
+		seq, ok, err = rn.decisions.store(ctx, t, routedID(t, h.d, rn.id), routedOf(t.id, h.w, h.d))
 	}
 	routedHere := ok || routedTo(t, h.d.Attempt, h.w.ID)
 	if routedHere {
@@ -431,7 +448,7 @@ func waitClosed(ctx context.Context, t *Request, k int) {
 // closure.
 func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Action) {
 	if a.AppendFence {
-		rn.decisions.fence(ctx, a.Fence)
+		rn.fence(ctx, t, a.Fence)
 	}
 	if w, ok := rn.fleet.Worker(a.Fence.WorkerID); ok && a.Inhibit && rn.fleet.Inhibit(w, a.InhibitFor) {
 		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()

@@ -109,6 +109,11 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 	if rn.live, err = newLive(nc, rn.guard.Suspect); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
+	if cfg.BatchedOutput {
+		if err := rn.live.followOutputs(cfg.ID); err != nil {
+			return nil, fmt.Errorf("runner: %w", err)
+		}
+	}
 	received := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "baton_frontend_nats_received_bytes_total",
 		Help: "Bytes this frontend received from NATS on its main connection: the live traffic of the requests it follows, history reads, watches.",
@@ -237,7 +242,7 @@ func (rn *Runner) startWatchers(ctx, runCtx context.Context, g *errgroup.Group, 
 		return rn.presence.start(runCtx, tctx, rn.js, events.FrontendPresence{
 			FrontendID: rn.id, Addr: addr,
 			ClientID: clientID(rn.nc), Server: rn.nc.ConnectedServerId(), ReadsCompacted: true,
-			ReadsAcceptedRoute: true, ManagesOutputs: rn.outputs != nil,
+			ReadsAcceptedRoute: true, ManagesOutputs: rn.outputs != nil, ReadsBatched: rn.outputs != nil,
 		}, g)
 	})
 	if err != nil {

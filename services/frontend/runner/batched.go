@@ -1,0 +1,394 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/projections"
+	"github.com/baton-dev/baton/streams"
+)
+
+// A batched attempt (docs/internals.md, "The write path of many tokens per
+// message"): its worker writes its deltas and its end in batches, many
+// attempts a message, to its own output stream, on the subject of the
+// frontend that dispatched it (streams.WorkerOutput(worker, OutputTo)). The
+// rules that keep every reader's fold the same:
+//
+//   - A reader folds the attempt's entries in the worker stream's order, up
+//     to its first closing entry: the worker's completion or failure, or a
+//     frontend's fence, which is stored among the worker's batches
+//     (streams.AppendOutputFence) so that it is ordered with them.
+//   - The owner follows its subject live (live.deliverBatch); any follower
+//     reads the attempt's output back when it catches up (readOutput), from
+//     the last batch it applied, or the last consolidation it folded, or
+//     the attempt's routed decision.
+//   - The owner copies what it folded to the request's partition
+//     (consolidate): every second while the attempt runs, and once it is
+//     closed, with the closing event, before any decision that follows it.
+//     So the partition alone says how every closed attempt ends, and a
+//     reader that predates batches folds the attempt from it, late.
+
+// outBatch is the part of a batch that concerns one request: its entries,
+// in order, and the batch's place in its worker's stream.
+type outBatch struct {
+	subject string // the stored subject, streams.WorkerOutput(worker, owner)
+	seq     uint64
+	entries []events.Envelope
+}
+
+// outputReadMargin is how long before an attempt's routed decision (its
+// producer's clock) a read of its output starts, when nothing of it was
+// read yet: clocks differ between a frontend and the server.
+const outputReadMargin = 10 * time.Second
+
+// HeaderOutSeq is the consolidated delta's extension attribute: the last
+// batch (its sequence in the worker's output stream) whose entries it
+// covers. A reader reads the attempt's output back from the next one.
+const HeaderOutSeq = "ce-outseq"
+
+// onBatch applies b at once when that needs no I/O, as onLive does, and
+// queues it for run otherwise.
+func (f *follower) onBatch(b *outBatch) {
+	f.qmu.Lock()
+	if !f.busy && f.idleLocked() {
+		f.mu.Lock()
+		changed, ok := f.applyBatchLocked(b)
+		f.mu.Unlock()
+		f.qmu.Unlock()
+		if changed {
+			f.changed.Notify()
+		}
+		if ok {
+			return
+		}
+		f.qmu.Lock()
+	}
+	size := 0
+	for _, e := range b.entries {
+		if d, ok := e.Event.(events.TokensGenerated); ok {
+			for _, t := range d.Tokens {
+				size += len(t)
+			}
+		}
+	}
+	f.enqueueLocked(liveItem{out: b}, size)
+	f.qmu.Unlock()
+	f.poke()
+}
+
+// batch is run's onBatch: it reads the log first when b holds entries of
+// an attempt whose routed decision was not folded yet (the read folds the
+// decision, then reads the attempt's output, b included).
+func (f *follower) batch(b *outBatch) bool {
+	f.mu.Lock()
+	changed, ok := f.applyBatchLocked(b)
+	f.mu.Unlock()
+	if !ok {
+		_ = f.readLog()
+		return true
+	}
+	return changed
+}
+
+// applyBatchLocked applies b's entries unless b was applied already; ok is
+// false, and nothing applied, when an entry's attempt is not routed in the
+// fold yet. Called with mu held.
+func (f *follower) applyBatchLocked(b *outBatch) (changed, ok bool) {
+	if b.seq <= f.outSeqs.get(b.subject) {
+		return false, true
+	}
+	for _, e := range b.entries {
+		if k, out := events.AttemptOutput(e.Event); out && k >= len(f.proj.Attempts) && !f.proj.Status.Terminal() {
+			return false, false
+		}
+	}
+	for _, e := range b.entries {
+		if k, _ := events.AttemptOutput(e.Event); slices.Contains(f.sealed, k) {
+			continue
+		}
+		changed = f.applyLocked(e) || changed
+	}
+	f.outSeqs.set(b.subject, b.seq)
+	return changed, true
+}
+
+// seal has the follower take nothing more of batched attempt k from its
+// worker's stream: the attempt is closed on the partition at what it holds
+// (Runner.fence, when the worker's stream refuses the fence).
+func (f *follower) seal(k int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !slices.Contains(f.sealed, k) {
+		f.sealed = append(f.sealed, k)
+	}
+}
+
+// noteRouted records when an attempt was routed, and the worker-stream
+// position a consolidated delta covers: where a read of a batched
+// attempt's output starts. Called with mu held, for an event folded.
+func (f *follower) noteRouted(e events.Envelope) {
+	var k int
+	switch ev := e.Event.(type) {
+	case events.RequestRouted:
+		k = ev.Attempt
+	case events.RequestAccepted:
+		if ev.Route == nil {
+			return
+		}
+	default:
+		return
+	}
+	for len(f.routedAt) <= k {
+		f.routedAt = append(f.routedAt, time.Time{})
+	}
+	f.routedAt[k] = e.Time
+}
+
+// noteConsolidated records the worker-stream position a consolidated delta
+// of a batched attempt covers. Called with mu held.
+func (f *follower) noteConsolidated(e events.Envelope) {
+	d, ok := e.Event.(events.TokensGenerated)
+	if !ok || e.Header == nil || d.Attempt < 0 || d.Attempt >= len(f.proj.Attempts) {
+		return
+	}
+	a := f.proj.Attempts[d.Attempt]
+	v := e.Header[HeaderOutSeq]
+	if !a.Batched() || len(v) == 0 {
+		return
+	}
+	if seq, err := strconv.ParseUint(v[0], 10, 64); err == nil {
+		subj := streams.WorkerOutput(a.WorkerID, a.OutputTo)
+		f.outSeqs.set(subj, max(f.outSeqs.get(subj), seq))
+	}
+}
+
+// readOutput reads the current attempt's output back from its worker's
+// stream, when it is batched and open, and applies it. A stream that is
+// gone holds nothing more to read. Only run calls it (through readLog).
+func (f *follower) readOutput(ctx context.Context) error {
+	f.mu.Lock()
+	cur, ok := f.proj.Current()
+	open := ok && cur.Batched() && !cur.Closed && !f.proj.Status.Terminal()
+	subj := streams.WorkerOutput(cur.WorkerID, cur.OutputTo)
+	held := slices.Contains(f.foreign, subj)
+	f.mu.Unlock()
+	if !open {
+		return nil
+	}
+	// Another frontend's subject: followed live from now on, and read
+	// back below from before.
+	if cur.OutputTo != f.subs.self() && !held && f.subs.holdForeign(cur.WorkerID, cur.OutputTo) {
+		f.mu.Lock()
+		f.foreign = append(f.foreign, subj)
+		f.mu.Unlock()
+	}
+	f.mu.Lock()
+	from := f.outSeqs.get(subj)
+	var since time.Time
+	if from == 0 && cur.Attempt < len(f.routedAt) {
+		since = f.routedAt[cur.Attempt].Add(-outputReadMargin)
+	}
+	f.mu.Unlock()
+	if from > 0 {
+		from++
+	}
+	var got []*outBatch
+	for b, err := range streams.ReadWorkerOutput(ctx, f.js, cur.WorkerID, cur.OutputTo, from, since, 0) {
+		if errors.Is(err, streams.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		got = append(got, &outBatch{subject: subj, seq: b.Seq, entries: entriesOf(f.id, b.Entries)})
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range got {
+		f.applyBatchLocked(b)
+	}
+	return nil
+}
+
+// entriesOf keeps the entries of request id.
+func entriesOf(id string, entries []events.Envelope) []events.Envelope {
+	var mine []events.Envelope
+	for _, e := range entries {
+		if e.Subject == id {
+			mine = append(mine, e)
+		}
+	}
+	return mine
+}
+
+// batchedOn reports whether the follower's current attempt is batched, open
+// and written by worker (any worker: "").
+func (f *follower) batchedOn(worker string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	cur, ok := f.proj.Current()
+	return ok && cur.Batched() && !cur.Closed && (worker == "" || cur.WorkerID == worker)
+}
+
+// everyoneReadsBatched reports whether every live frontend follows batched
+// attempts (FrontendPresence.ReadsBatched): an earlier release, or a
+// frontend without the switch, reads a batched attempt only from its
+// consolidations, and could not take it over.
+func (rn *Runner) everyoneReadsBatched() bool {
+	for _, f := range rn.fleet.Frontends() {
+		if !f.ReadsBatched {
+			return false
+		}
+	}
+	return true
+}
+
+// batchedTo sets d to ask w for batches when this frontend follows them,
+// w writes them (its lease says it has its output stream), and every live
+// frontend reads them.
+func (rn *Runner) batchedTo(w projections.Worker, d *events.Dispatch) {
+	if rn.outputs != nil && w.WritesBatched && rn.everyoneReadsBatched() {
+		d.Output = events.OutputBatched
+	}
+}
+
+// consolidateEvery is how often the owner copies a running batched
+// attempt's output to the partition: how late a reader that reads only the
+// partition (an earlier release, another frontend's client) sees it.
+const consolidateEvery = time.Second
+
+// consolidated is what was copied of one attempt to the partition: its
+// tokens through offset through, when, and whether its closing event.
+type consolidated struct {
+	through int
+	at      time.Time
+	closed  bool
+}
+
+// consolidate copies t's batched attempts to the request's partition, on
+// each one's tokens subject: the tokens its fold holds that were not copied
+// yet (at most every consolidateEvery while the attempt runs), then, once it
+// is closed, the event that closed it. The runner calls it before every
+// step, so that whatever it decides after an attempt closed is stored
+// after that attempt's copy. A copy that fails is tried again at the next
+// step. It returns when the next copy of a running attempt is due (zero:
+// none).
+func (rn *Runner) consolidate(ctx context.Context, t *Request) time.Time {
+	type copyOf struct {
+		k       int
+		subject string
+		delta   *events.TokensGenerated
+		closing events.Event
+		outSeq  uint64
+		// completedAt is the completion's time in the fold, which its
+		// copy keeps.
+		completedAt time.Time
+	}
+	var todo []copyOf
+	var due time.Time
+	now := time.Now()
+	t.f.mu.Lock()
+	p := t.f.proj
+	for len(t.cons) < len(p.Attempts) {
+		t.cons = append(t.cons, consolidated{through: p.Attempts[len(t.cons)].StartOffset})
+	}
+	for k, a := range p.Attempts {
+		c := t.cons[k]
+		if !a.Batched() || c.closed {
+			continue
+		}
+		closing, closed := p.Closing(k)
+		ended := closed || p.Status.Terminal()
+		if !ended && now.Sub(c.at) < consolidateEvery {
+			due = c.at.Add(consolidateEvery)
+			continue
+		}
+		cp := copyOf{k: k, subject: streams.RequestTokens(t.id, k, a.WorkerID),
+			outSeq: t.f.outSeqs.get(streams.WorkerOutput(a.WorkerID, a.OutputTo))}
+		if d, ok := p.Consolidation(k, c.through); ok {
+			cp.delta = &d
+		}
+		if closed {
+			cp.closing, cp.completedAt = closing, time.Unix(p.CompletedAt, 0)
+		}
+		if cp.delta != nil || cp.closing != nil {
+			todo = append(todo, cp)
+		} else if ended {
+			t.cons[k].closed = true
+		}
+		if !ended {
+			due = now.Add(consolidateEvery)
+		}
+	}
+	t.f.mu.Unlock()
+	var last uint64
+	defer func() {
+		if last > 0 { // folded before what the step stores next (compaction's plan included)
+			rn.decisions.awaitFolded(ctx, t, last)
+		}
+	}()
+	for _, cp := range todo {
+		c := &t.cons[cp.k]
+		if cp.delta != nil {
+			id := events.ID(t.id, cp.k, cp.delta.Offset, "c") // projections.IsConsolidation
+			m, err := streams.NewMsg(cp.subject, rn.events.Envelope(id, t.id, *cp.delta))
+			if err == nil {
+				m.Header.Set(HeaderOutSeq, strconv.FormatUint(cp.outSeq, 10))
+				last, err = rn.events.AppendMsg(ctx, m, -1)
+			}
+			if err != nil {
+				rn.log.Warn("consolidate batched attempt", "request_id", t.id, "attempt", cp.k, "err", err)
+				return time.Now().Add(retryAfterError)
+			}
+			c.through, c.at = cp.delta.Offset+len(cp.delta.Tokens), time.Now()
+		}
+		if cp.closing != nil {
+			env := rn.events.Envelope(events.ID(t.id, cp.k, "closed"), t.id, cp.closing)
+			if _, ok := cp.closing.(events.RequestCompleted); ok {
+				env.Time = cp.completedAt // a reader's CompletedAt is the worker's, not the copy's
+			}
+			seq, err := rn.events.Append(ctx, cp.subject, env, -1)
+			if err != nil {
+				rn.log.Warn("consolidate batched attempt's end", "request_id", t.id, "attempt", cp.k, "err", err)
+				return time.Now().Add(retryAfterError)
+			}
+			last = seq
+			c.closed = true
+		}
+	}
+	return due
+}
+
+// fence closes attempt ev.Attempt of t in the log. A batched attempt is
+// closed among its worker's batches (streams.AppendOutputFence), and this
+// frontend folds its output through the fence before it returns; where
+// the worker's stream refuses the fence (full, or gone), the attempt is
+// sealed here, copied to the partition, and closed there, as a per-token
+// attempt is.
+func (rn *Runner) fence(ctx context.Context, t *Request, ev events.AttemptFailed) {
+	var a projections.Attempt
+	t.f.view(func(p *projections.Request) {
+		if ev.Attempt >= 0 && ev.Attempt < len(p.Attempts) {
+			a = p.Attempts[ev.Attempt]
+		}
+	})
+	if !a.Batched() || a.Closed {
+		rn.decisions.fence(ctx, ev)
+		return
+	}
+	id := events.ID(t.id, ev.Attempt, "fenced")
+	_, err := streams.AppendOutputFence(ctx, rn.js, a.WorkerID, a.OutputTo, rn.events.Source(), id, ev)
+	if err == nil {
+		catchUp(ctx, t) // folds the attempt's output through the fence
+		rn.consolidate(ctx, t)
+		return
+	}
+	rn.log.Warn("fence batched attempt in its worker's stream; sealing it here", "request_id", t.id, "attempt", ev.Attempt, "err", err)
+	t.f.seal(ev.Attempt)
+	rn.consolidate(ctx, t)
+	rn.decisions.fence(ctx, ev)
+}
