@@ -36,6 +36,7 @@ type scaleCase struct {
 	tokens  int           // max_tokens of every stream
 	ramp    time.Duration // the streams start evenly over this long
 	logOff  bool          // the baseline: deltas over core NATS, not the log (--bench-log-off)
+	batched bool          // --batched-output on the frontend and the workers (issue 33)
 }
 
 // BenchmarkScale measures what one stream costs when thousands are open at
@@ -75,6 +76,7 @@ func BenchmarkScale(b *testing.B) {
 		{name: "1000x5", streams: 1000, rate: 5, tokens: 64, ramp: 2 * time.Second},
 		{name: "1000x50-logoff", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, logOff: true},
 		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		{name: "1000x50-batched", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, batched: true},
 		{name: "4000x50-logoff", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second, logOff: true},
 		{name: "4000x50", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second},
 		{name: "10000x1", streams: 10000, rate: 1, tokens: 30, ramp: 20 * time.Second},
@@ -133,6 +135,9 @@ func runScale(b *testing.B, sc scaleCase) {
 		// compact: the baseline writes nothing to the log.
 		feArgs = append(feArgs, "--log-compaction=false")
 	}
+	if sc.batched {
+		feArgs = append(feArgs, "--batched-output")
+	}
 	// Every Go server traces its collections, which tell its live heap,
 	// and serves pprof, through which the run starts with a collection.
 	env := []string{gctraceEnv()}
@@ -152,6 +157,9 @@ func runScale(b *testing.B, sc scaleCase) {
 		if sc.logOff {
 			args = append(args, "--bench-log-off")
 		}
+		if sc.batched {
+			args = append(args, "--batched-output")
+		}
 		wPprof := fmt.Sprintf("127.0.0.1:%d", freePort(b))
 		args = append(args, "--pprof-addr", wPprof)
 		if profDir != "" && id == "w1" {
@@ -162,6 +170,9 @@ func runScale(b *testing.B, sc scaleCase) {
 			metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", port), gctrace: p, pprof: wPprof})
 	}
 	fe.waitRoutable(b, "w1", "w2")
+	if sc.batched {
+		waitWritesBatched(b, s, "w1", "w2")
+	}
 	procs = append(procs, scaleProc{name: "client", pid: os.Getpid()})
 	raw := rawPublishRate(b, s.natsURL)
 	js := asyncPublisher(b, s.natsURL)
@@ -171,8 +182,12 @@ func runScale(b *testing.B, sc scaleCase) {
 		if !sc.logOff {
 			settle = func() time.Duration { return logSettled(b, js, streams.Partitions(s.partitions)) }
 		}
+		before := storedMessages(b, s.jetStream(b))
 		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr, settle)
 		r.report(b, sc, procs)
+		if r.delivered > 0 {
+			b.ReportMetric(float64(storedMessages(b, s.jetStream(b))-before)/float64(r.delivered), "stored_msgs/tok")
+		}
 		b.ReportMetric(raw, "raw_js_msgs/s") // after b.Loop's reset of the metrics
 	}
 }
@@ -723,4 +738,19 @@ func (r *scaleResult) report(b *testing.B, sc scaleCase, procs []scaleProc) {
 	b.ReportMetric(ms(0.999), "p999_ms")
 	b.ReportMetric(100*(1-r.busy), "cpu_headroom_%")
 	b.ReportMetric(float64(r.errors), "errors")
+}
+
+// storedMessages is how many messages the request log and the workers'
+// output streams have stored so far (their last sequences: purges and
+// limits do not take back a sequence).
+func storedMessages(b *testing.B, js jetstream.JetStream) uint64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var n uint64
+	for si := range js.ListStreams(ctx).Info() {
+		if strings.HasPrefix(si.Config.Name, streams.RequestsStream) || strings.HasPrefix(si.Config.Name, streams.WorkerOutputPrefix) {
+			n += si.State.LastSeq
+		}
+	}
+	return n
 }
