@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,24 +62,24 @@ func waitWritesBatched(t testing.TB, s *stack, workers ...string) {
 }
 
 // checkBatchedLog folds request id from its partition alone, as a reader
-// that predates batches does, and checks that its first attempt was
-// batched and that it reads as the fault-free answer of maxTokens to
-// prompt. It returns the fold.
+// that predates batches does, once it says the request ended (the owner
+// copies an attempt's end after its client saw it), and checks that its
+// first attempt was batched and that it reads as the fault-free answer of
+// maxTokens to prompt. It returns the fold.
 func checkBatchedLog(t *testing.T, s *stack, id, prompt string, maxTokens int) *projections.Request {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	p := projections.NewRequest()
-	stored := 0
-	for e, err := range readLog(ctx, t, s.jetStream(t), id) {
-		if err != nil {
-			t.Fatalf("read %s from the log: %v", id, err)
+	var p *projections.Request
+	var stored int
+	var read []string
+	waitFor(t, 10*time.Second, id+" to end in the log", func() bool {
+		p, stored, read = foldPartition(t, s, id)
+		return p.Status.Terminal()
+	})
+	defer func() {
+		if t.Failed() {
+			t.Logf("the log of %s:\n%s", id, strings.Join(read, "\n"))
 		}
-		if e.Seq != 0 {
-			stored++
-		}
-		p.Apply(e)
-	}
+	}()
 	if len(p.Attempts) == 0 || !p.Attempts[0].Batched() {
 		t.Fatalf("attempts %+v: the first one is not batched", p.Attempts)
 	}
@@ -90,6 +91,27 @@ func checkBatchedLog(t *testing.T, s *stack, id, prompt string, maxTokens int) *
 		t.Errorf("the partition holds %d messages of the request, for %d tokens: the output was not batched", stored, maxTokens)
 	}
 	return p
+}
+
+// foldPartition folds request id from the request log, and returns the
+// messages it read and a line for each event: its sequence, subject, id,
+// what it says and why the fold passed it over, if it did.
+func foldPartition(t *testing.T, s *stack, id string) (p *projections.Request, stored int, read []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p = projections.NewRequest()
+	for e, err := range readLog(ctx, t, s.jetStream(t), id) {
+		if err != nil {
+			t.Fatalf("read %s from the log: %v", id, err)
+		}
+		if e.Seq != 0 {
+			stored++
+		}
+		_, why := p.Fold(e)
+		read = append(read, fmt.Sprintf("%d %s %s: %s %s", e.Seq, e.Stored, e.ID, projections.Describe(e), why))
+	}
+	return p, stored, read
 }
 
 // TestBatchedCompletes: a batched answer streams as the per-token one, and
@@ -191,5 +213,25 @@ func TestBatchedRoutedRecordsOutput(t *testing.T) {
 	}
 	if routed == nil || routed.Output != events.OutputBatched || routed.OutputTo == "" {
 		t.Fatalf("routed %+v: want output batched to the frontend", routed)
+	}
+}
+
+// TestBatchedOutputFull: a worker's output stream fills mid-answer (its
+// cap, --worker-output-max-bytes, is a few dozen batches): the worker's
+// writes are refused, nothing else is, and the frontend, which cannot
+// store its fence there either (a stall: the worker's end cannot be
+// stored), seals the attempt at what it holds, copies it to the partition,
+// and migrates it to the other worker. The answer is
+// the fault-free one, in the stream and in the log.
+func TestBatchedOutputFull(t *testing.T) {
+	t.Parallel()
+	s, fes := batchedStack(t, 1, nil, "--log-compaction=false", "--stall-timeout", "1s", "--worker-output-max-bytes", "24576")
+	prompt := "batched into a full stream"
+	res := postStream(t, fes[0].url, "/v1/completions", map[string]any{"model": "mock", "prompt": prompt, "max_tokens": 120},
+		map[string]string{"X-Request-Id": "b-full"}, nil)
+	checkComplete(t, res, prompt, 120)
+	p := checkBatchedLog(t, s, "b-full", prompt, 120)
+	if len(p.Migrations) == 0 || !p.Attempts[0].Closed {
+		t.Errorf("migrations %+v, attempts %+v: want attempt 0 closed when its stream filled, and a migration", p.Migrations, p.Attempts)
 	}
 }

@@ -103,7 +103,7 @@ func IsCarry(id, evid string) bool {
 
 // IsConsolidation reports whether evid is the id of a consolidated delta:
 // a batched attempt's tokens, copied by its owner from the worker's stream
-// to the partition ("<request>.<attempt>.<offset>.c").
+// to the partition ("<request>.<attempt>.<from>.<to>.c").
 func IsConsolidation(evid string) bool { return strings.HasSuffix(evid, ".c") }
 
 // Compacted reports whether the state came from a compact record.

@@ -334,7 +334,11 @@ func (rn *Runner) consolidate(ctx context.Context, t *Request) time.Time {
 	for _, cp := range todo {
 		c := &t.cons[cp.k]
 		if cp.delta != nil {
-			id := events.ID(t.id, cp.k, cp.delta.Offset, "c") // projections.IsConsolidation
+			// Its id names the range it copies: two frontends' copies of
+			// different ranges from one offset (an owner's, then a
+			// taker's) are two messages, not one and a duplicate.
+			end := cp.delta.Offset + len(cp.delta.Tokens)
+			id := events.ID(t.id, cp.k, cp.delta.Offset, end, "c") // projections.IsConsolidation
 			m, err := streams.NewMsg(cp.subject, rn.events.Envelope(id, t.id, *cp.delta))
 			if err == nil {
 				m.Header.Set(HeaderOutSeq, strconv.FormatUint(cp.outSeq, 10))
@@ -344,7 +348,7 @@ func (rn *Runner) consolidate(ctx context.Context, t *Request) time.Time {
 				rn.log.Warn("consolidate batched attempt", "request_id", t.id, "attempt", cp.k, "err", err)
 				return time.Now().Add(retryAfterError)
 			}
-			c.through, c.at = cp.delta.Offset+len(cp.delta.Tokens), time.Now()
+			c.through, c.at = end, time.Now()
 		}
 		if cp.closing != nil {
 			env := rn.events.Envelope(events.ID(t.id, cp.k, "closed"), t.id, cp.closing)
