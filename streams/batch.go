@@ -137,14 +137,49 @@ func ReadWorkerOutput(ctx context.Context, js jetstream.JetStream, worker, owner
 				}
 				n++
 				from, pending = m.Sequence+1, m.Header.Get("Nats-Num-Pending")
-				_, entries, _ := BatchEntries(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
-				if !yield(OutputBatch{Seq: m.Sequence, Entries: entries}, nil) {
+				if !yield(outputBatch(m), nil) {
 					return
 				}
 			}
-			if n == 0 || pending == "0" || (to != 0 && from > to) {
+			if to != 0 && from > to {
 				return
 			}
+			if n == 0 || pending == "0" {
+				outputBehind(ctx, js, stream, subject, from, to, yield)
+				return
+			}
+		}
+	}
+}
+
+func outputBatch(m *jetstream.RawStreamMsg) OutputBatch {
+	_, entries, _ := BatchEntries(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data})
+	return OutputBatch{Seq: m.Sequence, Entries: entries}
+}
+
+// outputBehind reads from the stream's leader what is stored on subject
+// from sequence from (up to to, 0: the end) that the replica which
+// answered the direct gets had not returned, as readBehind does for the
+// request log: a worker stream's replica may lag its leader, and an
+// attempt's last batch, its end, has nothing after it to show the gap.
+// No leader to ask (an election): what the replica said stands.
+func outputBehind(ctx context.Context, js jetstream.JetStream, stream, subject string, from, to uint64, yield func(OutputBatch, error) bool) {
+	last, err := leaderGet(ctx, js, stream, subject, 0, true)
+	if err != nil || last == nil {
+		return
+	}
+	end := last.Sequence
+	if to != 0 {
+		end = min(end, to)
+	}
+	for from <= end {
+		m, err := leaderGet(ctx, js, stream, subject, from, false)
+		if err != nil || m == nil || m.Sequence > end {
+			return
+		}
+		from = m.Sequence + 1
+		if !yield(outputBatch(m), nil) {
+			return
 		}
 	}
 }

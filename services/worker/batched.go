@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
@@ -22,8 +23,8 @@ import (
 // the batched one (batchedSink) turns it back into its event and adds it
 // to the owner's batch; its future resolves when that batch is
 // acknowledged, so the deltas' repairs, settle and log-full rules apply
-// per entry as they do per message. No frontend sends such a dispatch
-// yet, and none reads the batches: they are the next stage.
+// per entry as they do per message. A frontend with --batched-output asks
+// for it and follows the batches (services/frontend/runner/batched.go).
 
 // batchedOutput is the worker's batched writer: one coalescer for all its
 // batched attempts, whose batches it appends to its output stream through
@@ -166,30 +167,58 @@ func (s *batchedSink) AppendMsgAsync(m *nats.Msg) (jetstream.PubAckFuture, error
 }
 
 // AppendMsg adds m's event to the owner's batch, flushes it, and waits for
-// its acknowledgement within ctx. It tries once: a failure is the caller's
-// (settle's) to report. expectLast is not checked: a worker's stream has
-// one writer.
+// its acknowledgement within ctx, trying again as the log's Append does
+// (appendEntry). expectLast is not checked: a worker's stream has one
+// writer.
 func (s *batchedSink) AppendMsg(ctx context.Context, m *nats.Msg, _ int64) (uint64, error) {
 	e, err := streams.Decode(m)
 	if err != nil {
 		return 0, fmt.Errorf("worker: batch entry from %s: %w", m.Subject, err)
 	}
-	f, err := s.out.add(s.dest, e, m.Header.Get(streams.HeaderUpstreamTTFT), true, m)
-	if err != nil {
-		return 0, err
-	}
-	return 0, f.wait(ctx)
+	return 0, s.appendEntry(ctx, e, m.Header.Get(streams.HeaderUpstreamTTFT), m)
 }
 
 // Append adds e (the attempt's end) to the owner's batch, flushes it, and
-// waits for its acknowledgement within ctx.
+// waits for its acknowledgement within ctx, trying again as AppendMsg does.
 func (s *batchedSink) Append(ctx context.Context, _ string, e events.Envelope, _ int64) (uint64, error) {
-	f, err := s.out.add(s.dest, e, "", true, nil)
-	if err != nil {
-		return 0, err
-	}
-	return 0, f.wait(ctx)
+	return 0, s.appendEntry(ctx, e, "", nil)
 }
+
+// appendEntry adds e to a batch of its own flush and waits for it; a
+// transient failure (an election of the stream's leader, a reconnect:
+// streams.Transient) is tried again, in a new batch, with backoff, for up
+// to streams.AppendBudget or ctx's end. A batch that was stored but whose
+// acknowledgement was lost stores the entry twice, which every reader
+// folds once (a delta by its offset, an end once).
+func (s *batchedSink) appendEntry(ctx context.Context, e events.Envelope, ttft string, m *nats.Msg) error {
+	ctx, cancel := context.WithTimeout(ctx, streams.AppendBudget)
+	defer cancel()
+	backoff := batchRetryMin
+	for {
+		f, err := s.out.add(s.dest, e, ttft, true, m)
+		if err != nil {
+			return err
+		}
+		err = f.wait(ctx)
+		if err == nil || !streams.Transient(err) || ctx.Err() != nil {
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		backoff = min(2*backoff, batchRetryMax)
+	}
+}
+
+// The backoff of appendEntry's tries.
+const (
+	batchRetryMin = 50 * time.Millisecond
+	batchRetryMax = time.Second
+)
 
 func (f *batchFuture) wait(ctx context.Context) error {
 	select {

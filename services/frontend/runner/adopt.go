@@ -86,13 +86,21 @@ type adopter struct {
 	listed   *adoptable
 	adopted  prometheus.Counter
 	runtime  takeOver
+	// all lists every request this frontend runs, not only those that
+	// outlive their clients (--batched-output): a batched attempt's end
+	// reaches the request log only through a frontend that follows it
+	// (batched.go), so one whose owner died is adopted whatever its kind.
+	all bool
 }
 
 // takeOver is what adoption needs of the runtime (Runner): to follow a
-// request, and to take it over (and run it here) if its owner is gone.
+// request, to take it over (and run it here) if its owner is gone, and to
+// take over the requests with a batched attempt it follows of a frontend
+// that departed.
 type takeOver interface {
 	Attach(ctx context.Context, id string) (*Request, error)
 	ensureOwner(ctx context.Context, t *Request)
+	claimBatched(ctx context.Context, owner string)
 }
 
 func newAdoptable() *adoptable {
@@ -135,7 +143,7 @@ func (a *adoptable) list() ([]events.StoredAt, int) {
 func (ad *adopter) list(t *Request) (unlist func()) {
 	var at events.StoredAt
 	t.f.view(func(p *projections.Request) {
-		if p.Accepted.Background || p.Accepted.Resumable {
+		if p.Accepted.Background || p.Accepted.Resumable || ad.all {
 			at = events.StoredAt{Partition: ad.parts.PartitionOf(t.id), Seq: p.AcceptedSeq()}
 		}
 	})
@@ -198,13 +206,20 @@ func (ad *adopter) watch(ctx context.Context, g *errgroup.Group) {
 			}
 		}
 		for _, f := range known {
-			if alive[f.FrontendID] || f.FrontendID == ad.id || len(f.Adoptable) == 0 || handled[f.FrontendID] == f.Revision {
+			if alive[f.FrontendID] || f.FrontendID == ad.id || handled[f.FrontendID] == f.Revision {
 				continue
 			}
 			handled[f.FrontendID] = f.Revision
 			from, list := f.FrontendID, f.Adoptable
 			g.Go(func() error {
-				ad.adoptAll(ctx, from, list, ids)
+				// A batched attempt followed here whose owner went before
+				// it listed it, or whose list could not be read, is taken
+				// over by a frontend that follows it: nothing but its
+				// owner copies its end to the log (batched.go).
+				ad.runtime.claimBatched(ctx, from)
+				if len(list) > 0 {
+					ad.adoptAll(ctx, from, list, ids)
+				}
 				return nil
 			})
 		}
@@ -351,11 +366,15 @@ func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 	}
 	defer t.Release()
 	var owner string
-	var same, live bool
+	var same, outlives, batched bool
 	t.View(func(p *projections.Request) {
-		owner, same, live = p.Owner, p.AcceptedSeq() == at.Seq, !p.Status.Terminal()
+		cur, _ := p.Current()
+		owner, same, batched = p.Owner, p.AcceptedSeq() == at.Seq, cur.Batched()
+		outlives = p.Accepted.Background || p.Accepted.Resumable
 	})
-	if !same || !live || (owner != ad.id && ad.fleet.FrontendAlive(owner)) {
+	// A request that does not outlive its client is adopted only for its
+	// batched attempt, which nothing else copies to the log.
+	if !same || t.f.settled() || !(outlives || batched) || (owner != ad.id && ad.fleet.FrontendAlive(owner)) {
 		return
 	}
 	was := owner
@@ -369,7 +388,7 @@ func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 }
 
 // acceptedAt is the id of the request whose accepted event is stored at at,
-// if that event is there and the request outlives its client.
+// if that event is there (adopt checks what else it must be).
 func (ad *adopter) acceptedAt(ctx context.Context, at events.StoredAt) (string, bool) {
 	m, err := streams.MsgAt(ctx, ad.js, ad.parts.Stream(at.Partition), at.Seq)
 	if err != nil {
@@ -385,8 +404,7 @@ func (ad *adopter) acceptedAt(ctx context.Context, at events.StoredAt) (string, 
 	}
 	acc, ok := env.Event.(events.RequestAccepted)
 	rs, perr := streams.ParseRequestSubject(m.Subject)
-	if !ok || perr != nil || rs.Kind != "events" || rs.ID != acc.RequestID || ad.parts.PartitionOf(rs.ID) != at.Partition ||
-		!(acc.Background || acc.Resumable) {
+	if !ok || perr != nil || rs.Kind != "events" || rs.ID != acc.RequestID || ad.parts.PartitionOf(rs.ID) != at.Partition {
 		return "", false
 	}
 	return acc.RequestID, true

@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"time"
@@ -38,6 +39,7 @@ type outBatch struct {
 	subject string // the stored subject, streams.WorkerOutput(worker, owner)
 	seq     uint64
 	entries []events.Envelope
+	live    bool // delivered by a subscription, not read back
 }
 
 // outputReadMargin is how long before an attempt's routed decision (its
@@ -80,9 +82,13 @@ func (f *follower) onBatch(b *outBatch) {
 	f.poke()
 }
 
-// batch is run's onBatch: it reads the log first when b holds entries of
-// an attempt whose routed decision was not folded yet (the read folds the
-// decision, then reads the attempt's output, b included).
+// maxHeld bounds the batches a follower holds for an attempt whose routed
+// decision it has not folded yet; past it, it reads the log instead.
+const maxHeld = 64
+
+// batch is run's onBatch: it reads the log first when b could not be held
+// for an attempt whose routed decision was not folded yet (the read folds
+// the decision, then reads the attempt's output, b included).
 func (f *follower) batch(b *outBatch) bool {
 	f.mu.Lock()
 	changed, ok := f.applyBatchLocked(b)
@@ -94,26 +100,56 @@ func (f *follower) batch(b *outBatch) bool {
 	return changed
 }
 
-// applyBatchLocked applies b's entries unless b was applied already; ok is
-// false, and nothing applied, when an entry's attempt is not routed in the
-// fold yet. Called with mu held.
+// applyBatchLocked applies b's entries unless b was applied already. A
+// batch of an attempt whose routed decision is not folded yet (the worker
+// was told of it before this frontend folded it), and any batch after it,
+// is held until the decision is folded (heldLocked); ok is false, and
+// nothing applied, when no more can be held. Called with mu held.
+//
+// A live batch that follows batches this follower was told it missed
+// (requireOut) is not applied (ok false) until it has read them back: an
+// attempt's end applied after a gap would end it short of its tokens. (A
+// delta past the fold's offset is no sign of a missed batch: a worker's
+// repair of a delta whose append failed follows the deltas after it, as
+// on the per-token path, and the fold takes it.)
 func (f *follower) applyBatchLocked(b *outBatch) (changed, ok bool) {
 	if b.seq <= f.outSeqs.get(b.subject) {
 		return false, true
 	}
+	if b.live && f.outNeed.get(b.subject) > f.outSeqs.get(b.subject) {
+		return false, false
+	}
+	unrouted := len(f.held) > 0
 	for _, e := range b.entries {
 		if k, out := events.AttemptOutput(e.Event); out && k >= len(f.proj.Attempts) && !f.proj.Status.Terminal() {
-			return false, false
+			unrouted = true
 		}
 	}
+	if unrouted {
+		if len(f.held) >= maxHeld {
+			return false, false
+		}
+		f.held = append(f.held, b)
+		return false, true
+	}
 	for _, e := range b.entries {
-		if k, _ := events.AttemptOutput(e.Event); slices.Contains(f.sealed, k) {
+		k, _ := events.AttemptOutput(e.Event)
+		if slices.Contains(f.sealed, k) {
 			continue
 		}
 		changed = f.applyLocked(e) || changed
 	}
 	f.outSeqs.set(b.subject, b.seq)
 	return changed, true
+}
+
+// requireOut tells the follower that batches on subject up to sequence
+// seq were not delivered to it: it reads them back before it applies a
+// live batch of subject again.
+func (f *follower) requireOut(subject string, seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.outNeed.set(subject, max(f.outNeed.get(subject), seq))
 }
 
 // seal has the follower take nothing more of batched attempt k from its
@@ -146,6 +182,18 @@ func (f *follower) noteRouted(e events.Envelope) {
 		f.routedAt = append(f.routedAt, time.Time{})
 	}
 	f.routedAt[k] = e.Time
+	f.applyHeldLocked()
+}
+
+// applyHeldLocked applies, in order, the batches held for want of a routed
+// decision, once one was folded; those still early stay held. Called with
+// mu held.
+func (f *follower) applyHeldLocked() {
+	held := f.held
+	f.held = nil
+	for _, b := range held {
+		f.applyBatchLocked(b) // held again if still early
+	}
 }
 
 // noteConsolidated records the worker-stream position a consolidated delta
@@ -209,7 +257,12 @@ func (f *follower) readOutput(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, b := range got {
-		f.applyBatchLocked(b)
+		if _, ok := f.applyBatchLocked(b); !ok {
+			break // held no more: read again
+		}
+	}
+	if need, read := f.outNeed.get(subj), f.outSeqs.get(subj); need > read {
+		return fmt.Errorf("read %s back through %d: got to %d", subj, need, read)
 	}
 	return nil
 }
@@ -225,6 +278,20 @@ func entriesOf(id string, entries []events.Envelope) []events.Envelope {
 	return mine
 }
 
+// settled reports whether the request ended, as the request log says it:
+// a request whose batched attempt ended in its worker's stream is not
+// settled until its end was copied to the log (by its owner, or by a
+// frontend that takes it over because the owner died first).
+func (f *follower) settled() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.proj.Status.Terminal() {
+		return false
+	}
+	cur, _ := f.proj.Current()
+	return f.endStored || !cur.Batched()
+}
+
 // batchedOn reports whether the follower's current attempt is batched, open
 // and written by worker (any worker: "").
 func (f *follower) batchedOn(worker string) bool {
@@ -232,6 +299,25 @@ func (f *follower) batchedOn(worker string) bool {
 	defer f.mu.Unlock()
 	cur, ok := f.proj.Current()
 	return ok && cur.Batched() && !cur.Closed && (worker == "" || cur.WorkerID == worker)
+}
+
+// claimBatched takes over each request followed here that owner, a
+// frontend that departed, owned, whose current attempt is batched and
+// which the log does not show ended (settled): a client of it resumed
+// here, say, while owner's key was still alive. Per-token requests are
+// left to the adopters, as before: their workers store their ends.
+func (rn *Runner) claimBatched(ctx context.Context, owner string) {
+	for _, t := range rn.requests.followed() {
+		var orphan bool
+		t.f.view(func(p *projections.Request) {
+			cur, _ := p.Current()
+			orphan = p.Owner == owner && cur.Batched()
+		})
+		if orphan && !t.f.settled() {
+			rn.ensureOwner(ctx, t)
+		}
+		rn.requests.release(t)
+	}
 }
 
 // everyoneReadsBatched reports whether every live frontend follows batched

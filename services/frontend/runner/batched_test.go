@@ -41,8 +41,9 @@ func testFollower() *follower {
 }
 
 // TestFollowerBatches: a follower applies a batch's entries once, in
-// order; it holds back a batch whose attempt it has not seen routed (it
-// reads the log for that), and takes nothing more of an attempt it sealed.
+// order; it holds the batches of an attempt it has not seen routed until
+// it does (past maxHeld it reads the log instead), and takes nothing more
+// of an attempt it sealed.
 func TestFollowerBatches(t *testing.T) {
 	f := testFollower()
 	subj := streams.WorkerOutput("w1", "fe-1")
@@ -60,19 +61,41 @@ func TestFollowerBatches(t *testing.T) {
 	}
 	f.apply(events.Envelope{ID: "a", Subject: "r1", Time: time.Now(), Seq: 1, Stored: streams.RequestEvents("r1"),
 		Event: events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"}})
+	// The worker was told of its attempt before this follower folded the
+	// decision: its first batches are held, in order, until it does.
 	early := &outBatch{subject: subj, seq: 3, entries: []events.Envelope{tok(0, 0, "a")}}
-	if changed, ok := apply(early); changed || ok {
-		t.Fatalf("a batch of an attempt not routed: changed %v ok %v, want held back", changed, ok)
+	if changed, ok := apply(early); changed || !ok {
+		t.Fatalf("a batch of an attempt not routed: changed %v ok %v, want held", changed, ok)
+	}
+	if changed, ok := apply(&outBatch{subject: subj, seq: 4, entries: []events.Envelope{tok(0, 1, "b")}}); changed || !ok {
+		t.Fatalf("a batch after a held one: changed %v ok %v, want held", changed, ok)
 	}
 	f.apply(events.Envelope{ID: "r", Subject: "r1", Time: time.Now(), Seq: 2, Stored: streams.RequestEvents("r1"),
 		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
-	if changed, ok := apply(early); !changed || !ok {
-		t.Fatalf("the batch once routed: changed %v ok %v", changed, ok)
-	}
+	f.view(func(p *projections.Request) {
+		if p.Text() != "ab" {
+			t.Fatalf("the held batches once routed: text %q, want %q", p.Text(), "ab")
+		}
+	})
 	if changed, _ := apply(early); changed {
 		t.Error("a batch applied twice changed the fold")
 	}
-	apply(&outBatch{subject: subj, seq: 4, entries: []events.Envelope{tok(0, 1, "b")}})
+	// Past maxHeld, the follower reads the log instead.
+	g := testFollower()
+	for i := range maxHeld {
+		if _, ok := func() (bool, bool) {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return g.applyBatchLocked(&outBatch{subject: subj, seq: uint64(i + 1), entries: []events.Envelope{tok(0, i, "x")}})
+		}(); !ok {
+			t.Fatalf("held %d batches: not ok", i)
+		}
+	}
+	g.mu.Lock()
+	if _, ok := g.applyBatchLocked(&outBatch{subject: subj, seq: maxHeld + 1, entries: []events.Envelope{tok(0, maxHeld, "x")}}); ok {
+		t.Error("a batch past maxHeld held: want the log read")
+	}
+	g.mu.Unlock()
 	f.seal(0)
 	apply(&outBatch{subject: subj, seq: 5, entries: []events.Envelope{tok(0, 2, "c")}})
 	f.view(func(p *projections.Request) {
@@ -86,4 +109,69 @@ func TestFollowerBatches(t *testing.T) {
 	if !f.batchedOn("w1") || !f.batchedOn("") || f.batchedOn("w2") {
 		t.Errorf("batchedOn w1 %v, any %v, w2 %v: want true, true, false", f.batchedOn("w1"), f.batchedOn(""), f.batchedOn("w2"))
 	}
+}
+
+// TestFollowerWaitsForMissedBatches: a live batch that follows batches the
+// follower missed (its subscription saw a gap: requireOut) is not applied
+// (the follower reads back first): an attempt's end applied after a gap
+// would end it short.
+func TestFollowerWaitsForMissedBatches(t *testing.T) {
+	f := testFollower()
+	subj := streams.WorkerOutput("w1", "fe-1")
+	f.apply(events.Envelope{ID: "a", Subject: "r1", Time: time.Now(), Seq: 1, Stored: streams.RequestEvents("r1"),
+		Event: events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"}})
+	f.apply(events.Envelope{ID: "r", Subject: "r1", Time: time.Now(), Seq: 2, Stored: streams.RequestEvents("r1"),
+		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
+	entry := func(ev events.Event) events.Envelope {
+		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev, Stored: streams.RequestTokens("r1", 0, "w1")}
+	}
+	apply := func(b *outBatch) bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		_, ok := f.applyBatchLocked(b)
+		return ok
+	}
+	apply(&outBatch{subject: subj, seq: 3, live: true, entries: []events.Envelope{entry(events.TokensGenerated{RequestID: "r1", Offset: 0, Tokens: []string{"a"}})}})
+	f.requireOut(subj, 9) // batches up to 9 were not delivered
+	end := &outBatch{subject: subj, seq: 10, live: true, entries: []events.Envelope{entry(events.RequestCompleted{RequestID: "r1", FinishReason: "stop"})}}
+	if apply(end) {
+		t.Fatal("a live end after missed batches was applied")
+	}
+	// The read back: batch 7 held the missing token.
+	apply(&outBatch{subject: subj, seq: 7, entries: []events.Envelope{entry(events.TokensGenerated{RequestID: "r1", Offset: 1, Tokens: []string{"b"}})}})
+	apply(&outBatch{subject: subj, seq: 9})
+	if !apply(end) {
+		t.Fatal("the end, once the missed batches were read, was not applied")
+	}
+	f.view(func(p *projections.Request) {
+		if p.Text() != "ab" || p.Status != projections.StatusCompleted {
+			t.Errorf("the fold: %s %q, want completed %q", p.Status, p.Text(), "ab")
+		}
+	})
+}
+
+// TestFollowerTakesARepairAfterItsGap: a worker whose append of a delta
+// failed repairs it after the deltas that followed, here in one batch
+// (delta 2, then the repair of 1-2, then delta 3): the follower applies the
+// whole batch, and the fold has every token once.
+func TestFollowerTakesARepairAfterItsGap(t *testing.T) {
+	f := testFollower()
+	subj := streams.WorkerOutput("w1", "fe-1")
+	f.apply(events.Envelope{ID: "a", Subject: "r1", Time: time.Now(), Seq: 1, Stored: streams.RequestEvents("r1"),
+		Event: events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"}})
+	f.apply(events.Envelope{ID: "r", Subject: "r1", Time: time.Now(), Seq: 2, Stored: streams.RequestEvents("r1"),
+		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
+	d := func(off int, toks ...string) events.Envelope {
+		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Stored: streams.RequestTokens("r1", 0, "w1"),
+			Event: events.TokensGenerated{RequestID: "r1", Offset: off, Tokens: toks}}
+	}
+	f.mu.Lock()
+	f.applyBatchLocked(&outBatch{subject: subj, seq: 3, live: true, entries: []events.Envelope{d(0, "a")}})
+	_, ok := f.applyBatchLocked(&outBatch{subject: subj, seq: 4, live: true, entries: []events.Envelope{d(2, "c"), d(1, "b", "c"), d(3, "d")}})
+	f.mu.Unlock()
+	f.view(func(p *projections.Request) {
+		if !ok || p.Text() != "abcd" {
+			t.Errorf("ok %v, text %q: want the batch applied, %q", ok, p.Text(), "abcd")
+		}
+	})
 }

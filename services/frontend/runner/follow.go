@@ -80,9 +80,15 @@ type follower struct {
 	// each attempt was routed (its decision's time): where a read of a
 	// batched attempt's output starts (batched.go).
 	outSeqs  subjectSeqs
+	outNeed  subjectSeqs // per subject, batches up to which were missed live (requireOut)
 	routedAt []time.Time
-	sealed   []int    // batched attempts whose output is taken no more (seal)
-	foreign  []string // other frontends' output subjects held (live.holdForeign)
+	sealed   []int       // batched attempts whose output is taken no more (seal)
+	held     []*outBatch // batches that came before their attempt's routed decision
+	foreign  []string    // other frontends' output subjects held (live.holdForeign)
+	// endStored is set once the request log (not a batch) showed the
+	// request ended: until then the end of a batched attempt is yet to be
+	// copied there (settled).
+	endStored bool
 }
 
 // liveItem is what a follower queues for run: a republished message of
@@ -431,6 +437,9 @@ func (f *follower) applyLocked(e events.Envelope) bool {
 		f.lastBySubj.set(e.Stored, max(f.lastBySubj.get(e.Stored), e.Seq))
 	}
 	changed := f.proj.Apply(e)
+	if _, ended := e.Event.(events.RequestEnded); (e.Seq != 0 || ended) && f.proj.Status.Terminal() {
+		f.endStored = true
+	}
 	if n := f.proj.Len(); n != before {
 		f.progress = time.Now()
 		f.timing.note(e, before)

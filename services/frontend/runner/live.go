@@ -195,7 +195,7 @@ func (l *live) watchDrops(ctx context.Context) {
 			l.readAgain(func(string) bool { return true })
 		}
 		if l.outs != nil && outs.changed(l.outs.sub) {
-			l.readAgainBatched("")
+			l.readAgainBatched("", "", 0)
 		}
 		for k := range l.slots {
 			s := &l.slots[k]

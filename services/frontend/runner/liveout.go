@@ -64,7 +64,7 @@ func (l *live) deliverBatch(m *nats.Msg) {
 	if gap, fresh := l.outs.seen(stored, seq, prev); !fresh {
 		return
 	} else if gap {
-		l.readAgainBatched(worker)
+		l.readAgainBatched(worker, stored, prev)
 	}
 	_, entries, _ := streams.BatchEntries(m)
 	// A batch holds about one entry a request: group them by request,
@@ -82,7 +82,7 @@ func (l *live) deliverBatch(m *nats.Msg) {
 	}
 	for _, mine := range groups {
 		for _, f := range l.followersOf(mine[0].Subject) {
-			f.onBatch(&outBatch{subject: stored, seq: seq, entries: mine})
+			f.onBatch(&outBatch{subject: stored, seq: seq, entries: mine, live: true})
 		}
 	}
 }
@@ -103,10 +103,11 @@ func (o *liveOutputs) seen(subject string, seq, prev uint64) (gap, fresh bool) {
 }
 
 // readAgainBatched has the followers of a batched attempt of worker (any
-// worker: "") read its output back. After dropped batches that is every
-// one: an attempt's last batch, its end, may be among them with nothing
-// after it to show the gap.
-func (l *live) readAgainBatched(worker string) {
+// worker: "") read its output back; with need, through sequence need of
+// subject at least before they apply a live batch of it again. After
+// dropped batches that is every one: an attempt's last batch, its end,
+// may be among them with nothing after it to show the gap.
+func (l *live) readAgainBatched(worker, subject string, need uint64) {
 	l.mu.RLock()
 	var fs []*follower
 	for _, of := range l.followers {
@@ -115,6 +116,9 @@ func (l *live) readAgainBatched(worker string) {
 	l.mu.RUnlock()
 	for _, f := range fs {
 		if f.batchedOn(worker) {
+			if need > 0 {
+				f.requireOut(subject, need)
+			}
 			f.readAgain()
 		}
 	}

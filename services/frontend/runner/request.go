@@ -234,11 +234,10 @@ func (rn *Runner) runRunners(ctx context.Context, g *errgroup.Group) {
 func (rn *Runner) ensureOwner(ctx context.Context, t *Request) {
 	for range 3 {
 		var owner string
-		var terminal bool
 		var offset int
-		t.f.view(func(p *projections.Request) { owner, terminal, offset = p.Owner, p.Status.Terminal(), p.Len() })
+		t.f.view(func(p *projections.Request) { owner, offset = p.Owner, p.Len() })
 		switch {
-		case terminal:
+		case t.f.settled():
 			return
 		case owner == rn.id:
 			rn.startRunner(t)

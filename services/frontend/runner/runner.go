@@ -97,7 +97,7 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 	rn.lifecycle = &lifecycle{id: cfg.ID, log: log, events: rn.events, room: rn.room, fleet: fl,
 		decisions: rn.decisions, noCompaction: cfg.NoCompaction}
 	rn.adopter = &adopter{id: cfg.ID, log: log, js: js, fleet: fl, presence: &rn.presence,
-		listed: newAdoptable(), adopted: m.adoptions, runtime: rn}
+		listed: newAdoptable(), adopted: m.adoptions, runtime: rn, all: cfg.BatchedOutput}
 	// The guard reads at the monitor's pace, and through it: admission
 	// answers from its readings too.
 	if rn.guard, err = retention.NewGuard(js, rn.room, reg, log, retention.GuardConfig{Interval: cfg.Log.Interval}); err != nil {
