@@ -55,20 +55,6 @@ const HeaderOutSeq = "ce-outseq"
 // onBatch applies b at once when that needs no I/O, as onLive does, and
 // queues it for run otherwise.
 func (f *follower) onBatch(b *outBatch) {
-	f.qmu.Lock()
-	if !f.busy && f.idleLocked() {
-		f.mu.Lock()
-		changed, ok := f.applyBatchLocked(b)
-		f.mu.Unlock()
-		f.qmu.Unlock()
-		if changed {
-			f.changed.Notify()
-		}
-		if ok {
-			return
-		}
-		f.qmu.Lock()
-	}
 	size := 0
 	for _, e := range b.entries {
 		if d, ok := e.Event.(events.TokensGenerated); ok {
@@ -77,9 +63,11 @@ func (f *follower) onBatch(b *outBatch) {
 			}
 		}
 	}
-	f.enqueueLocked(liveItem{out: b}, size)
-	f.qmu.Unlock()
-	f.poke()
+	f.deliver(func() (bool, bool) {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.applyBatchLocked(b)
+	}, liveItem{out: b}, size)
 }
 
 // maxHeld bounds the batches a follower holds for an attempt whose routed

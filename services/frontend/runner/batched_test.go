@@ -10,6 +10,15 @@ import (
 	"github.com/baton-dev/baton/streams"
 )
 
+// routeBatched has f fold request r1's acceptance and its attempt 0's
+// routed decision, batched to fe-1 by w1.
+func routeBatched(f *follower) {
+	f.apply(events.Envelope{ID: "a", Subject: "r1", Time: time.Now(), Seq: 1, Stored: streams.RequestEvents("r1"),
+		Event: events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"}})
+	f.apply(events.Envelope{ID: "r", Subject: "r1", Time: time.Now(), Seq: 2, Stored: streams.RequestEvents("r1"),
+		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
+}
+
 // TestLiveOutputsGaps: a batch is fresh once, and follows a gap when its
 // subject's previous batch (the server's Nats-Last-Sequence) was not
 // delivered here, the first batch of a subject included when it has a
@@ -118,10 +127,7 @@ func TestFollowerBatches(t *testing.T) {
 func TestFollowerWaitsForMissedBatches(t *testing.T) {
 	f := testFollower()
 	subj := streams.WorkerOutput("w1", "fe-1")
-	f.apply(events.Envelope{ID: "a", Subject: "r1", Time: time.Now(), Seq: 1, Stored: streams.RequestEvents("r1"),
-		Event: events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"}})
-	f.apply(events.Envelope{ID: "r", Subject: "r1", Time: time.Now(), Seq: 2, Stored: streams.RequestEvents("r1"),
-		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
+	routeBatched(f)
 	entry := func(ev events.Event) events.Envelope {
 		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev, Stored: streams.RequestTokens("r1", 0, "w1")}
 	}
@@ -157,10 +163,7 @@ func TestFollowerWaitsForMissedBatches(t *testing.T) {
 func TestFollowerTakesARepairAfterItsGap(t *testing.T) {
 	f := testFollower()
 	subj := streams.WorkerOutput("w1", "fe-1")
-	f.apply(events.Envelope{ID: "a", Subject: "r1", Time: time.Now(), Seq: 1, Stored: streams.RequestEvents("r1"),
-		Event: events.RequestAccepted{RequestID: "r1", Model: "m", Endpoint: events.EndpointCompletions, Prompt: "p", Frontend: "fe-1"}})
-	f.apply(events.Envelope{ID: "r", Subject: "r1", Time: time.Now(), Seq: 2, Stored: streams.RequestEvents("r1"),
-		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
+	routeBatched(f)
 	d := func(off int, toks ...string) events.Envelope {
 		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Stored: streams.RequestTokens("r1", 0, "w1"),
 			Event: events.TokensGenerated{RequestID: "r1", Offset: off, Tokens: toks}}

@@ -135,9 +135,16 @@ func (f *follower) stop() {
 // and run has nothing in hand, so order is kept), and otherwise queues it
 // for run. It never reads the network.
 func (f *follower) onLive(m *nats.Msg) {
+	f.deliver(func() (bool, bool) { return f.applyLive(m) }, liveItem{m: m}, len(m.Data))
+}
+
+// deliver has apply apply it at once when run has nothing in hand (so
+// order is kept), and queues it (size bytes) for run when apply cannot
+// (ok false: it needs I/O) or run is busy.
+func (f *follower) deliver(apply func() (changed, ok bool), it liveItem, size int) {
 	f.qmu.Lock()
 	if !f.busy && f.idleLocked() {
-		changed, ok := f.applyLive(m)
+		changed, ok := apply()
 		f.qmu.Unlock()
 		if changed {
 			f.changed.Notify()
@@ -147,7 +154,7 @@ func (f *follower) onLive(m *nats.Msg) {
 		}
 		f.qmu.Lock()
 	}
-	f.enqueueLocked(liveItem{m: m}, len(m.Data))
+	f.enqueueLocked(it, size)
 	f.qmu.Unlock()
 	f.poke()
 }
