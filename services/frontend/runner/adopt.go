@@ -220,6 +220,9 @@ func (ad *adopter) watch(ctx context.Context, g *errgroup.Group) {
 				if len(list) > 0 {
 					ad.adoptAll(ctx, from, list, ids)
 				}
+				if ad.all {
+					ad.adoptBatched(ctx, from, ids)
+				}
 				return nil
 			})
 		}
@@ -296,6 +299,70 @@ func (ad *adopter) adoptAll(ctx context.Context, from string, list []events.Stor
 			})
 		}
 		_ = g.Wait()
+	}
+}
+
+// batchedLookBack is how far back the departed frontend's subjects in the
+// workers' streams are read for its batched requests (adoptBatched): an
+// attempt in flight sends a batch at least every stall timeout, and one
+// that ended sent its end just before its owner would have copied it.
+const batchedLookBack = time.Minute
+
+// adoptBatched adopts the requests with a batched attempt that departed
+// frontend from owned, listed or not: a request accepted in the moments
+// before its frontend died, or whose list could not be written (NATS in
+// transition), is in no list, and nothing but a frontend that follows it
+// copies its end to the log. The index is the workers' streams: the
+// batches sent to from in the last batchedLookBack name every such
+// request. Each is adopted by the live frontend ranked first for its id.
+func (ad *adopter) adoptBatched(ctx context.Context, from string, live []string) {
+	outs, err := streams.WorkerOutputs(ctx, ad.js)
+	if err != nil {
+		ad.log.Warn("list workers' output streams for a departed frontend's requests", "frontend", from, "err", err)
+		return
+	}
+	since := time.Now().Add(-batchedLookBack)
+	ids := map[string]bool{}
+	for _, o := range outs {
+		for b, err := range streams.ReadWorkerOutput(ctx, ad.js, o.Worker, from, 0, since, 0) {
+			if err != nil {
+				break
+			}
+			for _, e := range b.Entries {
+				ids[e.Subject] = true
+			}
+		}
+	}
+	for id := range ids {
+		if streams.ValidRequestID(id) && rendezvousRank(id, ad.id, live) == 0 {
+			ad.adoptID(ctx, id, from)
+		}
+	}
+}
+
+// adoptID takes request id over if its current attempt is batched, its end
+// is not in the log (settled), and no live frontend but this one owns it.
+func (ad *adopter) adoptID(ctx context.Context, id, from string) {
+	t, err := ad.runtime.Attach(ctx, id)
+	if err != nil {
+		return // evicted, or never stored
+	}
+	defer t.Release()
+	var owner string
+	var batched bool
+	t.View(func(p *projections.Request) {
+		cur, _ := p.Current()
+		owner, batched = p.Owner, cur.Batched()
+	})
+	if !batched || t.f.settled() || owner == ad.id || ad.fleet.FrontendAlive(owner) {
+		return // adopted already (from the list, say), or not an orphan
+	}
+	t.requests.startDetachClock(t)
+	ad.runtime.ensureOwner(ctx, t)
+	t.View(func(p *projections.Request) { owner = p.Owner })
+	if owner == ad.id {
+		ad.adopted.Inc()
+		ad.log.Info("adopted an orphaned batched request", "request_id", id, "from", from)
 	}
 }
 
