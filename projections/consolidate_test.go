@@ -67,7 +67,7 @@ func TestConsolidationFoldsToTheSameRequest(t *testing.T) {
 	entries(delta(1, 7, "hi"), done)
 	copyOf(1, 7)
 	log := stored(partition...)
-	log[len(log)-1].Time = t0 // the copy of a completion keeps its time (Runner.consolidate)
+	log[len(log)-1].Time = t0 // the copy of a completion keeps its time (batcher.consolidate in services/frontend/runner)
 	reader := fold(log)
 	same(t, reader, owner)
 	if reader.Text() != "abcdefghi" || reader.Attempts[0].Cut != 5 || reader.Status != projections.StatusCompleted {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
@@ -185,40 +184,22 @@ func (s *batchedSink) Append(ctx context.Context, _ string, e events.Envelope, _
 }
 
 // appendEntry adds e to a batch of its own flush and waits for it; a
-// transient failure (an election of the stream's leader, a reconnect:
-// streams.Transient) is tried again, in a new batch, with backoff, for up
-// to streams.AppendBudget or ctx's end. A batch that was stored but whose
+// transient failure (an election of the stream's leader, a reconnect) is
+// tried again, in a new batch, as streams.Retry does, for up to
+// streams.AppendBudget or ctx's end. A batch that was stored but whose
 // acknowledgement was lost stores the entry twice, which every reader
 // folds once (a delta by its offset, an end once).
 func (s *batchedSink) appendEntry(ctx context.Context, e events.Envelope, ttft string, m *nats.Msg) error {
 	ctx, cancel := context.WithTimeout(ctx, streams.AppendBudget)
 	defer cancel()
-	backoff := batchRetryMin
-	for {
+	return streams.Retry(ctx, func(ctx context.Context) error {
 		f, err := s.out.add(s.dest, e, ttft, true, m)
 		if err != nil {
 			return err
 		}
-		err = f.wait(ctx)
-		if err == nil || !streams.Transient(err) || ctx.Err() != nil {
-			return err
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-		backoff = min(2*backoff, batchRetryMax)
-	}
+		return f.wait(ctx)
+	})
 }
-
-// The backoff of appendEntry's tries.
-const (
-	batchRetryMin = 50 * time.Millisecond
-	batchRetryMax = time.Second
-)
 
 func (f *batchFuture) wait(ctx context.Context) error {
 	select {

@@ -340,30 +340,12 @@ func (ad *adopter) adoptBatched(ctx context.Context, from string, live []string)
 	}
 }
 
-// adoptID takes request id over if its current attempt is batched, its end
-// is not in the log (settled), and no live frontend but this one owns it.
+// adoptID adopts request id (adoptIf) if its current attempt is batched.
 func (ad *adopter) adoptID(ctx context.Context, id, from string) {
-	t, err := ad.runtime.Attach(ctx, id)
-	if err != nil {
-		return // evicted, or never stored
-	}
-	defer t.Release()
-	var owner string
-	var batched bool
-	t.View(func(p *projections.Request) {
+	ad.adoptIf(ctx, id, from, func(p *projections.Request) bool {
 		cur, _ := p.Current()
-		owner, batched = p.Owner, cur.Batched()
+		return cur.Batched()
 	})
-	if !batched || t.f.settled() || owner == ad.id || ad.fleet.FrontendAlive(owner) {
-		return // adopted already (from the list, say), or not an orphan
-	}
-	t.requests.startDetachClock(t)
-	ad.runtime.ensureOwner(ctx, t)
-	t.View(func(p *projections.Request) { owner = p.Owner })
-	if owner == ad.id {
-		ad.adopted.Inc()
-		ad.log.Info("adopted an orphaned batched request", "request_id", id, "from", from)
-	}
 }
 
 // adoptRank is this frontend's (self's) place among live (which should
@@ -416,8 +398,7 @@ func (ad *adopter) listedByLive() map[events.StoredAt]bool {
 
 // adopt takes over the request whose accepted event is stored at at, listed
 // by departed frontend from (this frontend's id: an earlier run of it), if
-// it is still in flight, meant to outlive its client, and owned by no live
-// frontend but this one.
+// it is meant to outlive its client or runs a batched attempt (adoptIf).
 func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 	if at.Partition < 0 || at.Partition >= ad.parts.Count() {
 		return
@@ -426,6 +407,18 @@ func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 	if !ok {
 		return
 	}
+	ad.adoptIf(ctx, id, from, func(p *projections.Request) bool {
+		// A request that does not outlive its client is adopted only for
+		// its batched attempt, which nothing else copies to the log.
+		cur, _ := p.Current()
+		return p.AcceptedSeq() == at.Seq && (p.Accepted.Background || p.Accepted.Resumable || cur.Batched())
+	})
+}
+
+// adoptIf takes request id, departed frontend from's, over and runs it
+// here with no reader, if its fold passes eligible, the log does not show
+// its end (settled), and no live frontend but this one owns it.
+func (ad *adopter) adoptIf(ctx context.Context, id, from string, eligible func(p *projections.Request) bool) {
 	t, err := ad.runtime.Attach(ctx, id)
 	if err != nil {
 		ad.log.Warn("adopt request", "request_id", id, "from", from, "err", err)
@@ -433,15 +426,9 @@ func (ad *adopter) adopt(ctx context.Context, at events.StoredAt, from string) {
 	}
 	defer t.Release()
 	var owner string
-	var same, outlives, batched bool
-	t.View(func(p *projections.Request) {
-		cur, _ := p.Current()
-		owner, same, batched = p.Owner, p.AcceptedSeq() == at.Seq, cur.Batched()
-		outlives = p.Accepted.Background || p.Accepted.Resumable
-	})
-	// A request that does not outlive its client is adopted only for its
-	// batched attempt, which nothing else copies to the log.
-	if !same || t.f.settled() || !(outlives || batched) || (owner != ad.id && ad.fleet.FrontendAlive(owner)) {
+	ok := false
+	t.View(func(p *projections.Request) { owner, ok = p.Owner, eligible(p) })
+	if !ok || t.f.settled() || (owner != ad.id && ad.fleet.FrontendAlive(owner)) {
 		return
 	}
 	was := owner

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/projections"
 	"github.com/baton-dev/baton/streams"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // A batched attempt (docs/internals.md, "The write path of many tokens per
@@ -142,7 +144,7 @@ func (f *follower) requireOut(subject string, seq uint64) {
 
 // seal has the follower take nothing more of batched attempt k from its
 // worker's stream: the attempt is closed on the partition at what it holds
-// (Runner.fence, when the worker's stream refuses the fence).
+// (batcher.fence, when the worker's stream refuses the fence).
 func (f *follower) seal(k int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -151,9 +153,10 @@ func (f *follower) seal(k int) {
 	}
 }
 
-// noteRouted records when an attempt was routed, and the worker-stream
-// position a consolidated delta covers: where a read of a batched
-// attempt's output starts. Called with mu held, for an event folded.
+// noteRouted records when an attempt was routed (where a read of a batched
+// attempt's output starts when nothing of it was read), and applies the
+// batches held for want of that decision. Called with mu held, for an
+// event folded.
 func (f *follower) noteRouted(e events.Envelope) {
 	var k int
 	switch ev := e.Event.(type) {
@@ -187,15 +190,17 @@ func (f *follower) applyHeldLocked() {
 // noteConsolidated records the worker-stream position a consolidated delta
 // of a batched attempt covers. Called with mu held.
 func (f *follower) noteConsolidated(e events.Envelope) {
+	// Every delta of a per-token attempt comes here: it is passed over
+	// at the first look at its attempt.
 	d, ok := e.Event.(events.TokensGenerated)
-	if !ok || e.Header == nil || d.Attempt < 0 || d.Attempt >= len(f.proj.Attempts) {
+	if !ok || d.Attempt < 0 || d.Attempt >= len(f.proj.Attempts) || !f.proj.Attempts[d.Attempt].Batched() {
+		return
+	}
+	v := e.Header[HeaderOutSeq]
+	if len(v) == 0 {
 		return
 	}
 	a := f.proj.Attempts[d.Attempt]
-	v := e.Header[HeaderOutSeq]
-	if !a.Batched() || len(v) == 0 {
-		return
-	}
 	if seq, err := strconv.ParseUint(v[0], 10, 64); err == nil {
 		subj := streams.WorkerOutput(a.WorkerID, a.OutputTo)
 		f.outSeqs.set(subj, max(f.outSeqs.get(subj), seq))
@@ -211,6 +216,13 @@ func (f *follower) readOutput(ctx context.Context) error {
 	open := ok && cur.Batched() && !cur.Closed && !f.proj.Status.Terminal()
 	subj := streams.WorkerOutput(cur.WorkerID, cur.OutputTo)
 	held := slices.Contains(f.foreign, subj)
+	// Nothing else moves outSeqs while run reads: live batches queue
+	// behind it.
+	from := f.outSeqs.get(subj)
+	var since time.Time
+	if from == 0 && cur.Attempt < len(f.routedAt) {
+		since = f.routedAt[cur.Attempt].Add(-outputReadMargin)
+	}
 	f.mu.Unlock()
 	if !open {
 		return nil
@@ -222,13 +234,6 @@ func (f *follower) readOutput(ctx context.Context) error {
 		f.foreign = append(f.foreign, subj)
 		f.mu.Unlock()
 	}
-	f.mu.Lock()
-	from := f.outSeqs.get(subj)
-	var since time.Time
-	if from == 0 && cur.Attempt < len(f.routedAt) {
-		since = f.routedAt[cur.Attempt].Add(-outputReadMargin)
-	}
-	f.mu.Unlock()
 	if from > 0 {
 		from++
 	}
@@ -308,24 +313,26 @@ func (rn *Runner) claimBatched(ctx context.Context, owner string) {
 	}
 }
 
-// everyoneReadsBatched reports whether every live frontend follows batched
-// attempts (FrontendPresence.ReadsBatched): an earlier release, or a
-// frontend without the switch, reads a batched attempt only from its
-// consolidations, and could not take it over.
-func (rn *Runner) everyoneReadsBatched() bool {
-	for _, f := range rn.fleet.Frontends() {
-		if !f.ReadsBatched {
-			return false
-		}
-	}
-	return true
+// batcher is the runtime's part for the batched attempts of the requests
+// this frontend owns: it asks workers for batches, and fences and copies
+// batched attempts. It is safe for concurrent use; consolidate is called
+// only by t's runner.
+type batcher struct {
+	on        bool // --batched-output
+	js        jetstream.JetStream
+	events    *streams.Log
+	decisions decisions
+	fleet     Fleet
+	log       *slog.Logger
 }
 
-// batchedTo sets d to ask w for batches when this frontend follows them,
-// w writes them (its lease says it has its output stream), and every live
-// frontend reads them.
-func (rn *Runner) batchedTo(w projections.Worker, d *events.Dispatch) {
-	if rn.outputs != nil && w.WritesBatched && rn.everyoneReadsBatched() {
+// ask sets d to ask w for batches when this frontend follows them, w
+// writes them (its lease says it has its output stream), and every live
+// frontend reads them (FrontendPresence.ReadsBatched: an earlier release,
+// or a frontend without the switch, reads a batched attempt only from its
+// copies, and could not take it over).
+func (bt *batcher) ask(w projections.Worker, d *events.Dispatch) {
+	if bt.on && w.WritesBatched && everyFrontend(bt.fleet, func(f projections.Frontend) bool { return f.ReadsBatched }) {
 		d.Output = events.OutputBatched
 	}
 }
@@ -351,21 +358,42 @@ type consolidated struct {
 // after that attempt's copy. A copy that fails is tried again at the next
 // step. It returns when the next copy of a running attempt is due (zero:
 // none).
-func (rn *Runner) consolidate(ctx context.Context, t *Request) time.Time {
-	type copyOf struct {
-		k       int
-		subject string
-		delta   *events.TokensGenerated
-		closing events.Event
-		outSeq  uint64
-		// completedAt is the completion's time in the fold, which its
-		// copy keeps.
-		completedAt time.Time
+func (bt *batcher) consolidate(ctx context.Context, t *Request) time.Time {
+	todo, due := copiesDue(t, time.Now())
+	var last uint64
+	defer func() {
+		if last > 0 { // folded before what the step stores next (compaction's plan included)
+			bt.decisions.awaitFolded(ctx, t, last)
+		}
+	}()
+	for _, cp := range todo {
+		seq, err := bt.store(ctx, t, cp)
+		last = max(last, seq)
+		if err != nil {
+			bt.log.Warn("consolidate batched attempt", "request_id", t.id, "attempt", cp.k, "err", err)
+			return time.Now().Add(retryAfterError)
+		}
 	}
-	var todo []copyOf
-	var due time.Time
-	now := time.Now()
+	return due
+}
+
+// copyOf is one copy of attempt k that consolidate stores.
+type copyOf struct {
+	k       int
+	subject string
+	delta   *events.TokensGenerated
+	closing events.Event
+	outSeq  uint64
+	// completedAt is the completion's time in the fold, which its copy
+	// keeps.
+	completedAt time.Time
+}
+
+// copiesDue is what of t's batched attempts is to be copied at now, and
+// when the next copy of a running one is due.
+func copiesDue(t *Request, now time.Time) (todo []copyOf, due time.Time) {
 	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
 	p := t.f.proj
 	for len(t.cons) < len(p.Attempts) {
 		t.cons = append(t.cons, consolidated{through: p.Attempts[len(t.cons)].StartOffset})
@@ -398,47 +426,41 @@ func (rn *Runner) consolidate(ctx context.Context, t *Request) time.Time {
 			due = now.Add(consolidateEvery)
 		}
 	}
-	t.f.mu.Unlock()
-	var last uint64
-	defer func() {
-		if last > 0 { // folded before what the step stores next (compaction's plan included)
-			rn.decisions.awaitFolded(ctx, t, last)
+	return todo, due
+}
+
+// store appends cp (its delta, then its closing event) and records it in
+// t.cons; seq is the last stream sequence it stored.
+func (bt *batcher) store(ctx context.Context, t *Request, cp copyOf) (seq uint64, err error) {
+	c := &t.cons[cp.k]
+	if cp.delta != nil {
+		// Its id names the range it copies: two frontends' copies of
+		// different ranges from one offset (an owner's, then a taker's)
+		// are two messages, not one and a duplicate.
+		end := cp.delta.Offset + len(cp.delta.Tokens)
+		id := events.ID(t.id, cp.k, cp.delta.Offset, end, "c") // projections.IsConsolidation
+		m, err := streams.NewMsg(cp.subject, bt.events.Envelope(id, t.id, *cp.delta))
+		if err != nil {
+			return 0, err
 		}
-	}()
-	for _, cp := range todo {
-		c := &t.cons[cp.k]
-		if cp.delta != nil {
-			// Its id names the range it copies: two frontends' copies of
-			// different ranges from one offset (an owner's, then a
-			// taker's) are two messages, not one and a duplicate.
-			end := cp.delta.Offset + len(cp.delta.Tokens)
-			id := events.ID(t.id, cp.k, cp.delta.Offset, end, "c") // projections.IsConsolidation
-			m, err := streams.NewMsg(cp.subject, rn.events.Envelope(id, t.id, *cp.delta))
-			if err == nil {
-				m.Header.Set(HeaderOutSeq, strconv.FormatUint(cp.outSeq, 10))
-				last, err = rn.events.AppendMsg(ctx, m, -1)
-			}
-			if err != nil {
-				rn.log.Warn("consolidate batched attempt", "request_id", t.id, "attempt", cp.k, "err", err)
-				return time.Now().Add(retryAfterError)
-			}
-			c.through, c.at = end, time.Now()
+		m.Header.Set(HeaderOutSeq, strconv.FormatUint(cp.outSeq, 10))
+		if seq, err = bt.events.AppendMsg(ctx, m, -1); err != nil {
+			return 0, err
 		}
-		if cp.closing != nil {
-			env := rn.events.Envelope(events.ID(t.id, cp.k, "closed"), t.id, cp.closing)
-			if _, ok := cp.closing.(events.RequestCompleted); ok {
-				env.Time = cp.completedAt // a reader's CompletedAt is the worker's, not the copy's
-			}
-			seq, err := rn.events.Append(ctx, cp.subject, env, -1)
-			if err != nil {
-				rn.log.Warn("consolidate batched attempt's end", "request_id", t.id, "attempt", cp.k, "err", err)
-				return time.Now().Add(retryAfterError)
-			}
-			last = seq
-			c.closed = true
-		}
+		c.through, c.at = end, time.Now()
 	}
-	return due
+	if cp.closing != nil {
+		env := bt.events.Envelope(events.ID(t.id, cp.k, "closed"), t.id, cp.closing)
+		if _, ok := cp.closing.(events.RequestCompleted); ok {
+			env.Time = cp.completedAt // a reader's CompletedAt is the worker's, not the copy's
+		}
+		s, err := bt.events.Append(ctx, cp.subject, env, -1)
+		if err != nil {
+			return seq, err
+		}
+		seq, c.closed = s, true
+	}
+	return seq, nil
 }
 
 // fence closes attempt ev.Attempt of t in the log. A batched attempt is
@@ -447,7 +469,7 @@ func (rn *Runner) consolidate(ctx context.Context, t *Request) time.Time {
 // the worker's stream refuses the fence (full, or gone), the attempt is
 // sealed here, copied to the partition, and closed there, as a per-token
 // attempt is.
-func (rn *Runner) fence(ctx context.Context, t *Request, ev events.AttemptFailed) {
+func (bt *batcher) fence(ctx context.Context, t *Request, ev events.AttemptFailed) {
 	var a projections.Attempt
 	t.f.view(func(p *projections.Request) {
 		if ev.Attempt >= 0 && ev.Attempt < len(p.Attempts) {
@@ -455,18 +477,19 @@ func (rn *Runner) fence(ctx context.Context, t *Request, ev events.AttemptFailed
 		}
 	})
 	if !a.Batched() || a.Closed {
-		rn.decisions.fence(ctx, ev)
+		bt.decisions.fence(ctx, ev)
 		return
 	}
 	id := events.ID(t.id, ev.Attempt, "fenced")
-	_, err := streams.AppendOutputFence(ctx, rn.js, a.WorkerID, a.OutputTo, rn.events.Source(), id, ev)
+	_, err := streams.AppendOutputFence(ctx, bt.js, a.WorkerID, a.OutputTo, bt.events.Source(), id, ev)
 	if err == nil {
-		catchUp(ctx, t) // folds the attempt's output through the fence
-		rn.consolidate(ctx, t)
+		// Folds the attempt's output through the fence; the runner's
+		// next step copies it to the partition before it decides.
+		catchUp(ctx, t)
 		return
 	}
-	rn.log.Warn("fence batched attempt in its worker's stream; sealing it here", "request_id", t.id, "attempt", ev.Attempt, "err", err)
+	bt.log.Warn("fence batched attempt in its worker's stream; sealing it here", "request_id", t.id, "attempt", ev.Attempt, "err", err)
 	t.f.seal(ev.Attempt)
-	rn.consolidate(ctx, t)
-	rn.decisions.fence(ctx, ev)
+	bt.consolidate(ctx, t)
+	bt.decisions.fence(ctx, ev)
 }

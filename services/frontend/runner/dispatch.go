@@ -95,7 +95,7 @@ func (rn *Runner) dispatchEarly(ctx context.Context, env events.Envelope) *heldD
 		return nil
 	}
 	d := a.Dispatch
-	rn.batchedTo(w, &d)
+	rn.batches.ask(w, &d)
 	return rn.dispatcher.sendHeld(ctx, w, done, d)
 }
 

@@ -87,7 +87,12 @@ func (t *Request) takeEarlyRouted() *heldDispatch {
 // everyoneReadsAcceptedRoute reports whether every live frontend folds the
 // routed decision stored in an accepted event (events.RequestAccepted.Route).
 func (rn *Runner) everyoneReadsAcceptedRoute() bool {
-	return !slices.ContainsFunc(rn.fleet.Frontends(), func(f projections.Frontend) bool { return !f.ReadsAcceptedRoute })
+	return everyFrontend(rn.fleet, func(f projections.Frontend) bool { return f.ReadsAcceptedRoute })
+}
+
+// everyFrontend reports whether every live frontend's presence says ok.
+func everyFrontend(fl Fleet, ok func(projections.Frontend) bool) bool {
+	return !slices.ContainsFunc(fl.Frontends(), func(f projections.Frontend) bool { return !ok(f) })
 }
 
 // ErrExists means a request with that id is already in the log.

@@ -34,7 +34,7 @@ func (rn *Runner) run(ctx context.Context, t *Request) {
 		a, model, endpoint, firstPending := rn.observe(t, mem, obs, &relayed)
 		// Whatever closed a batched attempt in what the step saw is
 		// copied to the partition before the step stores anything.
-		due := rn.consolidate(ctx, t)
+		due := rn.batches.consolidate(ctx, t)
 		rn.commands.relay(&relayed)
 		mem, outcome = a.Next, nil
 		if firstPending && mem.Watch.Active {
@@ -331,7 +331,7 @@ func (rn *Runner) carryDispatch(ctx context.Context, t *Request, a migrations.Ac
 		rn.dispatcher.abandon(h)
 	}
 	w, done, err := rn.fleet.Pick(d, a.Pinned, a.Exclude)
-	rn.batchedTo(w, &d)
+	rn.batches.ask(w, &d)
 	if err != nil {
 		return &migrations.DispatchOutcome{Result: migrations.DispatchUnroutable, Busy: errors.Is(err, fleet.ErrAllBusy),
 			NotCapable: fleet.IsNotCapable(err), Err: err.Error()}, nil
@@ -390,7 +390,7 @@ func (rn *Runner) dispatched(ctx context.Context, t *Request, w projections.Work
 		rn.metrics.dispatchUnanswered.WithLabelValues(w.ID).Inc()
 		rn.log.Warn("dispatch failed", "request_id", t.id, "worker_id", w.ID, "err", err)
 	}
-	rn.fence(ctx, t, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
+	rn.batches.fence(ctx, t, events.AttemptFailed{RequestID: t.id, Attempt: d.Attempt, WorkerID: w.ID, Offset: d.StartOffset, Reason: reason})
 	waitClosed(ctx, t, d.Attempt)
 	return out, nil
 }
@@ -448,7 +448,7 @@ func waitClosed(ctx context.Context, t *Request, k int) {
 // closure.
 func (rn *Runner) carryFence(ctx context.Context, t *Request, a migrations.Action) {
 	if a.AppendFence {
-		rn.fence(ctx, t, a.Fence)
+		rn.batches.fence(ctx, t, a.Fence)
 	}
 	if w, ok := rn.fleet.Worker(a.Fence.WorkerID); ok && a.Inhibit && rn.fleet.Inhibit(w, a.InhibitFor) {
 		rn.metrics.inhibitions.WithLabelValues(w.ID).Inc()

@@ -44,6 +44,7 @@ type Runner struct {
 
 	requests   *registry   // registry.go
 	decisions  decisions   // decisions.go
+	batches    *batcher    // batched.go
 	dispatcher *dispatcher // dispatch.go
 	commands   commands    // commands.go
 	checks     *checks     // checks.go
@@ -92,6 +93,7 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 		return nil, fmt.Errorf("runner: %w", err)
 	}
 	rn.decisions = decisions{events: rn.events, log: log}
+	rn.batches = &batcher{on: cfg.BatchedOutput, js: js, events: rn.events, decisions: rn.decisions, fleet: fl, log: log}
 	rn.dispatcher = &dispatcher{ctl: nc, timeout: cfg.DispatchTimeout, maxPromptTokens: cfg.MaxPromptTokens, commands: rn.commands, log: log}
 	rn.checks = &checks{nc: nc, log: log, fleet: fl, requests: rn}
 	rn.lifecycle = &lifecycle{id: cfg.ID, log: log, events: rn.events, room: rn.room, fleet: fl,
