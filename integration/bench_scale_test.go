@@ -37,6 +37,7 @@ type scaleCase struct {
 	ramp    time.Duration // the streams start evenly over this long
 	logOff  bool          // the baseline: deltas over core NATS, not the log (--bench-log-off)
 	batched bool          // --batched-output on the frontend and the workers (issue 33)
+	keepLog bool          // --log-compaction=false: what compaction costs, by difference
 }
 
 // BenchmarkScale measures what one stream costs when thousands are open at
@@ -76,6 +77,7 @@ func BenchmarkScale(b *testing.B) {
 		{name: "1000x5", streams: 1000, rate: 5, tokens: 64, ramp: 2 * time.Second},
 		{name: "1000x50-logoff", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, logOff: true},
 		{name: "1000x50", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second},
+		{name: "1000x50-nocompaction", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, keepLog: true},
 		{name: "1000x50-batched", streams: 1000, rate: 50, tokens: 256, ramp: 2 * time.Second, batched: true},
 		{name: "4000x50-logoff", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second, logOff: true},
 		{name: "4000x50", streams: 4000, rate: 50, tokens: 256, ramp: 4 * time.Second},
@@ -130,7 +132,7 @@ func runScale(b *testing.B, sc scaleCase) {
 	// The connection cap (--max-connections) is raised above the workload,
 	// which comes from one address: the per-address cap is off.
 	feArgs := []string{"--migration-limit", "3", "--max-connections", strconv.Itoa(sc.streams + 1000), "--max-connections-per-address", "0"}
-	if sc.logOff {
+	if sc.logOff || sc.keepLog {
 		// Nothing of a log-off request is stored, so there is nothing to
 		// compact: the baseline writes nothing to the log.
 		feArgs = append(feArgs, "--log-compaction=false")
