@@ -152,15 +152,14 @@ func TestTenantBudgetsAcrossFrontends(t *testing.T) {
 	for _, f := range []*frontend{f1, f2} {
 		f.signal(syscall.SIGHUP)
 	}
+	// The answer that admitted her is the one read: the bucket keeps its
+	// level across a reload and refills at the new rate, so a second
+	// request right after it may still be refused.
+	var resp *http.Response
 	waitFor(t, 20*time.Second, "alice to be admitted under the raised budget", func() bool {
-		var resp *http.Response
 		_, err := sdk(f1.url, aliceKey).Chat.Completions.New(ctx, chat, option.WithResponseInto(&resp))
 		return err == nil && resp.Header.Get("x-ratelimit-limit-requests") == "600" && resp.Header.Get("x-ratelimit-limit-tokens") == "100000"
 	})
-	var resp *http.Response
-	if _, err := sdk(f1.url, aliceKey).Chat.Completions.New(ctx, chat, option.WithResponseInto(&resp)); err != nil {
-		t.Fatalf("alice through the SDK under the raised budget: %v", err)
-	}
 	for _, h := range []string{"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
 		"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"} {
 		if resp.Header.Get(h) == "" {
