@@ -185,10 +185,21 @@ func runScale(b *testing.B, sc scaleCase) {
 			settle = func() time.Duration { return logSettled(b, js, streams.Partitions(s.partitions)) }
 		}
 		before := storedMessages(b, s.jetStream(b))
+		const received = "baton_frontend_nats_received_messages_total"
+		receivedBefore := scrape(fe.url+"/metrics", received)[received]
 		r := scaleRun(b, sc, fe.url, procs, fmt.Sprintf("scale-%s-%d", sc.name, i), profDir, pprofAddr, settle)
 		r.report(b, sc, procs)
 		if r.delivered > 0 {
-			b.ReportMetric(float64(storedMessages(b, s.jetStream(b))-before)/float64(r.delivered), "stored_msgs/tok")
+			// Issue 33's measures: what the log stores and the frontend
+			// receives a token, and the streams at this rate that one
+			// partition could hold at the raw publish rate measured below
+			// (a stream costs rate × stored messages a token each second).
+			stored := float64(storedMessages(b, s.jetStream(b))-before) / float64(r.delivered)
+			b.ReportMetric(stored, "stored_msgs/tok")
+			b.ReportMetric((scrape(fe.url+"/metrics", received)[received]-receivedBefore)/float64(r.delivered), "fe_received_msgs/tok")
+			if stored > 0 {
+				b.ReportMetric(raw/(stored*float64(sc.rate)), "streams/partition")
+			}
 		}
 		b.ReportMetric(raw, "raw_js_msgs/s") // after b.Loop's reset of the metrics
 	}

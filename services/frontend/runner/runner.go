@@ -120,8 +120,14 @@ func New(nc *nats.Conn, fl Fleet, log *slog.Logger, reg prometheus.Registerer, c
 		Name: "baton_frontend_nats_received_bytes_total",
 		Help: "Bytes this frontend received from NATS on its main connection: the live traffic of the requests it follows, history reads, watches.",
 	}, func() float64 { return float64(nc.Stats().InBytes) })
-	if err := reg.Register(received); err != nil {
-		return nil, fmt.Errorf("runner: metrics: %w", err)
+	receivedMsgs := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "baton_frontend_nats_received_messages_total",
+		Help: "Messages this frontend received from NATS on its main connection (see baton_frontend_nats_received_bytes_total).",
+	}, func() float64 { return float64(nc.Stats().InMsgs) })
+	for _, c := range []prometheus.Collector{received, receivedMsgs} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("runner: metrics: %w", err)
+		}
 	}
 	return rn, nil
 }
