@@ -490,6 +490,10 @@ func TestLiveTrafficOnlyWhereRead(t *testing.T) {
 	wg.Wait()
 	after := received()
 	serving := after[0] - before[0]
+	// Its message count counts too: at least the n requests' tokens came.
+	if msgs := fes[0].metric(t, "baton_frontend_nats_received_messages_total"); msgs < n*tokens/16 {
+		t.Errorf("the serving frontend counts %.0f messages received, want at least %d (%d tokens, at most 16 a delta)", msgs, n*tokens/16, n*tokens)
+	}
 	for i := 1; i < len(fes); i++ {
 		idle := after[i] - before[i]
 		t.Logf("frontend %d received %.0f bytes while the serving one received %.0f (%.1f%%)", i+1, idle, serving, 100*idle/serving)
