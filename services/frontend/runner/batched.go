@@ -42,6 +42,9 @@ type outBatch struct {
 	seq     uint64
 	entries []events.Envelope
 	live    bool // delivered by a subscription, not read back
+	// again: read back as the last batch the fold had noted (readOutput),
+	// applied once more.
+	again bool
 }
 
 // outputReadMargin is how long before an attempt's routed decision (its
@@ -103,7 +106,7 @@ func (f *follower) batch(b *outBatch) bool {
 // repair of a delta whose append failed follows the deltas after it, as
 // on the per-token path, and the fold takes it.)
 func (f *follower) applyBatchLocked(b *outBatch) (changed, ok bool) {
-	if b.seq <= f.outSeqs.get(b.subject) {
+	if last := f.outSeqs.get(b.subject); b.seq < last || b.seq == last && !b.again {
 		return false, true
 	}
 	if b.live && f.outNeed.get(b.subject) > f.outSeqs.get(b.subject) {
@@ -234,9 +237,11 @@ func (f *follower) readOutput(ctx context.Context) error {
 		f.foreign = append(f.foreign, subj)
 		f.mu.Unlock()
 	}
-	if from > 0 {
-		from++
-	}
+	// The read starts at the last batch noted, not after it: a copy's
+	// outseq names the batch of its last token, and that batch may also
+	// hold the attempt's end, whose own copy was never stored (its owner
+	// died between the two appends). The fold takes what it already has
+	// as a duplicate.
 	var got []*outBatch
 	for b, err := range streams.ReadWorkerOutput(ctx, f.js, cur.WorkerID, cur.OutputTo, from, since, 0) {
 		if errors.Is(err, streams.ErrNotFound) {
@@ -245,7 +250,7 @@ func (f *follower) readOutput(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		got = append(got, &outBatch{subject: subj, seq: b.Seq, entries: entriesOf(f.id, b.Entries)})
+		got = append(got, &outBatch{subject: subj, seq: b.Seq, entries: entriesOf(f.id, b.Entries), again: from > 0 && b.Seq == from})
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

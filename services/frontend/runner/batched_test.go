@@ -178,3 +178,35 @@ func TestFollowerTakesARepairAfterItsGap(t *testing.T) {
 		}
 	})
 }
+
+// TestFollowerReadsTheLastCopiedBatchAgain: a copy on the partition noted
+// the attempt's output through batch 5, whose tokens it held, but batch 5
+// also held the attempt's end, and the owner died before it copied that.
+// Read back again (readOutput starts at the batch noted), batch 5 ends the
+// attempt, and its tokens are not repeated; delivered live a second time,
+// it is passed over.
+func TestFollowerReadsTheLastCopiedBatchAgain(t *testing.T) {
+	f := testFollower()
+	subj := streams.WorkerOutput("w1", "fe-1")
+	routeBatched(f)
+	entry := func(ev events.Event) events.Envelope {
+		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev, Stored: streams.RequestTokens("r1", 0, "w1")}
+	}
+	tokens := entry(events.TokensGenerated{RequestID: "r1", Offset: 0, Tokens: []string{"a", "b"}})
+	f.mu.Lock()
+	f.applyLocked(tokens)  // the copy's tokens, folded from the partition
+	f.outSeqs.set(subj, 5) // and its outseq (noteConsolidated)
+	end := entry(events.RequestCompleted{RequestID: "r1", FinishReason: "stop"})
+	b := &outBatch{subject: subj, seq: 5, entries: []events.Envelope{tokens, end}}
+	if changed, _ := f.applyBatchLocked(b); changed {
+		t.Error("batch 5 delivered live, after the copy that noted it: applied, want passed over")
+	}
+	b.again = true
+	changed, ok := f.applyBatchLocked(b)
+	f.mu.Unlock()
+	f.view(func(p *projections.Request) {
+		if !changed || !ok || p.Status != projections.StatusCompleted || p.Text() != "ab" {
+			t.Errorf("batch 5 read again: changed %v ok %v, the fold %s %q; want completed %q", changed, ok, p.Status, p.Text(), "ab")
+		}
+	})
+}
