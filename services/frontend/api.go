@@ -295,6 +295,18 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 	var n int
 	t.View(func(p *projections.Request) { n = p.Len() })
 	if from > n {
+		// The follower this frontend had may not have read everything
+		// yet (one an adoption started, following only the partition; a
+		// batched attempt's output not read back yet): read once more
+		// before refusing what a client may have seen.
+		if err := t.CatchUp(r.Context()); err != nil {
+			t.Release()
+			writeLookupError(w, public, err)
+			return
+		}
+		t.View(func(p *projections.Request) { n = p.Len() })
+	}
+	if from > n {
 		t.Release()
 		writeAPIError(w, badRequest("invalid_offset", "offset %d is past the end of request %s (%d tokens so far)", from, id, n))
 		return
