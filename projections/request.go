@@ -143,9 +143,8 @@ type Request struct {
 // NewRequest returns an empty projection.
 func NewRequest() *Request { return &Request{} }
 
-// NewRequestCounter returns an empty projection that keeps no token text:
-// its state and Len are those of NewRequest's, Tokens and Text are empty.
-// It suits views of many requests at once (the console's).
+// NewRequestCounter returns an empty projection that keeps no token text (its
+// state and Len are NewRequest's; Tokens and Text are empty), for views of many.
 func NewRequestCounter() *Request { return &Request{countOnly: true} }
 
 // LastSeq is the stream sequence of the last applied event.
