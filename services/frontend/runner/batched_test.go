@@ -19,6 +19,11 @@ func routeBatched(f *follower) {
 		Event: events.RequestRouted{RequestID: "r1", WorkerID: "w1", Output: events.OutputBatched, OutputTo: "fe-1"}})
 }
 
+// entry is an entry of a batch of w1's attempt 0 of r1, carrying ev.
+func entry(ev events.Event) events.Envelope {
+	return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev, Stored: streams.RequestTokens("r1", 0, "w1")}
+}
+
 // TestLiveOutputsGaps: a batch is fresh once, and follows a gap when its
 // subject's previous batch (the server's Nats-Last-Sequence) was not
 // delivered here, the first batch of a subject included when it has a
@@ -56,10 +61,6 @@ func testFollower() *follower {
 func TestFollowerBatches(t *testing.T) {
 	f := testFollower()
 	subj := streams.WorkerOutput("w1", "fe-1")
-	entry := func(ev events.Event) events.Envelope {
-		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev,
-			Stored: streams.RequestTokens("r1", 0, "w1")}
-	}
 	tok := func(k, off int, s string) events.Envelope {
 		return entry(events.TokensGenerated{RequestID: "r1", Attempt: k, Offset: off, Tokens: []string{s}})
 	}
@@ -128,9 +129,6 @@ func TestFollowerWaitsForMissedBatches(t *testing.T) {
 	f := testFollower()
 	subj := streams.WorkerOutput("w1", "fe-1")
 	routeBatched(f)
-	entry := func(ev events.Event) events.Envelope {
-		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev, Stored: streams.RequestTokens("r1", 0, "w1")}
-	}
 	apply := func(b *outBatch) bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -189,9 +187,6 @@ func TestFollowerReadsTheLastCopiedBatchAgain(t *testing.T) {
 	f := testFollower()
 	subj := streams.WorkerOutput("w1", "fe-1")
 	routeBatched(f)
-	entry := func(ev events.Event) events.Envelope {
-		return events.Envelope{ID: "x", Subject: "r1", Time: time.Now(), Event: ev, Stored: streams.RequestTokens("r1", 0, "w1")}
-	}
 	tokens := entry(events.TokensGenerated{RequestID: "r1", Offset: 0, Tokens: []string{"a", "b"}})
 	f.mu.Lock()
 	f.applyLocked(tokens)  // the copy's tokens, folded from the partition
