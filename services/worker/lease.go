@@ -173,6 +173,38 @@ func (r *registration) keep(ctx context.Context, l *lease) {
 	}
 }
 
+// askAgain asks for the output stream every lease TTL while the last ask
+// went unanswered, and once one is, says writes_batched in the current
+// lease (a new lease says it from the start): a worker started before any
+// frontend with --batched-output (a rolling upgrade starts the workers
+// first) writes batched without registering again. Switch off: returns.
+func (r *registration) askAgain(ctx context.Context) {
+	if r.output == nil {
+		return
+	}
+	t := time.NewTicker(r.cfg.LeaseTTL)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if r.output.batched() || !r.output.ask(ctx) {
+			continue
+		}
+		r.mu.Lock()
+		l := r.lease
+		r.mu.Unlock()
+		if l == nil {
+			continue // re-registering: the new lease says it
+		}
+		if err := l.s.Update(func(v *events.Lease) { v.WritesBatched = true }); err != nil {
+			r.log.Warn("say writes_batched in the lease", "lease_id", l.ID(), "err", err)
+		}
+	}
+}
+
 // register grants a new lease with a new lease id and appends worker_registered.
 func (r *registration) register(ctx context.Context, ownedLeaseID string) (*lease, error) {
 	healthy, reason := r.health.state()

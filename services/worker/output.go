@@ -18,7 +18,8 @@ import (
 // re-registration, and says WritesBatched in the lease it then registers
 // only if a frontend answered that it exists. With no answer (no frontend
 // with --batched-output, a previous release's) the worker runs as without
-// the switch, and says so in its log once. A nil *outputStream is the
+// the switch, says so in its log once, and asks again every lease TTL
+// (registration.askAgain), saying WritesBatched in its lease once answered. A nil *outputStream is the
 // switch off: never asks, never batched. Its methods are safe for
 // concurrent use.
 type outputStream struct {
@@ -47,7 +48,7 @@ func (o *outputStream) ask(ctx context.Context) bool {
 	case !o.warned:
 		o.warned = true
 		o.log.Warn("no frontend gave this worker an output stream (none runs with --batched-output, or one of a previous release): "+
-			"writing per-token messages as without the switch; asking again at the next registration", "err", err)
+			"writing per-token messages as without the switch; asking again every lease TTL", "err", err)
 	default:
 		o.log.Debug("no output stream yet", "err", err)
 	}

@@ -189,6 +189,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	background.Go(func() { w.registration.keep(bg, l) })
+	background.Go(func() { w.registration.askAgain(bg) })
 	background.Go(func() { w.load.run(bg) })
 	background.Go(func() { w.health.Run(bg) })
 	background.Go(func() { w.detacher.watch(bg) })
