@@ -196,7 +196,7 @@ func parseWorker(env *environment, args []string) (*workerOptions, error) {
 	f.bindEnv("priority", "BATON_PRIORITY", nil)
 	f.BoolVar(&o.benchEmit, "bench-emit-time", false, "benchmarks only: the mock engine writes each token's emit time as its text, \"@<unix ns> \", so that a client measures emit-to-read latency (the output is no longer the mock's deterministic one)")
 	f.BoolVar(&o.benchOff, "bench-log-off", false, "benchmarks only: send token deltas over core NATS instead of the log (nothing is durable: no resume, replay or migration), for the log-off baseline")
-	f.BoolVar(&o.batched, "batched-output", false, "not for production yet (issue 33): before listening for dispatches (and at each re-registration) ask a frontend for an output stream of this worker's own, and say writes_batched in the lease once it exists; then write in batches there the attempts whose dispatch asks for it; with no answer, run as without it")
+	f.BoolVar(&o.batched, "batched-output", false, "not for production yet (issue 33): before listening for dispatches (and at each re-registration) ask a frontend for an output stream of this worker's own, and say writes_batched in the lease once it exists; then write in batches there the attempts whose dispatch asks for it; with no answer, run as without it and ask again every lease TTL")
 	f.bindEnv("batched-output", "BATON_BATCHED_OUTPUT", nil)
 	o.w = addWorkerFlags(f)
 	if err := f.parse(args); err != nil {
