@@ -295,10 +295,10 @@ func (fe *Frontend) handleResume(w http.ResponseWriter, r *http.Request) {
 	var n int
 	t.View(func(p *projections.Request) { n = p.Len() })
 	if from > n {
-		// The follower this frontend had may not have read everything
-		// yet (one an adoption started, following only the partition; a
-		// batched attempt's output not read back yet): read once more
-		// before refusing what a client may have seen.
+		// The fold may be behind the log (a read that came up short: a
+		// stream leader that did not answer in time, where the replica's
+		// answer stands; a batched attempt's output not read back yet):
+		// read once more before refusing what a client may have seen.
 		if err := t.CatchUp(r.Context()); err != nil {
 			t.Release()
 			writeLookupError(w, public, err)
