@@ -237,6 +237,16 @@ func (f *follower) readOutput(ctx context.Context) error {
 		f.foreign = append(f.foreign, subj)
 		f.mu.Unlock()
 	}
+	// What this frontend's subscription delivered before this follower
+	// read was delivered to the followers there were then, not to this
+	// one: its read must reach it. Without that, a follower that joins a
+	// subject another one holds (several requests taken over from one
+	// frontend) and reads short (a replica behind its leader, a leader
+	// that did not answer in time) has a gap that no live batch shows,
+	// and its attempt ends short of its tokens when the end comes.
+	if d := f.subs.delivered(subj); d > 0 {
+		f.requireOut(subj, d)
+	}
 	// The read starts at the last batch noted, not after it: a copy's
 	// outseq names the batch of its last token, and that batch may also
 	// hold the attempt's end, whose own copy was never stored (its owner

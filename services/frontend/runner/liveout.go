@@ -170,6 +170,17 @@ func (l *live) releaseForeign(stored string) {
 	}
 }
 
+// delivered is the last batch of stored subject that this frontend's
+// subscriptions delivered to its followers (0: none yet, or none held).
+func (l *live) delivered(stored string) uint64 {
+	if l == nil || l.outs == nil {
+		return 0
+	}
+	l.outs.mu.Lock()
+	defer l.outs.mu.Unlock()
+	return l.outs.last[stored]
+}
+
 // self is this frontend's id, the owner its own batches name ("" without
 // --batched-output).
 func (l *live) self() string {

@@ -157,3 +157,43 @@ func TestOutputStreamRefused(t *testing.T) {
 		t.Error("a stream exists")
 	}
 }
+
+// TestReadOutputReachesWhatWasDelivered: a follower that joins a worker's
+// subject which this frontend's subscription already delivered batches of
+// (to the followers there were then) must read back at least through the
+// last one delivered: a read that stops short of it (here: delivered 5,
+// stored 1) is an error, to be read again, not a fold with a silent gap.
+func TestReadOutputReachesWhatWasDelivered(t *testing.T) {
+	x := newRunnerFixtureConfig(t, func(c *Config) { c.BatchedOutput = true })
+	x.start()
+	sc := x.rn.cfg.Streams.WorkerOutputConfig("w1", 1<<20, time.Minute, time.Now())
+	if err := streams.EnsureWorkerOutput(x.ctx, x.js, sc); err != nil {
+		t.Fatal(err)
+	}
+	// One batch on w1's subject for fe-1, of another request.
+	other := events.AttemptFailed{RequestID: "r-other", WorkerID: "w1", Reason: "worker_lost"}
+	if _, err := streams.AppendOutputFence(x.ctx, x.js, "w1", "fe-1", "test", "other.fence", other); err != nil {
+		t.Fatal(err)
+	}
+	read := func(delivered uint64) error {
+		f := testFollower()
+		f.js, f.subs = x.js, x.rn.live
+		routeBatched(f) // r1's attempt 0, batched by w1 for fe-1
+		subj := streams.WorkerOutput("w1", "fe-1")
+		x.rn.live.outs.mu.Lock()
+		x.rn.live.outs.last[subj] = delivered
+		x.rn.live.outs.mu.Unlock()
+		defer func() {
+			for _, s := range f.foreign {
+				x.rn.live.releaseForeign(s)
+			}
+		}()
+		return f.readOutput(x.ctx)
+	}
+	if err := read(1); err != nil {
+		t.Errorf("delivered through 1, stored through 1: %v, want nil", err)
+	}
+	if err := read(5); err == nil {
+		t.Error("delivered through 5, read through 1: nil, want an error")
+	}
+}
