@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -205,17 +204,27 @@ func newStack(t testing.TB) *stack {
 func newStackArgs(t testing.TB, natsArgs ...string) *stack {
 	t.Helper()
 	s := &stack{t: t, dir: t.TempDir(), workers: map[string]*proc{}}
-	port := freePort(t)
-	s.natsURL = "nats://127.0.0.1:" + strconv.Itoa(port)
-	s.nats = start(t, "nats", nil, append([]string{"nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(s.dir, "nats")}, natsArgs...)...)
-	waitFor(t, 20*time.Second, "nats to listen", func() bool {
-		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(port))
-		if err == nil {
-			c.Close()
+	// A port free a moment ago may be taken before the server binds it
+	// (by another test's process, or an outgoing connection's ephemeral
+	// port): the server's own log says which, and another port is tried.
+	// (A dial would find the other process listening there.)
+	for try := 1; ; try++ {
+		port := strconv.Itoa(freePort(t))
+		p := start(t, "nats", nil, append([]string{"nats", "--port", port, "--store-dir", filepath.Join(s.dir, "nats")}, natsArgs...)...)
+		listening := "Listening for client connections on 127.0.0.1:" + port
+		waitFor(t, 20*time.Second, "nats to listen", func() bool {
+			out := p.output()
+			return strings.Contains(out, listening) || strings.Contains(out, "address already in use")
+		})
+		if strings.Contains(p.output(), listening) {
+			s.nats, s.natsURL = p, "nats://127.0.0.1:"+port
+			return s
 		}
-		return err == nil
-	})
-	return s
+		p.Stop()
+		if try == 3 {
+			t.Fatalf("nats could not listen on a free port in %d tries:\n%s", try, p.output())
+		}
+	}
 }
 
 // frontend starts a frontend with extra args and env.
