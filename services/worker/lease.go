@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/every"
 	"github.com/baton-dev/baton/services/engine"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
@@ -70,6 +71,12 @@ func (l *lease) Err() error { return l.s.Err() }
 // setDraining marks the lease draining, so discovery stops routing here.
 func (l *lease) setDraining() error {
 	return l.s.Update(func(v *events.Lease) { v.Draining = true })
+}
+
+// setWritesBatched says in the lease that the worker writes batched
+// (events.Lease.WritesBatched).
+func (l *lease) setWritesBatched() error {
+	return l.s.Update(func(v *events.Lease) { v.WritesBatched = true })
 }
 
 // setReadiness sets the lease's NotReady flag, its reason and the engine's
@@ -182,27 +189,18 @@ func (r *registration) askAgain(ctx context.Context) {
 	if r.output == nil {
 		return
 	}
-	t := time.NewTicker(r.cfg.LeaseTTL)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every.Tick(ctx, r.cfg.LeaseTTL, func() {
 		if r.output.batched() || !r.output.ask(ctx) {
-			continue
+			return
 		}
-		r.mu.Lock()
-		l := r.lease
-		r.mu.Unlock()
+		l := r.current()
 		if l == nil {
-			continue // re-registering: the new lease says it
+			return // re-registering: the new lease says it
 		}
-		if err := l.s.Update(func(v *events.Lease) { v.WritesBatched = true }); err != nil {
+		if err := l.setWritesBatched(); err != nil {
 			r.log.Warn("say writes_batched in the lease", "lease_id", l.ID(), "err", err)
 		}
-	}
+	})
 }
 
 // register grants a new lease with a new lease id and appends worker_registered.

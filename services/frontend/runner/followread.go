@@ -3,6 +3,8 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/baton-dev/baton/events"
@@ -95,4 +97,80 @@ func (f *follower) gone(ctx context.Context) error {
 		return nil
 	}
 	return errGone
+}
+
+// readOutput reads the current attempt's output back from its worker's
+// stream, when it is batched and open, and applies it. A stream that is
+// gone holds nothing more to read. Only run calls it (through readLog).
+func (f *follower) readOutput(ctx context.Context) error {
+	f.mu.Lock()
+	cur, ok := f.proj.Current()
+	open := ok && cur.Batched() && !cur.Closed && !f.proj.Status.Terminal()
+	subj := streams.WorkerOutput(cur.WorkerID, cur.OutputTo)
+	held := slices.Contains(f.foreign, subj)
+	// Nothing else moves outSeqs while run reads: live batches queue
+	// behind it.
+	from := f.outSeqs.get(subj)
+	var since time.Time
+	if from == 0 && cur.Attempt < len(f.routedAt) {
+		since = f.routedAt[cur.Attempt].Add(-outputReadMargin)
+	}
+	f.mu.Unlock()
+	if !open {
+		return nil
+	}
+	// Another frontend's subject: followed live from now on, and read
+	// back below from before.
+	if cur.OutputTo != f.subs.self() && !held && f.subs.holdForeign(cur.WorkerID, cur.OutputTo) {
+		f.mu.Lock()
+		f.foreign = append(f.foreign, subj)
+		f.mu.Unlock()
+	}
+	// What this frontend's subscription delivered before this follower
+	// read was delivered to the followers there were then, not to this
+	// one: its read must reach it. Without that, a follower that joins a
+	// subject another one holds (several requests taken over from one
+	// frontend) and reads short (a replica behind its leader, a leader
+	// that did not answer in time) has a gap that no live batch shows,
+	// and its attempt ends short of its tokens when the end comes.
+	if d := f.subs.delivered(subj); d > 0 {
+		f.requireOut(subj, d)
+	}
+	// The read starts at the last batch noted, not after it: a copy's
+	// outseq names the batch of its last token, and that batch may also
+	// hold the attempt's end, whose own copy was never stored (its owner
+	// died between the two appends). The fold takes what it already has
+	// as a duplicate.
+	var got []*outBatch
+	for b, err := range streams.ReadWorkerOutput(ctx, f.js, cur.WorkerID, cur.OutputTo, from, since, 0) {
+		if errors.Is(err, streams.ErrNotFound) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		got = append(got, &outBatch{subject: subj, seq: b.Seq, entries: entriesOf(f.id, b.Entries), again: from > 0 && b.Seq == from})
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range got {
+		if _, ok := f.applyBatchLocked(b); !ok {
+			break // held no more: read again
+		}
+	}
+	if need, read := f.outNeed.get(subj), f.outSeqs.get(subj); need > read {
+		return fmt.Errorf("read %s back through %d: got to %d", subj, need, read)
+	}
+	return nil
+}
+
+// entriesOf keeps the entries of request id.
+func entriesOf(id string, entries []events.Envelope) []events.Envelope {
+	var mine []events.Envelope
+	for _, e := range entries {
+		if e.Subject == id {
+			mine = append(mine, e)
+		}
+	}
+	return mine
 }

@@ -173,7 +173,7 @@ func (l *live) releaseForeign(stored string) {
 // delivered is the last batch of stored subject that this frontend's
 // subscriptions delivered to its followers (0: none yet, or none held).
 func (l *live) delivered(stored string) uint64 {
-	if l == nil || l.outs == nil {
+	if l.outs == nil {
 		return 0
 	}
 	l.outs.mu.Lock()
