@@ -39,6 +39,12 @@ type confined struct {
 
 func confinedStack(t *testing.T, workers ...string) *confined {
 	t.Helper()
+	return newConfined(t, nil, workers...)
+}
+
+// newConfined is confinedStack on a `baton nats` given natsArgs too.
+func newConfined(t *testing.T, natsArgs []string, workers ...string) *confined {
+	t.Helper()
 	dir := t.TempDir()
 	users := filepath.Join(dir, "workers")
 	var lines strings.Builder
@@ -50,8 +56,9 @@ func confinedStack(t *testing.T, workers ...string) *confined {
 	}
 	port := freePort(t)
 	url := "nats://127.0.0.1:" + strconv.Itoa(port)
-	ns := start(t, "nats", nil, "nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(dir, "nats"),
-		"--user", "frontend", "--password", "frontend-password-0123", "--worker-users", users)
+	args := append([]string{"nats", "--port", strconv.Itoa(port), "--store-dir", filepath.Join(dir, "nats"),
+		"--user", "frontend", "--password", "frontend-password-0123", "--worker-users", users}, natsArgs...)
+	ns := start(t, "nats", nil, args...)
 	waitFor(t, 20*time.Second, "nats to serve", func() bool {
 		nc, err := nats.Connect(url, nats.UserInfo("frontend", "frontend-password-0123"))
 		if err == nil {

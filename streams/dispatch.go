@@ -15,6 +15,7 @@ const (
 	RefusedWrongModel = "wrong_model" // does not serve the model
 	RefusedBadRequest = "bad_request" // malformed dispatch
 	RefusedNotReady   = "not_ready"   // its upstream not probed yet, or refusing it
+	RefusedOutputFull = "output_full" // a batched dispatch: its output stream is full (BATON_OUT_<worker> at its MaxBytes)
 )
 
 // ErrRefused marks a dispatch the worker declined.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -86,6 +87,21 @@ type OutputsReply struct {
 	Stream   string `json:"stream,omitempty"`
 	MaxBytes int64  `json:"max_bytes,omitempty"`
 	Error    string `json:"error,omitempty"`
+}
+
+// OutputRoom returns how many more bytes worker's output stream takes
+// before its MaxBytes (read with the stream's info, which a worker may
+// read of its own stream).
+func OutputRoom(ctx context.Context, js jetstream.JetStream, worker string) (int64, error) {
+	st, err := js.Stream(ctx, WorkerOutputStream(worker))
+	if err != nil {
+		return 0, fmt.Errorf("streams: output stream of %s: %w", worker, err)
+	}
+	info := st.CachedInfo()
+	if info.Config.MaxBytes <= 0 {
+		return math.MaxInt64, nil
+	}
+	return info.Config.MaxBytes - int64(info.State.Bytes), nil
 }
 
 // WorkerOutputConfig is the definition of worker's output stream: the

@@ -15,7 +15,8 @@ user sees the connect/disconnect advisories baton uses to detect crashed
 workers; its password is --sys-password, or generated at first start and kept
 in <store-dir>/sys-password, mode 0600). With --user/--password, BATON admits
 only that user, and --worker-users adds one user per worker, confined to its
-own lease, load and dispatch subjects. For a 3-node cluster give each node
+own lease, load and dispatch subjects (and, with --batched-output, to its own
+output stream: no write on the request log). For a 3-node cluster give each node
 --server-name, --cluster-name, --cluster-port and --routes naming the other
 nodes; with --cluster-user/--cluster-password (and the route TLS files) a node
 without them cannot join. Runs until SIGINT/SIGTERM.`
@@ -47,6 +48,8 @@ func parseNATS(env *environment, args []string) (*natsOptions, error) {
 	f.IntVar(&o.cfg.RequestPartitions, "request-partitions", 0, "with --worker-users: grant the workers the `N` streams of a partitioned request log (the components' --request-partitions)")
 	f.bindEnv("request-partitions", "BATON_REQUEST_PARTITIONS", nil)
 	f.showDefault("request-partitions", "1")
+	f.BoolVar(&o.cfg.OutputOnly, "batched-output", false, "with --worker-users, for a fleet whose every frontend and worker runs --batched-output: the worker users may not write the request log's tokens subjects, only their own output streams, so each is bounded by its own limit (--worker-output-max-bytes) and none can fill the log every tenant shares")
+	f.bindEnv("batched-output", "BATON_NATS_BATCHED_OUTPUT", nil) // not the components' BATON_BATCHED_OUTPUT: a script that sets that for a whole stack must not confine its workers
 	f.StringVar(&o.cfg.ClusterUser, "cluster-user", "", "`user` every route must log in as (with --cluster-password); routes without it are refused")
 	f.bindEnv("cluster-user", "BATON_NATS_CLUSTER_USER", nil)
 	f.showDefault("cluster-user", "none: any node that reaches the route port may join")

@@ -79,6 +79,11 @@ type Config struct {
 	// partition streams too (ForPartitions): --request-partitions of the
 	// components.
 	RequestPartitions int
+	// OutputOnly (--batched-output) takes from WorkerUsers the grant on
+	// the request log's tokens subjects (OutputOnly): each writes only its
+	// own output stream, for a fleet whose every frontend and worker runs
+	// --batched-output.
+	OutputOnly bool
 }
 
 // ResolveSysPassword sets the system-account password if c has none: the
@@ -160,6 +165,9 @@ func (c Config) Validate() error {
 	if len(c.WorkerUsers) > 0 && c.User == "" {
 		errs = append(errs, errors.New("--worker-users needs --user and --password: anonymous clients would have every permission"))
 	}
+	if c.OutputOnly && len(c.WorkerUsers) == 0 {
+		errs = append(errs, errors.New("--batched-output confines worker users: it needs --worker-users"))
+	}
 	if (c.ClusterUser == "") != (c.ClusterPassword == "") {
 		errs = append(errs, errors.New("--cluster-user and --cluster-password go together"))
 	}
@@ -224,6 +232,9 @@ func (c Config) configString() string {
 	fmt.Fprintf(&b, "accounts {\n  %s { jetstream: enabled, users: [\n    {user: %s, password: %s}\n", AppAccount, q(user), q(password))
 	for _, w := range c.WorkerUsers {
 		perms, _ := PinWorker(ForPartitions(WorkerPermissions, c.RequestPartitions), w.ID) // the constant has every pin
+		if c.OutputOnly {
+			perms, _ = OutputOnly(perms) // and the tokens grant
+		}
 		fmt.Fprintf(&b, "    {user: %s, password: %s, permissions: {\n%s\nallow_responses: true\n}}\n", q(w.ID), q(hashed(w.Password)), perms)
 	}
 	b.WriteString("  ] }\n")

@@ -105,6 +105,16 @@ func TestWorkerUsers(t *testing.T) {
 			t.Errorf("pinned permissions still grant %s", gone)
 		}
 	}
+	only, err := OutputOnly(perms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(only, "baton.requests.") || !strings.Contains(only, `"baton.out.w7.d.*"`) || !strings.Contains(only, `"baton.workers.w7.events"`) {
+		t.Errorf("OutputOnly kept the tokens grant, or dropped another:\n%s", only)
+	}
+	if _, err := OutputOnly(only); err == nil {
+		t.Error("OutputOnly of a set without the tokens grant did not fail")
+	}
 	if _, err := PinWorker(`publish: ["x"]`, "w7"); err == nil {
 		t.Error("a set without the grants to pin was pinned")
 	}

@@ -75,6 +75,30 @@ func PinWorker(perms, id string) (string, error) {
 	return perms, nil
 }
 
+// OutputOnly narrows a worker permission set, pinned or not, to a fleet
+// that runs --batched-output everywhere: it drops the grant on the
+// request log's tokens subjects, so that what a worker credential can
+// store is bounded by its own output stream's MaxBytes
+// (docs/internals.md, "Where a worker's output lives"), and nothing it
+// writes can fill, or be folded from, the log every tenant shares. A
+// worker so confined serves only attempts dispatched batched: a per-token
+// write (a worker without its stream, a frontend without the switch) is a
+// permissions violation. It fails if perms has no such grant.
+func OutputOnly(perms string) (string, error) {
+	lines := strings.SplitAfter(perms, "\n")
+	kept := lines[:0]
+	for _, line := range lines {
+		if strings.HasPrefix(strings.TrimSpace(line), `"`+streams.WorkerTokens("")) {
+			continue
+		}
+		kept = append(kept, line)
+	}
+	if len(kept) == len(lines) {
+		return "", errors.New("natsserver: the worker permissions grant no tokens subject to drop")
+	}
+	return strings.Join(kept, ""), nil
+}
+
 // WorkerUser is a per-worker NATS user: its name is the worker id.
 type WorkerUser struct {
 	ID, Password string

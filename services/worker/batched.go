@@ -2,8 +2,12 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/baton-dev/baton/events"
 	"github.com/baton-dev/baton/streams"
@@ -36,10 +40,24 @@ type batchedOutput struct {
 	// batch, in order. Guarded by the coalescer's lock: touched only in
 	// add's write callback and in flush, which run under it.
 	pending map[string][]*batchFuture
+
+	// full is set when the stream refused a batch at its limits (its
+	// MaxBytes, filled by what this worker's credential wrote), and
+	// cleared once the stream's info shows room for the largest batch
+	// again (awaitRoom). Meanwhile the worker refuses the dispatches that
+	// ask for batched output (streams.RefusedOutputFull), so that a
+	// frontend routes them elsewhere at once: the attempts running when it
+	// filled end by their frontends' stall timeout.
+	full   atomic.Bool
+	logger *slog.Logger
+	closed chan struct{} // closed by close: awaitRoom's end
 }
 
-func newBatchedOutput(worker string, log *streams.Log) (*batchedOutput, error) {
-	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}}
+// roomPoll is how often a full output stream's info is read for room.
+const roomPoll = time.Second
+
+func newBatchedOutput(worker string, log *streams.Log, logger *slog.Logger) (*batchedOutput, error) {
+	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}, logger: logger, closed: make(chan struct{})}
 	co, err := newCoalescer(coalescerConfig{Source: log.Source(), IDPrefix: worker + "." + uuid.NewString()[:8]}, b.flush)
 	if err != nil {
 		return nil, err
@@ -87,13 +105,78 @@ func (b *batchedOutput) flush(dest string, h events.Header, body []byte) {
 		case <-pf.Ok():
 			resolve(fs, nil)
 		case err := <-pf.Err():
+			b.noteFull(err)
 			resolve(fs, err)
 		}
 	}()
 }
 
 // close flushes what is left; nothing more is added afterwards.
-func (b *batchedOutput) close() error { return b.co.close() }
+func (b *batchedOutput) close() error {
+	err := b.co.close()
+	close(b.closed)
+	return err
+}
+
+// isFull reports whether the stream refused a batch at its limits and
+// has not shown room since.
+func (b *batchedOutput) isFull() bool { return b != nil && b.full.Load() }
+
+// noteFull marks the stream full when err is its refusal at its limits.
+func (b *batchedOutput) noteFull(err error) {
+	if errors.Is(streams.Translate(err), streams.ErrStreamFull) {
+		b.markFull(err)
+	}
+}
+
+// checkRoom reads the stream's room once, when a frontend has answered an
+// ask: a worker that restarts onto its full stream refuses batched
+// dispatches from the start, rather than after an attempt stalled there.
+func (b *batchedOutput) checkRoom(ctx context.Context) {
+	if b == nil {
+		return
+	}
+	room, err := streams.OutputRoom(ctx, b.log.JetStream(), b.worker)
+	if err == nil && room < batchRoom {
+		b.markFull(fmt.Errorf("%d bytes of room, under the largest batch's %d", room, batchRoom))
+	}
+}
+
+// markFull marks the stream full, for why, and starts waiting for room.
+func (b *batchedOutput) markFull(why error) {
+	if !b.full.CompareAndSwap(false, true) {
+		return
+	}
+	b.logger.Warn("this worker's output stream is full: refusing batched dispatches until it has room", "stream", streams.WorkerOutputStream(b.worker), "err", why)
+	go b.awaitRoom()
+}
+
+// batchRoom is the room a stream needs to take batched dispatches again:
+// the largest batch, with its headers.
+const batchRoom = defaultBatchMaxBytes + 4<<10
+
+// awaitRoom reads the stream's info every roomPoll until it has
+// batchRoom (its oldest batches go with its MaxAge), then clears
+// full.
+func (b *batchedOutput) awaitRoom() {
+	t := time.NewTicker(roomPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.closed:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), roomPoll)
+		room, err := streams.OutputRoom(ctx, b.log.JetStream(), b.worker)
+		cancel()
+		if err == nil && room >= batchRoom {
+			b.full.Store(false)
+			b.logger.Info("this worker's output stream has room again: taking batched dispatches", "stream", streams.WorkerOutputStream(b.worker), "room", room)
+			return
+		}
+	}
+}
 
 func resolve(fs []*batchFuture, err error) {
 	for _, f := range fs {

@@ -102,6 +102,10 @@ func (w *Worker) onDispatch(m *nats.Msg) {
 		w.reply(m, d, streams.RefusedNotReady)
 		return
 	}
+	if d.Output == events.OutputBatched && w.batched.isFull() {
+		w.reply(m, d, streams.RefusedOutputFull)
+		return
+	}
 	key := jobKey{d.RequestID, d.Attempt}
 	w.mu.Lock()
 	running, dup := w.jobs[key]

@@ -26,6 +26,9 @@ type outputStream struct {
 	id  string
 	log *slog.Logger
 	nc  *nats.Conn // the control connection, set by Run before the first ask
+	// answered, when set, is called after each ask a frontend answered
+	// with the stream (the batched writer's room check).
+	answered func(context.Context)
 
 	mu     sync.Mutex
 	ready  bool // the last ask was answered with the stream
@@ -39,6 +42,9 @@ func (o *outputStream) ask(ctx context.Context) bool {
 		return false
 	}
 	err := o.request(ctx)
+	if err == nil && o.answered != nil {
+		o.answered(ctx)
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.ready = err == nil
