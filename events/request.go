@@ -200,14 +200,21 @@ type RequestCompleted struct {
 	// (docs/fault-tolerance.md, "Exact and approximate continuations").
 	// Absent on a first attempt, and from older workers.
 	Exact *bool `json:"exact,omitempty"`
+	// Offset is the request's token offset at the attempt's end: the
+	// worker stored every token before it ahead of this event, so a
+	// reader that has folded fewer missed some, and must not end the
+	// request on them (projections.Request folds it as a gap). Absent
+	// from older workers, and from an attempt that produced nothing at
+	// offset 0.
+	Offset int `json:"offset,omitempty"`
 }
 
 func (RequestCompleted) EventType() string { return TypeRequestCompleted }
 func (e RequestCompleted) Request() string { return e.RequestID }
 
 func (e *RequestCompleted) validate() error {
-	if e.Attempt < 0 || e.CompletionTokens < 0 {
-		return fmt.Errorf("negative attempt or token count")
+	if e.Attempt < 0 || e.CompletionTokens < 0 || e.Offset < 0 {
+		return fmt.Errorf("negative attempt, token count or offset")
 	}
 	return nil
 }

@@ -243,7 +243,7 @@ func (r *Request) Closing(k int) (ev events.Event, ok bool) {
 			Class: a.CloseClass, Status: a.CloseStatus, Code: a.CloseCode, Message: a.CloseMessage, RetryAfterMS: a.RetryAfterMS}, true
 	case r.Status == StatusCompleted && k == len(r.Attempts)-1:
 		return events.RequestCompleted{RequestID: id, Attempt: k, FinishReason: r.FinishReason,
-			PromptTokens: r.EnginePromptTokens, CompletionTokens: r.EngineCompletionTokens, Exact: a.Exact}, true
+			PromptTokens: r.EnginePromptTokens, CompletionTokens: r.EngineCompletionTokens, Exact: a.Exact, Offset: r.n}, true
 	}
 	return nil, false
 }

@@ -312,6 +312,19 @@ func (r *Request) applyCompleted(e events.Envelope, ev events.RequestCompleted) 
 	if why := r.closedFor(ev.Attempt); why != "" {
 		return false, why
 	}
+	if end := ev.Offset; end > 0 {
+		if limit := r.Accepted.MaxTokens; limit > 0 && end > limit {
+			end = limit // the fold keeps no token past max_tokens
+		}
+		if r.n < end {
+			// Tokens the worker stored before its end are missing here:
+			// ending now would end the answer without them. The attempt
+			// stays open: a read back fills the gap, or the owner finds
+			// it stalled and migrates from what it has.
+			r.Skipped++
+			return false, IgnoredGap
+		}
+	}
 	r.Status = StatusCompleted
 	r.FinishReason = ev.FinishReason
 	if ev.PromptTokens > 0 {

@@ -22,7 +22,7 @@ func (w *Worker) outcome(j *job, res engine.Result, genErr error, out *deltas, l
 	cause := context.Cause(j.ctx)
 	completed := func(reason string) events.Event {
 		return events.RequestCompleted{RequestID: d.RequestID, Attempt: d.Attempt, FinishReason: reason,
-			PromptTokens: promptTokens(d, res, out), CompletionTokens: completionTokens(d, res, out)}
+			PromptTokens: promptTokens(d, res, out), CompletionTokens: completionTokens(d, res, out), Offset: out.offset()}
 	}
 	failed := func(reason string) events.AttemptFailed { return w.attemptFailed(j, out, reason) }
 	var upstream *engine.UpstreamError
