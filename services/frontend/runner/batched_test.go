@@ -51,7 +51,8 @@ func TestLiveOutputsGaps(t *testing.T) {
 
 // testFollower is a follower of request r1 with no log to read.
 func testFollower() *follower {
-	return &follower{id: "r1", changed: notify.NewSignal(), decided: notify.NewSignal(), proj: projections.NewRequest()}
+	return &follower{id: "r1", changed: notify.NewSignal(), decided: notify.NewSignal(), proj: projections.NewRequest(),
+		subs: &live{outs: &liveOutputs{self: "fe-1", last: map[string]uint64{}, foreign: map[string]*foreignSub{}}}}
 }
 
 // TestFollowerBatches: a follower applies a batch's entries once, in
@@ -204,4 +205,30 @@ func TestFollowerReadsTheLastCopiedBatchAgain(t *testing.T) {
 			t.Errorf("batch 5 read again: changed %v ok %v, the fold %s %q; want completed %q", changed, ok, p.Status, p.Text(), "ab")
 		}
 	})
+}
+
+// TestFollowerReadsForeignOutputBeforeLive: a follower of an attempt
+// batched on another frontend's subject (a request taken over, or followed
+// here while another owns it) applies no live batch of it before it has
+// read the attempt's output back: the live batch is refused, and the
+// follower's place in the subject stays where it was, so the read starts
+// before the output it never saw. Formerly the live batch was applied (a
+// gap, its tokens ignored) and moved the place past them: the churn soak
+// with --batched-output stored answers completed with 1 of 198 tokens.
+func TestFollowerReadsForeignOutputBeforeLive(t *testing.T) {
+	f := testFollower()
+	f.subs.outs.self = "fe-2" // the attempt was dispatched by fe-1
+	subj := streams.WorkerOutput("w1", "fe-1")
+	routeBatched(f)
+	live := &outBatch{subject: subj, seq: 7, live: true,
+		entries: []events.Envelope{entry(events.TokensGenerated{RequestID: "r1", Offset: 5, Tokens: []string{"f"}})}}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if changed, ok := f.applyBatchLocked(live); changed || ok || f.outSeqs.get(subj) != 0 {
+		t.Fatalf("a live batch before the read back: changed %v ok %v, place %d; want refused at 0", changed, ok, f.outSeqs.get(subj))
+	}
+	f.readTo = 1 // readOutput read attempt 0 back
+	if _, ok := f.applyBatchLocked(live); !ok || f.outSeqs.get(subj) != 7 {
+		t.Errorf("a live batch after the read back: ok %v, place %d; want applied at 7", ok, f.outSeqs.get(subj))
+	}
 }

@@ -85,6 +85,10 @@ type follower struct {
 	sealed   []int       // batched attempts whose output is taken no more (seal)
 	held     []*outBatch // batches that came before their attempt's routed decision
 	foreign  []string    // other frontends' output subjects held (live.holdForeign)
+	// readTo: attempts [0, readTo) had their output read back here
+	// (readOutput); before that, live batches of the current attempt on
+	// another frontend's subject are not applied (unreadOutput).
+	readTo int
 	// endStored is set once the request log (not a batch) showed the
 	// request ended: until then the end of a batched attempt is yet to be
 	// copied there (settled).

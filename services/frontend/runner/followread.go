@@ -161,6 +161,7 @@ func (f *follower) readOutput(ctx context.Context) error {
 	if need, read := f.outNeed.get(subj), f.outSeqs.get(subj); need > read {
 		return fmt.Errorf("read %s back through %d: got to %d", subj, need, read)
 	}
+	f.readTo = max(f.readTo, cur.Attempt+1)
 	return nil
 }
 

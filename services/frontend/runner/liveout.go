@@ -184,7 +184,7 @@ func (l *live) delivered(stored string) uint64 {
 // self is this frontend's id, the owner its own batches name ("" without
 // --batched-output).
 func (l *live) self() string {
-	if l.outs == nil {
+	if l == nil || l.outs == nil {
 		return ""
 	}
 	return l.outs.self
