@@ -100,6 +100,9 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 			r.violate("%s: client gave up: %s", o.id, o.gaveUp)
 		}
 		p, migs, err := readLog(ctx, h, o.id)
+		if o.done && err == nil {
+			p, migs, err = awaitCopiedEnd(ctx, h, o.id, p, migs)
+		}
 		if err != nil && o.gaveUp == "" && !(o.status == 503 && errorsIsNotFound(err)) {
 			r.violate("%s: read the log: %v", o.id, err)
 		}
@@ -185,6 +188,33 @@ func readLog(ctx context.Context, h *harness, id string) (*projections.Request, 
 		if m, ok := e.Event.(events.RequestMigrated); ok {
 			migs = append(migs, m)
 		}
+	}
+	return p, migs, nil
+}
+
+// copyPatience bounds how long the check waits for the owner of a request
+// whose client saw it complete to copy a batched attempt's end to the
+// request's partition: the client sees the end as the owner folds it from
+// the worker's stream, and the copy follows at the owner's next step, or a
+// second later when a NATS fault failed it (retryAfterError), so a read
+// right after the load may come first.
+const copyPatience = 10 * time.Second
+
+// awaitCopiedEnd reads request id's log again until it shows the request
+// ended, for at most copyPatience, when its last attempt is batched and
+// p (the first read) shows it running; it returns the last read.
+func awaitCopiedEnd(ctx context.Context, h *harness, id string, p *projections.Request, migs []events.RequestMigrated) (*projections.Request, []events.RequestMigrated, error) {
+	deadline := time.Now().Add(copyPatience)
+	for p != nil && !p.Status.Terminal() && time.Now().Before(deadline) {
+		if cur, ok := p.Current(); !ok || !cur.Batched() {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+		q, m, err := readLog(ctx, h, id)
+		if err != nil {
+			return p, migs, nil // the first read's word stands
+		}
+		p, migs = q, m
 	}
 	return p, migs, nil
 }
