@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -86,22 +85,11 @@ func OutputsWorker(subject string) (string, error) {
 type OutputsReply struct {
 	Stream   string `json:"stream,omitempty"`
 	MaxBytes int64  `json:"max_bytes,omitempty"`
-	Error    string `json:"error,omitempty"`
-}
-
-// OutputRoom returns how many more bytes worker's output stream takes
-// before its MaxBytes (read with the stream's info, which a worker may
-// read of its own stream).
-func OutputRoom(ctx context.Context, js jetstream.JetStream, worker string) (int64, error) {
-	st, err := js.Stream(ctx, WorkerOutputStream(worker))
-	if err != nil {
-		return 0, fmt.Errorf("streams: output stream of %s: %w", worker, err)
-	}
-	info := st.CachedInfo()
-	if info.Config.MaxBytes <= 0 {
-		return math.MaxInt64, nil
-	}
-	return info.Config.MaxBytes - int64(info.State.Bytes), nil
+	// Used is the bytes the stream holds at the answer: a worker whose
+	// stream is (nearly) full refuses batched dispatches until an answer
+	// shows room. Absent from earlier frontends.
+	Used  uint64 `json:"used,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // WorkerOutputConfig is the definition of worker's output stream: the
@@ -145,34 +133,43 @@ func (c Config) WorkerOutputConfig(worker string, maxBytes int64, maxAge time.Du
 // safe to race (the last writer's definition stays). A stream of that name
 // with other subjects (not made by baton) is not touched: an error.
 func EnsureWorkerOutput(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) error {
+	_, err := EnsureWorkerOutputUsed(ctx, js, sc)
+	return err
+}
+
+// EnsureWorkerOutputUsed is EnsureWorkerOutput that also returns the bytes
+// the stream holds (0 for a stream it created): a frontend's answer to an
+// ask tells the worker how full its stream is.
+func EnsureWorkerOutputUsed(ctx context.Context, js jetstream.JetStream, sc jetstream.StreamConfig) (used uint64, err error) {
 	for range 3 {
 		_, err := js.CreateStream(ctx, sc)
 		if err == nil {
-			return nil
+			return 0, nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("streams: create stream %s: %w", sc.Name, translateCreate(err))
+			return 0, fmt.Errorf("streams: create stream %s: %w", sc.Name, translateCreate(err))
 		}
 		s, err := js.Stream(ctx, sc.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
 			continue // deleted meanwhile: create it again
 		}
 		if err != nil {
-			return fmt.Errorf("streams: look up stream %s: %w", sc.Name, err)
+			return 0, fmt.Errorf("streams: look up stream %s: %w", sc.Name, err)
 		}
 		have := s.CachedInfo().Config
 		if len(have.Subjects) != 1 || have.Subjects[0] != sc.Subjects[0] {
-			return fmt.Errorf("streams: stream %s has subjects %v, not %s: not a worker's output stream", sc.Name, have.Subjects, sc.Subjects[0])
+			return 0, fmt.Errorf("streams: stream %s has subjects %v, not %s: not a worker's output stream", sc.Name, have.Subjects, sc.Subjects[0])
 		}
-		if _, err := js.UpdateStream(ctx, sc); err != nil {
+		up, err := js.UpdateStream(ctx, sc)
+		if err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				continue
 			}
-			return fmt.Errorf("streams: update stream %s: %w", sc.Name, err)
+			return 0, fmt.Errorf("streams: update stream %s: %w", sc.Name, err)
 		}
-		return nil
+		return up.CachedInfo().State.Bytes, nil
 	}
-	return fmt.Errorf("streams: create stream %s: still racing", sc.Name)
+	return 0, fmt.Errorf("streams: create stream %s: still racing", sc.Name)
 }
 
 // WorkerOutputInfo is what a frontend needs of a worker's output stream to

@@ -43,18 +43,21 @@ type batchedOutput struct {
 
 	// full is set when the stream refused a batch at its limits (its
 	// MaxBytes, filled by what this worker's credential wrote), and
-	// cleared once the stream's info shows room for the largest batch
-	// again (awaitRoom). Meanwhile the worker refuses the dispatches that
+	// cleared once a frontend's answer to an ask shows room for the
+	// largest batch again (awaitRoom). Meanwhile the worker refuses the dispatches that
 	// ask for batched output (streams.RefusedOutputFull), so that a
 	// frontend routes them elsewhere at once: the attempts running when it
 	// filled end by their frontends' stall timeout.
 	full   atomic.Bool
+	roomOf func(context.Context) (room, limit int64, err error) // asks a frontend (outputStream.room)
 	logger *slog.Logger
 	closed chan struct{} // closed by close: awaitRoom's end
 }
 
-// roomPoll is how often a full output stream's info is read for room.
-const roomPoll = time.Second
+// roomPoll is how often a worker with a full output stream asks for its
+// room (each ask updates the stream's ask time, a write of its
+// definition).
+const roomPoll = 2 * time.Second
 
 func newBatchedOutput(worker string, log *streams.Log, logger *slog.Logger) (*batchedOutput, error) {
 	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}, logger: logger, closed: make(chan struct{})}
@@ -129,16 +132,15 @@ func (b *batchedOutput) noteFull(err error) {
 	}
 }
 
-// checkRoom reads the stream's room once, when a frontend has answered an
-// ask: a worker that restarts onto its full stream refuses batched
-// dispatches from the start, rather than after an attempt stalled there.
-func (b *batchedOutput) checkRoom(ctx context.Context) {
+// noteRoom reads the stream's room in an answer to an ask: a worker that
+// restarts onto its full stream refuses batched dispatches from the
+// start, rather than after an attempt stalled there.
+func (b *batchedOutput) noteRoom(r streams.OutputsReply) {
 	if b == nil {
 		return
 	}
-	room, err := streams.OutputRoom(ctx, b.log.JetStream(), b.worker)
-	if err == nil && room < batchRoom {
-		b.markFull(fmt.Errorf("%d bytes of room, under the largest batch's %d", room, batchRoom))
+	if room, limit, _ := roomOf(r); room < roomNeeded(limit) {
+		b.markFull(fmt.Errorf("%d bytes of room of %d", room, limit))
 	}
 }
 
@@ -151,13 +153,14 @@ func (b *batchedOutput) markFull(why error) {
 	go b.awaitRoom()
 }
 
-// batchRoom is the room a stream needs to take batched dispatches again:
-// the largest batch, with its headers.
-const batchRoom = defaultBatchMaxBytes + 4<<10
+// roomNeeded is the room a stream of limit bytes needs to take batched
+// dispatches: the largest batch, with its headers, or an eighth of a
+// stream too small for many of those.
+func roomNeeded(limit int64) int64 { return min(defaultBatchMaxBytes+4<<10, limit/8) }
 
-// awaitRoom reads the stream's info every roomPoll until it has
-// batchRoom (its oldest batches go with its MaxAge), then clears
-// full.
+// awaitRoom asks a frontend every roomPoll how full the stream is,
+// until it has roomNeeded (its oldest batches go with its MaxAge), then
+// clears full.
 func (b *batchedOutput) awaitRoom() {
 	t := time.NewTicker(roomPoll)
 	defer t.Stop()
@@ -168,9 +171,9 @@ func (b *batchedOutput) awaitRoom() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), roomPoll)
-		room, err := streams.OutputRoom(ctx, b.log.JetStream(), b.worker)
+		room, limit, err := b.roomOf(ctx)
 		cancel()
-		if err == nil && room >= batchRoom {
+		if err == nil && room >= roomNeeded(limit) {
 			b.full.Store(false)
 			b.logger.Info("this worker's output stream has room again: taking batched dispatches", "stream", streams.WorkerOutputStream(b.worker), "room", room)
 			return

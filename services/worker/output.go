@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 
 	"github.com/baton-dev/baton/streams"
@@ -26,9 +27,9 @@ type outputStream struct {
 	id  string
 	log *slog.Logger
 	nc  *nats.Conn // the control connection, set by Run before the first ask
-	// answered, when set, is called after each ask a frontend answered
-	// with the stream (the batched writer's room check).
-	answered func(context.Context)
+	// answered, when set, is called with each answer that gave the
+	// stream (the batched writer's room check, batchedOutput.noteRoom).
+	answered func(streams.OutputsReply)
 
 	mu     sync.Mutex
 	ready  bool // the last ask was answered with the stream
@@ -41,9 +42,9 @@ func (o *outputStream) ask(ctx context.Context) bool {
 	if o == nil {
 		return false
 	}
-	err := o.request(ctx)
+	r, err := o.request(ctx)
 	if err == nil && o.answered != nil {
-		o.answered(ctx)
+		o.answered(r)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -61,27 +62,47 @@ func (o *outputStream) ask(ctx context.Context) bool {
 	return o.ready
 }
 
-func (o *outputStream) request(ctx context.Context) error {
+func (o *outputStream) request(ctx context.Context) (streams.OutputsReply, error) {
 	rctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
+	var r streams.OutputsReply
 	m, err := o.nc.RequestWithContext(rctx, streams.OutputsSubject(o.id), nil)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return errors.New("no frontend answers " + streams.OutputsSubject(o.id))
+		return r, errors.New("no frontend answers " + streams.OutputsSubject(o.id))
 	}
 	if err != nil {
-		return fmt.Errorf("ask %s: %w", streams.OutputsSubject(o.id), err)
+		return r, fmt.Errorf("ask %s: %w", streams.OutputsSubject(o.id), err)
 	}
-	var r streams.OutputsReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return fmt.Errorf("ask %s: the answer does not decode: %w", streams.OutputsSubject(o.id), err)
+		return r, fmt.Errorf("ask %s: the answer does not decode: %w", streams.OutputsSubject(o.id), err)
 	}
 	if r.Error != "" {
-		return fmt.Errorf("ask %s: %s", streams.OutputsSubject(o.id), r.Error)
+		return r, fmt.Errorf("ask %s: %s", streams.OutputsSubject(o.id), r.Error)
 	}
 	if want := streams.WorkerOutputStream(o.id); r.Stream != want {
-		return fmt.Errorf("ask %s: answered stream %q, want %q", streams.OutputsSubject(o.id), r.Stream, want)
+		return r, fmt.Errorf("ask %s: answered stream %q, want %q", streams.OutputsSubject(o.id), r.Stream, want)
 	}
-	return nil
+	return r, nil
+}
+
+// room asks again, and returns the room the answer shows in the stream
+// and the stream's limit. Asking is what a worker may do under every
+// documented permission set: the shared one grants no stream's info.
+func (o *outputStream) room(ctx context.Context) (room, limit int64, err error) {
+	r, err := o.request(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	return roomOf(r)
+}
+
+// roomOf is the room and the limit an answer shows (an answer without a
+// limit: no limit).
+func roomOf(r streams.OutputsReply) (room, limit int64, err error) {
+	if r.MaxBytes <= 0 {
+		return math.MaxInt64, math.MaxInt64, nil
+	}
+	return r.MaxBytes - int64(r.Used), r.MaxBytes, nil
 }
 
 // batched reports whether the last ask was answered with the stream.

@@ -97,12 +97,13 @@ func (o *outputs) answer(ctx context.Context, subject string) streams.OutputsRep
 		return streams.OutputsReply{Error: err.Error()}
 	}
 	sc := o.streams.WorkerOutputConfig(worker, o.maxBytes, o.maxAge, o.now())
-	if err := streams.EnsureWorkerOutput(ctx, o.js, sc); err != nil {
+	used, err := streams.EnsureWorkerOutputUsed(ctx, o.js, sc)
+	if err != nil {
 		o.log.Warn("create a worker's output stream", "worker_id", worker, "err", err)
 		return streams.OutputsReply{Error: err.Error()}
 	}
-	o.log.Debug("worker output stream ready", "worker_id", worker, "stream", sc.Name, "max_bytes", sc.MaxBytes)
-	return streams.OutputsReply{Stream: sc.Name, MaxBytes: sc.MaxBytes}
+	o.log.Debug("worker output stream ready", "worker_id", worker, "stream", sc.Name, "max_bytes", sc.MaxBytes, "used", used)
+	return streams.OutputsReply{Stream: sc.Name, MaxBytes: sc.MaxBytes, Used: used}
 }
 
 // sweepLoop sweeps at start and every sweepEvery until ctx is done.
