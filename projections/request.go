@@ -138,7 +138,15 @@ type Request struct {
 	// (deltas stored after the gap are covered by it). The output is complete
 	// whenever the request completed.
 	Skipped int
+	// gapEnd is the furthest token offset a delta or an end of the
+	// current attempt ignored as a gap reached (Gapped).
+	gapEnd int
 }
+
+// Gapped reports whether the running request's current attempt has output
+// past a gap that was ignored and is not filled yet: a reader missed some
+// of it, and should read it back.
+func (r *Request) Gapped() bool { return !r.Status.Terminal() && r.gapEnd > r.n }
 
 // NewRequest returns an empty projection.
 func NewRequest() *Request { return &Request{} }
@@ -304,6 +312,7 @@ func (r *Request) applyRouted(ev events.RequestRouted) (bool, string) {
 	r.Attempts = append(r.Attempts, Attempt{Attempt: ev.Attempt, WorkerID: ev.WorkerID, StartOffset: ev.StartOffset,
 		Output: ev.Output, OutputTo: ev.OutputTo})
 	r.Status = StatusRunning
+	r.gapEnd = 0 // what an earlier attempt left past a gap is not this one's
 	return true, ""
 }
 
@@ -322,6 +331,7 @@ func (r *Request) applyCompleted(e events.Envelope, ev events.RequestCompleted) 
 			// stays open: a read back fills the gap, or the owner finds
 			// it stalled and migrates from what it has.
 			r.Skipped++
+			r.gapEnd = max(r.gapEnd, end)
 			return false, IgnoredGap
 		}
 	}
@@ -437,6 +447,7 @@ func (r *Request) applyTokens(ev events.TokensGenerated) (bool, string) {
 	have := r.n
 	if ev.Offset > have {
 		r.Skipped++ // a gap: never accept tokens out of order
+		r.gapEnd = max(r.gapEnd, ev.Offset+len(ev.Tokens))
 		return false, IgnoredGap
 	}
 	skip := have - ev.Offset // already accepted (a retried or overlapping delta)

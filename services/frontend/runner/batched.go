@@ -133,6 +133,14 @@ func (f *follower) applyBatchLocked(b *outBatch) (changed, ok bool) {
 		}
 		changed = f.applyLocked(e) || changed
 	}
+	if b.live && f.proj.Gapped() {
+		// Output past a gap, not filled by this batch: batches this
+		// follower never got (a read back that came up short) or a
+		// worker's repair still to come. The place stays before this
+		// batch, and run reads the output back from there (ok false),
+		// once for each such batch: what was missed comes with it.
+		return changed, false
+	}
 	f.outSeqs.set(b.subject, b.seq)
 	return changed, true
 }

@@ -221,7 +221,7 @@ func TestFollowerReadsForeignOutputBeforeLive(t *testing.T) {
 	subj := streams.WorkerOutput("w1", "fe-1")
 	routeBatched(f)
 	live := &outBatch{subject: subj, seq: 7, live: true,
-		entries: []events.Envelope{entry(events.TokensGenerated{RequestID: "r1", Offset: 5, Tokens: []string{"f"}})}}
+		entries: []events.Envelope{entry(events.TokensGenerated{RequestID: "r1", Offset: 0, Tokens: []string{"a"}})}}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if changed, ok := f.applyBatchLocked(live); changed || ok || f.outSeqs.get(subj) != 0 {
@@ -230,5 +230,33 @@ func TestFollowerReadsForeignOutputBeforeLive(t *testing.T) {
 	f.readTo = 1 // readOutput read attempt 0 back
 	if _, ok := f.applyBatchLocked(live); !ok || f.outSeqs.get(subj) != 7 {
 		t.Errorf("a live batch after the read back: ok %v, place %d; want applied at 7", ok, f.outSeqs.get(subj))
+	}
+}
+
+// TestFollowerReadsBackAfterALiveGap: a live batch whose tokens lie past
+// the fold's end (batches before it never reached this follower, or a
+// worker's repair is to come) leaves the follower's place before it and
+// is refused, so that run reads the output back from there; once the
+// missing tokens are folded, the same batch is applied and the place
+// moves on. Formerly the place moved past it, and a read back started
+// after the tokens it had missed.
+func TestFollowerReadsBackAfterALiveGap(t *testing.T) {
+	f := testFollower()
+	subj := streams.WorkerOutput("w1", "fe-1")
+	routeBatched(f)
+	tok := func(off int, s string) events.Envelope {
+		return entry(events.TokensGenerated{RequestID: "r1", Offset: off, Tokens: []string{s}})
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.applyBatchLocked(&outBatch{subject: subj, seq: 3, live: true, entries: []events.Envelope{tok(0, "a")}})
+	past := &outBatch{subject: subj, seq: 6, live: true, entries: []events.Envelope{tok(2, "c")}}
+	if _, ok := f.applyBatchLocked(past); ok || f.outSeqs.get(subj) != 3 {
+		t.Fatalf("a live batch past a gap: ok %v, place %d; want refused at 3", ok, f.outSeqs.get(subj))
+	}
+	// The read back: batch 5 held token 1.
+	f.applyBatchLocked(&outBatch{subject: subj, seq: 5, entries: []events.Envelope{tok(1, "b")}})
+	if _, ok := f.applyBatchLocked(past); !ok || f.outSeqs.get(subj) != 6 || f.proj.Text() != "abc" {
+		t.Errorf("the batch again, the gap filled: ok %v, place %d, text %q; want applied at 6, %q", ok, f.outSeqs.get(subj), f.proj.Text(), "abc")
 	}
 }
