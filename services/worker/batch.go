@@ -38,6 +38,12 @@ type coalescerConfig struct {
 	Window     time.Duration // the longest an entry waits for others; default 2ms
 	MaxBytes   int           // flush a batch whose body reached this size; default 64 KiB
 	MaxEntries int           // flush a batch that holds this many entries; default 500
+	// FlushIdle flushes an entry at once when no batch of its destination
+	// is in flight (flushed, and not yet acked: coalescer.acked), as
+	// Nagle's algorithm does: an idle worker adds no window to a token's
+	// latency, and a busy one batches what arrives while its last batch
+	// is in flight (up to Window).
+	FlushIdle bool
 }
 
 // withDefaults returns c with its zero values replaced by the defaults, and
@@ -94,6 +100,7 @@ type coalescer struct {
 	hdr    events.Header         // the last batch's header map, reused
 	idBuf  []byte
 	seq    uint64
+	flying map[string]int // FlushIdle: batches flushed and not acked, by destination
 	closed bool
 	err    error // a batch that could not be formed (never, unless a bug): returned by add and close
 }
@@ -118,7 +125,7 @@ func newCoalescer(cfg coalescerConfig, flush flushFunc) (*coalescer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("worker: coalescer: %w", err)
 	}
-	return &coalescer{cfg: cfg, flush: flush, dests: make(map[string]*destBatch)}, nil
+	return &coalescer{cfg: cfg, flush: flush, dests: make(map[string]*destBatch), flying: make(map[string]int)}, nil
 }
 
 // addDelta adds ev, a delta stored under event id (empty: its usual id) at
@@ -153,7 +160,7 @@ func (c *coalescer) add(dest string, now bool, write func(*events.BatchEncoder) 
 	switch n := d.enc.Entries(); {
 	case n == 0:
 		c.release(d)
-	case now || n >= c.cfg.MaxEntries || d.enc.Size() >= c.cfg.MaxBytes:
+	case now || n >= c.cfg.MaxEntries || d.enc.Size() >= c.cfg.MaxBytes || c.cfg.FlushIdle && c.flying[dest] == 0:
 		c.flushLocked(d)
 	case before == 0:
 		gen := d.gen
@@ -210,9 +217,28 @@ func (c *coalescer) flushLocked(d *destBatch) {
 		c.err = errors.Join(c.err, fmt.Errorf("worker: batch for %s: %w", d.name, err))
 	} else {
 		c.hdr = h
+		if c.cfg.FlushIdle {
+			c.flying[d.name]++
+		}
 		c.flush(d.name, h, body)
 	}
 	c.release(d)
+}
+
+// acked tells a FlushIdle coalescer that a batch of dest flushed earlier
+// was acknowledged (or failed): with none of dest's left in flight, what
+// dest's batch holds goes at once, before its window ends. It must not be
+// called from flush (it takes the lock flush runs under).
+func (c *coalescer) acked(dest string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.flying[dest]--; c.flying[dest] > 0 {
+		return
+	}
+	delete(c.flying, dest)
+	if d := c.dests[dest]; d != nil && !c.closed {
+		c.flushLocked(d)
+	}
 }
 
 // close flushes every batch that holds entries (by destination name) and

@@ -151,6 +151,41 @@ func TestCoalescerWindow(t *testing.T) {
 	})
 }
 
+// TestCoalescerFlushIdle: with FlushIdle, an entry for a destination with
+// no batch in flight goes at once; entries that come while one is in
+// flight wait for its acknowledgement (acked), not for their window, or
+// for the window when the acknowledgement is later; each destination is
+// on its own.
+func TestCoalescerFlushIdle(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRecorder(t)
+		c := newTestCoalescer(t, r, coalescerConfig{FlushIdle: true})
+		ms := time.Millisecond
+		check := func(step string, want ...string) {
+			t.Helper()
+			synctest.Wait()
+			if got := summaries(r.batches()); !slices.Equal(got, want) {
+				t.Fatalf("%s: batches\n%q\nwant\n%q", step, got, want)
+			}
+		}
+		mustAdd(t, c, "fe-1", tok("a", 1), false)
+		check("idle", "fe-1@0s: a.0.1")
+		time.Sleep(ms / 2)
+		mustAdd(t, c, "fe-1", tok("a", 2), false)
+		mustAdd(t, c, "fe-2", tok("b", 1), false)
+		check("fe-1 in flight, fe-2 idle", "fe-1@0s: a.0.1", "fe-2@500µs: b.0.1")
+		time.Sleep(ms / 4)
+		c.acked("fe-1")
+		check("fe-1 acked", "fe-1@0s: a.0.1", "fe-2@500µs: b.0.1", "fe-1@750µs: a.0.2")
+		mustAdd(t, c, "fe-1", tok("a", 3), false) // a.0.2 is in flight
+		time.Sleep(2 * ms)
+		check("no ack: the window", "fe-1@0s: a.0.1", "fe-2@500µs: b.0.1", "fe-1@750µs: a.0.2", "fe-1@2.75ms: a.0.3")
+		if err := c.close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 // TestCoalescerCaps: a batch that reaches MaxEntries or MaxBytes goes at
 // once, before its window ends, and the next entry opens a new window.
 func TestCoalescerCaps(t *testing.T) {

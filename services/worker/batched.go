@@ -61,7 +61,7 @@ const roomPoll = 2 * time.Second
 
 func newBatchedOutput(worker string, log *streams.Log, logger *slog.Logger) (*batchedOutput, error) {
 	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}, logger: logger, closed: make(chan struct{})}
-	co, err := newCoalescer(coalescerConfig{Source: log.Source(), IDPrefix: worker + "." + uuid.NewString()[:8]}, b.flush)
+	co, err := newCoalescer(coalescerConfig{Source: log.Source(), IDPrefix: worker + "." + uuid.NewString()[:8], FlushIdle: true}, b.flush)
 	if err != nil {
 		return nil, err
 	}
@@ -101,6 +101,7 @@ func (b *batchedOutput) flush(dest string, h events.Header, body []byte) {
 	pf, err := b.log.AppendMsgAsync(m) // serializes m before it returns: h and body are reused
 	if err != nil {
 		resolve(fs, err)
+		go b.co.acked(dest) // not under the coalescer's lock, which flush holds
 		return
 	}
 	go func() {
@@ -111,6 +112,7 @@ func (b *batchedOutput) flush(dest string, h events.Header, body []byte) {
 			b.noteFull(err)
 			resolve(fs, err)
 		}
+		b.co.acked(dest)
 	}()
 }
 
