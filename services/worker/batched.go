@@ -43,11 +43,11 @@ type batchedOutput struct {
 
 	// full is set when the stream refused a batch at its limits (its
 	// MaxBytes, filled by what this worker's credential wrote), and
-	// cleared once a frontend's answer to an ask shows room for the
-	// largest batch again (awaitRoom). Meanwhile the worker refuses the dispatches that
-	// ask for batched output (streams.RefusedOutputFull), so that a
-	// frontend routes them elsewhere at once: the attempts running when it
-	// filled end by their frontends' stall timeout.
+	// cleared once a frontend's answer to an ask shows room again
+	// (awaitRoom). Meanwhile the worker refuses the dispatches that ask
+	// for batched output (streams.RefusedOutputFull), so that a frontend
+	// routes them elsewhere at once: the attempts running when it filled
+	// end by their frontends' stall timeout.
 	full   atomic.Bool
 	roomOf func(context.Context) (room, limit int64, err error) // asks a frontend (outputStream.room)
 	logger *slog.Logger
