@@ -101,7 +101,7 @@ func (h *harness) check(ctx context.Context, outs []*outcome, faults []fault) *r
 		}
 		p, migs, err := readLog(ctx, h, o.id)
 		if o.done && err == nil {
-			p, migs, err = awaitCopiedEnd(ctx, h, o.id, p, migs)
+			p, migs = awaitCopiedEnd(ctx, h, o.id, p, migs)
 		}
 		if err != nil && o.gaveUp == "" && !(o.status == 503 && errorsIsNotFound(err)) {
 			r.violate("%s: read the log: %v", o.id, err)
@@ -203,7 +203,7 @@ const copyPatience = 10 * time.Second
 // awaitCopiedEnd reads request id's log again until it shows the request
 // ended, for at most copyPatience, when its last attempt is batched and
 // p (the first read) shows it running; it returns the last read.
-func awaitCopiedEnd(ctx context.Context, h *harness, id string, p *projections.Request, migs []events.RequestMigrated) (*projections.Request, []events.RequestMigrated, error) {
+func awaitCopiedEnd(ctx context.Context, h *harness, id string, p *projections.Request, migs []events.RequestMigrated) (*projections.Request, []events.RequestMigrated) {
 	deadline := time.Now().Add(copyPatience)
 	for p != nil && !p.Status.Terminal() && time.Now().Before(deadline) {
 		if cur, ok := p.Current(); !ok || !cur.Batched() {
@@ -212,11 +212,11 @@ func awaitCopiedEnd(ctx context.Context, h *harness, id string, p *projections.R
 		time.Sleep(200 * time.Millisecond)
 		q, m, err := readLog(ctx, h, id)
 		if err != nil {
-			return p, migs, nil // the first read's word stands
+			return p, migs // the last read's word stands
 		}
 		p, migs = q, m
 	}
-	return p, migs, nil
+	return p, migs
 }
 
 // counted reports whether the migration_total metric counts migration m of

@@ -75,6 +75,16 @@ func (b sentBatch) summary() string {
 	return fmt.Sprintf("%s@%v: %s", b.dest, b.at, strings.Join(ids, " "))
 }
 
+// expect waits until the bubble's goroutines are idle (synctest.Wait),
+// then fails t unless the batches flushed so far are want (summaries).
+func (r *recorder) expect(t *testing.T, step string, want ...string) {
+	t.Helper()
+	synctest.Wait()
+	if got := summaries(r.batches()); !slices.Equal(got, want) {
+		t.Fatalf("%s: batches\n%q\nwant\n%q", step, got, want)
+	}
+}
+
 func summaries(bs []sentBatch) []string {
 	out := make([]string, len(bs))
 	for i, b := range bs {
@@ -113,13 +123,7 @@ func TestCoalescerWindow(t *testing.T) {
 		r := newRecorder(t)
 		c := newTestCoalescer(t, r, coalescerConfig{})
 		ms := time.Millisecond
-		check := func(step string, want ...string) {
-			t.Helper()
-			synctest.Wait()
-			if got := summaries(r.batches()); !slices.Equal(got, want) {
-				t.Fatalf("%s: batches\n%q\nwant\n%q", step, got, want)
-			}
-		}
+		check := func(step string, want ...string) { t.Helper(); r.expect(t, step, want...) }
 		mustAdd(t, c, "fe-1", tok("a", 0), true)
 		check("a's first delta", "fe-1@0s: a.0.0")
 		time.Sleep(ms / 2)
@@ -161,13 +165,7 @@ func TestCoalescerFlushIdle(t *testing.T) {
 		r := newRecorder(t)
 		c := newTestCoalescer(t, r, coalescerConfig{FlushIdle: true})
 		ms := time.Millisecond
-		check := func(step string, want ...string) {
-			t.Helper()
-			synctest.Wait()
-			if got := summaries(r.batches()); !slices.Equal(got, want) {
-				t.Fatalf("%s: batches\n%q\nwant\n%q", step, got, want)
-			}
-		}
+		check := func(step string, want ...string) { t.Helper(); r.expect(t, step, want...) }
 		mustAdd(t, c, "fe-1", tok("a", 1), false)
 		check("idle", "fe-1@0s: a.0.1")
 		time.Sleep(ms / 2)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/baton-dev/baton/events"
+	"github.com/baton-dev/baton/internal/every"
 	"github.com/baton-dev/baton/streams"
 	"github.com/google/uuid"
 	"github.com/nats-io/nats.go"
@@ -48,10 +49,11 @@ type batchedOutput struct {
 	// for batched output (streams.RefusedOutputFull), so that a frontend
 	// routes them elsewhere at once: the attempts running when it filled
 	// end by their frontends' stall timeout.
-	full   atomic.Bool
-	roomOf func(context.Context) (room, limit int64, err error) // asks a frontend (outputStream.room)
-	logger *slog.Logger
-	closed chan struct{} // closed by close: awaitRoom's end
+	full    atomic.Bool
+	askRoom func(context.Context) (room, limit int64, err error) // asks a frontend (outputStream.room)
+	logger  *slog.Logger
+	ctx     context.Context // done once closed: awaitRoom's end
+	stop    context.CancelFunc
 }
 
 // roomPoll is how often a worker with a full output stream asks for its
@@ -60,7 +62,8 @@ type batchedOutput struct {
 const roomPoll = 2 * time.Second
 
 func newBatchedOutput(worker string, log *streams.Log, logger *slog.Logger) (*batchedOutput, error) {
-	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}, logger: logger, closed: make(chan struct{})}
+	b := &batchedOutput{worker: worker, log: log, pending: map[string][]*batchFuture{}, logger: logger}
+	b.ctx, b.stop = context.WithCancel(context.Background())
 	co, err := newCoalescer(coalescerConfig{Source: log.Source(), IDPrefix: worker + "." + uuid.NewString()[:8], FlushIdle: true}, b.flush)
 	if err != nil {
 		return nil, err
@@ -119,7 +122,7 @@ func (b *batchedOutput) flush(dest string, h events.Header, body []byte) {
 // close flushes what is left; nothing more is added afterwards.
 func (b *batchedOutput) close() error {
 	err := b.co.close()
-	close(b.closed)
+	b.stop()
 	return err
 }
 
@@ -141,7 +144,7 @@ func (b *batchedOutput) noteRoom(r streams.OutputsReply) {
 	if b == nil {
 		return
 	}
-	if room, limit, _ := roomOf(r); room < roomNeeded(limit) {
+	if room, limit := replyRoom(r); room < roomNeeded(limit) {
 		b.markFull(fmt.Errorf("%d bytes of room of %d", room, limit))
 	}
 }
@@ -164,23 +167,18 @@ func roomNeeded(limit int64) int64 { return min(defaultBatchMaxBytes+4<<10, limi
 // until it has roomNeeded (its oldest batches go with its MaxAge), then
 // clears full.
 func (b *batchedOutput) awaitRoom() {
-	t := time.NewTicker(roomPoll)
-	defer t.Stop()
-	for {
-		select {
-		case <-b.closed:
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), roomPoll)
-		room, limit, err := b.roomOf(ctx)
+	ctx, roomy := context.WithCancel(b.ctx)
+	defer roomy()
+	every.Tick(ctx, roomPoll, func() {
+		actx, cancel := context.WithTimeout(ctx, roomPoll)
+		room, limit, err := b.askRoom(actx)
 		cancel()
 		if err == nil && room >= roomNeeded(limit) {
 			b.full.Store(false)
 			b.logger.Info("this worker's output stream has room again: taking batched dispatches", "stream", streams.WorkerOutputStream(b.worker), "room", room)
-			return
+			roomy()
 		}
-	}
+	})
 }
 
 func resolve(fs []*batchFuture, err error) {

@@ -93,16 +93,17 @@ func (o *outputStream) room(ctx context.Context) (room, limit int64, err error) 
 	if err != nil {
 		return 0, 0, err
 	}
-	return roomOf(r)
+	room, limit = replyRoom(r)
+	return room, limit, nil
 }
 
-// roomOf is the room and the limit an answer shows (an answer without a
-// limit: no limit).
-func roomOf(r streams.OutputsReply) (room, limit int64, err error) {
+// replyRoom is the room and the limit an answer shows (an answer without
+// a limit: no limit).
+func replyRoom(r streams.OutputsReply) (room, limit int64) {
 	if r.MaxBytes <= 0 {
-		return math.MaxInt64, math.MaxInt64, nil
+		return math.MaxInt64, math.MaxInt64
 	}
-	return r.MaxBytes - int64(r.Used), r.MaxBytes, nil
+	return r.MaxBytes - int64(r.Used), r.MaxBytes
 }
 
 // batched reports whether the last ask was answered with the stream.

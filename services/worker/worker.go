@@ -114,7 +114,7 @@ func New(nc *nats.Conn, eng engine.Engine, log *slog.Logger, reg prometheus.Regi
 		if w.batched, err = newBatchedOutput(cfg.ID, w.events, w.log); err != nil {
 			return nil, err
 		}
-		w.output.answered, w.batched.roomOf = w.batched.noteRoom, w.output.room
+		w.output.answered, w.batched.askRoom = w.batched.noteRoom, w.output.room
 	}
 	w.registration = &registration{cfg: cfg, nc: nc, js: js, eng: eng, events: w.events, health: w.health,
 		upstream: w.upstream, output: w.output, live: w.metrics.leaseLive, loadChanged: w.load.notify, log: w.log}
